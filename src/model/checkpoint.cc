@@ -1,0 +1,155 @@
+#include "model/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace r3 {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+std::string router_name(const ModelConfig& c, int layer) {
+  return layer_prefix(layer) +
+         (c.arch == Arch::Mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+}
+
+std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which) {
+  std::string w = which;
+  if (c.arch == Arch::Mixtral) {
+    const char* m = w == "gate" ? "w1" : w == "up" ? "w3" : "w2";
+    return layer_prefix(layer) + "block_sparse_moe.experts." + std::to_string(expert) + "." + m +
+           ".weight";
+  }
+  return layer_prefix(layer) + "mlp.experts." + std::to_string(expert) + "." + w + "_proj.weight";
+}
+
+std::string dense_name(int layer, const char* which) {
+  return layer_prefix(layer) + "mlp." + which + "_proj.weight";
+}
+
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+  auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
+  ck->dir_ = dir;
+  if (!fs::is_directory(dir)) throw Error(dir + ": not a checkpoint directory");
+  ck->weights_.config = load_config((fs::path(dir) / "config.json").string());
+  fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> shard_names;
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json idx;
+    try {
+      idx = json::parse(ss.str());
+    } catch (const json::exception& e) {
+      throw Error(index_path.string() + ": malformed JSON: " + e.what());
+    }
+    if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
+      throw Error(index_path.string() + ": missing \"weight_map\" object");
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string()) throw Error(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
+      std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
+        throw Error(index_path.string() + ": shard name \"" + f + "\" must be a plain file name");
+      weight_map[name] = f;
+      if (std::find(shard_names.begin(), shard_names.end(), f) == shard_names.end())
+        shard_names.push_back(f);
+    }
+  } else {
+    shard_names.push_back("model.safetensors");
+  }
+  for (auto& s : shard_names) {
+    fs::path p = fs::path(dir) / s;
+    if (!fs::exists(p)) {
+      if (weight_map.empty()) throw Error(dir + ": no model.safetensors and no model.safetensors.index.json");
+      throw Error(p.string() + ": shard named in model.safetensors.index.json is missing");
+    }
+    ck->files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+  }
+  for (auto& f : ck->files_)
+    for (auto& [name, t] : f->tensors()) {
+      auto it = weight_map.find(name);
+      if (!weight_map.empty() && it != weight_map.end() &&
+          fs::path(f->path()).filename().string() != it->second)
+        continue;  // the index says this name lives elsewhere
+      ck->index_[name] = &t;
+    }
+  for (auto& [name, file] : weight_map)
+    if (!ck->index_.count(name))
+      throw Error((fs::path(dir) / file).string() + ": tensor \"" + name +
+                  "\" is listed in the index but not in the shard");
+  ck->load_weights();
+  return ck;
+}
+
+const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape) {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");
+  const TensorView& t = *it->second;
+  if (t.shape != shape) {
+    TensorView want;
+    want.shape = shape;
+    throw Error(t.file + ": tensor \"" + name + "\" has shape " + t.shape_str() + ", expected " +
+                want.shape_str());
+  }
+  if (t.dtype == DType::F16) {
+    owned_.push_back(t.to_f32());
+    TensorView w = t;
+    w.dtype = DType::F32;
+    w.data = owned_.back().data();
+    return widened_[name] = w;
+  }
+  return t;
+}
+
+void Checkpoint::load_weights() {
+  const ModelConfig& c = weights_.config;
+  const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
+  const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
+  weights_.embed = require("model.embed_tokens.weight", {V, H});
+  weights_.final_norm = require("model.norm.weight", {H});
+  if (c.tie_word_embeddings && !index_.count("lm_head.weight"))
+    weights_.lm_head = weights_.embed;
+  else
+    weights_.lm_head = require("lm_head.weight", {V, H});
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights L;
+    std::string p = layer_prefix(i);
+    L.input_norm = require(p + "input_layernorm.weight", {H});
+    L.post_norm = require(p + "post_attention_layernorm.weight", {H});
+    L.q = require(p + "self_attn.q_proj.weight", {qd, H});
+    L.k = require(p + "self_attn.k_proj.weight", {kvd, H});
+    L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
+    L.o = require(p + "self_attn.o_proj.weight", {H, qd});
+    if (c.qk_norm == QkNorm::PerHead) {
+      L.q_norm = require(p + "self_attn.q_norm.weight", {hd});
+      L.k_norm = require(p + "self_attn.k_norm.weight", {hd});
+    } else if (c.qk_norm == QkNorm::Whole) {
+      L.q_norm = require(p + "self_attn.q_norm.weight", {qd});
+      L.k_norm = require(p + "self_attn.k_norm.weight", {kvd});
+    }
+    L.moe = c.layer_is_moe[size_t(i)];
+    if (L.moe) {
+      const int64_t I = c.moe_intermediate_size;
+      L.router = require(router_name(c, i), {c.num_experts, H});
+      for (int e = 0; e < c.num_experts; ++e)
+        L.experts.push_back({require(expert_name(c, i, e, "gate"), {I, H}),
+                             require(expert_name(c, i, e, "up"), {I, H}),
+                             require(expert_name(c, i, e, "down"), {H, I})});
+    } else {
+      const int64_t I = c.intermediate_size;
+      L.dense = {require(dense_name(i, "gate"), {I, H}), require(dense_name(i, "up"), {I, H}),
+                 require(dense_name(i, "down"), {H, I})};
+    }
+    weights_.layers.push_back(std::move(L));
+  }
+}
+
+}  // namespace r3

@@ -1,0 +1,63 @@
+// A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
+// model.safetensors.index.json. Tensors stay memory-mapped; F16 ones are widened to F32 once,
+// since the kernels read F32 or BF16.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace r3 {
+
+struct ExpertWeights {
+  TensorView gate, up, down;  // [I, H], [I, H], [H, I]
+};
+
+struct LayerWeights {
+  TensorView input_norm, post_norm;  // [H]
+  TensorView q, k, v, o;             // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+  TensorView q_norm, k_norm;         // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
+  bool moe = false;
+  TensorView router;                 // [E, H]
+  std::vector<ExpertWeights> experts;
+  ExpertWeights dense;               // dense FFN layers
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  TensorView embed, final_norm, lm_head;  // lm_head aliases embed when tied
+  std::vector<LayerWeights> layers;
+};
+
+class Checkpoint {
+ public:
+  // Loads and validates every tensor the architecture needs: each problem is an r3::Error naming
+  // the file and the tensor.
+  static std::shared_ptr<Checkpoint> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return weights_.config; }
+  const ModelWeights& weights() const { return weights_; }
+
+ private:
+  const TensorView& require(const std::string& name, std::vector<int64_t> shape);
+  void load_weights();
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+  std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32
+  std::vector<std::vector<float>> owned_;
+  ModelWeights weights_;
+};
+
+// Hugging Face tensor names of one layer, per architecture.
+std::string layer_prefix(int layer);
+std::string router_name(const ModelConfig& c, int layer);
+std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
+std::string dense_name(int layer, const char* which);
+
+}  // namespace r3

@@ -1,0 +1,23 @@
+// Writes seeded random MoE checkpoints in exactly the Hugging Face layout, so tests and benches
+// exercise the same loader as real checkpoints do. Byte-identical for the same arguments.
+#pragma once
+#include <string>
+
+#include "core/dtype.h"
+#include "model/config.h"
+
+namespace r3 {
+
+struct MakeModelOptions {
+  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe
+  std::string preset = "tiny";  // tiny | small | bench
+  uint64_t seed = 0;
+  DType dtype = DType::BF16;    // BF16 or F32
+  std::string out;
+};
+
+// The config.json text of a preset (throws r3::Error for unknown arch or preset).
+std::string preset_config_json(const std::string& arch, const std::string& preset);
+void make_model(const MakeModelOptions& opt);
+
+}  // namespace r3

@@ -1,0 +1,61 @@
+// safetensors files: a memory-mapped reader that validates everything it is handed, and a writer.
+// Format: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
+// data_offsets}}, then the data buffer (offsets relative to its start).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace r3 {
+
+// A read-only view of one tensor inside a mapped file (or an owned buffer).
+struct TensorView {
+  std::string name, file;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  bool empty() const { return data == nullptr; }
+  float at(int64_t i) const;               // element i (flat, C order) as fp32
+  std::vector<float> to_f32() const;       // the whole tensor as fp32
+  std::string shape_str() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Throws r3::Error naming the file (and tensor) for every malformed input.
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;  // little-endian, C order
+};
+
+// Writes tensors in the given order, header padded to 8 bytes as Hugging Face does.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+}  // namespace r3

@@ -1,0 +1,31 @@
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "model/make_model.h"
+
+namespace r3::cli {
+
+int cmd_make_model(int argc, char** argv) {
+  Args a("make-model", "Writes a checkpoint with seeded random weights in the Hugging Face layout\n"
+                       "(config.json + safetensors, sharded for small and bench).");
+  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe")
+      .opt("preset", "tiny", "tiny | small | bench")
+      .opt("seed", "0", "weight seed")
+      .opt("dtype", "bf16", "bf16 | f32")
+      .opt("out", "", "output directory (required)");
+  if (!a.parse(argc, argv)) return 0;
+  MakeModelOptions o;
+  o.arch = a.str("arch");
+  o.preset = a.str("preset");
+  o.seed = uint64_t(a.integer("seed"));
+  std::string dt = a.str("dtype");
+  if (dt == "bf16") o.dtype = DType::BF16;
+  else if (dt == "f32") o.dtype = DType::F32;
+  else throw Error("r3 make-model: --dtype must be bf16 or f32, got \"" + dt + "\"");
+  o.out = a.str("out");
+  if (o.out.empty()) throw Error("r3 make-model: --out DIR is required");
+  make_model(o);
+  return 0;
+}
+
+}  // namespace r3::cli

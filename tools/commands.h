@@ -1,0 +1,9 @@
+// The r3 verbs; each returns the process exit code.
+#pragma once
+
+namespace r3::cli {
+
+int cmd_make_model(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+
+}  // namespace r3::cli
