@@ -1,0 +1,353 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "routes/capturable.h"
+
+namespace r3 {
+
+Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
+  if (cfg_.block_size <= 0) throw Error("block_size must be positive");
+  if (cfg_.max_num_seqs <= 0) throw Error("max_num_seqs must be positive");
+  if (cfg_.max_num_batched_tokens <= 0) throw Error("max_num_batched_tokens must be positive");
+  for (int b : cfg_.decode_buckets)
+    if (b <= 0) throw Error("decode_buckets must be positive");
+  ckpt_ = Checkpoint::open(cfg_.model);
+  const ModelConfig& mc = ckpt_->config();
+  int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+  int blocks = cfg_.num_kv_blocks;
+  if (blocks <= 0) {
+    const size_t per_block = size_t(mc.num_layers) * size_t(cfg_.block_size) * size_t(mc.num_kv_heads) *
+                             size_t(mc.head_dim) * 2 * sizeof(float);
+    blocks = int(std::clamp<size_t>(size_t(cfg_.kv_cache_mb) * (1u << 20) / per_block, 16, 1 << 16));
+  }
+  cfg_.num_kv_blocks = blocks;
+  int max_step = cfg_.max_num_batched_tokens;
+  for (int b : cfg_.decode_buckets) max_step = std::max(max_step, b);
+  kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
+  runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, pool_.get());
+  SchedulerConfig sc;
+  sc.max_num_seqs = cfg_.max_num_seqs;
+  sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+  sc.enable_prefix_caching = cfg_.enable_prefix_caching;
+  sc.decode_buckets = cfg_.decode_buckets;
+  sc.overlap = cfg_.overlap_scheduler;
+  scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block());
+  if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
+    throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");
+  if (cfg_.eplb_redundant_experts > 0)
+    runner_->set_eplb(EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, cfg_.eplb_load));
+  if (cfg_.enable_return_routed_experts) {
+    assert_capturable(cfg_, mc, max_step);
+    capturer_ = std::make_unique<RouteCapturer>(cfg_.overlap_scheduler ? 3 : 1, max_step,
+                                                mc.num_moe_layers(), mc.top_k);
+    routes_ = std::make_unique<RouteManager>(mc.num_moe_layers(), mc.top_k, blocks, cfg_.block_size);
+  }
+  if (cfg_.overlap_scheduler) worker_ = std::thread([this] { worker_loop(); });
+}
+
+Engine::~Engine() {
+  try {
+    drain();
+  } catch (...) {
+  }
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+}
+
+void Engine::submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void Engine::worker_loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
+  const ModelConfig& mc = model_config();
+  if (prompt.empty()) throw Error("prompt_token_ids is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= mc.vocab_size)
+      throw Error("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                  ", outside the vocabulary [0, " + std::to_string(mc.vocab_size) + ")");
+  params.validate(mc.vocab_size);
+  const int64_t total = int64_t(prompt.size()) + params.max_tokens;
+  if (total > mc.max_position_embeddings)
+    throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                std::to_string(params.max_tokens) + ") exceeds the model's " +
+                std::to_string(mc.max_position_embeddings) + " positions");
+  const int64_t blocks = (total + cfg_.block_size - 1) / cfg_.block_size;
+  if (blocks > kv_->num_blocks())
+    throw Error("prompt + max_tokens needs " + std::to_string(blocks) + " KV blocks but the pool has " +
+                std::to_string(kv_->num_blocks()));
+  if (params.return_routed_experts && !cfg_.enable_return_routed_experts)
+    throw Error("return_routed_experts was requested but the engine was not started with "
+                "enable_return_routed_experts");
+  if (params.routed_experts_start > total - 1)
+    throw Error("routed_experts_start " + std::to_string(params.routed_experts_start) +
+                " is past the last route row (" + std::to_string(total - 2) + ")");
+  auto r = std::make_unique<Request>();
+  r->id = next_id_++;
+  r->arrival = arrival_++;
+  r->prompt = std::move(prompt);
+  r->params = std::move(params);
+  if (r->params.return_routed_experts) routes_->open(r->id, int(total));
+  prompt_tokens_ += r->prompt.size();
+  scheduler_->add(r.get());
+  uint64_t id = r->id;
+  requests_[id] = std::move(r);
+  return id;
+}
+
+bool Engine::abort(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->status == RequestStatus::Finished) return false;
+  if (std::find(aborted_.begin(), aborted_.end(), id) == aborted_.end()) aborted_.push_back(id);
+  return true;
+}
+
+bool Engine::has_unfinished() const { return !requests_.empty(); }
+
+std::pair<StepResult, CaptureSlot*> Engine::run_forward(const StepPlan& plan) {
+  CaptureSlot* slot = capturer_ ? capturer_->acquire(plan.iter) : nullptr;
+  return {runner_->forward(plan, slot), slot};
+}
+
+RequestOutput Engine::make_output(const Request& r) {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.prompt_token_ids = r.prompt;
+  o.token_ids = r.output;
+  o.logprobs = r.logprobs;
+  o.weight_versions = r.versions;
+  o.finished = r.status == RequestStatus::Finished;
+  o.finish_reason = r.finish_reason;
+  o.num_preemptions = r.num_preemptions;
+  o.num_cached_tokens = r.prefix_hit_tokens;
+  return o;
+}
+
+void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out) {
+  r->status = RequestStatus::Finished;
+  r->finish_reason = reason;
+  scheduler_->remove(r);
+  RequestOutput o = make_output(*r);
+  if (r->params.return_routed_experts) {
+    const int S = r->num_tokens();
+    RouteArray routes;
+    if (reason == "abort") {
+      routes = routes_->assemble_computed(r->id, S);
+    } else {
+      uint64_t gaps = 0;
+      routes = routes_->assemble(r->id, S, r->params.routed_experts_start, &gaps);
+      if (gaps) o.routes_error = std::to_string(gaps) + " route rows are missing (marked -1)";
+    }
+    routes.moe_layers = model_config().moe_layers();
+    o.routed_experts = std::move(routes);
+    routes_->close(r->id);
+  }
+  if (reason == "abort") ++aborted_count_; else ++finished_;
+  out.push_back(std::move(o));
+  requests_.erase(r->id);
+}
+
+// KV computed under older weights is never published (refit), so no prefix hit reaches it.
+void Engine::publish_full_blocks(Request* r, int computed) {
+  if (!cfg_.enable_prefix_caching || r->kv_version != weight_version_) return;
+  const int bs = cfg_.block_size;
+  block_tokens_.resize(size_t(bs));
+  for (int b = int(r->block_hashes.size()); b < computed / bs; ++b) {
+    for (int j = 0; j < bs; ++j) block_tokens_[size_t(j)] = r->token(b * bs + j);
+    const uint64_t parent = b ? r->block_hashes[size_t(b - 1)] : 0;
+    const uint64_t h = KvPool::chain_hash(parent, block_tokens_.data(), bs);
+    kv_->publish(r->blocks[size_t(b)], h, block_tokens_.data());
+    r->block_hashes.push_back(h);
+  }
+}
+
+std::vector<RequestOutput> Engine::process(const StepPlan& plan, const StepResult& res, CaptureSlot* slot) {
+  std::vector<RequestOutput> out;
+  if (slot) {
+    routes_->commit(plan, *slot);
+    capturer_->release(slot);
+  }
+  const int eos = model_config().eos_token_id;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const PlannedSeq& s = plan.seqs[i];
+    auto it = requests_.find(s.request_id);
+    if (it == requests_.end()) continue;  // finished or aborted meanwhile
+    Request* r = it->second.get();
+    if (r->epoch != s.epoch || r->status != RequestStatus::Running) continue;  // preempted since
+    computed_tokens_ += uint64_t(s.num_tokens);
+    // Publish blocks this step filled, so later requests can hit them (their routes are
+    // committed above, before any hit can be planned).
+    publish_full_blocks(r, s.start_pos + s.num_tokens);
+    const SeqResult& sr = res.seqs[i];
+    if (!sr.sampled) continue;
+    --r->pending;
+    r->output.push_back(sr.sample.token);
+    r->logprobs.push_back(sr.sample.logprob);
+    r->versions.push_back(plan.weight_version);
+    ++generated_tokens_;
+    const int tok = sr.sample.token;
+    const auto& stops = r->params.stop_token_ids;
+    if ((!r->params.ignore_eos && tok == eos) || std::find(stops.begin(), stops.end(), tok) != stops.end())
+      finish(r, "stop", out);
+    else if (int(r->output.size()) >= r->params.max_tokens)
+      finish(r, "length", out);
+    else
+      out.push_back(make_output(*r));
+  }
+  return out;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  std::vector<RequestOutput> out = std::move(drained_);
+  drained_.clear();
+  for (uint64_t id : aborted_) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) finish(it->second.get(), "abort", out);
+  }
+  aborted_.clear();
+  StepPlan plan = scheduler_->schedule(next_iter_, weight_version_);
+  const bool has_plan = !plan.tokens.empty();
+  if (has_plan) ++next_iter_;
+  if (!cfg_.overlap_scheduler) {
+    if (!has_plan) return out;
+    auto [res, slot] = run_forward(plan);
+    auto o = process(plan, res, slot);
+    out.insert(out.end(), o.begin(), o.end());
+    return out;
+  }
+  // Overlap: launch this step behind the one in flight, then process the one in flight while
+  // this one computes.
+  std::optional<InFlight> launched;
+  if (has_plan) {
+    InFlight f;
+    f.plan = std::make_unique<StepPlan>(std::move(plan));
+    auto promise = std::make_shared<std::promise<std::pair<StepResult, CaptureSlot*>>>();
+    f.result = promise->get_future();
+    const StepPlan* p = f.plan.get();
+    submit([this, p, promise] {
+      try {
+        promise->set_value(run_forward(*p));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    });
+    launched = std::move(f);
+  }
+  if (in_flight_) {
+    InFlight prev = std::move(*in_flight_);
+    in_flight_.reset();
+    auto r = prev.result.get();
+    auto o = process(*prev.plan, r.first, r.second);
+    out.insert(out.end(), o.begin(), o.end());
+  }
+  in_flight_ = std::move(launched);
+  return out;
+}
+
+void Engine::drain() {
+  if (!in_flight_) return;
+  InFlight prev = std::move(*in_flight_);
+  in_flight_.reset();
+  auto r = prev.result.get();
+  auto o = process(*prev.plan, r.first, r.second);
+  drained_.insert(drained_.end(), o.begin(), o.end());
+}
+
+std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>& prompts,
+                                            const std::vector<SamplingParams>& params) {
+  if (params.size() != prompts.size() && params.size() != 1)
+    throw Error("generate: give one SamplingParams or one per prompt");
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
+  std::map<uint64_t, RequestOutput> done;
+  while (done.size() < ids.size()) {
+    for (auto& o : step())
+      if (o.finished) done[o.request_id] = std::move(o);
+    if (!has_unfinished() && !in_flight_ && done.size() < ids.size()) break;
+  }
+  std::vector<RequestOutput> out;
+  for (uint64_t id : ids) out.push_back(std::move(done.at(id)));
+  return out;
+}
+
+void Engine::update_weights(const std::string& dir, bool flush) { update_weights(Checkpoint::open(dir), flush); }
+
+void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
+  const ModelConfig& a = model_config();
+  const ModelConfig& b = ckpt->config();
+  if (a.arch != b.arch || a.hidden_size != b.hidden_size || a.num_layers != b.num_layers ||
+      a.num_experts != b.num_experts || a.top_k != b.top_k || a.vocab_size != b.vocab_size ||
+      a.num_heads != b.num_heads || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
+      a.layer_is_moe != b.layer_is_moe || a.moe_intermediate_size != b.moe_intermediate_size)
+    throw Error("update_weights: " + ckpt->dir() + " has a different architecture or shape than the served model");
+  drain();
+  ckpt_ = ckpt;
+  runner_->set_weights(ckpt);
+  ++weight_version_;
+  if (flush) {
+    kv_->flush();
+    if (routes_) routes_->invalidate_all();
+  }
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  const SchedulerStats& ss = scheduler_->stats();
+  s.steps = ss.steps;
+  s.preemptions = ss.preemptions;
+  s.prefix_hit_tokens = ss.prefix_hit_tokens;
+  s.prefix_queried_tokens = ss.prefix_queried_tokens;
+  s.chunked_prefills = ss.chunked_prefills;
+  s.padded_tokens = ss.padded_tokens;
+  s.prompt_tokens = prompt_tokens_;
+  s.generated_tokens = generated_tokens_;
+  s.computed_tokens = computed_tokens_;
+  s.requests_finished = finished_;
+  s.requests_aborted = aborted_count_;
+  s.weight_version = weight_version_;
+  s.weight_bytes_read = runner_->weight_bytes_read();
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.free_blocks = kv_->num_free();
+  s.num_blocks = kv_->num_blocks();
+  s.expert_load = runner_->expert_load();
+  s.moe_layers = model_config().moe_layers();
+  if (capturer_) s.capture_waits = capturer_->waits();
+  if (routes_) {
+    const RouteStats& rs = routes_->stats();
+    s.routed_experts_gaps = rs.gaps;
+    s.route_rows_committed = rs.rows_committed;
+    s.prefix_route_rows_copied = rs.prefix_rows_copied;
+    s.stale_prefix_rows = rs.stale_prefix_rows;
+    s.route_bytes_returned = rs.route_bytes_returned;
+  }
+  return s;
+}
+
+}  // namespace r3

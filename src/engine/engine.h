@@ -1,0 +1,136 @@
+// The engine: requests in, outputs out. Owns the KV pool, scheduler, model runner and route
+// manager; step() runs one iteration. With overlap scheduling the forward runs on a worker
+// thread and the next step is planned (and the previous one committed) while it computes.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/kv_pool.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "routes/route_array.h"
+#include "routes/route_capturer.h"
+#include "routes/route_manager.h"
+
+namespace r3 {
+
+struct EngineConfig {
+  std::string model;                 // checkpoint directory
+  int block_size = 16;
+  int num_kv_blocks = 0;             // 0 = as many as fit in kv_cache_mb
+  int kv_cache_mb = 1024;
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 512;
+  bool enable_prefix_caching = true;
+  bool overlap_scheduler = false;
+  std::vector<int> decode_buckets;
+  int threads = 0;                   // 0 = hardware concurrency
+  bool enable_return_routed_experts = false;
+  int eplb_redundant_experts = 0;
+  std::vector<std::vector<uint64_t>> eplb_load;  // optional placement input [L_moe][E]
+};
+
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<int> prompt_token_ids, token_ids;
+  std::vector<float> logprobs;
+  std::vector<uint64_t> weight_versions;  // per generated token
+  bool finished = false;
+  std::string finish_reason;
+  std::optional<RouteArray> routed_experts;  // [S-1 - start, L_moe, K]
+  std::string routes_error;                  // set when routes could not be complete
+  int num_cached_tokens = 0;
+  int num_preemptions = 0;
+};
+
+struct EngineStats {
+  uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, computed_tokens = 0;
+  uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0, chunked_prefills = 0,
+           padded_tokens = 0;
+  uint64_t capture_waits = 0, routed_experts_gaps = 0, route_rows_committed = 0,
+           prefix_route_rows_copied = 0, stale_prefix_rows = 0, route_bytes_returned = 0;
+  uint64_t requests_finished = 0, requests_aborted = 0, weight_version = 0;
+  uint64_t weight_bytes_read = 0;
+  int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
+  std::vector<std::vector<uint64_t>> expert_load;  // [L_moe][E] tokens per logical expert
+  std::vector<int> moe_layers;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineConfig cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& model_config() const { return runner_->config(); }
+  const EngineConfig& config() const { return cfg_; }
+
+  // Validates and queues a request; throws r3::Error (bad ids, too long, routes not enabled...).
+  uint64_t add_request(std::vector<int> prompt, SamplingParams params);
+  // One iteration: outputs of the requests that changed (finished ones with finished = true).
+  std::vector<RequestOutput> step();
+  // Finishes a request with reason "abort" (its output comes from the next step()).
+  bool abort(uint64_t id);
+  bool has_unfinished() const;
+  // Runs until every given request finished; outputs in input order.
+  std::vector<RequestOutput> generate(const std::vector<std::vector<int>>& prompts,
+                                      const std::vector<SamplingParams>& params);
+  // RL refit: new weights (same architecture and shapes); the version counter increases. With
+  // flush, the prefix cache and its routes are dropped in the same step.
+  void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
+  void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
+  uint64_t weight_version() const { return weight_version_; }
+
+  EngineStats stats() const;
+
+ private:
+  struct InFlight {
+    std::unique_ptr<StepPlan> plan;  // stable address: the worker reads it
+    std::future<std::pair<StepResult, CaptureSlot*>> result;
+  };
+  std::pair<StepResult, CaptureSlot*> run_forward(const StepPlan& plan);
+  std::vector<RequestOutput> process(const StepPlan& plan, const StepResult& res, CaptureSlot* slot);
+  void drain();
+  void finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out);
+  RequestOutput make_output(const Request& r);
+  void publish_full_blocks(Request* r, int computed);
+  void submit(std::function<void()> job);
+  void worker_loop();
+
+  EngineConfig cfg_;
+  std::shared_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<RouteCapturer> capturer_;
+  std::unique_ptr<RouteManager> routes_;
+  std::map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::vector<uint64_t> aborted_;
+  std::optional<InFlight> in_flight_;
+  std::vector<RequestOutput> drained_;  // outputs of a step drained outside step()
+  std::vector<int> block_tokens_;
+  uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, computed_tokens_ = 0, finished_ = 0,
+           aborted_count_ = 0;
+  // Forward worker (overlap scheduling).
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+};
+
+}  // namespace r3

@@ -1,0 +1,347 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/matmul.h"
+#include "kernels/router.h"
+
+namespace r3 {
+
+using kernels::matmul;
+using kernels::matmul_rows;
+using kernels::rms_norm;
+using kernels::round_rows_bf16;
+
+ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
+                         int max_step_tokens, ThreadPool* pool)
+    : ckpt_(std::move(ckpt)),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      max_tokens_(max_step_tokens),
+      pool_(pool),
+      rope_(ckpt_->config().head_dim, ckpt_->config().rope_theta,
+            ckpt_->config().max_position_embeddings) {
+  const ModelConfig& c = config();
+  kv_dim_ = size_t(c.num_kv_heads) * size_t(c.head_dim);
+  const size_t kv_floats = size_t(c.num_layers) * size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;
+  k_cache_.assign(kv_floats, 0.f);
+  v_cache_.assign(kv_floats, 0.f);
+  const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
+  const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
+  const size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
+  x_.resize(T * H);
+  h_.resize(T * H);
+  q_.resize(T * qd);
+  k_.resize(T * kv_dim_);
+  v_.resize(T * kv_dim_);
+  attn_.resize(T * qd);
+  tmp_.resize(T * H);
+  ffn_.resize(T * H);
+  logits_.resize(T * size_t(c.vocab_size));
+  probs_.resize(T * size_t(std::max(c.num_experts, 1)));
+  gathered_.resize(T * K * H);
+  gate_.resize(T * K * I);
+  up_.resize(T * K * I);
+  act_.resize(T * K * I);
+  expert_out_.resize(T * K * H);
+  route_w_.resize(T * K);
+  route_ids_.resize(T * K);
+  group_tokens_.resize(T * K);
+  slot_of_.resize(T * K);
+  const int L = c.num_moe_layers();
+  for (int l = 0; l < L; ++l) {
+    load_.emplace_back(new std::atomic<uint64_t>[size_t(c.num_experts)]());
+    phys_load_.emplace_back(new std::atomic<uint64_t>[size_t(2 * c.num_experts)]());
+  }
+}
+
+void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) { ckpt_ = std::move(ckpt); }
+
+std::vector<std::vector<uint64_t>> ModelRunner::expert_load() const {
+  std::vector<std::vector<uint64_t>> out;
+  for (auto& l : load_) {
+    out.emplace_back();
+    for (int e = 0; e < config().num_experts; ++e) out.back().push_back(l[size_t(e)].load());
+  }
+  return out;
+}
+
+std::vector<std::vector<uint64_t>> ModelRunner::physical_expert_load() const {
+  std::vector<std::vector<uint64_t>> out;
+  const int P = eplb_.enabled() ? eplb_.num_physical() : config().num_experts;
+  for (auto& l : phys_load_) {
+    out.emplace_back();
+    for (int e = 0; e < P; ++e) out.back().push_back(l[size_t(e)].load());
+  }
+  return out;
+}
+
+float* ModelRunner::k_at(int layer, int block, int slot) {
+  return k_cache_.data() +
+         ((size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) + size_t(slot)) * kv_dim_;
+}
+float* ModelRunner::v_at(int layer, int block, int slot) {
+  return v_cache_.data() +
+         ((size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) + size_t(slot)) * kv_dim_;
+}
+
+// Attention of every real token over its request's keys 0..pos, in absolute order, two passes
+// (max, then exp-weighted sum) so the result does not depend on how positions were chunked.
+void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
+  const ModelConfig& c = config();
+  const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
+  const int qd = nh * hd;
+  const float scale = 1.f / std::sqrt(float(hd));
+  const int T = int(plan.tokens.size());
+  pool_->parallel_for(int64_t(T) * nh, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int t = int(i / nh), head = int(i % nh);
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      float* o = out + size_t(t) * qd + size_t(head) * hd;
+      std::fill(o, o + hd, 0.f);
+      if (tok.seq < 0) continue;  // padding
+      const auto& table = plan.seqs[size_t(tok.seq)].block_table;
+      const float* qh = q + size_t(t) * qd + size_t(head) * hd;
+      const size_t koff = size_t(head / group) * size_t(hd);
+      auto score = [&](int j) {
+        const float* kj = k_at(layer, table[size_t(j / block_size_)], j % block_size_) + koff;
+        float s = 0.f;
+        for (int d = 0; d < hd; ++d) s += qh[d] * kj[d];
+        return s * scale;
+      };
+      float m = -INFINITY;
+      for (int j = 0; j <= tok.position; ++j) m = std::max(m, score(j));
+      float sum = 0.f;
+      for (int j = 0; j <= tok.position; ++j) {
+        const float w = std::exp(score(j) - m);
+        sum += w;
+        const float* vj = v_at(layer, table[size_t(j / block_size_)], j % block_size_) + koff;
+        for (int d = 0; d < hd; ++d) o[d] += w * vj[d];
+      }
+      for (int d = 0; d < hd; ++d) o[d] /= sum;
+    }
+  });
+}
+
+namespace {
+
+struct WorkItem {
+  int group, begin, end;
+};
+
+// Runs `rows` of an expert's weight for every group in [0, groups): items are (group, row block)
+// pairs so both cores stay busy even when one expert has few rows.
+template <typename Fn>
+void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows, Fn fn) {
+  // thread_local names are not captured by lambdas: hand the workers a plain reference.
+  thread_local std::vector<WorkItem> items_storage;
+  std::vector<WorkItem>& items = items_storage;
+  items.clear();
+  const int groups = int(offsets.size()) - 1;
+  const int block = 32;
+  for (int g = 0; g < groups; ++g)
+    if (offsets[size_t(g + 1)] > offsets[size_t(g)])
+      for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
+  pool->parallel_for(int64_t(items.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(items[size_t(i)]);
+  });
+}
+
+}  // namespace
+
+// MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
+// remap to physical experts (EPLB), gather each expert's tokens, gate/up, SiLU, down, then each
+// token sums its k expert outputs in router order.
+void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, const float* h, float* out,
+                      CaptureSlot* slot, bool, int num_real) {
+  const ModelConfig& c = config();
+  const int H = c.hidden_size, E = c.num_experts, K = c.top_k, I = c.moe_intermediate_size;
+  matmul(h, T, L.router, probs_.data(), pool_);  // router logits [T, E]
+  for (int t = 0; t < T; ++t) {
+    float* p = probs_.data() + size_t(t) * E;
+    kernels::softmax(p, E, p);
+    kernels::router_topk(p, E, K, c.norm_topk_prob, route_ids_.data() + size_t(t) * K,
+                         route_w_.data() + size_t(t) * K);
+    if (slot) slot->capture(moe_layer, t, route_ids_.data() + size_t(t) * K);  // before any remap
+  }
+  // Logical -> physical, counting sort by physical expert.
+  const int P = eplb_.enabled() ? eplb_.num_physical() : E;
+  group_offsets_.assign(size_t(P + 1), 0);
+  thread_local std::vector<int> nth_of_logical, phys;
+  nth_of_logical.assign(size_t(E), 0);
+  phys.resize(size_t(T) * K);
+  for (int a = 0; a < T * K; ++a) {
+    const int e = route_ids_[size_t(a)];
+    const int p = eplb_.physical(moe_layer, e, nth_of_logical[size_t(e)]++);
+    phys[size_t(a)] = p;
+    ++group_offsets_[size_t(p + 1)];
+    if (a / K < num_real) {
+      load_[size_t(moe_layer)][size_t(e)].fetch_add(1, std::memory_order_relaxed);
+      phys_load_[size_t(moe_layer)][size_t(p)].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  for (int p = 0; p < P; ++p) group_offsets_[size_t(p + 1)] += group_offsets_[size_t(p)];
+  thread_local std::vector<int> fill;
+  fill.assign(group_offsets_.begin(), group_offsets_.end() - 1);
+  for (int a = 0; a < T * K; ++a) {
+    const int s = fill[size_t(phys[size_t(a)])]++;
+    group_tokens_[size_t(s)] = a;
+    slot_of_[size_t(a)] = s;
+    std::copy(h + size_t(a / K) * H, h + size_t(a / K + 1) * H, gathered_.data() + size_t(s) * H);
+  }
+  uint64_t bytes = 0;
+  for (int p = 0; p < P; ++p)
+    if (group_offsets_[size_t(p + 1)] > group_offsets_[size_t(p)]) {
+      const ExpertWeights& w = L.experts[size_t(eplb_.logical_of(moe_layer, p))];
+      bytes += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
+    }
+  weight_bytes_ += bytes + L.router.nbytes();
+  auto weights_of = [&](int p) -> const ExpertWeights& {
+    return L.experts[size_t(eplb_.logical_of(moe_layer, p))];
+  };
+  for_group_rows(pool_, group_offsets_, I, [&](const WorkItem& it) {
+    const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
+    const ExpertWeights& w = weights_of(it.group);
+    matmul_rows(gathered_.data() + size_t(off) * H, n, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
+    matmul_rows(gathered_.data() + size_t(off) * H, n, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
+  });
+  kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * K * I);
+  round_rows_bf16(act_.data(), int64_t(T) * K * I);
+  for_group_rows(pool_, group_offsets_, H, [&](const WorkItem& it) {
+    const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
+    matmul_rows(act_.data() + size_t(off) * I, n, weights_of(it.group).down,
+                expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
+  });
+  for (int t = 0; t < T; ++t) {
+    float* o = out + size_t(t) * H;
+    for (int j = 0; j < K; ++j) {
+      const float w = route_w_[size_t(t) * K + j];
+      const float* y = expert_out_.data() + size_t(slot_of_[size_t(t) * K + j]) * H;
+      if (j == 0)
+        for (int d = 0; d < H; ++d) o[d] = w * y[d];
+      else
+        for (int d = 0; d < H; ++d) o[d] += w * y[d];
+    }
+  }
+}
+
+void ModelRunner::dense_ffn(const ExpertWeights& w, int T, const float* h, float* out) {
+  const int I = int(w.gate.shape[0]);
+  matmul(h, T, w.gate, gate_.data(), pool_);
+  matmul(h, T, w.up, up_.data(), pool_);
+  kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * I);
+  round_rows_bf16(act_.data(), int64_t(T) * I);
+  matmul(act_.data(), T, w.down, out, pool_);
+  weight_bytes_ += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
+}
+
+StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
+  const ModelConfig& c = config();
+  const ModelWeights& W = ckpt_->weights();
+  const int T = int(plan.tokens.size());
+  if (T > max_tokens_) throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " + std::to_string(max_tokens_));
+  const int num_real = T - plan.num_padding;
+  const int H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int qd = nh * hd, kvd = nkv * hd;
+  const float eps = c.rms_norm_eps;
+
+  // Embed (placeholders take the previous step's sample of their request).
+  for (int t = 0; t < T; ++t) {
+    const PlannedToken& tok = plan.tokens[size_t(t)];
+    int id = tok.token;
+    if (id < 0) {
+      const PlannedSeq& s = plan.seqs[size_t(tok.seq)];
+      auto it = last_samples_.find(s.request_id);
+      if (it == last_samples_.end() || it->second.first != s.epoch)
+        throw Error("overlap scheduling: no sampled token for request " + std::to_string(s.request_id));
+      id = it->second.second;
+    }
+    const TensorView& e = W.embed;
+    for (int d = 0; d < H; ++d) x_[size_t(t) * H + d] = e.at(int64_t(id) * H + d);
+  }
+  weight_bytes_ += uint64_t(T) * uint64_t(H) * dtype_size(W.embed.dtype);
+
+  int moe_layer = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = W.layers[size_t(l)];
+    for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.input_norm, 0, H, eps, &h_[size_t(t) * H]);
+    round_rows_bf16(h_.data(), int64_t(T) * H);
+    matmul(h_.data(), T, L.q, q_.data(), pool_);
+    matmul(h_.data(), T, L.k, k_.data(), pool_);
+    matmul(h_.data(), T, L.v, v_.data(), pool_);
+    weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
+    for (int t = 0; t < T; ++t) {
+      float* q = &q_[size_t(t) * qd];
+      float* k = &k_[size_t(t) * kvd];
+      float* v = &v_[size_t(t) * kvd];
+      if (c.qk_norm == QkNorm::PerHead) {
+        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
+        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
+      } else if (c.qk_norm == QkNorm::Whole) {
+        rms_norm(q, L.q_norm, 0, qd, eps, q);
+        rms_norm(k, L.k_norm, 0, kvd, eps, k);
+      }
+      if (c.clip_qkv) {
+        const float cl = *c.clip_qkv;
+        for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
+      }
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
+      for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
+      std::copy(k, k + kvd, k_at(l, tok.block, tok.slot));
+      std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
+    }
+    attention(plan, l, q_.data(), attn_.data());
+    round_rows_bf16(attn_.data(), int64_t(T) * qd);
+    matmul(attn_.data(), T, L.o, tmp_.data(), pool_);
+    for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += tmp_[size_t(i)];
+    for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.post_norm, 0, H, eps, &h_[size_t(t) * H]);
+    round_rows_bf16(h_.data(), int64_t(T) * H);
+    if (L.moe)
+      moe(L, moe_layer++, T, h_.data(), ffn_.data(), slot, plan.num_padding > 0, num_real);
+    else
+      dense_ffn(L.dense, T, h_.data(), ffn_.data());
+    for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
+  }
+
+  // Final norm and lm_head on the sampled rows only.
+  StepResult result;
+  result.iter = plan.iter;
+  result.seqs.resize(plan.seqs.size());
+  int S = 0;
+  thread_local std::vector<int> sampled_seq;
+  sampled_seq.clear();
+  for (size_t s = 0; s < plan.seqs.size(); ++s) {
+    const PlannedSeq& ps = plan.seqs[s];
+    result.seqs[s].request_id = ps.request_id;
+    result.seqs[s].epoch = ps.epoch;
+    if (!ps.sample) continue;
+    const int t = ps.first_token + ps.num_tokens - 1;
+    rms_norm(&x_[size_t(t) * H], W.final_norm, 0, H, eps, &h_[size_t(S) * H]);
+    sampled_seq.push_back(int(s));
+    ++S;
+  }
+  if (S > 0) {
+    round_rows_bf16(h_.data(), int64_t(S) * H);
+    matmul(h_.data(), S, W.lm_head, logits_.data(), pool_);
+    weight_bytes_ += W.lm_head.nbytes();
+  }
+  last_samples_.clear();
+  for (int i = 0; i < S; ++i) {
+    const int s = sampled_seq[size_t(i)];
+    const PlannedSeq& ps = plan.seqs[size_t(s)];
+    Sample smp = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.params,
+                              ps.start_pos + ps.num_tokens, sample_scratch_, sample_order_);
+    result.seqs[size_t(s)].sampled = true;
+    result.seqs[size_t(s)].sample = smp;
+    last_samples_[ps.request_id] = {ps.epoch, smp.token};
+  }
+  return result;
+}
+
+}  // namespace r3

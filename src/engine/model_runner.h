@@ -1,0 +1,65 @@
+// Runs one step's flattened tokens (prefill chunks, decodes and padding mixed) through the model
+// with batch-invariant kernels, writes their KV into the paged cache, captures routes and samples.
+// Numerics: weights as stored (bf16 or f32), activations rounded to bf16 at matmul inputs, fp32
+// accumulation in the fixed order of kernels/dot.h.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/step_plan.h"
+#include "kernels/ops.h"
+#include "model/checkpoint.h"
+#include "routes/eplb.h"
+#include "routes/route_capturer.h"
+
+namespace r3 {
+
+class ModelRunner {
+ public:
+  ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
+              ThreadPool* pool);
+
+  const ModelConfig& config() const { return ckpt_->config(); }
+  int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
+  // Runs a step. slot may be null (engine started without route capture).
+  StepResult forward(const StepPlan& plan, CaptureSlot* slot);
+  void set_weights(std::shared_ptr<Checkpoint> ckpt);
+  void set_eplb(EplbMap map) { eplb_ = std::move(map); }
+  const EplbMap& eplb() const { return eplb_; }
+  // Tokens routed to each logical expert, per MoE layer (a by-product of the forward).
+  std::vector<std::vector<uint64_t>> expert_load() const;
+  std::vector<std::vector<uint64_t>> physical_expert_load() const;
+  uint64_t weight_bytes_read() const { return weight_bytes_.load(); }
+
+ private:
+  void attention(const StepPlan& plan, int layer, const float* q, float* out);
+  void moe(const LayerWeights& L, int moe_layer, int T, const float* h, float* out, CaptureSlot* slot,
+           bool padding_tail, int num_real);
+  void dense_ffn(const ExpertWeights& w, int T, const float* h, float* out);
+  float* k_at(int layer, int block, int slot);
+  float* v_at(int layer, int block, int slot);
+
+  std::shared_ptr<Checkpoint> ckpt_;
+  int num_blocks_, block_size_, max_tokens_;
+  ThreadPool* pool_;
+  kernels::Rope rope_;
+  size_t kv_dim_;
+  std::vector<float> k_cache_, v_cache_;  // [layer][block][slot][kv_dim]
+  EplbMap eplb_;
+  std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
+  std::atomic<uint64_t> weight_bytes_{0};
+  // Overlap scheduling: the previous step's samples, for tokens planned before they were known.
+  std::unordered_map<uint64_t, std::pair<uint64_t, int>> last_samples_;
+  // Scratch, sized once (no allocation per step in the steady state).
+  std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
+  std::vector<float> gathered_, gate_, up_, act_, expert_out_, route_w_;
+  std::vector<int16_t> route_ids_;
+  std::vector<int> group_offsets_, group_tokens_, slot_of_;
+  std::vector<float> sample_scratch_;
+  std::vector<int> sample_order_;
+};
+
+}  // namespace r3

@@ -1,0 +1,44 @@
+// A request's live state, owned by the engine and changed only on the engine thread.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sampling.h"
+
+namespace r3 {
+
+enum class RequestStatus { Waiting, Running, Finished };
+
+struct Request {
+  uint64_t id = 0;
+  uint64_t arrival = 0;
+  std::vector<int> prompt;
+  SamplingParams params;
+  RequestStatus status = RequestStatus::Waiting;
+  std::string finish_reason;  // "length", "stop", "abort"
+
+  std::vector<int> output;              // sampled tokens
+  std::vector<float> logprobs;          // of each sampled token
+  std::vector<uint64_t> versions;       // weight version that produced each sampled token
+
+  // KV state.
+  std::vector<int> blocks;              // block table
+  std::vector<uint64_t> block_hashes;   // chained hashes of the first full blocks
+  int num_computed = 0;                 // tokens whose KV is computed or scheduled
+  int pending = 0;                      // sampled tokens not yet known (overlap scheduling)
+  uint64_t epoch = 0;                   // bumped by preemption: in-flight results are stale
+  uint64_t kv_version = 0;              // weight version its KV was started under
+  int num_preemptions = 0;
+  int prefix_hit_tokens = 0;            // of the current admission (routes to copy)
+  bool first_step_done = false;         // the current admission's first step was planned
+  std::vector<uint64_t> hit_generations;
+
+  int num_tokens() const { return int(prompt.size() + output.size()); }
+  int token(int i) const {
+    return i < int(prompt.size()) ? prompt[size_t(i)] : output[size_t(i) - prompt.size()];
+  }
+  bool is_decode() const { return num_computed >= int(prompt.size()); }
+};
+
+}  // namespace r3

@@ -1,0 +1,86 @@
+#include "engine/request_json.h"
+
+#include "core/error.h"
+
+namespace r3 {
+
+using json = nlohmann::json;
+
+namespace {
+
+int get_int(const json& j, const char* key, int dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number_integer()) throw Error(std::string("\"") + key + "\" must be an integer");
+  const int64_t v = j[key].get<int64_t>();
+  if (v < INT32_MIN || v > INT32_MAX) throw Error(std::string("\"") + key + "\" is out of range");
+  return int(v);
+}
+
+float get_float(const json& j, const char* key, float dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number()) throw Error(std::string("\"") + key + "\" must be a number");
+  return j[key].get<float>();
+}
+
+bool get_bool(const json& j, const char* key, bool dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_boolean()) throw Error(std::string("\"") + key + "\" must be true or false");
+  return j[key].get<bool>();
+}
+
+std::vector<int> get_ids(const json& j, const char* key) {
+  if (!j[key].is_array()) throw Error(std::string("\"") + key + "\" must be a list of token ids");
+  std::vector<int> out;
+  for (auto& v : j[key]) {
+    if (!v.is_number_integer()) throw Error(std::string("\"") + key + "\" must hold integers");
+    const int64_t x = v.get<int64_t>();
+    if (x < INT32_MIN || x > INT32_MAX) throw Error(std::string("\"") + key + "\" holds an out-of-range id");
+    out.push_back(int(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+void read_sampling_params(const json& j, SamplingParams& p) {
+  p.max_tokens = get_int(j, "max_tokens", p.max_tokens);
+  if (j.contains("max_new_tokens")) p.max_tokens = get_int(j, "max_new_tokens", p.max_tokens);
+  p.temperature = get_float(j, "temperature", p.temperature);
+  p.top_p = get_float(j, "top_p", p.top_p);
+  p.top_k = get_int(j, "top_k", p.top_k);
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) throw Error("\"seed\" must be an integer");
+    p.seed = j["seed"].get<uint64_t>();
+  }
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) p.stop_token_ids = get_ids(j, "stop_token_ids");
+  p.ignore_eos = get_bool(j, "ignore_eos", p.ignore_eos);
+  if (j.contains("logprobs") && j["logprobs"].is_boolean()) p.logprobs = j["logprobs"].get<bool>();
+  p.return_routed_experts = get_bool(j, "return_routed_experts", p.return_routed_experts);
+  p.routed_experts_start = get_int(j, "routed_experts_start", p.routed_experts_start);
+}
+
+ParsedRequest parse_request_json(const json& j) {
+  if (!j.is_object()) throw Error("a request must be a JSON object");
+  if (!j.contains("prompt_token_ids")) throw Error("missing \"prompt_token_ids\"");
+  ParsedRequest r;
+  r.prompt = get_ids(j, "prompt_token_ids");
+  read_sampling_params(j, r.params);
+  return r;
+}
+
+json output_to_json(const RequestOutput& o, int64_t index) {
+  json j;
+  if (index >= 0) j["index"] = index;
+  j["prompt_token_ids"] = o.prompt_token_ids;
+  j["token_ids"] = o.token_ids;
+  json lp = json::array();
+  for (float f : o.logprobs) lp.push_back(double(f));  // exact: every float is a double
+  j["logprobs"] = lp;
+  j["finish_reason"] = o.finish_reason;
+  j["weight_versions"] = o.weight_versions;
+  if (o.routed_experts) j["routed_experts"] = routes_to_json(*o.routed_experts);
+  if (!o.routes_error.empty()) j["routes_error"] = o.routes_error;
+  return j;
+}
+
+}  // namespace r3

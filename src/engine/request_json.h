@@ -1,0 +1,25 @@
+// JSON for requests and outputs, shared by `r3 generate` (JSONL), the HTTP server and tests.
+// Request fields follow vLLM/SGLang names: prompt_token_ids, max_tokens, temperature, top_p,
+// top_k, seed, stop_token_ids, ignore_eos, logprobs, return_routed_experts, routed_experts_start.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace r3 {
+
+struct ParsedRequest {
+  std::vector<int> prompt;
+  SamplingParams params;
+};
+
+// Throws r3::Error naming the field for missing or wrongly typed values.
+ParsedRequest parse_request_json(const nlohmann::json& j);
+// Reads only the sampling fields of j into p (unknown keys are ignored).
+void read_sampling_params(const nlohmann::json& j, SamplingParams& p);
+// index, prompt_token_ids, token_ids, logprobs, finish_reason, weight_versions and, when
+// present, routed_experts in the transport format.
+nlohmann::json output_to_json(const RequestOutput& o, int64_t index);
+
+}  // namespace r3

@@ -1,0 +1,78 @@
+#include "engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace r3 {
+
+void SamplingParams::validate(int vocab_size) const {
+  if (max_tokens < 1) throw Error("max_tokens must be >= 1");
+  if (!(temperature >= 0.f) || !std::isfinite(temperature)) throw Error("temperature must be >= 0");
+  if (!(top_p > 0.f && top_p <= 1.f)) throw Error("top_p must be in (0, 1]");
+  if (top_k < -1) throw Error("top_k must be -1, 0 (off) or positive");
+  for (int t : stop_token_ids)
+    if (t < 0 || t >= vocab_size)
+      throw Error("stop_token_ids holds " + std::to_string(t) + ", outside the vocabulary [0, " +
+                  std::to_string(vocab_size) + ")");
+  if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
+}
+
+Sample sample_token(const float* logits, int V, const SamplingParams& p, int position,
+                    std::vector<float>& scratch, std::vector<int>& order) {
+  // log-softmax of the raw logits, for the reported logprob.
+  float m = logits[0];
+  int argmax = 0;
+  for (int i = 1; i < V; ++i)
+    if (logits[i] > m) m = logits[i], argmax = i;
+  double z = 0.0;
+  for (int i = 0; i < V; ++i) z += std::exp(double(logits[i] - m));
+  const float log_z = float(std::log(z)) + m;
+  if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z};
+
+  scratch.resize(size_t(V));
+  order.resize(size_t(V));
+  std::iota(order.begin(), order.end(), 0);
+  // Descending logit, ties to the lower id: a total order, so the draw is reproducible.
+  auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  int keep = V;
+  if (p.top_k > 0 && p.top_k < V) {
+    keep = p.top_k;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+  } else {
+    std::sort(order.begin(), order.end(), by_logit);
+  }
+  double total = 0.0;
+  for (int i = 0; i < keep; ++i) {
+    scratch[size_t(i)] = float(std::exp(double(logits[order[size_t(i)]] - m) / p.temperature));
+    total += scratch[size_t(i)];
+  }
+  if (p.top_p < 1.f) {
+    double cum = 0.0;
+    int n = 0;
+    while (n < keep) {
+      cum += scratch[size_t(n)] / total;
+      ++n;
+      if (cum >= p.top_p) break;
+    }
+    keep = n;
+    total = 0.0;
+    for (int i = 0; i < keep; ++i) total += scratch[size_t(i)];
+  }
+  const double u = uniform01(p.seed, uint64_t(position)) * total;
+  double cum = 0.0;
+  int pick = order[size_t(keep - 1)];
+  for (int i = 0; i < keep; ++i) {
+    cum += scratch[size_t(i)];
+    if (u < cum) {
+      pick = order[size_t(i)];
+      break;
+    }
+  }
+  return {pick, logits[pick] - log_z};
+}
+
+}  // namespace r3

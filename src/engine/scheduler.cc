@@ -1,0 +1,191 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace r3 {
+
+Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block)
+    : cfg_(std::move(cfg)), pool_(pool), scratch_block_(scratch_block) {
+  std::sort(cfg_.decode_buckets.begin(), cfg_.decode_buckets.end());
+}
+
+void Scheduler::add(Request* r) { waiting_.push_back(r); }
+
+void Scheduler::release_blocks(Request* r) {
+  // Release in reverse so the LRU free list evicts a sequence's tail blocks first.
+  for (auto it = r->blocks.rbegin(); it != r->blocks.rend(); ++it) pool_->release(*it);
+  r->blocks.clear();
+}
+
+void Scheduler::remove(Request* r) {
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  release_blocks(r);
+}
+
+bool Scheduler::done_scheduling(const Request& r) {
+  return int(r.output.size()) + r.pending >= r.params.max_tokens;
+}
+
+void Scheduler::preempt(Request* r) {
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  release_blocks(r);
+  r->block_hashes.clear();
+  r->num_computed = 0;
+  r->pending = 0;  // in-flight samples for it are discarded (epoch changes)
+  ++r->epoch;
+  ++r->num_preemptions;
+  r->status = RequestStatus::Waiting;
+  waiting_.push_front(r);
+  ++stats_.preemptions;
+}
+
+bool Scheduler::grow_blocks(Request* r, int upto_tokens) {
+  const int need = (upto_tokens + pool_->block_size() - 1) / pool_->block_size();
+  while (int(r->blocks.size()) < need) {
+    int b = pool_->allocate();
+    if (b < 0) return false;
+    r->blocks.push_back(b);
+  }
+  return true;
+}
+
+void Scheduler::admit_prefix(Request* r) {
+  r->prefix_hit_tokens = 0;
+  r->hit_generations.clear();
+  r->first_step_done = false;
+  if (!cfg_.enable_prefix_caching) return;
+  std::vector<int> toks(size_t(r->num_tokens()));
+  for (int i = 0; i < r->num_tokens(); ++i) toks[size_t(i)] = r->token(i);
+  std::vector<int> hit = pool_->lookup_prefix(toks);
+  stats_.prefix_queried_tokens += uint64_t(r->num_tokens());
+  uint64_t h = 0;
+  for (size_t i = 0; i < hit.size(); ++i) {
+    pool_->acquire(hit[i]);
+    r->blocks.push_back(hit[i]);
+    r->hit_generations.push_back(pool_->generation(hit[i]));
+    h = KvPool::chain_hash(h, toks.data() + i * size_t(pool_->block_size()), pool_->block_size());
+    r->block_hashes.push_back(h);
+  }
+  r->num_computed = int(hit.size()) * pool_->block_size();
+  r->prefix_hit_tokens = r->num_computed;
+  stats_.prefix_hit_tokens += uint64_t(r->num_computed);
+}
+
+void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
+  PlannedSeq s;
+  s.request_id = r->id;
+  s.epoch = r->epoch;
+  s.first_token = int(plan.tokens.size());
+  s.num_tokens = n;
+  s.start_pos = r->num_computed;
+  s.block_table = r->blocks;
+  s.params = r->params;
+  s.wants_routes = r->params.return_routed_experts;
+  if (!r->first_step_done) {
+    s.prefix_hit_tokens = r->prefix_hit_tokens;
+    s.hit_block_generations = r->hit_generations;
+    r->first_step_done = true;
+  }
+  const int known = r->num_tokens();
+  const int bs = pool_->block_size();
+  for (int i = 0; i < n; ++i) {
+    PlannedToken t;
+    t.seq = int(plan.seqs.size());
+    t.position = s.start_pos + i;
+    t.token = t.position < known ? r->token(t.position) : -1;
+    t.block = r->blocks[size_t(t.position / bs)];
+    t.block_generation = pool_->generation(t.block);
+    t.slot = t.position % bs;
+    plan.tokens.push_back(t);
+  }
+  s.first_token_pending = plan.tokens[size_t(s.first_token)].token < 0;
+  r->num_computed += n;
+  if (r->num_computed == known + r->pending) {
+    s.sample = true;
+    ++r->pending;
+  } else {
+    ++stats_.chunked_prefills;
+  }
+  plan.any_routes |= s.wants_routes;
+  plan.seqs.push_back(std::move(s));
+}
+
+StepPlan Scheduler::schedule(uint64_t iter, uint64_t weight_version) {
+  StepPlan plan;
+  plan.iter = iter;
+  plan.weight_version = weight_version;
+  int budget = cfg_.max_num_batched_tokens;
+
+  // Running requests: decodes first, then prefills; each group in arrival order.
+  std::vector<Request*> order = running_;
+  std::stable_sort(order.begin(), order.end(), [](Request* a, Request* b) {
+    if (a->is_decode() != b->is_decode()) return a->is_decode();
+    return a->arrival < b->arrival;
+  });
+  for (Request* r : order) {
+    if (r->status != RequestStatus::Running) continue;  // preempted in this loop
+    if (budget <= 0) break;
+    if (done_scheduling(*r)) continue;
+    const int total = r->num_tokens() + r->pending;
+    int n = std::min(total - r->num_computed, budget);
+    if (n <= 0) continue;
+    while (!grow_blocks(r, r->num_computed + n)) {
+      // Out of blocks: preempt the latest arrival (possibly r itself).
+      Request* victim = *std::max_element(running_.begin(), running_.end(),
+                                          [](Request* a, Request* b) { return a->arrival < b->arrival; });
+      preempt(victim);
+      if (victim == r) break;
+    }
+    if (r->status != RequestStatus::Running) continue;
+    plan_seq(plan, r, n);
+    budget -= n;
+  }
+
+  // Waiting requests, in order; stop at the first that does not fit (no overtaking).
+  while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs) {
+    Request* r = waiting_.front();
+    if (r->blocks.empty()) admit_prefix(r);
+    const int total = r->num_tokens();
+    int n = std::min(total - r->num_computed, budget);
+    if (!grow_blocks(r, r->num_computed + n)) {
+      // Leave it waiting; keep nothing allocated so running requests can use the blocks.
+      release_blocks(r);
+      r->block_hashes.clear();
+      r->num_computed = 0;
+      break;
+    }
+    waiting_.pop_front();
+    r->status = RequestStatus::Running;
+    r->kv_version = weight_version;
+    running_.push_back(r);
+    plan_seq(plan, r, n);
+    budget -= n;
+  }
+
+  // Bucketed decode: pad pure-decode steps up to the next bucket with dummy tokens that
+  // write only the scratch block and belong to no request.
+  if (!cfg_.decode_buckets.empty() && !plan.tokens.empty() &&
+      int(plan.tokens.size()) == int(plan.seqs.size())) {
+    int want = int(plan.tokens.size());
+    for (int b : cfg_.decode_buckets)
+      if (b >= want) { want = b; break; }
+    while (int(plan.tokens.size()) < want) {
+      PlannedToken t;
+      t.seq = -1;
+      t.block = scratch_block_;
+      t.slot = int(plan.tokens.size()) % pool_->block_size();
+      t.position = 0;
+      t.token = 0;
+      plan.tokens.push_back(t);
+      ++plan.num_padding;
+    }
+    stats_.padded_tokens += uint64_t(plan.num_padding);
+  }
+  if (!plan.tokens.empty()) ++stats_.steps;
+  return plan;
+}
+
+}  // namespace r3

@@ -1,0 +1,58 @@
+// One engine step, planned by the scheduler and then immutable: its `iter` id and, for every
+// computed token, the request, absolute position and KV block id + generation. Capture, copy and
+// commit of routes read only this snapshot, never live request state (DESIGN.md, lifetimes).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/sampling.h"
+
+namespace r3 {
+
+struct PlannedSeq {
+  uint64_t request_id = 0;
+  uint64_t epoch = 0;        // the request's preemption epoch when planned
+  int first_token = 0;       // index of its first token in StepPlan::tokens
+  int num_tokens = 0;
+  int start_pos = 0;         // absolute position of its first token
+  std::vector<int> block_table;  // blocks covering positions [0, start_pos + num_tokens)
+  bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
+  SamplingParams params;     // copied: sampling must not read live request state
+  bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step
+  // Routes.
+  bool wants_routes = false;
+  int prefix_hit_tokens = 0;                 // rows [0, hit) copied from the SharedRouteCache
+  std::vector<uint64_t> hit_block_generations;  // generation of each hit block when planned
+};
+
+struct PlannedToken {
+  int seq = -1;              // index into StepPlan::seqs; -1 = padding
+  int position = 0;
+  int token = 0;
+  int block = 0;             // KV block id (the scratch block for padding)
+  uint64_t block_generation = 0;
+  int slot = 0;              // offset in the block
+};
+
+struct StepPlan {
+  uint64_t iter = 0;
+  uint64_t weight_version = 0;
+  std::vector<PlannedSeq> seqs;
+  std::vector<PlannedToken> tokens;
+  int num_padding = 0;
+  bool any_routes = false;
+};
+
+struct SeqResult {
+  uint64_t request_id = 0;
+  uint64_t epoch = 0;
+  bool sampled = false;
+  Sample sample;
+};
+
+struct StepResult {
+  uint64_t iter = 0;
+  std::vector<SeqResult> seqs;  // parallel to StepPlan::seqs
+};
+
+}  // namespace r3

@@ -1,0 +1,33 @@
+// Small per-token ops of the engine forward: RMSNorm, RoPE, SiLU-gating, softmax. Each works on
+// one token's vector, so batch composition cannot change its result.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/safetensors.h"
+
+namespace r3::kernels {
+
+// y = x / sqrt(mean(x^2) + eps) * w over n values (fp32, sequential sum).
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
+
+// Precomputed cos/sin of RoPE ("rotate half": pairs i and i + D/2).
+class Rope {
+ public:
+  Rope(int head_dim, float theta, int max_pos);
+  void apply(float* head, int pos) const;  // one head vector in place
+  int max_pos() const { return max_pos_; }
+
+ private:
+  int half_, max_pos_;
+  float* table_;  // [max_pos, half] cos then sin
+  std::vector<float> storage_;
+};
+
+// out[i] = silu(gate[i]) * up[i]
+void silu_mul(const float* gate, const float* up, float* out, int n);
+
+// Softmax over n values (fp32: max, exp, sequential sum).
+void softmax(const float* x, int n, float* out);
+
+}  // namespace r3::kernels

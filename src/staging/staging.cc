@@ -1,0 +1,440 @@
+// Trainer-side staging: per-call delta alignment (filler row + [prev_len:] slice), rollout
+// assembly with turn-boundary repair, and the NeMo-RL route envelope codec.
+#include "staging/staging.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace r3 {
+
+namespace {
+
+std::string call_prefix(int call_index, int T, int prev_len, int start) {
+  std::ostringstream o;
+  o << "stage_call: call " << call_index << " (T=" << T << ", prev_len=" << prev_len
+    << ", start=" << start << "): ";
+  return o.str();
+}
+
+// Checks one token's [L, K] block. Returns "" when the row is usable: either every id is a valid
+// expert (in [0, num_experts), no duplicate within a layer) or the whole row is -1 (a genuinely
+// missing route, which the trainer's router decides). Otherwise says what is wrong.
+std::string check_row(const int16_t* row, int layers, int k, int num_experts, bool* all_minus_one) {
+  int minus = 0;
+  const int n = layers * k;
+  for (int i = 0; i < n; ++i) minus += (row[i] == -1);
+  if (all_minus_one) *all_minus_one = (n > 0 && minus == n);
+  if (minus == n) return "";
+  if (minus > 0) {
+    std::ostringstream o;
+    o << "row is partly -1 (" << minus << " of " << n << " ids are -1)";
+    return o.str();
+  }
+  for (int l = 0; l < layers; ++l) {
+    const int16_t* ids = row + size_t(l) * size_t(k);
+    for (int j = 0; j < k; ++j) {
+      if (ids[j] < 0 || ids[j] >= num_experts) {
+        std::ostringstream o;
+        o << "layer " << l << " has expert id " << ids[j] << " outside [0, " << num_experts << ")";
+        return o.str();
+      }
+      for (int jj = 0; jj < j; ++jj) {
+        if (ids[jj] == ids[j]) {
+          std::ostringstream o;
+          o << "layer " << l << " repeats expert id " << ids[j];
+          return o.str();
+        }
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler filler,
+                      StagePolicy policy, int num_experts, int call_index) {
+  const int N = routes.start;
+  const std::string where = call_prefix(call_index, T, prev_len, N);
+  // Argument errors are caller bugs, not bad routes: they throw under either policy.
+  if (T < 1) throw Error(where + "T must be >= 1");
+  if (prev_len < 0 || prev_len > T) {
+    std::ostringstream o;
+    o << where << "prev_len outside [0, T]; expected " << std::max(0, T - prev_len)
+      << " new rows, found prev_len " << prev_len;
+    throw Error(o.str());
+  }
+  if (num_experts < 1) throw Error(where + "num_experts must be >= 1");
+
+  const int new_rows = T - prev_len;
+  StagedCall out;
+  out.prev_len = prev_len;
+  out.total_len = T;
+  out.call_index = call_index;
+  out.num_experts = num_experts;
+
+  // ---- whole-call (shape) problems -------------------------------------------------------
+  std::string problem;
+  {
+    std::ostringstream o;
+    const long long expected = (N >= 0 && N <= T - 1) ? (T - 1 - N) : (T - 1);
+    const size_t want_values = size_t(std::max(0, routes.rows)) * size_t(std::max(0, routes.layers)) *
+                               size_t(std::max(0, routes.k));
+    if (N < 0 || N > T - 1) {
+      o << "delta start " << N << " outside [0, T-1=" << T - 1 << "]; expected " << expected
+        << " rows, found " << routes.rows;
+    } else if (routes.rows != expected) {
+      o << "wrong number of route rows (T-1-start); expected " << expected << " rows, found "
+        << routes.rows;
+    } else if (N > prev_len) {
+      o << "reply starts at position " << N << ", after prev_len, so positions [" << prev_len
+        << ", " << N << ") have no route; expected " << (T - 1 - prev_len)
+        << " rows from position " << prev_len << ", found " << routes.rows << " rows from " << N;
+    } else if (routes.layers < 1 || routes.k < 1) {
+      o << "bad shape [" << routes.rows << ", " << routes.layers << ", " << routes.k
+        << "] (layers and k must be >= 1); expected " << expected << " rows, found " << routes.rows;
+    } else if (routes.data.size() != want_values) {
+      o << "data holds " << routes.data.size() << " ids but shape [" << routes.rows << ", "
+        << routes.layers << ", " << routes.k << "] needs " << want_values << "; expected "
+        << expected << " rows, found " << routes.rows;
+    } else if (routes.k > num_experts) {
+      o << "k=" << routes.k << " exceeds num_experts=" << num_experts << "; expected " << expected
+        << " rows, found " << routes.rows;
+    } else if (!routes.moe_layers.empty() && int(routes.moe_layers.size()) != routes.layers) {
+      o << "moe_layers names " << routes.moe_layers.size() << " layers but shape has "
+        << routes.layers << "; expected " << expected << " rows, found " << routes.rows;
+    }
+    problem = o.str();
+  }
+
+  const int L = std::max(0, routes.layers), K = std::max(0, routes.k);
+  if (!problem.empty()) {
+    if (policy == StagePolicy::Strict) throw Error(where + problem);
+    // Lenient: keep the call, every row -1 (filler included: nothing of this call is trusted).
+    out.rows = RouteArray(new_rows, L, K, int16_t(-1));
+    out.rows.start = prev_len;
+    if (int(routes.moe_layers.size()) == L) out.rows.moe_layers = routes.moe_layers;
+    out.ok = false;
+    out.bad_rows = new_rows;
+    out.warning = where + problem + "; routes dropped, " + std::to_string(new_rows) +
+                  " rows set to -1";
+    return out;
+  }
+
+  // ---- per-row problems (only rows this call keeps: positions [prev_len, T-1)) -------------
+  out.rows = RouteArray(new_rows, L, K, int16_t(-1));
+  out.rows.start = prev_len;
+  out.rows.moe_layers = routes.moe_layers;
+  const size_t row_size = size_t(L) * size_t(K);
+  std::vector<std::string> row_problems;
+  for (int p = prev_len; p < T - 1; ++p) {
+    const int16_t* src = routes.row(p - N);
+    std::string why = check_row(src, L, K, num_experts, nullptr);
+    if (!why.empty()) {
+      std::ostringstream o;
+      o << "route row for position " << p << ": " << why << "; expected " << routes.rows
+        << " rows, found " << routes.rows;
+      if (policy == StagePolicy::Strict) throw Error(where + o.str());
+      row_problems.push_back(o.str());
+      continue;  // stays -1
+    }
+    std::memcpy(out.rows.row(p - prev_len), src, row_size * sizeof(int16_t));
+  }
+  // Filler row for the last token (position T-1), if this call keeps it.
+  if (new_rows >= 1) {
+    int16_t* f = out.rows.row(new_rows - 1);
+    for (int l = 0; l < L; ++l)
+      for (int j = 0; j < K; ++j) f[size_t(l) * K + j] = (filler == Filler::Arange) ? int16_t(j) : int16_t(-1);
+    out.filler_rows = 1;
+  }
+  if (!row_problems.empty()) {
+    out.ok = false;
+    out.bad_rows = int(row_problems.size());
+    std::ostringstream o;
+    o << where << row_problems.size() << " bad route row(s) set to -1: " << row_problems[0];
+    for (size_t i = 1; i < row_problems.size() && i < 3; ++i) o << " | " << row_problems[i];
+    if (row_problems.size() > 3) o << " | ...";
+    out.warning = o.str();
+  }
+  return out;
+}
+
+RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
+                            const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
+                            AssembleReport* report) {
+  AssembleReport rep;
+  if (calls.empty()) {
+    if (report) *report = rep;
+    return RouteArray();
+  }
+  // The rollout's [L, K]: the first call whose rows have a real shape.
+  int L = 0, K = 0;
+  const std::vector<int>* moe_layers = nullptr;
+  for (const auto& c : calls) {
+    if (c.rows.layers > 0 && c.rows.k > 0) {
+      L = c.rows.layers;
+      K = c.rows.k;
+      break;
+    }
+  }
+  for (const auto& c : calls)
+    if (c.rows.layers == L && c.rows.k == K && int(c.rows.moe_layers.size()) == L && L > 0) {
+      moe_layers = &c.rows.moe_layers;
+      break;
+    }
+
+  const int first = calls.front().prev_len;
+  int covered = first;  // positions covered so far
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const StagedCall& c = calls[i];
+    const int want = c.total_len - c.prev_len;
+    if (c.prev_len != covered) {
+      std::ostringstream o;
+      o << "assemble_rollout: call " << c.call_index << " (#" << i << "): prev_len " << c.prev_len
+        << " but the earlier calls cover positions [" << first << ", " << covered
+        << "); expected rows from position " << covered << ", found rows from " << c.prev_len;
+      throw Error(o.str());
+    }
+    if (c.rows.rows != want || c.rows.data.size() != size_t(c.rows.rows) * c.rows.layers * c.rows.k) {
+      std::ostringstream o;
+      o << "assemble_rollout: call " << c.call_index << " (#" << i << "): expected " << want
+        << " rows (total_len - prev_len), found " << c.rows.rows;
+      throw Error(o.str());
+    }
+    if (want > 0 && (c.rows.layers != L || c.rows.k != K)) {
+      bool all_minus = std::all_of(c.rows.data.begin(), c.rows.data.end(), [](int16_t v) { return v == -1; });
+      if (c.ok || !all_minus) {
+        std::ostringstream o;
+        o << "assemble_rollout: call " << c.call_index << " (#" << i << "): shape [" << c.rows.rows
+          << ", " << c.rows.layers << ", " << c.rows.k << "] does not match the rollout's [*, " << L
+          << ", " << K << "]; expected " << want << " rows, found " << c.rows.rows;
+        throw Error(o.str());
+      }
+    }
+    covered = c.total_len;
+  }
+
+  RouteArray out(covered - first, L, K, int16_t(-1));
+  out.start = first;
+  if (moe_layers) out.moe_layers = *moe_layers;
+  const size_t row_size = size_t(L) * size_t(K);
+  for (const auto& c : calls) {
+    if (c.rows.layers == L && c.rows.k == K && c.rows.rows > 0)
+      std::memcpy(out.row(c.prev_len - first), c.rows.data.data(), c.rows.data.size() * sizeof(int16_t));
+    // else: a failed lenient call without a usable shape stays -1
+    rep.filler_rows += c.filler_rows;
+  }
+
+  if (repair_boundaries && !engine_routes.empty()) {
+    if (engine_routes.size() != calls.size()) {
+      std::ostringstream o;
+      o << "assemble_rollout: boundary repair needs one engine reply per call; expected "
+        << calls.size() << ", found " << engine_routes.size();
+      throw Error(o.str());
+    }
+    for (size_t i = 1; i < calls.size(); ++i) {
+      const StagedCall& prev = calls[i - 1];
+      const StagedCall& next = calls[i];
+      const RouteArray& eng = engine_routes[i];
+      const int p = next.prev_len - 1;  // the previous call's last token
+      if (prev.total_len - prev.prev_len < 1) continue;  // previous call holds no row for p
+      if (!next.ok) continue;                              // its routes were not trusted
+      if (eng.layers != L || eng.k != K) continue;
+      if (eng.data.size() != size_t(eng.rows) * row_size) continue;
+      if (p < eng.start || p >= eng.start + eng.rows) continue;  // reply does not cover p
+      const int16_t* src = eng.row(p - eng.start);
+      bool all_minus = false;
+      const int E = next.num_experts > 0 ? next.num_experts : std::numeric_limits<int16_t>::max();
+      if (!check_row(src, L, K, E, &all_minus).empty() || all_minus) continue;
+      std::memcpy(out.row(p - first), src, row_size * sizeof(int16_t));
+      ++rep.repaired_boundary_rows;
+      if (prev.filler_rows > 0) --rep.filler_rows;
+    }
+  }
+  if (report) *report = rep;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envelope
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kEnvelopeMagic = "nrlre1";
+
+int dtype_width(const std::string& d) {
+  if (d == "int8") return 1;
+  if (d == "int16") return 2;
+  if (d == "int32") return 4;
+  return 0;
+}
+
+std::string encode_values(const int32_t* v, size_t n, int S, int L, int K) {
+  if (S < 0 || L < 0 || K < 0) throw Error("encode_envelope: negative dimension");
+  if (size_t(S) * size_t(L) * size_t(K) != n) {
+    std::ostringstream o;
+    o << "encode_envelope: shape " << S << "x" << L << "x" << K << " needs "
+      << size_t(S) * size_t(L) * size_t(K) << " ids, found " << n;
+    throw Error(o.str());
+  }
+  int64_t max_id = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] < -1) {
+      std::ostringstream o;
+      o << "encode_envelope: id " << v[i] << " at flat index " << i << " is below -1";
+      throw Error(o.str());
+    }
+    max_id = std::max<int64_t>(max_id, v[i]);
+  }
+  const std::string dtype = envelope_dtype_for(max_id);
+  const int w = dtype_width(dtype);
+  std::vector<uint8_t> bytes(n * size_t(w));
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(v[i]);
+    for (int b = 0; b < w; ++b) bytes[i * w + b] = uint8_t((u >> (8 * b)) & 0xFF);  // little-endian
+  }
+  std::ostringstream o;
+  o << kEnvelopeMagic << ":" << dtype << ":" << S << "x" << L << "x" << K << ":"
+    << base64_encode(bytes.data(), bytes.size());
+  return o.str();
+}
+
+// A non-negative decimal without sign or leading zeros, at most INT32_MAX.
+bool parse_dim(const std::string& s, int* out) {
+  if (s.empty() || s.size() > 10) return false;
+  if (s.size() > 1 && s[0] == '0') return false;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v > std::numeric_limits<int32_t>::max()) return false;
+  *out = int(v);
+  return true;
+}
+
+}  // namespace
+
+const char* envelope_dtype_for(int64_t max_id) {
+  if (max_id <= std::numeric_limits<int8_t>::max()) return "int8";
+  if (max_id <= std::numeric_limits<int16_t>::max()) return "int16";
+  if (max_id <= std::numeric_limits<int32_t>::max()) return "int32";
+  throw Error("envelope: expert id " + std::to_string(max_id) + " does not fit int32");
+}
+
+std::string encode_envelope(const std::vector<int32_t>& ids, int S, int L, int K) {
+  return encode_values(ids.data(), ids.size(), S, L, K);
+}
+
+std::string encode_envelope(const RouteArray& r) {
+  std::vector<int32_t> v(r.data.begin(), r.data.end());
+  if (r.rows < 0 || r.layers < 0 || r.k < 0 ||
+      size_t(r.rows) * size_t(r.layers) * size_t(r.k) != r.data.size()) {
+    std::ostringstream o;
+    o << "encode_envelope: RouteArray shape [" << r.rows << ", " << r.layers << ", " << r.k
+      << "] does not match its " << r.data.size() << " ids";
+    throw Error(o.str());
+  }
+  return encode_values(v.data(), v.size(), r.rows, r.layers, r.k);
+}
+
+EnvelopeIds decode_envelope_ids(const std::string& s) {
+  auto fail = [&](const std::string& why) -> Error {
+    std::string shown = s.size() > 48 ? s.substr(0, 48) + "..." : s;
+    return Error("decode_envelope: " + why + " (in \"" + shown + "\")");
+  };
+  // Exactly four ':'-separated fields (base64 never contains ':').
+  std::vector<std::string> f;
+  size_t pos = 0;
+  while (true) {
+    size_t c = s.find(':', pos);
+    if (c == std::string::npos) {
+      f.push_back(s.substr(pos));
+      break;
+    }
+    f.push_back(s.substr(pos, c - pos));
+    pos = c + 1;
+  }
+  if (f.size() != 4)
+    throw fail("expected 4 ':'-separated fields nrlre1:<dtype>:<S>x<L>x<K>:<base64>, found " +
+               std::to_string(f.size()));
+  if (f[0] != kEnvelopeMagic) throw fail("unknown magic \"" + f[0] + "\", expected \"nrlre1\"");
+  EnvelopeIds out;
+  out.dtype = f[1];
+  const int w = dtype_width(f[1]);
+  if (w == 0) throw fail("unknown dtype \"" + f[1] + "\", expected int8, int16 or int32");
+  // Shape.
+  std::vector<std::string> d;
+  pos = 0;
+  while (true) {
+    size_t c = f[2].find('x', pos);
+    if (c == std::string::npos) {
+      d.push_back(f[2].substr(pos));
+      break;
+    }
+    d.push_back(f[2].substr(pos, c - pos));
+    pos = c + 1;
+  }
+  if (d.size() != 3) throw fail("shape \"" + f[2] + "\" is not <S>x<L>x<K>");
+  if (!parse_dim(d[0], &out.s) || !parse_dim(d[1], &out.l) || !parse_dim(d[2], &out.k))
+    throw fail("shape \"" + f[2] + "\" has a dimension that is not a non-negative integer");
+  uint64_t n = 0, nbytes = 0;
+  if (__builtin_mul_overflow(uint64_t(out.s), uint64_t(out.l), &n) ||
+      __builtin_mul_overflow(n, uint64_t(out.k), &n) ||
+      __builtin_mul_overflow(n, uint64_t(w), &nbytes))
+    throw fail("shape \"" + f[2] + "\" is too large");
+  // Cheap length check before decoding: padded base64 of nbytes is 4*ceil(nbytes/3) chars.
+  if (nbytes > (uint64_t(f[3].size()) / 4) * 3 + 3)
+    throw fail("payload of " + std::to_string(f[3].size()) + " base64 chars is too short: shape " +
+               f[2] + " of " + f[1] + " needs " + std::to_string(nbytes) + " bytes");
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = base64_decode(f[3]);
+  } catch (const Error& e) {
+    throw fail(std::string("bad base64 payload: ") + e.what());
+  }
+  if (bytes.size() != nbytes) {
+    std::ostringstream o;
+    o << "payload holds " << bytes.size() << " bytes, shape " << f[2] << " of " << f[1]
+      << " needs " << nbytes;
+    throw fail(o.str());
+  }
+  out.data.resize(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t u = 0;
+    for (int b = 0; b < w; ++b) u |= uint32_t(bytes[i * w + b]) << (8 * b);
+    int32_t v;
+    if (w == 1) v = int8_t(uint8_t(u));
+    else if (w == 2) v = int16_t(uint16_t(u));
+    else v = int32_t(u);
+    if (v < -1) {
+      std::ostringstream o;
+      o << "id " << v << " at flat index " << i << " is below -1";
+      throw fail(o.str());
+    }
+    out.data[i] = v;
+  }
+  return out;
+}
+
+RouteArray decode_envelope(const std::string& s) {
+  EnvelopeIds e = decode_envelope_ids(s);
+  RouteArray r(e.s, e.l, e.k, int16_t(-1));
+  for (size_t i = 0; i < e.data.size(); ++i) {
+    if (e.data[i] > std::numeric_limits<int16_t>::max()) {
+      std::ostringstream o;
+      o << "decode_envelope: id " << e.data[i] << " at flat index " << i
+        << " does not fit RouteArray's int16 (use decode_envelope_ids)";
+      throw Error(o.str());
+    }
+    r.data[i] = int16_t(e.data[i]);
+  }
+  return r;
+}
+
+}  // namespace r3

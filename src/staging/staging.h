@@ -1,0 +1,80 @@
+// Trainer-side staging (DESIGN.md "Trainer side"): turns each engine call's routes
+// [T-1, L, K] into the rows of its new tokens, and joins a multi-turn rollout's calls into one
+// [T_total, L, K].
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "routes/route_array.h"
+
+namespace r3 {
+
+enum class Filler { MinusOne, Arange };   // -1 row (trainer's router) or experts 0..K-1 forced
+enum class StagePolicy { Strict, Lenient };
+
+struct StagedCall {
+  RouteArray rows;           // [T - prev_len, L, K]
+  int prev_len = 0, total_len = 0;
+  int filler_rows = 0;       // rows holding filler
+  bool ok = true;            // false under lenient policy when routes were bad (rows are -1)
+  std::string warning;       // why, under lenient
+  int call_index = 0;        // as passed to stage_call (names the call in later errors)
+  int bad_rows = 0;          // lenient: kept rows that were bad or missing and became -1
+  int num_experts = 0;       // as passed to stage_call (validates boundary-repair rows)
+};
+
+// routes: the engine's rows for this call. If routes.start == 0 it must hold T-1 rows; a delta
+// reply (routes.start == N) holds rows [N, T-1). One filler row is appended for the last token,
+// then rows [prev_len, T) are kept. Strict: any problem (wrong row count or shape, ids out of
+// [0, num_experts), partly -1 rows, duplicates) throws r3::Error naming `call_index` and the
+// expected and found row counts. Lenient: the call is kept, bad rows become -1 and `warning` says why.
+//
+// Details: only the rows this call keeps (positions [prev_len, T-1)) are checked row by row; an
+// engine row that is entirely -1 is accepted as "missing, the trainer's router decides" under
+// both policies (only partly -1 rows are bad). A delta start after prev_len leaves kept
+// positions without a route and counts as a row-count problem. Under lenient, a whole-call
+// problem (row count, shape, start) makes every row of the call -1, filler row included, with
+// the shape [T - prev_len, L, K] taken from `routes` (0 x 0 when routes has none).
+// Bad arguments (T < 1, prev_len outside [0, T], num_experts < 1) throw under either policy.
+StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler filler,
+                      StagePolicy policy, int num_experts, int call_index = 0);
+
+struct AssembleReport {
+  int repaired_boundary_rows = 0;   // previous call's last row overwritten with the next call's real route
+  int filler_rows = 0;              // filler rows left in the assembled rollout
+};
+
+// Joins staged calls in order into [sum of rows, L, K]. Turn-boundary repair (on by default):
+// when call i+1's engine reply covers position prev_len-1 (its delta start <= prev_len-1), the
+// real route it computed for that token replaces call i's filler row. `engine_routes[i]` is the
+// raw engine reply of call i (needed for repair); pass an empty vector to disable repair.
+//
+// Details: calls must be contiguous (call i+1's prev_len == call i's total_len) or r3::Error is
+// thrown naming the call. A row is repaired only from a call that staged ok, whose engine reply
+// has the rollout's [L, K] and a fully valid (not -1) row for that position; engine_routes[0]
+// is never read. A failed lenient call whose rows have no shape is laid out as -1 rows.
+RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
+                            const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
+                            AssembleReport* report = nullptr);
+
+// NeMo-RL route envelope: "nrlre1:<int8|int16|int32>:<S>x<L>x<K>:<base64 of C-order bytes>",
+// written with the narrowest signed type holding both the largest id and -1.
+std::string encode_envelope(const RouteArray& r);
+RouteArray decode_envelope(const std::string& s);  // throws r3::Error on malformed input
+                                                   // (also when an id does not fit RouteArray's int16)
+
+// The same envelope over int32 ids, for vocabularies of experts past int16 (Megatron switches
+// to int32 above 32767 experts). `ids` is [S, L, K] C order; ids must be >= -1.
+struct EnvelopeIds {
+  int s = 0, l = 0, k = 0;
+  std::string dtype;             // "int8" | "int16" | "int32", as found in the envelope
+  std::vector<int32_t> data;     // s * l * k
+};
+std::string encode_envelope(const std::vector<int32_t>& ids, int S, int L, int K);
+EnvelopeIds decode_envelope_ids(const std::string& s);  // throws r3::Error on malformed input
+// The narrowest signed dtype name holding both max_id and -1: "int8", "int16" or "int32".
+const char* envelope_dtype_for(int64_t max_id);
+
+}  // namespace r3

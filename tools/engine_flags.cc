@@ -1,0 +1,60 @@
+#include "engine_flags.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace r3::cli {
+
+void add_engine_flags(Args& a) {
+  a.opt("model", "", "checkpoint directory (config.json + safetensors)")
+      .opt("max-num-seqs", "32", "requests in flight at once")
+      .opt("max-num-batched-tokens", "512", "token budget of one step (prefill is chunked to fit)")
+      .opt("block-size", "16", "tokens per KV block")
+      .opt("num-kv-blocks", "0", "KV blocks in the pool (0 = as many as fit in --kv-cache-mb)")
+      .opt("kv-cache-mb", "1024", "KV memory when --num-kv-blocks is 0")
+      .flag("enable-prefix-caching", true, "reuse cached KV blocks of shared prompt prefixes")
+      .flag("overlap-scheduler", false, "plan step N+1 while step N computes")
+      .opt("decode-buckets", "", "pad pure-decode steps to these sizes, e.g. 1,2,4,8,16,32")
+      .opt("threads", "0", "compute threads (0 = all cores)")
+      .flag("enable-return-routed-experts", true, "capture routes so requests can ask for them")
+      .opt("eplb-redundant-experts", "0", "physical replicas of the most loaded experts per layer");
+}
+
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      int v = std::stoi(item, &used);
+      if (used != item.size() || v <= 0) throw 0;
+      out.push_back(v);
+    } catch (...) {
+      throw Error("--" + flag + " expects positive integers separated by commas, got \"" + s + "\"");
+    }
+  }
+  return out;
+}
+
+EngineConfig engine_config_from(const Args& a) {
+  EngineConfig c;
+  c.model = a.str("model");
+  if (c.model.empty()) throw Error("--model DIR is required");
+  c.max_num_seqs = int(a.integer("max-num-seqs"));
+  c.max_num_batched_tokens = int(a.integer("max-num-batched-tokens"));
+  c.block_size = int(a.integer("block-size"));
+  c.num_kv_blocks = int(a.integer("num-kv-blocks"));
+  c.kv_cache_mb = int(a.integer("kv-cache-mb"));
+  c.enable_prefix_caching = a.on("enable-prefix-caching");
+  c.overlap_scheduler = a.on("overlap-scheduler");
+  c.decode_buckets = parse_int_list(a.str("decode-buckets"), "decode-buckets");
+  c.threads = int(a.integer("threads"));
+  c.enable_return_routed_experts = a.on("enable-return-routed-experts");
+  c.eplb_redundant_experts = int(a.integer("eplb-redundant-experts"));
+  return c;
+}
+
+}  // namespace r3::cli
