@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -18,7 +19,9 @@ std::vector<int> ModelConfig::moe_layers() const {
   return out;
 }
 
-int ModelConfig::num_moe_layers() const { return int(moe_layers().size()); }
+int ModelConfig::num_moe_layers() const {
+  return int(std::count(layer_is_moe.begin(), layer_is_moe.end(), true));
+}
 
 std::string arch_short_name(Arch a) {
   switch (a) {
@@ -31,19 +34,26 @@ std::string arch_short_name(Arch a) {
 
 namespace {
 
+// An integer that fits an int (values that do not must not wrap around when narrowed).
+bool fits_int(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(INT_MAX);
+  if (v.is_number_integer()) return v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX;
+  return false;
+}
+
 struct Reader {
   const json& j;
   const std::string& path;
 
   int req_int(const char* key) const {
     if (!j.contains(key)) throw Error(path + ": missing key \"" + key + "\"");
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
-      throw Error(path + ": key \"" + key + "\" must be a positive integer");
+    if (!fits_int(j[key]) || j[key].get<int64_t>() <= 0)
+      throw Error(path + ": key \"" + key + "\" must be a positive integer (32-bit)");
     return j[key].get<int>();
   }
   int opt_int(const char* key, int dflt) const {
     if (!j.contains(key) || j[key].is_null()) return dflt;
-    if (!j[key].is_number_integer()) throw Error(path + ": key \"" + key + "\" must be an integer");
+    if (!fits_int(j[key])) throw Error(path + ": key \"" + key + "\" must be an integer (32-bit)");
     return j[key].get<int>();
   }
   float opt_float(const char* key, float dflt) const {
@@ -60,8 +70,8 @@ struct Reader {
   // callers through stop_token_ids).
   int token_id(const char* key) const {
     if (!j.contains(key) || j[key].is_null()) return -1;
-    if (j[key].is_number_integer()) return j[key].get<int>();
-    if (j[key].is_array() && !j[key].empty() && j[key][0].is_number_integer())
+    if (fits_int(j[key])) return j[key].get<int>();
+    if (j[key].is_array() && !j[key].empty() && fits_int(j[key][0]))
       return j[key][0].get<int>();
     throw Error(path + ": key \"" + key + "\" must be an integer or a list of integers");
   }
@@ -132,7 +142,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
         if (!j["mlp_only_layers"].is_array()) throw Error(path + ": mlp_only_layers must be a list");
         for (auto& v : j["mlp_only_layers"]) {
-          if (!v.is_number_integer()) throw Error(path + ": mlp_only_layers must hold integers");
+          if (!fits_int(v)) throw Error(path + ": mlp_only_layers must hold integers");
           mlp_only.push_back(v.get<int>());
         }
       }

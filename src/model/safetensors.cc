@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -108,10 +109,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       t.file = path;
       t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
       if (!entry["shape"].is_array()) throw Error(where + ": shape is not an array");
+      uint64_t total_bytes = dtype_size(t.dtype);
+      bool too_large = false;
       for (auto& d : entry["shape"]) {
         if (!d.is_number_unsigned()) throw Error(where + ": shape holds a non-integer or negative");
-        t.shape.push_back(d.get<int64_t>());
+        uint64_t du = d.get<uint64_t>();
+        // numel() and nbytes() must not overflow (a wrapped product could pass the span check).
+        if (du > uint64_t(INT64_MAX) || __builtin_mul_overflow(total_bytes, du, &total_bytes) ||
+            total_bytes > uint64_t(INT64_MAX))
+          too_large = true;
+        t.shape.push_back(int64_t(du > uint64_t(INT64_MAX) ? INT64_MAX : du));
       }
+      if (too_large) throw Error(where + ": shape " + entry["shape"].dump() + " is too large");
       auto& off = entry["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
           !off[1].is_number_unsigned())
@@ -133,12 +142,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::vector<size_t> order(ranges.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-    for (size_t i = 1; i < order.size(); ++i) {
-      auto& prev = ranges[order[i - 1]];
+    // Compare each range with the furthest-reaching non-empty one before it (an empty range
+    // sorted in between must not hide an overlap).
+    size_t reach = SIZE_MAX;
+    for (size_t i = 0; i < order.size(); ++i) {
       auto& cur = ranges[order[i]];
-      if (cur.first < prev.second && cur.first != cur.second)
-        throw Error(path + ": data offsets of tensors \"" + range_names[order[i - 1]] + "\" and \"" +
+      if (cur.first == cur.second) continue;
+      if (reach != SIZE_MAX && cur.first < ranges[reach].second)
+        throw Error(path + ": data offsets of tensors \"" + range_names[reach] + "\" and \"" +
                     range_names[order[i]] + "\" overlap");
+      if (reach == SIZE_MAX || cur.second > ranges[reach].second) reach = order[i];
     }
   } catch (...) {
     ::munmap(map_, map_size_);

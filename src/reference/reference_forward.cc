@@ -1,0 +1,282 @@
+// The reference forward, written top to bottom like llama2.c: embed, then per decoder layer
+// attention and FFN (dense or MoE) over the whole sequence, then the final norm and lm_head.
+// Hugging Face semantics throughout (FACTS.md); every activation is fp32 and every reduction is a
+// plain sequential fp32 loop.
+#include "reference/reference_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+
+namespace r3 {
+
+namespace {
+
+// Element i of a weight tensor as fp32. Same values as TensorView::at, but inline for the two
+// dtypes make_model writes, so the small preset stays fast enough for tests.
+inline float wt(const TensorView& t, int64_t i) {
+  if (t.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  if (t.dtype == DType::F32) return static_cast<const float*>(t.data)[i];
+  return t.at(i);
+}
+
+// y = W x for W in the HF Linear layout [out, in]: y[r] = sum_c W[r, c] x[c].
+void matvec(const TensorView& W, const float* x, float* y) {
+  const int64_t rows = W.shape[0], cols = W.shape[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc = 0.f;
+    for (int64_t c = 0; c < cols; ++c) acc += wt(W, r * cols + c) * x[c];
+    y[r] = acc;
+  }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w. `out` may alias `x`.
+void rmsnorm(float* out, const float* x, const TensorView& w, int n, float eps) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / float(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * wt(w, i);
+}
+
+// In-place softmax, max-subtracted so large logits do not overflow.
+void softmax(float* x, int n) {
+  float mx = x[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  for (int i = 0; i < n; ++i) x[i] /= sum;
+}
+
+// RoPE "rotate half" on one head vector of length D: pairs (i, i + D/2) rotate by
+// pos * theta^(-2i/D). Computed in fp32 like HF's inv_freq and cos/sin caches.
+void rope(float* v, int D, int pos, float theta) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    const float inv_freq = 1.f / std::pow(theta, float(2 * i) / float(D));
+    const float angle = float(pos) * inv_freq;
+    const float c = std::cos(angle), s = std::sin(angle);
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+// out = down(silu(gate h) * up h); g and u are scratch of the FFN's intermediate size.
+void ffn(const ExpertWeights& e, const float* h, float* out, std::vector<float>& g,
+         std::vector<float>& u) {
+  const size_t I = size_t(e.gate.shape[0]);
+  g.resize(I);
+  u.resize(I);
+  matvec(e.gate, h, g.data());
+  matvec(e.up, h, u.data());
+  for (size_t i = 0; i < I; ++i) g[i] = silu(g[i]) * u[i];
+  matvec(e.down, g.data(), out);
+}
+
+std::string row_str(const int16_t* row, int K) {
+  std::string s = "[";
+  for (int k = 0; k < K; ++k) s += (k ? ", " : "") + std::to_string(row[k]);
+  return s + "]";
+}
+
+// Every replay row must be all -1 (own router) or K distinct ids in [0, E); anything else is a
+// staging bug the trainer must hear about, so it fails before any compute.
+void check_replay(const ModelConfig& c, int S, const int16_t* replay, int rows) {
+  if (rows < 0 || rows > S)
+    throw Error("reference_forward: replay has " + std::to_string(rows) + " rows for a sequence of " +
+                std::to_string(S) + " tokens (must be 0.." + std::to_string(S) + ")");
+  if (rows > 0 && replay == nullptr)
+    throw Error("reference_forward: replay_rows is " + std::to_string(rows) + " but replay is null");
+  const int Lm = c.num_moe_layers(), K = c.top_k, E = c.num_experts;
+  const std::vector<int> moe_layers = c.moe_layers();
+  for (int p = 0; p < rows; ++p)
+    for (int l = 0; l < Lm; ++l) {
+      const int16_t* row = replay + (size_t(p) * Lm + l) * K;
+      auto fail = [&](const std::string& why) {
+        throw Error("reference_forward: replay row at position " + std::to_string(p) +
+                    ", MoE layer " + std::to_string(l) + " (decoder layer " +
+                    std::to_string(moe_layers[size_t(l)]) + ") " + row_str(row, K) + ": " + why);
+      };
+      int missing = 0;
+      for (int k = 0; k < K; ++k) missing += row[k] == -1;
+      if (missing == K) continue;
+      if (missing > 0) fail("partly -1 (a row is either all -1 or K valid expert ids)");
+      for (int k = 0; k < K; ++k) {
+        if (row[k] < 0 || row[k] >= E)
+          fail("expert id " + std::to_string(row[k]) + " outside [0, " + std::to_string(E) + ")");
+        for (int j = 0; j < k; ++j)
+          if (row[j] == row[k]) fail("duplicate expert id " + std::to_string(row[k]));
+      }
+    }
+}
+
+}  // namespace
+
+ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>& tokens,
+                                  const int16_t* replay, int replay_rows) {
+  const ModelConfig& c = w.config;
+  const int S = int(tokens.size()), H = c.hidden_size, V = c.vocab_size;
+  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
+  const int E = c.num_experts, K = c.top_k, Lm = c.num_moe_layers();
+  const float eps = c.rms_norm_eps, scale = 1.f / std::sqrt(float(hd));
+  // Renormalise the top-k gate weights: always for Mixtral, else iff norm_topk_prob.
+  const bool renorm = c.arch == Arch::Mixtral || c.norm_topk_prob;
+
+  for (int p = 0; p < S; ++p)
+    if (tokens[size_t(p)] < 0 || tokens[size_t(p)] >= V)
+      throw Error("reference_forward: token " + std::to_string(tokens[size_t(p)]) +
+                  " at position " + std::to_string(p) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + ")");
+  check_replay(c, S, replay, replay_rows);
+
+  ReferenceResult r;
+  r.seq_len = S;
+  r.vocab = V;
+  r.num_moe_layers = Lm;
+  r.top_k = K;
+  r.num_experts = E;
+  r.logits.assign(size_t(S) * V, 0.f);
+  r.routes.assign(size_t(S) * Lm * K, -1);
+  r.router_probs.assign(size_t(S) * Lm * E, 0.f);
+
+  // The residual stream of every position, and per-layer activations of the whole sequence.
+  std::vector<float> x(size_t(S) * H);
+  std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd);
+  std::vector<float> att(qd), scores(S), delta(H), eo(H), g, u;
+
+  for (int p = 0; p < S; ++p)
+    for (int i = 0; i < H; ++i) x[size_t(p) * H + i] = wt(w.embed, int64_t(tokens[size_t(p)]) * H + i);
+
+  int col = 0;  // MoE column of the current layer
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& L = w.layers[size_t(layer)];
+
+    // --- attention: q, k, v for every position first (the sequence is its own KV cache) ---
+    for (int p = 0; p < S; ++p) {
+      float* qp = &q[size_t(p) * qd];
+      float* kp = &k[size_t(p) * kvd];
+      float* vp = &v[size_t(p) * kvd];
+      rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps);
+      matvec(L.q, h.data(), qp);
+      matvec(L.k, h.data(), kp);
+      matvec(L.v, h.data(), vp);
+      if (c.qk_norm == QkNorm::PerHead) {  // Qwen3-MoE: each head over head_dim
+        for (int hh = 0; hh < nh; ++hh) rmsnorm(qp + hh * hd, qp + hh * hd, L.q_norm, hd, eps);
+        for (int hh = 0; hh < nkv; ++hh) rmsnorm(kp + hh * hd, kp + hh * hd, L.k_norm, hd, eps);
+      } else if (c.qk_norm == QkNorm::Whole) {  // OLMoE: the whole projection, before heads
+        rmsnorm(qp, qp, L.q_norm, qd, eps);
+        rmsnorm(kp, kp, L.k_norm, kvd, eps);
+      }
+      if (c.clip_qkv) {  // OLMoE: clamp after the norms, before RoPE
+        const float cl = *c.clip_qkv;
+        for (int i = 0; i < qd; ++i) qp[i] = std::clamp(qp[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) kp[i] = std::clamp(kp[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) vp[i] = std::clamp(vp[i], -cl, cl);
+      }
+      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, hd, p, c.rope_theta);
+      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, hd, p, c.rope_theta);
+    }
+    // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
+    for (int p = 0; p < S; ++p) {
+      for (int hh = 0; hh < nh; ++hh) {
+        const float* qh = &q[size_t(p) * qd + hh * hd];
+        const int kh = hh / group;
+        for (int j = 0; j <= p; ++j) {
+          const float* kj = &k[size_t(j) * kvd + kh * hd];
+          float dot = 0.f;
+          for (int i = 0; i < hd; ++i) dot += qh[i] * kj[i];
+          scores[size_t(j)] = dot * scale;
+        }
+        softmax(scores.data(), p + 1);
+        float* out = &att[size_t(hh) * hd];
+        for (int i = 0; i < hd; ++i) out[i] = 0.f;
+        for (int j = 0; j <= p; ++j) {
+          const float* vj = &v[size_t(j) * kvd + kh * hd];
+          for (int i = 0; i < hd; ++i) out[i] += scores[size_t(j)] * vj[i];
+        }
+      }
+      matvec(L.o, att.data(), delta.data());
+      for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
+    }
+    // (x was updated in place per position: the attention of later positions reads only the
+    // q, k, v computed before the loop.)
+
+    // --- FFN: dense, or the routed experts ---
+    for (int p = 0; p < S; ++p) {
+      float* xp = &x[size_t(p) * H];
+      rmsnorm(h.data(), xp, L.post_norm, H, eps);
+      if (!L.moe) {
+        ffn(L.dense, h.data(), delta.data(), g, u);
+      } else {
+        // Router: softmax over all E experts in fp32.
+        float* probs = &r.router_probs[(size_t(p) * Lm + col) * E];
+        matvec(L.router, h.data(), probs);
+        softmax(probs, E);
+
+        int16_t* chosen = &r.routes[(size_t(p) * Lm + col) * K];
+        const int16_t* forced =
+            p < replay_rows ? replay + (size_t(p) * Lm + col) * K : nullptr;
+        if (forced && forced[0] != -1) {  // check_replay: a valid row, keep its order
+          for (int kk = 0; kk < K; ++kk) chosen[kk] = forced[kk];
+        } else {
+          // Own top-k: repeated argmax; strict > keeps ties on the lower expert id.
+          for (int kk = 0; kk < K; ++kk) {
+            int best = -1;
+            for (int e = 0; e < E; ++e) {
+              bool taken = false;
+              for (int j = 0; j < kk; ++j) taken |= chosen[j] == e;
+              if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+            }
+            chosen[kk] = int16_t(best);
+          }
+        }
+        // Gate weights: the full softmax gathered at the chosen ids (never a re-softmax).
+        std::vector<float> gate(K);
+        float sum = 0.f;
+        for (int kk = 0; kk < K; ++kk) {
+          gate[size_t(kk)] = probs[chosen[kk]];
+          sum += gate[size_t(kk)];
+        }
+        if (renorm)
+          for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] /= sum;
+        // Weighted sum of the experts, accumulated in router (or replayed) order.
+        for (int i = 0; i < H; ++i) delta[size_t(i)] = 0.f;
+        for (int kk = 0; kk < K; ++kk) {
+          ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u);
+          for (int i = 0; i < H; ++i) delta[size_t(i)] += gate[size_t(kk)] * eo[size_t(i)];
+        }
+      }
+      for (int i = 0; i < H; ++i) xp[i] += delta[size_t(i)];
+    }
+    if (L.moe) ++col;
+  }
+
+  // Final norm and lm_head (which aliases embed when the embeddings are tied).
+  for (int p = 0; p < S; ++p) {
+    rmsnorm(h.data(), &x[size_t(p) * H], w.final_norm, H, eps);
+    matvec(w.lm_head, h.data(), &r.logits[size_t(p) * V]);
+  }
+  return r;
+}
+
+std::vector<float> log_softmax(const float* logits, int n) {
+  std::vector<float> out(size_t(std::max(n, 0)));
+  if (n <= 0) return out;
+  double mx = logits[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, double(logits[i]));
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int i = 0; i < n; ++i) out[size_t(i)] = float(double(logits[i]) - lse);
+  return out;
+}
+
+}  // namespace r3

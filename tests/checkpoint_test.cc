@@ -1,0 +1,1049 @@
+// Checkpoint loading: make_model -> Checkpoint::open round trips for every architecture, preset
+// layout and dtype, make_model determinism, F16 widening, dtype conversions, and one test per
+// malformed input (each error must name the file and the tensor or key, and nothing may crash).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/make_model.h"
+#include "model/safetensors.h"
+
+namespace r3 {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ------------------------------------------------------------------------------- helpers
+
+std::string unique_tmp(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  return (fs::temp_directory_path() / ("r3_checkpoint_test_" + std::to_string(::getpid()) + "_" +
+                                       std::to_string(counter++) + "_" + tag))
+      .string();
+}
+
+struct TmpDir {
+  std::string path;
+  explicit TmpDir(const std::string& tag) : path(unique_tmp(tag)) { fs::create_directories(path); }
+  ~TmpDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& f) const { return (fs::path(path) / f).string(); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(bool(f)) << path;
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+std::string u64le(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A safetensors file from an arbitrary header text and data buffer (no validation at all).
+std::string safetensors_bytes(const std::string& header, const std::string& buffer) {
+  return u64le(header.size()) + header + buffer;
+}
+
+// An independent reader (no r3 code): header JSON and the data buffer.
+struct RawFile {
+  json header;
+  std::string buffer;
+};
+
+RawFile raw_read(const std::string& path) {
+  std::string s = read_bytes(path);
+  EXPECT_GE(s.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(s[size_t(i)])) << (8 * i);
+  RawFile r;
+  r.header = json::parse(s.substr(8, n));
+  r.buffer = s.substr(8 + n);
+  return r;
+}
+
+void raw_write(const std::string& path, const RawFile& r) {
+  write_bytes(path, safetensors_bytes(r.header.dump(), r.buffer));
+}
+
+struct RawTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+std::map<std::string, RawTensor> raw_tensors(const std::string& path) {
+  RawFile f = raw_read(path);
+  std::map<std::string, RawTensor> out;
+  for (auto& [name, e] : f.header.items()) {
+    if (name == "__metadata__") continue;
+    uint64_t b = e["data_offsets"][0], en = e["data_offsets"][1];
+    out[name] = {e["dtype"], e["shape"].get<std::vector<int64_t>>(), f.buffer.substr(b, en - b)};
+  }
+  return out;
+}
+
+// Every tensor view of a loaded model, with its role.
+std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeights& w) {
+  std::vector<std::pair<std::string, const TensorView*>> v = {
+      {"embed", &w.embed}, {"final_norm", &w.final_norm}, {"lm_head", &w.lm_head}};
+  for (auto& L : w.layers) {
+    for (const TensorView* t : {&L.input_norm, &L.post_norm, &L.q, &L.k, &L.v, &L.o})
+      v.push_back({t->name, t});
+    if (!L.q_norm.empty()) v.push_back({"q_norm", &L.q_norm});
+    if (!L.k_norm.empty()) v.push_back({"k_norm", &L.k_norm});
+    if (L.moe) {
+      v.push_back({"router", &L.router});
+      for (auto& e : L.experts)
+        for (const TensorView* t : {&e.gate, &e.up, &e.down}) v.push_back({t->name, t});
+    } else {
+      for (const TensorView* t : {&L.dense.gate, &L.dense.up, &L.dense.down}) v.push_back({t->name, t});
+    }
+  }
+  return v;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected r3::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected r3::Error, nothing was thrown";
+  return "";
+}
+
+#define EXPECT_ERROR_MENTIONS(stmt, ...)                                                    \
+  do {                                                                                      \
+    std::string msg_ = error_of([&] { stmt; });                                             \
+    for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__})        \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "message: " << msg_ << "\nmissing: " \
+                                                     << part_;                              \
+  } while (0)
+
+std::string make(const TmpDir& d, const std::string& arch, const std::string& preset,
+                 DType dt = DType::BF16, uint64_t seed = 0, const std::string& sub = "ck") {
+  MakeModelOptions o;
+  o.arch = arch;
+  o.preset = preset;
+  o.seed = seed;
+  o.dtype = dt;
+  o.out = d / sub;
+  make_model(o);
+  return o.out;
+}
+
+std::string file_in(const std::string& dir, const std::string& f) { return (fs::path(dir) / f).string(); }
+
+// ------------------------------------------------------------------------------- round trips
+
+struct RoundTripCase {
+  std::string arch, preset;
+  DType dtype;
+};
+
+class CheckpointRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
+  const auto& p = GetParam();
+  TmpDir d("rt");
+  std::string dir = make(d, p.arch, p.preset, p.dtype, 7);
+  auto ck = Checkpoint::open(dir);
+  const ModelConfig& c = ck->config();
+  EXPECT_EQ(arch_short_name(c.arch), p.arch);
+  EXPECT_EQ(ck->dir(), dir);
+  const ModelWeights& w = ck->weights();
+  ASSERT_EQ(int(w.layers.size()), c.num_layers);
+
+  const bool sharded = p.preset != "tiny";
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> files;
+  if (sharded) {
+    ASSERT_FALSE(fs::exists(file_in(dir, "model.safetensors")));
+    json idx = json::parse(read_bytes(file_in(dir, "model.safetensors.index.json")));
+    for (auto& [n, f] : idx["weight_map"].items()) weight_map[n] = f.get<std::string>();
+    std::set<std::string> fs_set;
+    for (auto& [n, f] : weight_map) fs_set.insert(f);
+    files.assign(fs_set.begin(), fs_set.end());
+    EXPECT_EQ(files.size(), 2u);
+  } else {
+    ASSERT_FALSE(fs::exists(file_in(dir, "model.safetensors.index.json")));
+    files = {"model.safetensors"};
+  }
+  std::map<std::string, std::map<std::string, RawTensor>> raw;  // file path -> tensors
+  std::set<std::string> on_disk;
+  uint64_t total = 0;
+  for (auto& f : files) {
+    raw[file_in(dir, f)] = raw_tensors(file_in(dir, f));
+    for (auto& [n, t] : raw[file_in(dir, f)]) {
+      EXPECT_TRUE(on_disk.insert(n).second) << n << " stored twice";
+      total += t.bytes.size();
+      if (sharded) {
+        EXPECT_EQ(weight_map[n], f) << n;
+      }
+    }
+  }
+  if (sharded) {
+    json idx = json::parse(read_bytes(file_in(dir, "model.safetensors.index.json")));
+    EXPECT_EQ(idx["metadata"]["total_size"].get<uint64_t>(), total);
+    EXPECT_EQ(weight_map.size(), on_disk.size());
+  }
+
+  std::set<std::string> loaded, files_used;
+  for (auto& [role, v] : all_views(w)) {
+    ASSERT_FALSE(v->empty()) << role;
+    loaded.insert(v->name);
+    files_used.insert(v->file);
+    auto fit = raw.find(v->file);
+    ASSERT_NE(fit, raw.end()) << v->name << " in " << v->file;
+    auto tit = fit->second.find(v->name);
+    ASSERT_NE(tit, fit->second.end()) << v->name;
+    const RawTensor& r = tit->second;
+    EXPECT_EQ(dtype_name(v->dtype), r.dtype) << v->name;
+    EXPECT_EQ(v->shape, r.shape) << v->name;
+    EXPECT_EQ(v->dtype, p.dtype) << v->name;
+    ASSERT_EQ(v->nbytes(), r.bytes.size()) << v->name;
+    EXPECT_EQ(std::memcmp(v->data, r.bytes.data(), r.bytes.size()), 0) << v->name;
+  }
+  EXPECT_EQ(loaded, on_disk);  // every stored tensor is used, none is invented
+  EXPECT_EQ(files_used.size(), files.size());
+
+  // Architecture-specific structure.
+  const int64_t H = c.hidden_size;
+  if (c.tie_word_embeddings) {
+    EXPECT_EQ(w.lm_head.data, w.embed.data);
+    EXPECT_FALSE(on_disk.count("lm_head.weight"));
+  } else {
+    EXPECT_NE(w.lm_head.data, w.embed.data);
+  }
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& L = w.layers[size_t(i)];
+    EXPECT_EQ(L.moe, bool(c.layer_is_moe[size_t(i)]));
+    if (L.moe) {
+      EXPECT_EQ(L.router.name, router_name(c, i));
+      EXPECT_EQ(L.router.shape, (std::vector<int64_t>{c.num_experts, H}));
+      ASSERT_EQ(int(L.experts.size()), c.num_experts);
+      EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
+    } else {
+      EXPECT_TRUE(L.experts.empty());
+      EXPECT_EQ(L.dense.gate.name, dense_name(i, "gate"));
+    }
+    if (c.arch == Arch::Mixtral) {
+      EXPECT_TRUE(L.q_norm.empty());
+      EXPECT_NE(L.router.name.find("block_sparse_moe.gate"), std::string::npos);
+      EXPECT_NE(L.experts[0].gate.name.find("experts.0.w1"), std::string::npos);
+      EXPECT_NE(L.experts[0].up.name.find("experts.0.w3"), std::string::npos);
+      EXPECT_NE(L.experts[0].down.name.find("experts.0.w2"), std::string::npos);
+    } else if (c.arch == Arch::Qwen3Moe) {
+      EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
+      EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
+    } else {
+      EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{int64_t(c.num_heads) * c.head_dim}));
+      EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
+    }
+  }
+  if (p.arch == "qwen3_moe" && p.preset == "small") {
+    EXPECT_FALSE(w.layers[0].moe);  // mlp_only_layers = [0]
+    EXPECT_TRUE(w.layers[1].moe);
+    EXPECT_EQ(w.layers[0].dense.gate.shape, (std::vector<int64_t>{c.intermediate_size, H}));
+  }
+}
+
+std::vector<RoundTripCase> round_trip_cases() {
+  std::vector<RoundTripCase> v;
+  for (std::string a : {"mixtral", "qwen3_moe", "olmoe"})
+    for (std::string p : {"tiny", "small"})
+      for (DType t : {DType::BF16, DType::F32}) v.push_back({a, p, t});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchs, CheckpointRoundTrip, ::testing::ValuesIn(round_trip_cases()),
+                         [](const ::testing::TestParamInfo<RoundTripCase>& i) {
+                           return i.param.arch + "_" + i.param.preset + "_" + dtype_name(i.param.dtype);
+                         });
+
+// The bf16 checkpoint is the f32 one of the same seed, rounded to nearest even: an independent
+// recomputation of what make_model writes.
+TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
+  TmpDir d("bf16f32");
+  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"}) {
+    std::string a = make(d, arch, "tiny", DType::F32, 3, arch + "_f32");
+    std::string b = make(d, arch, "tiny", DType::BF16, 3, arch + "_bf16");
+    auto fa = raw_tensors(file_in(a, "model.safetensors"));
+    auto fb = raw_tensors(file_in(b, "model.safetensors"));
+    ASSERT_EQ(fa.size(), fb.size());
+    for (auto& [name, ta] : fa) {
+      const RawTensor& tb = fb.at(name);
+      EXPECT_EQ(ta.dtype, "F32");
+      EXPECT_EQ(tb.dtype, "BF16");
+      ASSERT_EQ(ta.bytes.size(), 2 * tb.bytes.size()) << name;
+      for (size_t i = 0; i < tb.bytes.size() / 2; ++i) {
+        float f;
+        uint16_t h;
+        std::memcpy(&f, ta.bytes.data() + 4 * i, 4);
+        std::memcpy(&h, tb.bytes.data() + 2 * i, 2);
+        ASSERT_EQ(h, f32_to_bf16(f)) << name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(CheckpointMakeModel, ByteIdenticalForSameArguments) {
+  TmpDir d("det");
+  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"})
+    for (std::string preset : {"tiny", "small"}) {
+      std::string a = make(d, arch, preset, DType::BF16, 11, arch + preset + "_a");
+      std::string b = make(d, arch, preset, DType::BF16, 11, arch + preset + "_b");
+      std::set<std::string> names_a, names_b;
+      for (auto& e : fs::directory_iterator(a)) names_a.insert(e.path().filename().string());
+      for (auto& e : fs::directory_iterator(b)) names_b.insert(e.path().filename().string());
+      ASSERT_EQ(names_a, names_b);
+      EXPECT_EQ(names_a.size(), preset == "tiny" ? 2u : 4u);  // config + 1 file, or + index + 2 shards
+      for (auto& n : names_a)
+        EXPECT_TRUE(read_bytes(file_in(a, n)) == read_bytes(file_in(b, n))) << arch << "/" << preset << "/" << n;
+    }
+}
+
+TEST(CheckpointMakeModel, DifferentSeedsGiveDifferentWeights) {
+  TmpDir d("seed");
+  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"}) {
+    std::string a = make(d, arch, "tiny", DType::BF16, 1, arch + "_s1");
+    std::string b = make(d, arch, "tiny", DType::BF16, 2, arch + "_s2");
+    EXPECT_EQ(read_bytes(file_in(a, "config.json")), read_bytes(file_in(b, "config.json")));
+    auto ta = raw_tensors(file_in(a, "model.safetensors"));
+    auto tb = raw_tensors(file_in(b, "model.safetensors"));
+    ASSERT_EQ(ta.size(), tb.size());
+    for (auto& [name, t] : ta) {
+      EXPECT_EQ(t.shape, tb.at(name).shape) << name;
+      EXPECT_NE(t.bytes, tb.at(name).bytes) << name;  // every tensor differs
+    }
+  }
+}
+
+TEST(CheckpointMakeModel, RejectsUnknownArchPresetAndF16) {
+  TmpDir d("mkerr");
+  EXPECT_ERROR_MENTIONS(make(d, "llama", "tiny"), "llama");
+  EXPECT_ERROR_MENTIONS(make(d, "olmoe", "huge"), "huge");
+  EXPECT_ERROR_MENTIONS(make(d, "olmoe", "tiny", DType::F16), "bf16");
+}
+
+// ------------------------------------------------------------------------------- F16
+
+TEST(CheckpointF16, WidenedToF32WithCorrectValues) {
+  TmpDir d("f16");
+  std::string dir = make(d, "olmoe", "tiny", DType::F32, 5);
+  const std::string path = file_in(dir, "model.safetensors");
+  auto src = raw_tensors(path);
+  // Mixed dtypes, as real checkpoints have: norms F32, routers BF16, everything else F16.
+  std::vector<TensorToWrite> out;
+  std::map<std::string, std::vector<float>> expected;
+  std::map<std::string, std::string> stored_as;
+  for (auto& [name, t] : src) {
+    std::vector<float> f(t.bytes.size() / 4);
+    std::memcpy(f.data(), t.bytes.data(), t.bytes.size());
+    TensorToWrite w{name, DType::F16, t.shape, {}};
+    if (name.find("norm") != std::string::npos) w.dtype = DType::F32;
+    else if (name.find("mlp.gate.weight") != std::string::npos) w.dtype = DType::BF16;
+    w.bytes.resize(f.size() * dtype_size(w.dtype));
+    std::vector<float>& e = expected[name];
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (w.dtype == DType::F32) {
+        std::memcpy(w.bytes.data() + 4 * i, &f[i], 4);
+        e.push_back(f[i]);
+      } else {
+        uint16_t h = w.dtype == DType::F16 ? f32_to_f16(f[i]) : f32_to_bf16(f[i]);
+        std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+        e.push_back(w.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h));
+      }
+    }
+    stored_as[name] = dtype_name(w.dtype);
+    out.push_back(std::move(w));
+  }
+  write_safetensors(path, out);
+  auto ck = Checkpoint::open(dir);
+  size_t n_f16 = 0;
+  for (auto& [role, v] : all_views(ck->weights())) {
+    const std::string& s = stored_as.at(v->name);
+    if (s == "F16") {
+      ++n_f16;
+      EXPECT_EQ(v->dtype, DType::F32) << v->name << " (F16 must be widened)";
+    } else {
+      EXPECT_EQ(dtype_name(v->dtype), s) << v->name;
+    }
+    std::vector<float> got = v->to_f32();
+    const std::vector<float>& want = expected.at(v->name);
+    ASSERT_EQ(got.size(), want.size()) << v->name;
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << v->name << "[" << i << "]";
+    if (v->dtype == DType::F32) {
+      EXPECT_EQ(std::memcmp(v->data, want.data(), want.size() * 4), 0) << v->name;
+    }
+  }
+  EXPECT_GT(n_f16, 50u);
+  // The widened F16 values are close to the f32 originals (they really went through F16).
+  const TensorView& q = ck->weights().layers[0].q;
+  std::vector<float> orig(src.at(q.name).bytes.size() / 4);
+  std::memcpy(orig.data(), src.at(q.name).bytes.data(), orig.size() * 4);
+  for (size_t i = 0; i < orig.size(); ++i)
+    EXPECT_NEAR(q.at(int64_t(i)), orig[i], std::fabs(orig[i]) * 1e-3 + 1e-7);
+}
+
+// ------------------------------------------------------------------------------- errors
+
+// A tiny olmoe checkpoint whose model.safetensors a test then corrupts.
+struct Corrupt {
+  TmpDir d{"err"};
+  std::string dir, st;
+  explicit Corrupt(const std::string& arch = "olmoe", DType dt = DType::BF16) {
+    dir = make(d, arch, "tiny", dt);
+    st = file_in(dir, "model.safetensors");
+  }
+  // Rewrites the file after `edit` changes the independent parse of it.
+  template <class F>
+  void edit(F&& f) {
+    RawFile r = raw_read(st);
+    f(r);
+    raw_write(st, r);
+  }
+};
+
+TEST(CheckpointErrors, NotADirectory) {
+  std::string p = unique_tmp("nothing_here");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(p), p, "not a checkpoint directory");
+}
+
+TEST(CheckpointErrors, MissingConfig) {
+  Corrupt c;
+  fs::remove(file_in(c.dir, "config.json"));
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), file_in(c.dir, "config.json"), "cannot open");
+}
+
+TEST(CheckpointErrors, NoWeightsFile) {
+  Corrupt c;
+  fs::remove(c.st);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.dir, "no model.safetensors");
+}
+
+TEST(CheckpointErrors, UnknownArchitecture) {
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  json j = json::parse(read_bytes(cfg));
+  j["architectures"] = {"LlamaForCausalLM"};
+  write_bytes(cfg, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "unknown architecture", "LlamaForCausalLM");
+  j["architectures"] = json::array();
+  write_bytes(cfg, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "architectures");
+  j.erase("architectures");
+  write_bytes(cfg, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "architectures");
+}
+
+TEST(CheckpointErrors, MissingConfigKey) {
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  const json orig = json::parse(read_bytes(cfg));
+  for (std::string key : {"hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
+                          "num_experts_per_tok", "num_experts", "intermediate_size"}) {
+    json j = orig;
+    j.erase(key);
+    write_bytes(cfg, j.dump());
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "missing key", "\"" + key + "\"");
+  }
+  // Per-architecture keys.
+  Corrupt m("mixtral");
+  const std::string mcfg = file_in(m.dir, "config.json");
+  json j = json::parse(read_bytes(mcfg));
+  j.erase("num_local_experts");
+  write_bytes(mcfg, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(m.dir), mcfg, "\"num_local_experts\"");
+  Corrupt q("qwen3_moe");
+  const std::string qcfg = file_in(q.dir, "config.json");
+  j = json::parse(read_bytes(qcfg));
+  j.erase("moe_intermediate_size");
+  write_bytes(qcfg, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(q.dir), qcfg, "\"moe_intermediate_size\"");
+}
+
+TEST(CheckpointErrors, BadConfigValues) {
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  const json orig = json::parse(read_bytes(cfg));
+  auto with = [&](const std::string& key, json v) {
+    json j = orig;
+    j[key] = v;
+    write_bytes(cfg, j.dump());
+  };
+  with("hidden_size", "64");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"hidden_size\"");
+  with("hidden_size", -64);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"hidden_size\"");
+  with("hidden_size", 64.5);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"hidden_size\"");
+  // Values that do not fit an int must not wrap around (2^32 + 64 is not 64).
+  with("hidden_size", 4294967360ull);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"hidden_size\"");
+  with("num_hidden_layers", 2147483648ull);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"num_hidden_layers\"");
+  with("num_attention_heads", 4294967296ull);  // wrapped to 0, this divided by zero (SIGFPE)
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"num_attention_heads\"");
+  with("num_key_value_heads", 4294967298ull);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"num_key_value_heads\"");
+  with("num_key_value_heads", 3);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "num_key_value_heads");
+  with("num_experts_per_tok", 9);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "num_experts_per_tok");
+  with("norm_topk_prob", "yes");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "\"norm_topk_prob\"");
+  with("rope_scaling", json{{"type", "yarn"}});
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "rope_scaling");
+}
+
+TEST(CheckpointErrors, MalformedConfigJson) {
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  for (std::string text : {"{\"architectures\": [\"OlmoeForCausalLM\"], ", "", "not json", "[1, 2]", "\xff\xfe"}) {
+    write_bytes(cfg, text);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg);
+  }
+  write_bytes(cfg, "{\"architectures\": [\"OlmoeForCausalLM\"], ");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "malformed JSON");
+}
+
+TEST(CheckpointErrors, MissingTensor) {
+  Corrupt c;
+  const std::string victim = "model.layers.1.mlp.experts.3.up_proj.weight";
+  c.edit([&](RawFile& r) {
+    ASSERT_TRUE(r.header.contains(victim));
+    r.header.erase(victim);
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.dir, "missing tensor", "\"" + victim + "\"");
+  // lm_head is required unless the embeddings are tied.
+  Corrupt c2;
+  c2.edit([&](RawFile& r) { r.header.erase("lm_head.weight"); });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), "missing tensor", "\"lm_head.weight\"");
+}
+
+TEST(CheckpointErrors, WrongShape) {
+  Corrupt c;
+  const std::string victim = "model.layers.0.self_attn.k_proj.weight";  // [32, 64]
+  c.edit([&](RawFile& r) {
+    auto& s = r.header[victim]["shape"];
+    std::swap(s[0], s[1]);  // same byte count, transposed
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "has shape [64, 32]",
+                        "expected [32, 64]");
+  Corrupt c2;
+  c2.edit([&](RawFile& r) {
+    auto& e = r.header["model.norm.weight"];
+    e["shape"] = json::array({8, 8});  // 64 elements either way
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "\"model.norm.weight\"", "[8, 8]", "expected [64]");
+}
+
+TEST(CheckpointErrors, UnsupportedDtypeEntry) {
+  Corrupt c;
+  c.edit([&](RawFile& r) {
+    // An extra I64 tensor appended to the buffer.
+    uint64_t at = r.buffer.size();
+    r.buffer += std::string(16, '\0');
+    r.header["model.step_counter"] = {{"dtype", "I64"}, {"shape", {2}}, {"data_offsets", {at, at + 16}}};
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"model.step_counter\"", "unsupported dtype", "I64");
+}
+
+TEST(CheckpointErrors, RequiredTensorStoredAsI8) {
+  Corrupt c;
+  const std::string victim = "model.layers.0.self_attn.q_proj.weight";
+  c.edit([&](RawFile& r) {
+    auto& e = r.header[victim];
+    uint64_t b = e["data_offsets"][0];
+    auto shape = e["shape"].get<std::vector<int64_t>>();
+    e["dtype"] = "I8";
+    e["data_offsets"] = {b, b + uint64_t(shape[0] * shape[1])};
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "unsupported dtype", "I8");
+  for (json bad : {json("bf16"), json(""), json(16), json(nullptr)}) {
+    Corrupt c2;
+    c2.edit([&](RawFile& r) { r.header[victim]["dtype"] = bad; });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "\"" + victim + "\"", "dtype");
+  }
+}
+
+TEST(CheckpointErrors, DtypeDisagreesWithByteCount) {
+  Corrupt c;  // bf16 on disk, header claims F32 for one tensor
+  const std::string victim = "model.layers.1.self_attn.k_proj.weight";
+  c.edit([&](RawFile& r) { r.header[victim]["dtype"] = "F32"; });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "of F32 needs");
+}
+
+TEST(CheckpointErrors, TruncatedFile) {
+  Corrupt c;
+  std::string s = read_bytes(c.st);
+  write_bytes(c.st, s.substr(0, s.size() - 100));
+  // The last tensor written runs past the end of the shortened buffer.
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"lm_head.weight\"", "out of range", "truncated");
+  for (size_t n : {0, 3, 7}) {
+    write_bytes(c.st, s.substr(0, n));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "truncated");
+  }
+}
+
+TEST(CheckpointErrors, HeaderLengthPastEndOfFile) {
+  Corrupt c;
+  std::string s = read_bytes(c.st);
+  for (uint64_t n : {uint64_t(s.size()), uint64_t(s.size() - 7), uint64_t(50u << 20)}) {
+    write_bytes(c.st, u64le(n) + s.substr(8));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "header length", std::to_string(n), "past the end");
+  }
+  for (uint64_t n : {uint64_t(101u) << 20, ~uint64_t(0), uint64_t(1) << 63, ~uint64_t(0) - 7}) {
+    write_bytes(c.st, u64le(n) + s.substr(8));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "header length");
+  }
+}
+
+TEST(CheckpointErrors, DataOffsetsOutOfRange) {
+  const std::string victim = "model.layers.0.input_layernorm.weight";
+  {
+    Corrupt c;
+    c.edit([&](RawFile& r) {
+      uint64_t n = r.buffer.size();
+      r.header[victim]["data_offsets"] = {n - 64, n + 64};
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "out of range");
+  }
+  {
+    Corrupt c;  // begin after end
+    c.edit([&](RawFile& r) { r.header[victim]["data_offsets"] = {200, 72}; });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "out of range");
+  }
+  {
+    Corrupt c;  // offsets near 2^64 must not wrap around
+    c.edit([&](RawFile& r) {
+      r.header[victim]["data_offsets"] = {~uint64_t(0) - 63, ~uint64_t(0) + uint64_t(65)};
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"");
+    c.edit([&](RawFile& r) { r.header[victim]["data_offsets"] = {~uint64_t(0) - 127, ~uint64_t(0)}; });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "out of range");
+  }
+  for (json bad : {json::array({0}), json::array({0, 128, 256}), json::array({-128, 0}), json("0-128"),
+                   json::array({0.0, 128.0})}) {
+    Corrupt c;
+    c.edit([&](RawFile& r) { r.header[victim]["data_offsets"] = bad; });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "data_offsets");
+  }
+}
+
+TEST(CheckpointErrors, OverlappingDataOffsets) {
+  Corrupt c;
+  // Point the second norm at the first one's bytes (same size, so only the overlap is wrong).
+  c.edit([&](RawFile& r) {
+    r.header["model.layers.0.post_attention_layernorm.weight"]["data_offsets"] =
+        r.header["model.layers.0.input_layernorm.weight"]["data_offsets"];
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "overlap",
+                        "\"model.layers.0.input_layernorm.weight\"",
+                        "\"model.layers.0.post_attention_layernorm.weight\"");
+  // Partial overlap: shift a tensor by half its size into its neighbour.
+  Corrupt c2;
+  c2.edit([&](RawFile& r) {
+    auto& e = r.header["model.layers.0.post_attention_layernorm.weight"]["data_offsets"];
+    uint64_t b = e[0], en = e[1];
+    e = {b - 64, en - 64};
+  });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "overlap",
+                        "\"model.layers.0.post_attention_layernorm.weight\"");
+}
+
+TEST(CheckpointErrors, OverlapHiddenBehindEmptyTensor) {
+  // A: [0, 256) F32 x64; E: empty at 16; C: [128, 192) lies inside A. An empty tensor sorted
+  // between A and C must not hide the overlap.
+  TmpDir d("ovl");
+  const std::string p = d / "x.safetensors";
+  json h = {{"a", {{"dtype", "F32"}, {"shape", {64}}, {"data_offsets", {0, 256}}}},
+            {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}},
+            {"c", {{"dtype", "F32"}, {"shape", {16}}, {"data_offsets", {128, 192}}}}};
+  write_bytes(p, safetensors_bytes(h.dump(), std::string(256, '\0')));
+  EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "overlap", "\"a\"", "\"c\"");
+  // Empty tensors themselves overlap nothing.
+  json ok = {{"a", {{"dtype", "F32"}, {"shape", {64}}, {"data_offsets", {0, 256}}}},
+             {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}}};
+  write_bytes(p, safetensors_bytes(ok.dump(), std::string(256, '\0')));
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.tensors().at("e").numel(), 0);
+}
+
+TEST(CheckpointErrors, ShapeOverflow) {
+  // 2^62 x 4 elements wraps to 0 in 64 bits: must be rejected, not read as an empty tensor.
+  TmpDir d("ovf");
+  const std::string p = d / "x.safetensors";
+  for (json shape : {json::array({uint64_t(1) << 62, 4}), json::array({uint64_t(1) << 62}),
+                     json::array({uint64_t(1) << 32, uint64_t(1) << 32, 0}),
+                     json::array({~uint64_t(0)})}) {
+    json h = {{"t", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
+    write_bytes(p, safetensors_bytes(h.dump(), ""));
+    EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "\"t\"");
+  }
+  json neg = {{"t", {{"dtype", "F32"}, {"shape", {-1}}, {"data_offsets", {0, 0}}}}};
+  write_bytes(p, safetensors_bytes(neg.dump(), ""));
+  EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "\"t\"", "shape");
+}
+
+TEST(CheckpointErrors, MalformedSafetensorsHeader) {
+  Corrupt c;
+  std::string s = read_bytes(c.st);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(s[size_t(i)])) << (8 * i);
+  const std::string buffer = s.substr(8 + n);
+  for (std::string header : {std::string("{\"a\": {\"dtype\": "), std::string("not json at all"),
+                             std::string(""), std::string("{\"a\": 1,}"), std::string("\xff\xfe\xfd")}) {
+    write_bytes(c.st, safetensors_bytes(header, buffer));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "malformed JSON header");
+  }
+  // Valid JSON of the wrong shape.
+  for (std::string header : {std::string("[1, 2, 3]"), std::string("\"x\""), std::string("42")}) {
+    write_bytes(c.st, safetensors_bytes(header, buffer));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "not a JSON object");
+  }
+  for (json entry : {json(1), json::object(), json{{"dtype", "F32"}, {"shape", {4}}},
+                     json{{"dtype", "F32"}, {"data_offsets", {0, 16}}}}) {
+    json h = {{"t", entry}};
+    write_bytes(c.st, safetensors_bytes(h.dump(), buffer));
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"t\"", "dtype, shape and data_offsets");
+  }
+  json h = {{"t", {{"dtype", "F32"}, {"shape", "4"}, {"data_offsets", {0, 16}}}}};
+  write_bytes(c.st, safetensors_bytes(h.dump(), buffer));
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"t\"", "shape");
+  h = {{"__metadata__", "x"}};
+  write_bytes(c.st, safetensors_bytes(h.dump(), buffer));
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "__metadata__");
+  // Header length larger than the header: the JSON then includes data bytes.
+  write_bytes(c.st, u64le(n + 16) + s.substr(8));
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "malformed JSON header");
+}
+
+// A sharded (small preset) checkpoint for index tests.
+struct Sharded {
+  TmpDir d{"shard"};
+  std::string dir, index;
+  Sharded() {
+    dir = make(d, "mixtral", "small");
+    index = file_in(dir, "model.safetensors.index.json");
+  }
+  json read_index() const { return json::parse(read_bytes(index)); }
+};
+
+TEST(CheckpointErrors, MalformedIndexJson) {
+  Sharded s;
+  for (std::string text : {"{\"weight_map\": {", "", "garbage"}) {
+    write_bytes(s.index, text);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "malformed JSON");
+  }
+  for (std::string text : {"[]", "{}", "{\"weight_map\": [1]}", "{\"metadata\": {}}"}) {
+    write_bytes(s.index, text);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "weight_map");
+  }
+  write_bytes(s.index, "{\"weight_map\": {\"model.norm.weight\": 3}}");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "\"model.norm.weight\"", "not a file name");
+  for (std::string f : {"../model-00001-of-00002.safetensors", "/etc/passwd", "sub/x.safetensors"}) {
+    json j = {{"weight_map", {{"model.norm.weight", f}}}};
+    write_bytes(s.index, j.dump());
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, f, "plain file name");
+  }
+}
+
+TEST(CheckpointErrors, ShardNamedInIndexButMissing) {
+  Sharded s;
+  const std::string shard = file_in(s.dir, "model-00002-of-00002.safetensors");
+  ASSERT_TRUE(fs::exists(shard));
+  fs::remove(shard);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), shard, "missing");
+  // A name the index invents.
+  Sharded s2;
+  json j = s2.read_index();
+  j["weight_map"]["model.norm.weight"] = "model-00003-of-00002.safetensors";
+  write_bytes(s2.index, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s2.dir), file_in(s2.dir, "model-00003-of-00002.safetensors"), "missing");
+}
+
+TEST(CheckpointErrors, IndexPointsAtWrongShard) {
+  Sharded s;
+  json j = s.read_index();
+  std::string name = "model.embed_tokens.weight";
+  std::string real = j["weight_map"][name];
+  std::string other = real == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
+                                                                 : "model-00001-of-00002.safetensors";
+  j["weight_map"][name] = other;
+  write_bytes(s.index, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), file_in(s.dir, other), "\"" + name + "\"", "not in the shard");
+  // A tensor the index lists that no shard holds.
+  Sharded s2;
+  j = s2.read_index();
+  j["weight_map"]["model.extra.weight"] = "model-00001-of-00002.safetensors";
+  write_bytes(s2.index, j.dump());
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s2.dir), "\"model.extra.weight\"", "not in the shard");
+}
+
+TEST(CheckpointErrors, CorruptShard) {
+  Sharded s;
+  const std::string shard = file_in(s.dir, "model-00002-of-00002.safetensors");
+  std::string b = read_bytes(shard);
+  write_bytes(shard, b.substr(0, b.size() / 2));
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), shard, "out of range");
+}
+
+// The loader must answer every corrupted input with r3::Error (or load it), never crash.
+TEST(CheckpointErrors, NeverCrashesOnMutatedFiles) {
+  Corrupt c;
+  const std::string good = read_bytes(c.st);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(good[size_t(i)])) << (8 * i);
+  auto try_open = [&] {
+    try {
+      Checkpoint::open(c.dir);
+    } catch (const Error&) {
+    }  // any other exception fails the test (uncaught)
+  };
+  // Truncation at many lengths, including inside the header.
+  for (size_t len = 0; len < good.size(); len += (len < 64 ? 1 : len < 8 + n + 64 ? 13 : 4999)) {
+    write_bytes(c.st, good.substr(0, len));
+    ASSERT_NO_FATAL_FAILURE(try_open());
+    if (len < 8 + n && len >= 8) {
+      EXPECT_ANY_THROW(Checkpoint::open(c.dir));
+    }
+  }
+  // Random byte mutations of the header and its length.
+  for (uint64_t it = 0; it < 400; ++it) {
+    std::string s = good;
+    int flips = 1 + int(hash_pair(it, 99) % 4);
+    for (int f = 0; f < flips; ++f) {
+      uint64_t h = hash_pair(it, uint64_t(f));
+      size_t pos = size_t(h % (8 + n));
+      s[pos] = char(hash_pair(h, 1) & 0xff);
+    }
+    write_bytes(c.st, s);
+    try_open();
+  }
+  // Random numbers in numeric header fields.
+  write_bytes(c.st, good);
+  RawFile base = raw_read(c.st);
+  std::vector<std::string> names;
+  for (auto& [k, v] : base.header.items())
+    if (k != "__metadata__") names.push_back(k);
+  const uint64_t specials[] = {0, 1, 63, 64, 65, uint64_t(1) << 31, uint64_t(1) << 32, uint64_t(1) << 62,
+                               uint64_t(1) << 63, ~uint64_t(0), ~uint64_t(0) - 1};
+  for (uint64_t it = 0; it < 200; ++it) {
+    RawFile r = base;
+    const std::string& name = names[hash_pair(it, 7) % names.size()];
+    uint64_t v = specials[hash_pair(it, 8) % std::size(specials)];
+    switch (hash_pair(it, 9) % 3) {
+      case 0: r.header[name]["data_offsets"][hash_pair(it, 10) % 2] = v; break;
+      case 1: r.header[name]["shape"][0] = v; break;
+      default: r.header[name]["shape"].push_back(v); break;
+    }
+    raw_write(c.st, r);
+    try_open();
+  }
+}
+
+TEST(CheckpointErrors, NeverCrashesOnMutatedConfig) {
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  const json orig = json::parse(read_bytes(cfg));
+  const json values[] = {json(nullptr), json(0), json(-1), json(1), json(2147483647),
+                         json(4294967296ull), json(~uint64_t(0)), json(-9223372036854775807ll),
+                         json(0.5), json(1e308), json("x"), json::array(), json::array({1}),
+                         json::object(), json(true)};
+  for (auto& [key, v] : orig.items()) {
+    for (const json& val : values) {
+      json j = orig;
+      j[key] = val;
+      write_bytes(cfg, j.dump());
+      try {
+        Checkpoint::open(c.dir);
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------- dtype.h
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(DTypeBf16, RoundToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(-1.5f), 0xbfc0);
+  EXPECT_EQ(f32_to_bf16(0.0f), 0x0000);
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  // Exactly halfway: ties go to the even mantissa.
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f808000)), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f818000)), 0x3f82);
+  EXPECT_EQ(f32_to_bf16(float_of(0xbf818000)), 0xbf82);
+  // Just off halfway.
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f808001)), 0x3f81);
+  EXPECT_EQ(f32_to_bf16(float_of(0x3f807fff)), 0x3f80);
+  // Carry into the exponent, and overflow to infinity.
+  EXPECT_EQ(f32_to_bf16(float_of(0x3fffffff)), 0x4000);
+  EXPECT_EQ(f32_to_bf16(float_of(0x7f7fffff)), 0x7f80);
+  EXPECT_EQ(f32_to_bf16(INFINITY), 0x7f80);
+  EXPECT_EQ(f32_to_bf16(-INFINITY), 0xff80);
+  // Subnormals round like everything else.
+  EXPECT_EQ(f32_to_bf16(float_of(0x00008000)), 0x0000);
+  EXPECT_EQ(f32_to_bf16(float_of(0x00018000)), 0x0002);
+  EXPECT_EQ(f32_to_bf16(float_of(0x00010001)), 0x0001);
+  // NaN stays NaN, including signalling NaNs whose payload sits in the low bits.
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu}) {
+    uint16_t h = f32_to_bf16(float_of(nan));
+    EXPECT_TRUE(std::isnan(bf16_to_f32(h))) << std::hex << nan;
+    EXPECT_EQ(h & 0x8000, (nan >> 16) & 0x8000);
+  }
+  EXPECT_EQ(round_bf16(1.00390625f), 1.0f);  // 1 + 2^-8: halfway, to even
+  EXPECT_EQ(round_bf16(1.01171875f), 1.015625f);  // 1 + 3 * 2^-8: halfway, to even (up)
+}
+
+TEST(DTypeBf16, AllValuesRoundTripAndMatchReference) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = bf16_to_f32(uint16_t(h));
+    EXPECT_EQ(bits_of(f), h << 16);
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_bf16(f), h);
+  }
+  // Reference: the nearer of the two neighbouring bf16 values, ties to even (in double).
+  for (uint64_t i = 0; i < 200000; ++i) {
+    uint32_t u = uint32_t(hash_pair(42, i));
+    float f = float_of(u);
+    if (std::isnan(f) || std::isinf(f)) continue;
+    uint16_t lo = uint16_t(u >> 16), hi = uint16_t(lo + 1);  // truncated, and one ulp further
+    uint16_t want;
+    if ((hi & 0x7fff) == 0x7f80) {  // lo is the largest finite: past halfway (ties: lo is odd) -> inf
+      want = (u & 0xffff) >= 0x8000 ? hi : lo;
+    } else {
+      double dl = std::fabs(double(f) - double(bf16_to_f32(lo)));
+      double dh = std::fabs(double(bf16_to_f32(hi)) - double(f));
+      want = dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo);
+    }
+    ASSERT_EQ(f32_to_bf16(f), want) << std::hex << u;
+  }
+}
+
+TEST(DTypeF16, KnownValues) {
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
+  EXPECT_EQ(f32_to_f16(0.5f), 0x3800);
+  EXPECT_EQ(f32_to_f16(0.0f), 0x0000);
+  EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);      // largest finite
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);      // below halfway to 65536
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);      // halfway: ties to even = infinity
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);
+  EXPECT_EQ(f32_to_f16(-1e6f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(INFINITY), 0x7c00);
+  EXPECT_EQ(f32_to_f16(2047.5f), 0x6800);       // halfway, carries into the exponent (2048)
+  EXPECT_EQ(f32_to_f16(2046.5f), 0x67fe);       // halfway, to even (2046)
+  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3c00);       // halfway, to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);   // halfway, to even (up)
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(float_of(0x7f800001)))));  // payload only in low bits
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x7bff), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x7c00), INFINITY);
+  EXPECT_EQ(f16_to_f32(0xfc00), -INFINITY);
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7e00)));
+  EXPECT_EQ(bits_of(f16_to_f32(0x8000)), 0x80000000u);
+}
+
+TEST(DTypeF16, Subnormals) {
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);                 // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x0002), 0x1p-23f);
+  EXPECT_EQ(f16_to_f32(0x03ff), 1023 * 0x1p-24f);          // largest subnormal
+  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);                 // smallest normal
+  EXPECT_EQ(f16_to_f32(0x8001), -0x1p-24f);
+  EXPECT_EQ(f16_to_f32(0x0155), 341 * 0x1p-24f);
+  EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);
+  EXPECT_EQ(f32_to_f16(1023 * 0x1p-24f), 0x03ff);
+  EXPECT_EQ(f32_to_f16(0x1p-14f), 0x0400);
+  EXPECT_EQ(f32_to_f16(-341 * 0x1p-24f), 0x8155);
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);                 // halfway to 2^-24: to even (0)
+  EXPECT_EQ(f32_to_f16(0x1.000002p-25f), 0x0001);          // just above halfway
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);             // 1.5 ulp: to even (2)
+  EXPECT_EQ(f32_to_f16(5 * 0x1p-25f), 0x0002);             // 2.5 ulp: to even (2)
+  EXPECT_EQ(f32_to_f16(1023.5f * 0x1p-24f), 0x0400);       // rounds up into the normals
+  EXPECT_EQ(f32_to_f16(0x1p-26f), 0x0000);
+  EXPECT_EQ(f32_to_f16(-0x1p-26f), 0x8000);
+  EXPECT_EQ(f32_to_f16(float_of(0x00000001)), 0x0000);     // f32 subnormal
+}
+
+TEST(DTypeF16, AllValuesRoundTrip) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = f16_to_f32(uint16_t(h));
+    bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+    EXPECT_EQ(std::isnan(f), nan) << std::hex << h;
+    if (nan) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    EXPECT_EQ(f32_to_f16(f), h) << std::hex << h;
+#ifdef __FLT16_MAX__
+    _Float16 ref;
+    std::memcpy(&ref, &h, 2);
+    EXPECT_EQ(bits_of(f), bits_of(float(ref))) << std::hex << h;
+#endif
+  }
+}
+
+#ifdef __FLT16_MAX__
+TEST(DTypeF16, MatchesCompilerConversion) {
+  for (uint64_t i = 0; i < 500000; ++i) {
+    uint32_t u = uint32_t(hash_pair(17, i));
+    if (i % 2) u = (u & 0x807fffffu) | (uint32_t(103 + hash_pair(18, i) % 40) << 23);  // near f16 range
+    float f = float_of(u);
+    if (std::isnan(f)) continue;
+    _Float16 ref = static_cast<_Float16>(f);
+    uint16_t want;
+    std::memcpy(&want, &ref, 2);
+    ASSERT_EQ(f32_to_f16(f), want) << std::hexfloat << f;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace r3

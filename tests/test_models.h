@@ -1,0 +1,31 @@
+// Test checkpoints written by make_model once per process, in the real Hugging Face layout.
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "model/make_model.h"
+
+namespace r3::testing {
+
+inline std::string test_model(const std::string& arch, const std::string& preset = "tiny",
+                              uint64_t seed = 0, DType dtype = DType::BF16) {
+  static std::map<std::string, std::string> made;
+  const std::string key = arch + "_" + preset + "_" + std::to_string(seed) + "_" + dtype_name(dtype);
+  auto it = made.find(key);
+  if (it != made.end()) return it->second;
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("r3_models_" + std::to_string(getpid())) / key).string();
+  MakeModelOptions o;
+  o.arch = arch;
+  o.preset = preset;
+  o.seed = seed;
+  o.dtype = dtype;
+  o.out = dir;
+  make_model(o);
+  return made[key] = dir;
+}
+
+}  // namespace r3::testing
