@@ -286,7 +286,7 @@ std::vector<RoundTripCase> round_trip_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllArchs, CheckpointRoundTrip, ::testing::ValuesIn(round_trip_cases()),
+INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip, ::testing::ValuesIn(round_trip_cases()),
                          [](const ::testing::TestParamInfo<RoundTripCase>& i) {
                            return i.param.arch + "_" + i.param.preset + "_" + dtype_name(i.param.dtype);
                          });

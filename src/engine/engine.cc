@@ -337,6 +337,7 @@ EngineStats Engine::stats() const {
   s.free_blocks = kv_->num_free();
   s.num_blocks = kv_->num_blocks();
   s.expert_load = runner_->expert_load();
+  s.physical_expert_load = runner_->physical_expert_load();
   s.moe_layers = model_config().moe_layers();
   if (capturer_) s.capture_waits = capturer_->waits();
   if (routes_) {

@@ -64,6 +64,7 @@ struct EngineStats {
   uint64_t weight_bytes_read = 0;
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
   std::vector<std::vector<uint64_t>> expert_load;  // [L_moe][E] tokens per logical expert
+  std::vector<std::vector<uint64_t>> physical_expert_load;  // [L_moe][E + redundant] (EPLB)
   std::vector<int> moe_layers;
 };
 

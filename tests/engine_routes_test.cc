@@ -1,0 +1,379 @@
+// Router Replay correctness table (RFC §4.4), one test per row that would catch the bug it names.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "engine_test_util.h"
+#include "kernels/router.h"
+#include "model/checkpoint.h"
+#include "reference/reference_forward.h"
+#include "routes/route_manager.h"
+#include "test_models.h"
+
+namespace r3::testing {
+namespace {
+
+SamplingParams greedy(int max_tokens, bool routes = true) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.temperature = 0.f;
+  p.ignore_eos = true;
+  p.return_routed_experts = routes;
+  return p;
+}
+
+EngineConfig routes_config(const std::string& model) {
+  EngineConfig c;
+  c.model = model;
+  c.enable_return_routed_experts = true;
+  c.num_kv_blocks = 64;
+  return c;
+}
+
+void expect_valid_routes(const RouteArray& r, int rows, const ModelConfig& mc) {
+  ASSERT_EQ(r.rows, rows);
+  ASSERT_EQ(r.layers, mc.num_moe_layers());
+  ASSERT_EQ(r.k, mc.top_k);
+  for (int i = 0; i < r.rows; ++i)
+    for (int l = 0; l < r.layers; ++l)
+      for (int j = 0; j < r.k; ++j) {
+        ASSERT_GE(r.at(i, l, j), 0);
+        ASSERT_LT(r.at(i, l, j), mc.num_experts);
+        for (int j2 = 0; j2 < j; ++j2) ASSERT_NE(r.at(i, l, j), r.at(i, l, j2));
+      }
+}
+
+// Off-by-one: exactly S-1 rows, for max_tokens=1, a one-token prompt, and a stop on the first
+// generated token.
+TEST(EngineRoutes, ExactlySMinusOneRows) {
+  Engine e(routes_config(test_model("qwen3_moe")));
+  const ModelConfig& mc = e.model_config();
+  auto o = e.generate({{5}}, {greedy(1)})[0];
+  ASSERT_EQ(o.token_ids.size(), 1u);
+  expect_valid_routes(*o.routed_experts, 1, mc);  // S = 2
+  o = e.generate({{5, 6, 7}}, {greedy(4)})[0];
+  expect_valid_routes(*o.routed_experts, 3 + 4 - 1, mc);
+  // Stop on the first generated token: make the greedy token a stop token.
+  const int first = o.token_ids[0];
+  SamplingParams p = greedy(10);
+  p.stop_token_ids = {first};
+  auto s = e.generate({{5, 6, 7}}, {p})[0];
+  EXPECT_EQ(s.finish_reason, "stop");
+  ASSERT_EQ(s.token_ids.size(), 1u);
+  expect_valid_routes(*s.routed_experts, 3, mc);
+  // The rows are the same rows the longer run computed for those positions.
+  for (int r = 0; r < 3; ++r)
+    for (int j = 0; j < mc.num_moe_layers() * mc.top_k; ++j)
+      EXPECT_EQ(s.routed_experts->row(r)[j], o.routed_experts->row(r)[j]);
+}
+
+// Delta start N returns rows [N, S-1) equal to the full run's.
+TEST(EngineRoutes, DeltaStartReturnsTheTail) {
+  Engine e(routes_config(test_model("olmoe")));
+  auto full = e.generate({{9, 8, 7, 6, 5}}, {greedy(6)})[0];
+  SamplingParams p = greedy(6);
+  p.routed_experts_start = 4;
+  auto d = e.generate({{9, 8, 7, 6, 5}}, {p})[0];
+  ASSERT_EQ(d.routed_experts->start, 4);
+  ASSERT_EQ(d.routed_experts->rows, full.routed_experts->rows - 4);
+  for (int r = 0; r < d.routed_experts->rows; ++r)
+    for (int j = 0; j < d.routed_experts->layers * d.routed_experts->k; ++j)
+      EXPECT_EQ(d.routed_experts->row(r)[j], full.routed_experts->row(r + 4)[j]);
+}
+
+// Opt-in twice: a request asking an engine started without capture is an error.
+TEST(EngineRoutes, AskingWithoutEngineOptionIsAnError) {
+  EngineConfig c = routes_config(test_model("mixtral"));
+  c.enable_return_routed_experts = false;
+  Engine e(c);
+  try {
+    e.add_request({1, 2, 3}, greedy(2));
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("enable_return_routed_experts"), std::string::npos);
+  }
+  // Without the option, requests without routes work and carry none.
+  auto o = e.generate({{1, 2, 3}}, {greedy(2, false)})[0];
+  EXPECT_FALSE(o.routed_experts.has_value());
+}
+
+TEST(EngineRoutes, BadRequestsAreClearErrors) {
+  Engine e(routes_config(test_model("mixtral")));
+  auto expect_error = [&](std::vector<int> prompt, SamplingParams p, const char* needle) {
+    try {
+      e.add_request(prompt, p);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(needle), std::string::npos) << err.what();
+    }
+  };
+  expect_error({1, 512}, greedy(2), "outside the vocabulary");
+  expect_error({-1}, greedy(2), "outside the vocabulary");
+  expect_error({}, greedy(2), "empty");
+  expect_error(std::vector<int>(4000, 1), greedy(200), "positions");
+  expect_error(std::vector<int>(2000, 1), greedy(2), "KV blocks");
+  SamplingParams bad = greedy(0);
+  expect_error({1}, bad, "max_tokens");
+  bad = greedy(2);
+  bad.top_p = 0.f;
+  expect_error({1}, bad, "top_p");
+  bad = greedy(2);
+  bad.routed_experts_start = 50;
+  expect_error({1}, bad, "routed_experts_start");
+  // Nothing was lost: the engine still serves.
+  EXPECT_EQ(e.generate({{1, 2}}, {greedy(2)})[0].token_ids.size(), 2u);
+}
+
+// Overlap scheduling: a request that stops (stop token) in the step it was scheduled gets the
+// same tokens and routes as with overlap off, and nothing from the wasted step.
+TEST(EngineRoutes, OverlapStopInScheduledStep) {
+  const std::string model = test_model("olmoe");
+  Engine probe(routes_config(model));
+  auto ref = probe.generate({{4, 5, 6, 7}}, {greedy(8)})[0];
+  SamplingParams p = greedy(8);
+  p.stop_token_ids = {ref.token_ids[2]};
+  for (bool overlap : {false, true}) {
+    EngineConfig c = routes_config(model);
+    c.overlap_scheduler = overlap;
+    Engine e(c);
+    auto outs = e.generate({{4, 5, 6, 7}, {9, 9, 9}}, {p, greedy(12)});
+    EXPECT_EQ(outs[0].finish_reason, "stop");
+    ASSERT_EQ(outs[0].token_ids.size(), 3u);
+    ASSERT_EQ(outs[0].routed_experts->rows, 4 + 3 - 1);
+    for (int r = 0; r < outs[0].routed_experts->rows; ++r)
+      for (int j = 0; j < outs[0].routed_experts->layers * outs[0].routed_experts->k; ++j)
+        EXPECT_EQ(outs[0].routed_experts->row(r)[j], ref.routed_experts->row(r)[j]);
+    EXPECT_EQ(e.stats().routed_experts_gaps, 0u);
+  }
+}
+
+// Bucketed decode: padding rows are never attributed (a bucket of 8 for 3 requests).
+TEST(EngineRoutes, PaddingNeverAttributed) {
+  const std::string model = test_model("mixtral");
+  EngineConfig c = routes_config(model);
+  c.decode_buckets = {8};
+  Engine e(c);
+  std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}, {6}};
+  auto outs = e.generate(prompts, {greedy(5)});
+  EXPECT_GT(e.stats().padded_tokens, 0u);
+  Engine solo(solo_config(model));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = solo.generate({prompts[i]}, {greedy(5)})[0];
+    expect_matches_solo(outs[i], s, false, greedy(5), "request " + std::to_string(i));
+  }
+  EXPECT_EQ(e.stats().route_rows_committed, uint64_t((3 + 5 - 1) + (2 + 5 - 1) + (1 + 5 - 1)) + 0u * 1);
+}
+
+// Block reuse: a block freed and reused while an older step's commit is pending never yields the
+// older content's routes. The route manager only copies rows stamped with the generation the
+// hitting request saw; anything else is stale and never copied.
+TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
+  RouteManager m(1, 2, 4, 2);
+  CaptureSlot slot;
+  slot.max_tokens = 4;
+  slot.layers = 1;
+  slot.k = 2;
+  slot.data = {3, 4, 5, 6, 0, 0, 0, 0};
+  // Step 0: request 7 writes positions 0,1 into block 2 under generation 1.
+  StepPlan p0;
+  p0.iter = 0;
+  PlannedSeq s0;
+  s0.request_id = 7;
+  s0.num_tokens = 2;
+  s0.block_table = {2};
+  p0.seqs.push_back(s0);
+  p0.tokens.push_back({0, 0, 1, 2, 1, 0});
+  p0.tokens.push_back({0, 1, 1, 2, 1, 1});
+  m.commit(p0, slot);
+  // Request 8 hits block 2, but the block was reused (generation 2) before its first commit.
+  m.open(8, 4);
+  StepPlan p1;
+  p1.iter = 1;
+  PlannedSeq s1;
+  s1.request_id = 8;
+  s1.num_tokens = 1;
+  s1.start_pos = 2;
+  s1.block_table = {2, 3};
+  s1.prefix_hit_tokens = 2;
+  s1.hit_block_generations = {2};
+  p1.seqs.push_back(s1);
+  p1.tokens.push_back({0, 2, 1, 3, 1, 0});
+  m.commit(p1, slot);
+  EXPECT_EQ(m.stats().prefix_rows_copied, 0u);
+  EXPECT_EQ(m.stats().stale_prefix_rows, 2u);
+  uint64_t gaps = 0;
+  RouteArray r = m.assemble(8, 4, 0, &gaps);
+  EXPECT_EQ(gaps, 2u);  // the stale rows are -1 and counted, never the old content
+  EXPECT_EQ(r.at(0, 0, 0), -1);
+  EXPECT_EQ(r.at(2, 0, 0), 3);
+  // With the matching generation the rows are copied.
+  m.open(9, 4);
+  StepPlan p2 = p1;
+  p2.iter = 2;
+  p2.seqs[0].request_id = 9;
+  p2.seqs[0].hit_block_generations = {1};
+  // Block 2 was rewritten by p1? No: p1 wrote block 3 only; block 2 still holds generation 1.
+  m.commit(p2, slot);
+  EXPECT_EQ(m.stats().prefix_rows_copied, 2u);
+  // Commits must come in iter order.
+  EXPECT_THROW(m.commit(p1, slot), Error);
+}
+
+// Refit: after update_weights with flush, a previously cached prompt gets the new weights'
+// routes and tokens, and outputs report the version of each token.
+TEST(EngineRoutes, RefitWithFlushGivesNewWeightsRoutes) {
+  const std::string a = test_model("qwen3_moe", "tiny", 0), b = test_model("qwen3_moe", "tiny", 1);
+  std::vector<int> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[size_t(i)] = 3 + (i * 37) % 500;
+  Engine e(routes_config(a));
+  auto before = e.generate({prompt}, {greedy(4)})[0];
+  EXPECT_EQ(before.weight_versions, std::vector<uint64_t>(4, 0));
+  e.update_weights(b, /*flush_prefix_cache=*/true);
+  const uint64_t hits_before = e.stats().prefix_hit_tokens;
+  auto after = e.generate({prompt}, {greedy(4)})[0];
+  EXPECT_EQ(e.stats().prefix_hit_tokens, hits_before);  // nothing reached the old KV
+  EXPECT_EQ(after.weight_versions, std::vector<uint64_t>(4, 1));
+  Engine solo_b(solo_config(b));
+  auto want = solo_b.generate({prompt}, {greedy(4)})[0];
+  expect_matches_solo(after, want, false, greedy(4), "after refit");
+  // Without flush the old KV is reused (this is what the flush prevents).
+  Engine e2(routes_config(a));
+  e2.generate({prompt}, {greedy(4)});
+  e2.update_weights(b, false);
+  const uint64_t h2 = e2.stats().prefix_hit_tokens;
+  e2.generate({prompt}, {greedy(4)});
+  EXPECT_GT(e2.stats().prefix_hit_tokens, h2);
+}
+
+// Refit between the steps of a running request: tokens report the version that produced them.
+TEST(EngineRoutes, VersionPerTokenAcrossRefit) {
+  const std::string a = test_model("olmoe", "tiny", 0), b = test_model("olmoe", "tiny", 1);
+  Engine e(routes_config(a));
+  uint64_t id = e.add_request({1, 2, 3}, greedy(6));
+  std::optional<RequestOutput> done;
+  int steps = 0;
+  while (!done) {
+    if (steps++ == 3) e.update_weights(b, true);
+    for (auto& o : e.step())
+      if (o.finished && o.request_id == id) done = o;
+  }
+  ASSERT_EQ(done->weight_versions.size(), 6u);
+  EXPECT_EQ(done->weight_versions.front(), 0u);
+  EXPECT_EQ(done->weight_versions.back(), 1u);
+  EXPECT_TRUE(std::is_sorted(done->weight_versions.begin(), done->weight_versions.end()));
+}
+
+// Abort mid-generation: no crash, no leak, the rows computed so far, others unaffected.
+TEST(EngineRoutes, AbortMidGeneration) {
+  const std::string model = test_model("mixtral");
+  EngineConfig c = routes_config(model);
+  c.overlap_scheduler = true;
+  Engine e(c);
+  uint64_t a = e.add_request({1, 2, 3, 4}, greedy(30));
+  uint64_t b = e.add_request({5, 6, 7}, greedy(10));
+  std::map<uint64_t, RequestOutput> done;
+  int steps = 0;
+  while (e.has_unfinished()) {
+    if (++steps == 5) EXPECT_TRUE(e.abort(a));
+    for (auto& o : e.step())
+      if (o.finished) done[o.request_id] = o;
+  }
+  EXPECT_EQ(done[a].finish_reason, "abort");
+  EXPECT_LT(done[a].token_ids.size(), 30u);
+  const int S = int(4 + done[a].token_ids.size());
+  ASSERT_TRUE(done[a].routed_experts);
+  EXPECT_GE(done[a].routed_experts->rows, S - 2);
+  EXPECT_LE(done[a].routed_experts->rows, S - 1);
+  Engine solo(solo_config(model));
+  expect_matches_solo(done[b], solo.generate({{5, 6, 7}}, {greedy(10)})[0], false, greedy(10), "b");
+  expect_matches_solo(done[a], solo.generate({{1, 2, 3, 4}}, {greedy(30)})[0], true, greedy(30), "a");
+  EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
+  EXPECT_FALSE(e.abort(a));  // already finished
+}
+
+// EPLB: routes and outputs identical on and off, logical ids only; replicas really ran.
+TEST(EngineRoutes, EplbIdenticalAndLogical) {
+  const std::string model = test_model("olmoe");
+  Workload w = make_workload(77, 12, 512);
+  EngineConfig off = routes_config(model);
+  off.max_num_batched_tokens = 32;
+  EngineConfig on = off;
+  on.eplb_redundant_experts = 4;
+  RunResult r_off = run_workload(off, w), r_on = run_workload(on, w);
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    expect_matches_solo(r_on.outputs[i], r_off.outputs[i], false, w.params[i], "request " + std::to_string(i));
+  // The replicas really ran: some tokens went to physical ids past the logical range, while
+  // the logical load (what routes report) is the same with EPLB on and off.
+  uint64_t replica_tokens = 0;
+  for (auto& layer : r_on.stats.physical_expert_load)
+    for (size_t p = 8; p < layer.size(); ++p) replica_tokens += layer[p];
+  EXPECT_GT(replica_tokens, 0u);
+  EXPECT_EQ(r_on.stats.expert_load, r_off.stats.expert_load);
+}
+
+// Against the reference forward: every routing disagreement is a near-tie in the reference's own
+// router scores; with the engine's routes replayed, greedy tokens equal the reference's (except
+// at near-ties of the logits) and logprobs agree within 0.1 (bf16 activations vs fp32).
+class EngineVsReference : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
+  const auto [arch, preset] = GetParam();
+  const std::string model = test_model(arch, preset);
+  Engine e(routes_config(model));
+  auto ck = Checkpoint::open(model);
+  const ModelConfig& mc = ck->config();
+  Workload w = make_workload(5, 6, mc.vocab_size);
+  int pairs = 0, agree = 0, tokens = 0, token_agree = 0;
+  double max_dlogprob = 0;
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    auto o = e.generate({w.prompts[i]}, {greedy(12)})[0];
+    std::vector<int> seq = o.prompt_token_ids;
+    seq.insert(seq.end(), o.token_ids.begin(), o.token_ids.end());
+    ReferenceResult ref = reference_forward(ck->weights(), seq);
+    // Logprobs and greedy tokens are compared with the engine's routes replayed, so a routing
+    // near-tie (which legitimately flips an expert) does not hide a numerics bug or excuse one.
+    const RouteArray& er = *o.routed_experts;
+    ReferenceResult rep = reference_forward(ck->weights(), seq, er.data.data(), er.rows);
+    const int P = int(o.prompt_token_ids.size());
+    for (size_t g = 0; g < o.token_ids.size(); ++g) {
+      const int pos = P + int(g) - 1;  // logits at pos predict token P + g
+      std::vector<float> lp = log_softmax(rep.logits.data() + size_t(pos) * mc.vocab_size, mc.vocab_size);
+      max_dlogprob = std::max(max_dlogprob, double(std::abs(lp[size_t(o.token_ids[g])] - o.logprobs[g])));
+      std::vector<float> sorted = lp;
+      std::sort(sorted.rbegin(), sorted.rend());
+      const int ref_best = int(std::max_element(lp.begin(), lp.end()) - lp.begin());
+      ++tokens;
+      if (ref_best == o.token_ids[g]) ++token_agree;
+      else EXPECT_LT(sorted[0] - lp[size_t(o.token_ids[g])], 0.05f) << "greedy token differs beyond a near-tie";
+    }
+    const RouteArray& r = *o.routed_experts;
+    for (int p = 0; p < r.rows; ++p)
+      for (int l = 0; l < r.layers; ++l) {
+        std::vector<int> a(r.row(p) + l * r.k, r.row(p) + (l + 1) * r.k);
+        std::vector<int> b(ref.routes.begin() + (size_t(p) * r.layers + l) * r.k,
+                           ref.routes.begin() + (size_t(p) * r.layers + l + 1) * r.k);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        ++pairs;
+        if (a == b) { ++agree; continue; }
+        // A disagreement must be a near-tie: gap between the reference's K-th and (K+1)-th score.
+        const float* probs = ref.router_probs.data() + (size_t(p) * r.layers + l) * mc.num_experts;
+        std::vector<float> s(probs, probs + mc.num_experts);
+        std::sort(s.rbegin(), s.rend());
+        EXPECT_LT(s[size_t(mc.top_k - 1)] - s[size_t(mc.top_k)], 0.02f) << "position " << p << " layer " << l;
+      }
+  }
+  EXPECT_LT(max_dlogprob, 0.05) << "engine (bf16 activations) vs reference (fp32) logprob gap";
+  std::printf("[ %s/%s ] route sets agree on %d/%d (token, layer) pairs (%.4f); greedy tokens %d/%d; max |dlogprob| %.4f\n",
+              arch.c_str(), preset.c_str(), agree, pairs, double(agree) / pairs, token_agree, tokens, max_dlogprob);
+  EXPECT_GT(double(agree) / pairs, 0.9);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, EngineVsReference,
+    ::testing::Values(std::make_tuple("mixtral", "tiny"), std::make_tuple("qwen3_moe", "tiny"),
+                      std::make_tuple("olmoe", "tiny"), std::make_tuple("mixtral", "small"),
+                      std::make_tuple("qwen3_moe", "small"), std::make_tuple("olmoe", "small")),
+    [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param); });
+
+}  // namespace
+}  // namespace r3::testing
