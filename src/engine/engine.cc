@@ -27,7 +27,8 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   int max_step = cfg_.max_num_batched_tokens;
   for (int b : cfg_.decode_buckets) max_step = std::max(max_step, b);
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
-  runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, pool_.get());
+  runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
+                                          pool_.get());
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;

@@ -16,11 +16,12 @@ using kernels::rms_norm;
 using kernels::round_rows_bf16;
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
-                         int max_step_tokens, ThreadPool* pool)
+                         int max_step_tokens, int max_seqs, ThreadPool* pool)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
       block_size_(block_size),
       max_tokens_(max_step_tokens),
+      max_seqs_(std::min(max_seqs, max_step_tokens)),
       pool_(pool),
       rope_(ckpt_->config().head_dim, ckpt_->config().rope_theta,
             ckpt_->config().max_position_embeddings) {
@@ -40,7 +41,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   attn_.resize(T * qd);
   tmp_.resize(T * H);
   ffn_.resize(T * H);
-  logits_.resize(T * size_t(c.vocab_size));
+  logits_.resize(size_t(max_seqs_) * size_t(c.vocab_size));
   probs_.resize(T * size_t(std::max(c.num_experts, 1)));
   gathered_.resize(T * K * H);
   gate_.resize(T * K * I);
@@ -322,6 +323,7 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
     result.seqs[s].epoch = ps.epoch;
     if (!ps.sample) continue;
     const int t = ps.first_token + ps.num_tokens - 1;
+    if (S >= max_seqs_) throw Error("step samples more sequences than max_num_seqs");
     rms_norm(&x_[size_t(t) * H], W.final_norm, 0, H, eps, &h_[size_t(S) * H]);
     sampled_seq.push_back(int(s));
     ++S;

@@ -19,8 +19,9 @@ namespace r3 {
 
 class ModelRunner {
  public:
+  // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
-              ThreadPool* pool);
+              int max_seqs, ThreadPool* pool);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
@@ -43,7 +44,7 @@ class ModelRunner {
   float* v_at(int layer, int block, int slot);
 
   std::shared_ptr<Checkpoint> ckpt_;
-  int num_blocks_, block_size_, max_tokens_;
+  int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;
   size_t kv_dim_;

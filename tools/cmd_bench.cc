@@ -1,0 +1,185 @@
+// r3 bench: a fixed suite of engine workloads, each run with the engine's route option off, on
+// but unused, and on with every request asking for routes, measured side by side (interleaved,
+// best of --reps), beside the machine's streaming-read bandwidth and bf16 peak measured in the
+// same run.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "engine_flags.h"
+#include "kernels/machine_limits.h"
+
+namespace r3::cli {
+
+using json = nlohmann::json;
+
+namespace {
+
+struct Entry {
+  std::string name;
+  int requests, prompt_len, shared_prefix, max_tokens;
+  enum Measure { Decode, Prefill, Total } measure;
+};
+
+struct Timing {
+  double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0;
+};
+
+// Per-token matmul FLOPs of the model (2 per weight element a token touches) plus attention at
+// an average context of `avg_ctx` positions.
+double flops_per_token(const ModelConfig& c, double avg_ctx) {
+  const double H = c.hidden_size, qd = double(c.num_heads) * c.head_dim, kvd = double(c.num_kv_heads) * c.head_dim;
+  double f = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    f += 2 * (H * qd * 2 + H * kvd * 2);
+    f += 2 * 2 * avg_ctx * qd;
+    if (c.layer_is_moe[size_t(l)]) f += 2 * (H * c.num_experts + c.top_k * 3.0 * H * c.moe_intermediate_size);
+    else f += 2 * 3.0 * H * c.intermediate_size;
+  }
+  return f;
+}
+
+Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab) {
+  std::vector<std::vector<int>> prompts;
+  std::vector<std::vector<int>> bases(4);
+  for (size_t b = 0; b < bases.size(); ++b)
+    for (int i = 0; i < en.shared_prefix; ++i) bases[b].push_back(3 + int(hash_pair(b, uint64_t(i)) % uint64_t(vocab - 3)));
+  for (int r = 0; r < en.requests; ++r) {
+    std::vector<int> p = en.shared_prefix ? bases[size_t(r) % bases.size()] : std::vector<int>{};
+    while (int(p.size()) < en.prompt_len) p.push_back(3 + int(hash_pair(1000 + r, p.size()) % uint64_t(vocab - 3)));
+    prompts.push_back(p);
+  }
+  SamplingParams sp;
+  sp.max_tokens = en.max_tokens;
+  sp.temperature = 1.f;
+  sp.ignore_eos = true;
+  sp.return_routed_experts = ask_routes;
+  for (int r = 0; r < en.requests; ++r) {
+    sp.seed = uint64_t(r);
+    e.add_request(prompts[size_t(r)], sp);
+  }
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  const EngineStats s0 = e.stats();
+  clock::time_point t1 = t0;
+  EngineStats s1 = s0;
+  bool first = true;
+  while (e.has_unfinished()) {
+    e.step();
+    if (first && en.measure == Entry::Decode) {
+      // The first step(s) prefill; decode timing starts once every request has its first token.
+      if (e.stats().generated_tokens - s0.generated_tokens >= uint64_t(en.requests)) {
+        first = false;
+        t1 = clock::now();
+        s1 = e.stats();
+      }
+    }
+  }
+  const auto t2 = clock::now();
+  const EngineStats s2 = e.stats();
+  Timing t;
+  const auto& start_t = en.measure == Entry::Decode ? t1 : t0;
+  const auto& start_s = en.measure == Entry::Decode ? s1 : s0;
+  const double secs = std::chrono::duration<double>(t2 - start_t).count();
+  double tokens = 0;
+  if (en.measure == Entry::Decode) tokens = double(s2.generated_tokens - start_s.generated_tokens);
+  else if (en.measure == Entry::Prefill) tokens = double(s2.computed_tokens - start_s.computed_tokens);
+  else tokens = double(s2.computed_tokens - start_s.computed_tokens);
+  t.tokens_per_s = tokens / secs;
+  t.weight_gb_per_s = double(s2.weight_bytes_read - start_s.weight_bytes_read) / secs / 1e9;
+  const double avg_ctx = en.measure == Entry::Prefill ? en.prompt_len / 2.0 : en.prompt_len + en.max_tokens / 2.0;
+  t.gflops = tokens * flops_per_token(e.model_config(), avg_ctx) / secs / 1e9;
+  return t;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  Args a("bench",
+         "Runs the benchmark suite (decode_b1, decode_b32, prefill_2k, mixed_rollout) with routes off\n"
+         "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
+         "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
+         "on/off ratio. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
+  add_engine_flags(a);
+  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout", "entries to run")
+      .opt("reps", "3", "repetitions per mode (best is reported)")
+      .opt("decode-tokens", "32", "generated tokens per request in decode entries")
+      .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
+      .opt("json", "", "write the results as a JSON list here");
+  if (!a.parse(argc, argv)) return 0;
+  EngineConfig base = engine_config_from(a);
+  const int dec = int(a.integer("decode-tokens")), pre = int(a.integer("prefill-tokens"));
+  std::vector<Entry> all = {
+      {"decode_b1", 1, 16, 0, dec, Entry::Decode},
+      {"decode_b32", 32, 16, 0, dec, Entry::Decode},
+      {"prefill_2k", 1, pre, 0, 1, Entry::Prefill},
+      {"mixed_rollout", 32, 160, 128, 2 * dec, Entry::Total},
+  };
+  std::vector<Entry> suite;
+  std::stringstream ss(a.str("suite"));
+  for (std::string n; std::getline(ss, n, ',');) {
+    bool found = false;
+    for (auto& en : all)
+      if (en.name == n) suite.push_back(en), found = true;
+    if (!found) throw Error("r3 bench: unknown suite entry \"" + n + "\"");
+  }
+  ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
+  const kernels::MachineLimits m = kernels::measure_machine(&probe_pool);
+  std::printf("machine: streaming read %.1f GB/s, peak %.0f GFLOP/s (%s), %d threads\n", m.read_gb_per_s,
+              m.peak_gflops, m.peak_instruction.c_str(), probe_pool.size());
+  std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s\n", "entry", "tok/s opt-off", "routes off",
+              "routes on", "ratio", "weight GB/s", "of peak", "GFLOP/s", "of peak");
+  json results = json::array();
+  for (const Entry& en : suite) {
+    EngineConfig cfg = base;
+    cfg.max_num_seqs = std::max(cfg.max_num_seqs, en.requests);
+    if (en.measure == Entry::Prefill) cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
+    cfg.enable_prefix_caching = en.shared_prefix > 0 && base.enable_prefix_caching;
+    EngineConfig cfg_off = cfg;
+    cfg_off.enable_return_routed_experts = false;
+    cfg.enable_return_routed_experts = true;
+    Engine e_off(cfg_off), e_on(cfg);
+    const int vocab = e_on.model_config().vocab_size;
+    run_entry(e_on, en, true, vocab);  // warm-up (page in the weights)
+    Timing best_off, best_unused, best_on;
+    auto keep = [](Timing& b, const Timing& t) { if (t.tokens_per_s > b.tokens_per_s) b = t; };
+    for (int rep = 0; rep < int(a.integer("reps")); ++rep) {
+      keep(best_off, run_entry(e_off, en, false, vocab));
+      keep(best_unused, run_entry(e_on, en, false, vocab));
+      keep(best_on, run_entry(e_on, en, true, vocab));
+    }
+    const double ratio = best_on.tokens_per_s / best_unused.tokens_per_s;
+    const bool bw = en.measure == Entry::Decode;
+    const bool fl = en.measure != Entry::Decode;
+    std::printf("%-14s %12.1f %12.1f %12.1f %8.3f %10.2f %7.0f%% %10.1f %7.0f%%\n", en.name.c_str(),
+                best_off.tokens_per_s, best_unused.tokens_per_s, best_on.tokens_per_s, ratio,
+                best_unused.weight_gb_per_s, 100 * best_unused.weight_gb_per_s / m.read_gb_per_s,
+                best_unused.gflops, 100 * best_unused.gflops / m.peak_gflops);
+    json j = {{"name", en.name},
+              {"tokens_per_s_routes_off", best_unused.tokens_per_s},
+              {"tokens_per_s_routes_on", best_on.tokens_per_s},
+              {"tokens_per_s_engine_option_off", best_off.tokens_per_s},
+              {"routes_ratio", ratio},
+              {"engine_option_ratio", best_unused.tokens_per_s / best_off.tokens_per_s},
+              {"weight_gb_per_s", best_unused.weight_gb_per_s},
+              {"machine_read_gb_per_s", m.read_gb_per_s},
+              {"machine_peak_gflops", m.peak_gflops}};
+    if (bw) j["weight_bandwidth_fraction"] = best_unused.weight_gb_per_s / m.read_gb_per_s;
+    if (fl) j["flops_fraction"] = best_unused.gflops / m.peak_gflops;
+    results.push_back(j);
+  }
+  if (!a.str("json").empty()) {
+    std::ofstream out(a.str("json"));
+    if (!out) throw Error(a.str("json") + ": cannot open for writing");
+    out << results.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace r3::cli
