@@ -77,3 +77,40 @@ INSTANTIATE_TEST_SUITE_P(Tiny, EngineSchedule, ::testing::ValuesIn(all_cases()),
 
 }  // namespace
 }  // namespace r3::testing
+
+namespace r3::testing {
+namespace {
+
+// Every feature on at once, hundreds of requests: routes bit-identical to solo runs, zero gaps.
+class EngineFuzz : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
+  const std::string arch = GetParam();
+  const std::string model = test_model(arch);
+  const Workload w = make_workload(99, 200, 512, 0.05);
+  const auto solo = solo_runs(model, w);
+  EngineConfig cfg;
+  cfg.model = model;
+  cfg.num_kv_blocks = 20;
+  cfg.max_num_batched_tokens = 40;
+  cfg.max_num_seqs = 12;
+  cfg.overlap_scheduler = true;
+  cfg.decode_buckets = {1, 2, 4, 8, 16};
+  cfg.enable_return_routed_experts = true;
+  cfg.eplb_redundant_experts = 2;
+  RunResult r = run_workload(cfg, w);
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
+  EXPECT_EQ(r.stats.routed_experts_gaps, 0u);
+  EXPECT_GT(r.stats.preemptions, 0u);
+  EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
+  EXPECT_GT(r.stats.chunked_prefills, 0u);
+  EXPECT_GT(r.stats.padded_tokens, 0u);
+  EXPECT_GT(r.stats.requests_aborted, 0u);
+  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::Values("mixtral", "qwen3_moe", "olmoe"));
+
+}  // namespace
+}  // namespace r3::testing
