@@ -5,15 +5,17 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/router.h"
 
 namespace r3 {
 
+using kernels::Activations;
 using kernels::matmul;
 using kernels::matmul_rows;
 using kernels::rms_norm;
-using kernels::round_rows_bf16;
+using kernels::round_to_bf16;
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
                          int max_step_tokens, int max_seqs, ThreadPool* pool)
@@ -35,18 +37,22 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   const size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
   x_.resize(T * H);
   h_.resize(T * H);
+  hb_.resize(T * H);
   q_.resize(T * qd);
   k_.resize(T * kv_dim_);
   v_.resize(T * kv_dim_);
   attn_.resize(T * qd);
+  attnb_.resize(T * qd);
   tmp_.resize(T * H);
   ffn_.resize(T * H);
   logits_.resize(size_t(max_seqs_) * size_t(c.vocab_size));
   probs_.resize(T * size_t(std::max(c.num_experts, 1)));
   gathered_.resize(T * K * H);
+  gatheredb_.resize(T * K * H);
   gate_.resize(T * K * I);
   up_.resize(T * K * I);
   act_.resize(T * K * I);
+  actb_.resize(T * K * I);
   expert_out_.resize(T * K * H);
   route_w_.resize(T * K);
   route_ids_.resize(T * K);
@@ -89,40 +95,30 @@ float* ModelRunner::v_at(int layer, int block, int slot) {
          ((size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) + size_t(slot)) * kv_dim_;
 }
 
-// Attention of every real token over its request's keys 0..pos, in absolute order, two passes
-// (max, then exp-weighted sum) so the result does not depend on how positions were chunked.
+// Attention of every real token over its request's keys 0..pos (kernels/attention.h), split
+// over (token, head) pairs.
 void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
   const int qd = nh * hd;
   const float scale = 1.f / std::sqrt(float(hd));
   const int T = int(plan.tokens.size());
+  const float* k_layer = k_at(layer, 0, 0);
+  const float* v_layer = v_at(layer, 0, 0);
   pool_->parallel_for(int64_t(T) * nh, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> scores;
+    if (scores.size() < size_t(rope_.max_pos())) scores.resize(size_t(rope_.max_pos()));
     for (int64_t i = b; i < e; ++i) {
       const int t = int(i / nh), head = int(i % nh);
       const PlannedToken& tok = plan.tokens[size_t(t)];
       float* o = out + size_t(t) * qd + size_t(head) * hd;
-      std::fill(o, o + hd, 0.f);
-      if (tok.seq < 0) continue;  // padding
-      const auto& table = plan.seqs[size_t(tok.seq)].block_table;
-      const float* qh = q + size_t(t) * qd + size_t(head) * hd;
-      const size_t koff = size_t(head / group) * size_t(hd);
-      auto score = [&](int j) {
-        const float* kj = k_at(layer, table[size_t(j / block_size_)], j % block_size_) + koff;
-        float s = 0.f;
-        for (int d = 0; d < hd; ++d) s += qh[d] * kj[d];
-        return s * scale;
-      };
-      float m = -INFINITY;
-      for (int j = 0; j <= tok.position; ++j) m = std::max(m, score(j));
-      float sum = 0.f;
-      for (int j = 0; j <= tok.position; ++j) {
-        const float w = std::exp(score(j) - m);
-        sum += w;
-        const float* vj = v_at(layer, table[size_t(j / block_size_)], j % block_size_) + koff;
-        for (int d = 0; d < hd; ++d) o[d] += w * vj[d];
+      if (tok.seq < 0) {  // padding
+        std::fill(o, o + hd, 0.f);
+        continue;
       }
-      for (int d = 0; d < hd; ++d) o[d] /= sum;
+      const kernels::PagedHead kv{k_layer, v_layer, plan.seqs[size_t(tok.seq)].block_table.data(), block_size_,
+                                  int64_t(kv_dim_), int64_t(head / group) * hd};
+      kernels::attend(q + size_t(t) * qd + size_t(head) * hd, hd, tok.position, scale, kv, scores.data(), o);
     }
   });
 }
@@ -156,11 +152,12 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
 // remap to physical experts (EPLB), gather each expert's tokens, gate/up, SiLU, down, then each
 // token sums its k expert outputs in router order.
-void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, const float* h, float* out,
-                      CaptureSlot* slot, bool, int num_real) {
+void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot,
+                      int num_real) {
+  const float* h = h_.data();
   const ModelConfig& c = config();
   const int H = c.hidden_size, E = c.num_experts, K = c.top_k, I = c.moe_intermediate_size;
-  matmul(h, T, L.router, probs_.data(), pool_);  // router logits [T, E]
+  matmul({h_.data(), hb_.data(), T}, L.router, probs_.data(), pool_);  // router logits [T, E]
   for (int t = 0; t < T; ++t) {
     float* p = probs_.data() + size_t(t) * E;
     kernels::softmax(p, E, p);
@@ -192,6 +189,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, const float* 
     group_tokens_[size_t(s)] = a;
     slot_of_[size_t(a)] = s;
     std::copy(h + size_t(a / K) * H, h + size_t(a / K + 1) * H, gathered_.data() + size_t(s) * H);
+    std::copy(hb_.data() + size_t(a / K) * H, hb_.data() + size_t(a / K + 1) * H, gatheredb_.data() + size_t(s) * H);
   }
   uint64_t bytes = 0;
   for (int p = 0; p < P; ++p)
@@ -206,14 +204,15 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, const float* 
   for_group_rows(pool_, group_offsets_, I, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
-    matmul_rows(gathered_.data() + size_t(off) * H, n, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
-    matmul_rows(gathered_.data() + size_t(off) * H, n, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
+    const Activations xg{gathered_.data() + size_t(off) * H, gatheredb_.data() + size_t(off) * H, n};
+    matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
+    matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
   });
   kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * K * I);
-  round_rows_bf16(act_.data(), int64_t(T) * K * I);
+  round_to_bf16(act_.data(), int64_t(T) * K * I, actb_.data());
   for_group_rows(pool_, group_offsets_, H, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
-    matmul_rows(act_.data() + size_t(off) * I, n, weights_of(it.group).down,
+    matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, weights_of(it.group).down,
                 expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
   });
   for (int t = 0; t < T; ++t) {
@@ -229,13 +228,13 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, const float* 
   }
 }
 
-void ModelRunner::dense_ffn(const ExpertWeights& w, int T, const float* h, float* out) {
+void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
   const int I = int(w.gate.shape[0]);
-  matmul(h, T, w.gate, gate_.data(), pool_);
-  matmul(h, T, w.up, up_.data(), pool_);
+  matmul({h_.data(), hb_.data(), T}, w.gate, gate_.data(), pool_);
+  matmul({h_.data(), hb_.data(), T}, w.up, up_.data(), pool_);
   kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * I);
-  round_rows_bf16(act_.data(), int64_t(T) * I);
-  matmul(act_.data(), T, w.down, out, pool_);
+  round_to_bf16(act_.data(), int64_t(T) * I, actb_.data());
+  matmul({act_.data(), actb_.data(), T}, w.down, out, pool_);
   weight_bytes_ += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
 }
 
@@ -269,10 +268,11 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
     for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.input_norm, 0, H, eps, &h_[size_t(t) * H]);
-    round_rows_bf16(h_.data(), int64_t(T) * H);
-    matmul(h_.data(), T, L.q, q_.data(), pool_);
-    matmul(h_.data(), T, L.k, k_.data(), pool_);
-    matmul(h_.data(), T, L.v, v_.data(), pool_);
+    round_to_bf16(h_.data(), int64_t(T) * H, hb_.data());
+    const Activations hx{h_.data(), hb_.data(), T};
+    matmul(hx, L.q, q_.data(), pool_);
+    matmul(hx, L.k, k_.data(), pool_);
+    matmul(hx, L.v, v_.data(), pool_);
     weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
     for (int t = 0; t < T; ++t) {
       float* q = &q_[size_t(t) * qd];
@@ -298,15 +298,15 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
       std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
     }
     attention(plan, l, q_.data(), attn_.data());
-    round_rows_bf16(attn_.data(), int64_t(T) * qd);
-    matmul(attn_.data(), T, L.o, tmp_.data(), pool_);
+    round_to_bf16(attn_.data(), int64_t(T) * qd, attnb_.data());
+    matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
     for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += tmp_[size_t(i)];
     for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.post_norm, 0, H, eps, &h_[size_t(t) * H]);
-    round_rows_bf16(h_.data(), int64_t(T) * H);
+    round_to_bf16(h_.data(), int64_t(T) * H, hb_.data());
     if (L.moe)
-      moe(L, moe_layer++, T, h_.data(), ffn_.data(), slot, plan.num_padding > 0, num_real);
+      moe(L, moe_layer++, T, ffn_.data(), slot, num_real);
     else
-      dense_ffn(L.dense, T, h_.data(), ffn_.data());
+      dense_ffn(L.dense, T, ffn_.data());
     for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
   }
 
@@ -329,8 +329,8 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
     ++S;
   }
   if (S > 0) {
-    round_rows_bf16(h_.data(), int64_t(S) * H);
-    matmul(h_.data(), S, W.lm_head, logits_.data(), pool_);
+    round_to_bf16(h_.data(), int64_t(S) * H, hb_.data());
+    matmul({h_.data(), hb_.data(), S}, W.lm_head, logits_.data(), pool_);
     weight_bytes_ += W.lm_head.nbytes();
   }
   last_samples_.clear();

@@ -37,9 +37,9 @@ class ModelRunner {
 
  private:
   void attention(const StepPlan& plan, int layer, const float* q, float* out);
-  void moe(const LayerWeights& L, int moe_layer, int T, const float* h, float* out, CaptureSlot* slot,
-           bool padding_tail, int num_real);
-  void dense_ffn(const ExpertWeights& w, int T, const float* h, float* out);
+  // Both read the post-attention norm in h_ / hb_.
+  void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
+  void dense_ffn(const ExpertWeights& w, int T, float* out);
   float* k_at(int layer, int block, int slot);
   float* v_at(int layer, int block, int slot);
 
@@ -57,6 +57,7 @@ class ModelRunner {
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gathered_, gate_, up_, act_, expert_out_, route_w_;
+  std::vector<uint16_t> hb_, attnb_, gatheredb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
   std::vector<int> group_offsets_, group_tokens_, slot_of_;
   std::vector<float> sample_scratch_;

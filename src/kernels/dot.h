@@ -1,10 +1,18 @@
-// The one reduction every engine matmul uses: a dot product with a fixed order. Element i goes
-// to lane i % 16 (fused multiply-add), then the 16 lanes are summed by a fixed pairwise tree.
-// The AVX-512 path and the portable path compute exactly this, so results are the same bits on
-// the same machine with or without AVX-512, whatever the batch.
+// The fixed reduction orders every engine matmul uses.
+//
+// bf16 weights (activations are bf16 values too, by the numerics contract): the order of the
+// AVX512-BF16 instruction vdpbf16ps. Lane l (0..15) accumulates, for each 32-element chunk m,
+// first the product of elements 32m+2l+1, then that of 32m+2l (fp32, round to nearest even,
+// denormals flushed to zero); the 16 lanes are then summed by a fixed pairwise tree.
+// f32 weights: element i is fused-multiply-added into lane i % 16, then the same tree.
+//
+// The AVX-512 paths and the portable paths compute exactly these, so a token's result is the
+// same bits with or without the instructions, and whatever the batch.
 #pragma once
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -20,27 +28,54 @@ inline float reduce_lanes16(const float* lanes) {
   return c[0] + c[1];
 }
 
-#if defined(__AVX512F__)
-inline float reduce512(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
+// Flush-to-zero of a denormal (sign kept), as vdpbf16ps does on its inputs and outputs.
+inline float ftz(float x) { return std::fabs(x) < FLT_MIN ? std::copysign(0.f, x) : x; }
+
+inline float bf16_bits_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// One lane step of vdpbf16ps: acc += w[1]*x[1]; acc += w[0]*x[0] (each rounded, FTZ/DAZ).
+inline float dp_pair(float acc, const uint16_t* w, const uint16_t* x) {
+  const float w1 = ftz(bf16_bits_to_f32(w[1])), x1 = ftz(bf16_bits_to_f32(x[1]));
+  const float w0 = ftz(bf16_bits_to_f32(w[0])), x0 = ftz(bf16_bits_to_f32(x[0]));
+  acc = ftz(acc + ftz(w1 * x1));
+  acc = ftz(acc + ftz(w0 * x0));
+  return acc;
+}
+
+// Portable bf16 dot in the vdpbf16ps order (n may be odd: missing elements are zeros).
+inline float dot_bf16_portable(const uint16_t* w, const uint16_t* x, int n) {
+  float lanes[16] = {0};
+  for (int base = 0; base < n; base += 32)
+    for (int l = 0; l < 16; ++l) {
+      const int e = base + 2 * l;
+      if (e >= n) break;
+      uint16_t wp[2] = {w[e], e + 1 < n ? w[e + 1] : uint16_t(0)};
+      uint16_t xp[2] = {x[e], e + 1 < n ? x[e + 1] : uint16_t(0)};
+      lanes[l] = dp_pair(lanes[l], wp, xp);
+    }
   return reduce_lanes16(lanes);
 }
-inline __m512 load_bf16x16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+
+// Portable f32 dot: lane i % 16 with fma, then the tree.
+inline float dot_f32_portable(const float* w, const float* x, int n) {
+  float lanes[16] = {0};
+  for (int i = 0; i < n; ++i) lanes[i % 16] = std::fma(w[i], x[i], lanes[i % 16]);
+  return reduce_lanes16(lanes);
 }
-inline __m512 load_bf16x16_masked(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+
+#if defined(__AVX512F__)
+// The tree of reduce_lanes16, vectorised (float addition is commutative, so same bits).
+inline float reduce512(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
 #endif
-
-// Portable reference for the lane order (also used where AVX-512 is absent).
-template <typename LoadW>
-inline float dot_portable(LoadW w, const float* x, int n) {
-  float lanes[16] = {0};
-  for (int i = 0; i < n; ++i) lanes[i % 16] = std::fma(w(i), x[i], lanes[i % 16]);
-  return reduce_lanes16(lanes);
-}
 
 }  // namespace r3::kernels

@@ -70,6 +70,7 @@ double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
       for (auto& a : acc) a = _mm512_setzero_ps();
       const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
       for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 8
         for (auto& a : acc) a = _mm512_dpbf16_ps(a, x, y);
       __m512 s = acc[0];
       for (int j = 1; j < 8; ++j) s = _mm512_add_ps(s, acc[j]);
@@ -85,6 +86,7 @@ double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
       for (auto& a : acc) a = _mm512_setzero_ps();
       const __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
       for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 8
         for (auto& a : acc) a = _mm512_fmadd_ps(a, x, y);
       __m512 s = acc[0];
       for (int j = 1; j < 8; ++j) s = _mm512_add_ps(s, acc[j]);
@@ -98,6 +100,7 @@ double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
     for (int64_t p = b; p < e; ++p) {
       float acc[8] = {0};
       for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 8
         for (auto& a : acc) a = a * 1.0001f + 0.9999f;
       sinks[size_t(p) * 16] = acc[0] + acc[7];
     }

@@ -1,5 +1,8 @@
 #include "kernels/matmul.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "core/dtype.h"
 #include "kernels/dot.h"
 
@@ -7,100 +10,164 @@ namespace r3::kernels {
 
 namespace {
 
-#if defined(__AVX512F__)
-// Four tokens against one weight row: the weight row is loaded once, each token keeps its own
-// accumulator, so per-token results are those of dot_portable.
-template <bool kBf16>
-inline void row_x4(const void* wrow, const float* x0, const float* x1, const float* x2,
-                   const float* x3, int n, float* out) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// ---- bf16 weights: R weight rows x C tokens, vdpbf16ps order ----
+
+template <int R, int C>
+void tile_bf16(const uint16_t* w, size_t ldw, const uint16_t* x, size_t ldx, int n, float* y, int ldy) {
+#if defined(__AVX512BF16__)
+  __m512 acc[R][C];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 w = kBf16 ? load_bf16x16(static_cast<const uint16_t*>(wrow) + i)
-                     : _mm512_loadu_ps(static_cast<const float*>(wrow) + i);
-    a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x0 + i), a0);
-    a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x1 + i), a1);
-    a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x2 + i), a2);
-    a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x3 + i), a3);
+  for (; i + 32 <= n; i += 32) {
+    __m512i wv[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + i);
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512i xv = _mm512_loadu_si512(x + c * ldx + i);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)xv);
+    }
   }
   if (i < n) {
-    __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    __m512 w = kBf16 ? load_bf16x16_masked(static_cast<const uint16_t*>(wrow) + i, m)
-                     : _mm512_maskz_loadu_ps(m, static_cast<const float*>(wrow) + i);
-    a0 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x0 + i), a0);
-    a1 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x1 + i), a1);
-    a2 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x2 + i), a2);
-    a3 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x3 + i), a3);
-  }
-  out[0] = reduce512(a0);
-  out[1] = reduce512(a1);
-  out[2] = reduce512(a2);
-  out[3] = reduce512(a3);
-}
-#endif
-
-template <bool kBf16>
-float row_x1(const void* wrow, const float* x, int n) {
-#if defined(__AVX512F__)
-  float out[4];
-  row_x4<kBf16>(wrow, x, x, x, x, n, out);
-  return out[0];
-#else
-  if (kBf16) {
-    const uint16_t* w = static_cast<const uint16_t*>(wrow);
-    return dot_portable([w](int i) { return bf16_to_f32(w[i]); }, x, n);
-  }
-  const float* w = static_cast<const float*>(wrow);
-  return dot_portable([w](int i) { return w[i]; }, x, n);
-#endif
-}
-
-template <bool kBf16>
-void matmul_rows_t(const float* x, int T, const TensorView& W, float* y, int ldy, int o_begin,
-                   int o_end) {
-  const int n = int(W.shape[1]);
-  const size_t row_bytes = size_t(n) * (kBf16 ? 2 : 4);
-  const uint8_t* base = static_cast<const uint8_t*>(W.data);
-  for (int o = o_begin; o < o_end; ++o) {
-    const void* wrow = base + size_t(o) * row_bytes;
-    int t = 0;
-#if defined(__AVX512F__)
-    for (; t + 4 <= T; t += 4) {
-      float out[4];
-      row_x4<kBf16>(wrow, x + size_t(t) * n, x + size_t(t + 1) * n, x + size_t(t + 2) * n,
-                    x + size_t(t + 3) * n, n, out);
-      for (int j = 0; j < 4; ++j) y[size_t(t + j) * ldy + o] = out[j];
+    const __mmask32 m = __mmask32((uint64_t(1) << (n - i)) - 1);
+    __m512i wv[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ldw + i);
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512i xv = _mm512_maskz_loadu_epi16(m, x + c * ldx + i);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)xv);
     }
-#endif
-    for (; t < T; ++t) y[size_t(t) * ldy + o] = row_x1<kBf16>(wrow, x + size_t(t) * n, n);
   }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
+#else
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_bf16_portable(w + r * ldw, x + c * ldx, n);
+#endif
 }
+
+// ---- f32 weights: lane i % 16 fma order ----
+
+template <int R, int C>
+void tile_f32(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
+#if defined(__AVX512F__)
+  __m512 acc[R][C];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 wv[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + r * ldw + i);
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_loadu_ps(x + c * ldx + i);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    __m512 wv[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(m, w + r * ldw + i);
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + i);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
+#else
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_f32_portable(w + r * ldw, x + c * ldx, n);
+#endif
+}
+
+template <typename T, int R>
+using TileFn = void (*)(const T*, size_t, const T*, size_t, int, float*, int);
+
+// Rows in blocks of R (remainder one by one), tokens in blocks of 4 (remainder 1..3).
+template <typename T, template <int, int> class Tile>
+void run_tiles(const T* w, const T* x, int Tn, int n, float* y, int ldy, int o0, int o1) {
+  const size_t ldw = size_t(n), ldx = size_t(n);
+  auto rows_block = [&](auto r_const, int o) {
+    constexpr int R = decltype(r_const)::value;
+    const T* wr = w + size_t(o) * ldw;
+    int t = 0;
+    for (; t + 4 <= Tn; t += 4) Tile<R, 4>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy);
+    switch (Tn - t) {
+      case 3: Tile<R, 3>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
+      case 2: Tile<R, 2>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
+      case 1: Tile<R, 1>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
+      default: break;
+    }
+  };
+  int o = o0;
+  for (; o + 4 <= o1; o += 4) rows_block(std::integral_constant<int, 4>{}, o);
+  for (; o < o1; ++o) rows_block(std::integral_constant<int, 1>{}, o);
+}
+
+template <int R, int C>
+struct Bf16Tile {
+  static void run(const uint16_t* w, size_t ldw, const uint16_t* x, size_t ldx, int n, float* y, int ldy) {
+    tile_bf16<R, C>(w, ldw, x, ldx, n, y, ldy);
+  }
+};
+template <int R, int C>
+struct F32Tile {
+  static void run(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
+    tile_f32<R, C>(w, ldw, x, ldx, n, y, ldy);
+  }
+};
 
 }  // namespace
 
-void matmul_rows(const float* x, int T, const TensorView& W, float* y, int ldy, int o_begin,
-                 int o_end) {
+void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+  const int n = int(W.shape[1]);
   if (W.dtype == DType::BF16)
-    matmul_rows_t<true>(x, T, W, y, ldy, o_begin, o_end);
+    run_tiles<uint16_t, Bf16Tile>(static_cast<const uint16_t*>(W.data), x.bf16, x.rows, n, y, ldy, o_begin, o_end);
   else
-    matmul_rows_t<false>(x, T, W, y, ldy, o_begin, o_end);
+    run_tiles<float, F32Tile>(static_cast<const float*>(W.data), x.f32, x.rows, n, y, ldy, o_begin, o_end);
 }
 
-void matmul(const float* x, int T, const TensorView& W, float* y, ThreadPool* pool) {
+void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool) {
   const int O = int(W.shape[0]);
-  if (!pool || int64_t(O) * T * W.shape[1] < (1 << 15)) {
-    matmul_rows(x, T, W, y, O, 0, O);
+  if (!pool || int64_t(O) * x.rows * W.shape[1] < (1 << 16)) {
+    matmul_rows(x, W, y, O, 0, O);
     return;
   }
   // Blocks of 16 rows keep writes of different threads off the same cache line.
   const int blocks = (O + 15) / 16;
   pool->parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    matmul_rows(x, T, W, y, O, int(b0 * 16), std::min(O, int(b1 * 16)));
+    matmul_rows(x, W, y, O, int(b0 * 16), std::min(O, int(b1 * 16)));
   });
 }
 
-void round_rows_bf16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+void round_to_bf16(float* x, int64_t n, uint16_t* bits) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = f32_to_bf16(x[i]);
+    x[i] = bf16_to_f32(b);
+    if (bits) bits[i] = b;
+  }
 }
 
 }  // namespace r3::kernels

@@ -1,0 +1,22 @@
+// Attention of one query head over keys 0..pos of a paged KV cache, reduced in absolute position
+// order in two passes (scores and their max, then the exp-weighted sum of values), so the result
+// does not depend on how the positions were chunked, cached or batched.
+#pragma once
+#include <cstdint>
+
+namespace r3::kernels {
+
+struct PagedHead {
+  const float* k_base;    // K cache of this layer: [block][slot][kv_dim]
+  const float* v_base;
+  const int* block_table;
+  int block_size;
+  int64_t kv_dim;         // floats per (block, slot)
+  int64_t head_offset;    // offset of this kv head inside kv_dim
+};
+
+// scores: scratch of at least pos + 1 floats. out: [head_dim].
+void attend(const float* q, int head_dim, int pos, float scale, const PagedHead& kv, float* scores,
+            float* out);
+
+}  // namespace r3::kernels
