@@ -1,6 +1,27 @@
 #include "core/thread_pool.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace r3 {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int index, int parts) {
+  int64_t begin = n * index / parts, end = n * (index + 1) / parts;
+  if (begin < end) fn(begin, end);
+}
+
+constexpr int kSpins = 1 << 12;  // some tens of microseconds of pause loops
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
@@ -10,15 +31,10 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    epoch_.fetch_add(1);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
-}
-
-static void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int index,
-                      int parts) {
-  int64_t begin = n * index / parts, end = n * (index + 1) / parts;
-  if (begin < end) fn(begin, end);
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
@@ -27,38 +43,48 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     job_n_ = n;
-    pending_ = int(workers_.size());
-    ++epoch_;
+    pending_.store(int(workers_.size()), std::memory_order_relaxed);
+    epoch_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  start_cv_.notify_all();
+  if (wake) start_cv_.notify_all();
   run_chunk(fn, n, 0, size());
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  // Spin, then yield: when the machine is oversubscribed a descheduled worker needs the core.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpins) cpu_relax();
+    else std::this_thread::yield();
+  }
 }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    int spins = 0;
+    while (epoch_.load(std::memory_order_acquire) == seen && spins < kSpins) {
+      cpu_relax();
+      ++spins;
+    }
     const std::function<void(int64_t, int64_t)>* job;
     int64_t n;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || epoch_ != seen; });
+      if (epoch_.load(std::memory_order_acquire) == seen) {
+        ++sleepers_;
+        start_cv_.wait(lock, [&] { return epoch_.load(std::memory_order_acquire) != seen; });
+        --sleepers_;
+      }
       if (stop_) return;
-      seen = epoch_;
+      seen = epoch_.load(std::memory_order_acquire);
       job = job_;
       n = job_n_;
     }
     run_chunk(*job, n, index, size());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

@@ -1,8 +1,11 @@
 // A fixed pool of worker threads running parallel_for over index ranges. Work is split by
 // output index (features, experts, tokens), never inside one reduction, so results do not
-// depend on the number of threads (DESIGN.md, batch invariance).
+// depend on the number of threads (DESIGN.md, batch invariance). Workers spin briefly between
+// jobs (a forward issues hundreds of small ones) and sleep when the engine is idle.
 #pragma once
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -26,11 +29,12 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable start_cv_, done_cv_;
+  std::condition_variable start_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  uint64_t epoch_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<int> pending_{0};
+  int sleepers_ = 0;
   bool stop_ = false;
 };
 

@@ -36,13 +36,15 @@ Sample sample_token(const float* logits, int V, const SamplingParams& p, int pos
   scratch.resize(size_t(V));
   order.resize(size_t(V));
   std::iota(order.begin(), order.end(), 0);
-  // Descending logit, ties to the lower id: a total order, so the draw is reproducible.
+  // Candidates: all ids in id order (plain sampling needs no sort), or, with top_k / top_p, the
+  // best ones by descending logit with ties to the lower id. Either is a fixed order, so the
+  // draw is reproducible.
   auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   int keep = V;
   if (p.top_k > 0 && p.top_k < V) {
     keep = p.top_k;
     std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-  } else {
+  } else if (p.top_p < 1.f) {
     std::sort(order.begin(), order.end(), by_logit);
   }
   double total = 0.0;

@@ -1,0 +1,96 @@
+#include "engine/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace r3 {
+namespace {
+
+std::vector<float> logits_of(std::vector<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+TEST(Sampling, GreedyIsArgmaxWithTiesToLowerId) {
+  std::vector<float> l = {0.f, 2.f, 2.f, 1.f};
+  std::vector<float> s;
+  std::vector<int> o;
+  SamplingParams p;
+  p.temperature = 0.f;
+  Sample x = sample_token(l.data(), 4, p, 0, s, o);
+  EXPECT_EQ(x.token, 1);
+  double z = 0;
+  for (float v : l) z += std::exp(v);
+  EXPECT_NEAR(x.logprob, 2.0 - std::log(z), 1e-6);
+}
+
+TEST(Sampling, KeyedBySeedAndPositionOnly) {
+  std::vector<float> l = logits_of({0.1, 0.2, 0.3, 0.4});
+  std::vector<float> s;
+  std::vector<int> o;
+  SamplingParams p;
+  p.seed = 42;
+  for (int pos = 0; pos < 50; ++pos) EXPECT_EQ(sample_token(l.data(), 4, p, pos, s, o).token, sample_token(l.data(), 4, p, pos, s, o).token);
+  int differ = 0;
+  SamplingParams q = p;
+  q.seed = 43;
+  for (int pos = 0; pos < 50; ++pos) differ += sample_token(l.data(), 4, p, pos, s, o).token != sample_token(l.data(), 4, q, pos, s, o).token;
+  EXPECT_GT(differ, 10);
+}
+
+TEST(Sampling, FrequenciesFollowTheDistribution) {
+  std::vector<double> probs = {0.1, 0.2, 0.3, 0.4};
+  std::vector<float> l = logits_of(probs);
+  std::vector<float> s;
+  std::vector<int> o;
+  SamplingParams p;
+  p.seed = 7;
+  std::map<int, int> count;
+  const int N = 20000;
+  for (int pos = 0; pos < N; ++pos) ++count[sample_token(l.data(), 4, p, pos, s, o).token];
+  for (int t = 0; t < 4; ++t) EXPECT_NEAR(double(count[t]) / N, probs[size_t(t)], 0.015);
+}
+
+TEST(Sampling, TopKAndTopPRestrictTheCandidates) {
+  std::vector<float> l = logits_of({0.05, 0.15, 0.3, 0.5});
+  std::vector<float> s;
+  std::vector<int> o;
+  SamplingParams k;
+  k.top_k = 2;
+  SamplingParams tp;
+  tp.top_p = 0.6f;  // the nucleus {3, 2} holds 0.8 >= 0.6; {3} alone holds 0.5
+  std::map<int, int> ck, cp;
+  for (int pos = 0; pos < 4000; ++pos) {
+    ++ck[sample_token(l.data(), 4, k, pos, s, o).token];
+    ++cp[sample_token(l.data(), 4, tp, pos, s, o).token];
+  }
+  EXPECT_EQ(ck.count(0) + ck.count(1), 0u);
+  EXPECT_EQ(cp.count(0) + cp.count(1), 0u);
+  EXPECT_NEAR(double(ck[3]) / 4000, 0.5 / 0.8, 0.03);
+  EXPECT_NEAR(double(cp[3]) / 4000, 0.5 / 0.8, 0.03);
+}
+
+TEST(Sampling, ValidateNamesTheParameter) {
+  SamplingParams p;
+  p.max_tokens = 0;
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.temperature = -1;
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.stop_token_ids = {10};
+  try {
+    p.validate(10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stop_token_ids"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace r3
