@@ -179,7 +179,8 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   PlannedSeq s0;
   s0.request_id = 7;
   s0.num_tokens = 2;
-  s0.block_table = {2};
+  s0.table_len = 1;
+  p0.block_tables = {2};
   p0.seqs.push_back(s0);
   p0.tokens.push_back({0, 0, 1, 2, 1, 0});
   p0.tokens.push_back({0, 1, 1, 2, 1, 1});
@@ -192,9 +193,10 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   s1.request_id = 8;
   s1.num_tokens = 1;
   s1.start_pos = 2;
-  s1.block_table = {2, 3};
+  s1.table_len = 2;
+  p1.block_tables = {2, 3};
   s1.prefix_hit_tokens = 2;
-  s1.hit_block_generations = {2};
+  p1.hit_generations = {2};
   p1.seqs.push_back(s1);
   p1.tokens.push_back({0, 2, 1, 3, 1, 0});
   m.commit(p1, slot);
@@ -210,7 +212,7 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   StepPlan p2 = p1;
   p2.iter = 2;
   p2.seqs[0].request_id = 9;
-  p2.seqs[0].hit_block_generations = {1};
+  p2.hit_generations = {1};
   // Block 2 was rewritten by p1? No: p1 wrote block 3 only; block 2 still holds generation 1.
   m.commit(p2, slot);
   EXPECT_EQ(m.stats().prefix_rows_copied, 2u);

@@ -14,7 +14,7 @@ inline void cpu_relax() {
 #endif
 }
 
-void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int index, int parts) {
+void run_chunk(const FunctionRef<void(int64_t, int64_t)>& fn, int64_t n, int index, int parts) {
   int64_t begin = n * index / parts, end = n * (index + 1) / parts;
   if (begin < end) fn(begin, end);
 }
@@ -37,7 +37,7 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
     fn(0, n);
@@ -61,6 +61,15 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
 }
 
+void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn) {
+  std::atomic<int64_t> next{0};
+  auto grab = [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
+      fn(i);
+  };
+  parallel_for(size(), grab);
+}
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
@@ -69,7 +78,7 @@ void ThreadPool::worker_loop(int index) {
       cpu_relax();
       ++spins;
     }
-    const std::function<void(int64_t, int64_t)>* job;
+    const FunctionRef<void(int64_t, int64_t)>* job;
     int64_t n;
     {
       std::unique_lock<std::mutex> lock(mu_);

@@ -9,9 +9,27 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace r3 {
+
+// A non-owning reference to a callable: unlike std::function it never allocates, so handing
+// work to the pool costs nothing on the heap.
+template <typename Sig>
+class FunctionRef;
+template <typename R, typename... A>
+class FunctionRef<R(A...)> {
+ public:
+  template <typename F>
+  FunctionRef(F&& f) : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+                       call_([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(a...); }) {}
+  R operator()(A... a) const { return call_(obj_, a...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, A...);
+};
 
 class ThreadPool {
  public:
@@ -22,7 +40,11 @@ class ThreadPool {
 
   int size() const { return int(workers_.size()) + 1; }
   // Calls fn(begin, end) on contiguous chunks covering [0, n); the caller thread takes part.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  void parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn);
+  // Calls fn(i) for every i in [0, n), items handed out one at a time to whichever thread is
+  // free (uneven items, e.g. experts with different token counts, stay balanced). Each item
+  // must write its own outputs, so the results do not depend on who ran it.
+  void parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn);
 
  private:
   void worker_loop(int index);
@@ -30,7 +52,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  const FunctionRef<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<int> pending_{0};

@@ -64,25 +64,49 @@ Engine::~Engine() {
   }
 }
 
-void Engine::submit(std::function<void()> job) {
+void Engine::submit(int buffer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
+    jobs_[buffer].done = false;
+    jobs_[buffer].error = nullptr;
+    queue_[(queue_head_ + queue_size_) % 2] = buffer;
+    ++queue_size_;
   }
-  cv_.notify_one();
+  cv_.notify_all();
+}
+
+CaptureSlot* Engine::wait_for(int buffer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return jobs_[buffer].done; });
+  if (jobs_[buffer].error) std::rethrow_exception(jobs_[buffer].error);
+  return jobs_[buffer].slot;
 }
 
 void Engine::worker_loop() {
   for (;;) {
-    std::function<void()> job;
+    int buffer;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      cv_.wait(lock, [this] { return stop_ || queue_size_ > 0; });
+      if (queue_size_ == 0) return;
+      buffer = queue_[queue_head_];
+      queue_head_ = (queue_head_ + 1) % 2;
+      --queue_size_;
     }
-    job();
+    CaptureSlot* slot = nullptr;
+    std::exception_ptr error;
+    try {
+      slot = run_forward(buffer);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_[buffer].slot = slot;
+      jobs_[buffer].error = error;
+      jobs_[buffer].done = true;
+    }
+    cv_.notify_all();
   }
 }
 
@@ -131,9 +155,10 @@ bool Engine::abort(uint64_t id) {
 
 bool Engine::has_unfinished() const { return !requests_.empty(); }
 
-std::pair<StepResult, CaptureSlot*> Engine::run_forward(const StepPlan& plan) {
-  CaptureSlot* slot = capturer_ ? capturer_->acquire(plan.iter) : nullptr;
-  return {runner_->forward(plan, slot), slot};
+CaptureSlot* Engine::run_forward(int buffer) {
+  CaptureSlot* slot = capturer_ ? capturer_->acquire(plans_[buffer].iter) : nullptr;
+  runner_->forward(plans_[buffer], slot, results_[buffer]);
+  return slot;
 }
 
 RequestOutput Engine::make_output(const Request& r) {
@@ -188,8 +213,9 @@ void Engine::publish_full_blocks(Request* r, int computed) {
   }
 }
 
-std::vector<RequestOutput> Engine::process(const StepPlan& plan, const StepResult& res, CaptureSlot* slot) {
-  std::vector<RequestOutput> out;
+void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& out) {
+  const StepPlan& plan = plans_[buffer];
+  const StepResult& res = results_[buffer];
   if (slot) {
     routes_->commit(plan, *slot);
     capturer_->release(slot);
@@ -221,7 +247,6 @@ std::vector<RequestOutput> Engine::process(const StepPlan& plan, const StepResul
     else
       out.push_back(make_output(*r));
   }
-  return out;
 }
 
 std::vector<RequestOutput> Engine::step() {
@@ -232,52 +257,33 @@ std::vector<RequestOutput> Engine::step() {
     if (it != requests_.end()) finish(it->second.get(), "abort", out);
   }
   aborted_.clear();
-  StepPlan plan = scheduler_->schedule(next_iter_, weight_version_);
-  const bool has_plan = !plan.tokens.empty();
+  // The plan goes into the buffer the step in flight (if any) is not using.
+  const int buffer = in_flight_ == 0 ? 1 : 0;
+  scheduler_->schedule(plans_[buffer], next_iter_, weight_version_);
+  const bool has_plan = !plans_[buffer].tokens.empty();
   if (has_plan) ++next_iter_;
+  out.reserve(out.size() + plans_[buffer].seqs.size() + (in_flight_ >= 0 ? plans_[in_flight_].seqs.size() : 0));
   if (!cfg_.overlap_scheduler) {
-    if (!has_plan) return out;
-    auto [res, slot] = run_forward(plan);
-    auto o = process(plan, res, slot);
-    out.insert(out.end(), o.begin(), o.end());
+    if (has_plan) process(buffer, run_forward(buffer), out);
     return out;
   }
-  // Overlap: launch this step behind the one in flight, then process the one in flight while
+  // Overlap: queue this step behind the one in flight, then process the one in flight while
   // this one computes.
-  std::optional<InFlight> launched;
-  if (has_plan) {
-    InFlight f;
-    f.plan = std::make_unique<StepPlan>(std::move(plan));
-    auto promise = std::make_shared<std::promise<std::pair<StepResult, CaptureSlot*>>>();
-    f.result = promise->get_future();
-    const StepPlan* p = f.plan.get();
-    submit([this, p, promise] {
-      try {
-        promise->set_value(run_forward(*p));
-      } catch (...) {
-        promise->set_exception(std::current_exception());
-      }
-    });
-    launched = std::move(f);
+  if (has_plan) submit(buffer);
+  if (in_flight_ >= 0) {
+    const int prev = in_flight_;
+    in_flight_ = -1;
+    process(prev, wait_for(prev), out);
   }
-  if (in_flight_) {
-    InFlight prev = std::move(*in_flight_);
-    in_flight_.reset();
-    auto r = prev.result.get();
-    auto o = process(*prev.plan, r.first, r.second);
-    out.insert(out.end(), o.begin(), o.end());
-  }
-  in_flight_ = std::move(launched);
+  if (has_plan) in_flight_ = buffer;
   return out;
 }
 
 void Engine::drain() {
-  if (!in_flight_) return;
-  InFlight prev = std::move(*in_flight_);
-  in_flight_.reset();
-  auto r = prev.result.get();
-  auto o = process(*prev.plan, r.first, r.second);
-  drained_.insert(drained_.end(), o.begin(), o.end());
+  if (in_flight_ < 0) return;
+  const int prev = in_flight_;
+  in_flight_ = -1;
+  process(prev, wait_for(prev), drained_);
 }
 
 std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>& prompts,
@@ -290,7 +296,7 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
   while (done.size() < ids.size()) {
     for (auto& o : step())
       if (o.finished) done[o.request_id] = std::move(o);
-    if (!has_unfinished() && !in_flight_ && done.size() < ids.size()) break;
+    if (!has_unfinished() && in_flight_ < 0 && done.size() < ids.size()) break;
   }
   std::vector<RequestOutput> out;
   for (uint64_t id : ids) out.push_back(std::move(done.at(id)));

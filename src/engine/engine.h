@@ -97,17 +97,21 @@ class Engine {
   EngineStats stats() const;
 
  private:
-  struct InFlight {
-    std::unique_ptr<StepPlan> plan;  // stable address: the worker reads it
-    std::future<std::pair<StepResult, CaptureSlot*>> result;
+  // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
+  // in flight and the one being planned) that are reused, so a step allocates nothing.
+  struct Job {
+    bool done = false;
+    CaptureSlot* slot = nullptr;
+    std::exception_ptr error;
   };
-  std::pair<StepResult, CaptureSlot*> run_forward(const StepPlan& plan);
-  std::vector<RequestOutput> process(const StepPlan& plan, const StepResult& res, CaptureSlot* slot);
+  CaptureSlot* run_forward(int buffer);
+  void submit(int buffer);
+  CaptureSlot* wait_for(int buffer);
+  void process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& out);
   void drain();
   void finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out);
   RequestOutput make_output(const Request& r);
   void publish_full_blocks(Request* r, int computed);
-  void submit(std::function<void()> job);
   void worker_loop();
 
   EngineConfig cfg_;
@@ -120,7 +124,10 @@ class Engine {
   std::unique_ptr<RouteManager> routes_;
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<uint64_t> aborted_;
-  std::optional<InFlight> in_flight_;
+  StepPlan plans_[2];
+  StepResult results_[2];
+  Job jobs_[2];
+  int in_flight_ = -1;                  // buffer of the step computing on the worker, or -1
   std::vector<RequestOutput> drained_;  // outputs of a step drained outside step()
   std::vector<int> block_tokens_;
   uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
@@ -130,7 +137,8 @@ class Engine {
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
+  int queue_[2] = {0, 0};
+  int queue_head_ = 0, queue_size_ = 0;
   bool stop_ = false;
 };
 

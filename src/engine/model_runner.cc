@@ -116,7 +116,7 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
         std::fill(o, o + hd, 0.f);
         continue;
       }
-      const kernels::PagedHead kv{k_layer, v_layer, plan.seqs[size_t(tok.seq)].block_table.data(), block_size_,
+      const kernels::PagedHead kv{k_layer, v_layer, plan.block_table(plan.seqs[size_t(tok.seq)]), block_size_,
                                   int64_t(kv_dim_), int64_t(head / group) * hd};
       kernels::attend(q + size_t(t) * qd + size_t(head) * hd, hd, tok.position, scale, kv, scores.data(), o);
     }
@@ -142,9 +142,7 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
   for (int g = 0; g < groups; ++g)
     if (offsets[size_t(g + 1)] > offsets[size_t(g)])
       for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
-  pool->parallel_for(int64_t(items.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) fn(items[size_t(i)]);
-  });
+  pool->parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
 }
 
 }  // namespace
@@ -238,7 +236,7 @@ void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
   weight_bytes_ += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
 }
 
-StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
+void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
   const ModelConfig& c = config();
   const ModelWeights& W = ckpt_->weights();
   const int T = int(plan.tokens.size());
@@ -254,10 +252,9 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
     int id = tok.token;
     if (id < 0) {
       const PlannedSeq& s = plan.seqs[size_t(tok.seq)];
-      auto it = last_samples_.find(s.request_id);
-      if (it == last_samples_.end() || it->second.first != s.epoch)
-        throw Error("overlap scheduling: no sampled token for request " + std::to_string(s.request_id));
-      id = it->second.second;
+      for (const LastSample& ls : last_samples_)
+        if (ls.request_id == s.request_id && ls.epoch == s.epoch) id = ls.token;
+      if (id < 0) throw Error("overlap scheduling: no sampled token for request " + std::to_string(s.request_id));
     }
     const TensorView& e = W.embed;
     for (int d = 0; d < H; ++d) x_[size_t(t) * H + d] = e.at(int64_t(id) * H + d);
@@ -311,16 +308,16 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
   }
 
   // Final norm and lm_head on the sampled rows only.
-  StepResult result;
   result.iter = plan.iter;
   result.seqs.resize(plan.seqs.size());
   int S = 0;
-  thread_local std::vector<int> sampled_seq;
+  std::vector<int>& sampled_seq = sampled_seq_;
   sampled_seq.clear();
   for (size_t s = 0; s < plan.seqs.size(); ++s) {
     const PlannedSeq& ps = plan.seqs[s];
     result.seqs[s].request_id = ps.request_id;
     result.seqs[s].epoch = ps.epoch;
+    result.seqs[s].sampled = false;
     if (!ps.sample) continue;
     const int t = ps.first_token + ps.num_tokens - 1;
     if (S >= max_seqs_) throw Error("step samples more sequences than max_num_seqs");
@@ -337,13 +334,12 @@ StepResult ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot) {
   for (int i = 0; i < S; ++i) {
     const int s = sampled_seq[size_t(i)];
     const PlannedSeq& ps = plan.seqs[size_t(s)];
-    Sample smp = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.params,
+    Sample smp = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.sampler,
                               ps.start_pos + ps.num_tokens, sample_scratch_, sample_order_);
     result.seqs[size_t(s)].sampled = true;
     result.seqs[size_t(s)].sample = smp;
-    last_samples_[ps.request_id] = {ps.epoch, smp.token};
+    last_samples_.push_back({ps.request_id, ps.epoch, smp.token});
   }
-  return result;
 }
 
 }  // namespace r3

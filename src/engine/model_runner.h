@@ -25,8 +25,9 @@ class ModelRunner {
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
-  // Runs a step. slot may be null (engine started without route capture).
-  StepResult forward(const StepPlan& plan, CaptureSlot* slot);
+  // Runs a step into `result` (its capacity is reused). slot may be null (engine started
+  // without route capture).
+  void forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result);
   void set_weights(std::shared_ptr<Checkpoint> ckpt);
   void set_eplb(EplbMap map) { eplb_ = std::move(map); }
   const EplbMap& eplb() const { return eplb_; }
@@ -53,7 +54,11 @@ class ModelRunner {
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
   // Overlap scheduling: the previous step's samples, for tokens planned before they were known.
-  std::unordered_map<uint64_t, std::pair<uint64_t, int>> last_samples_;
+  struct LastSample {
+    uint64_t request_id, epoch;
+    int token;
+  };
+  std::vector<LastSample> last_samples_;  // at most max_num_seqs entries
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gathered_, gate_, up_, act_, expert_out_, route_w_;
@@ -61,7 +66,7 @@ class ModelRunner {
   std::vector<int16_t> route_ids_;
   std::vector<int> group_offsets_, group_tokens_, slot_of_;
   std::vector<float> sample_scratch_;
-  std::vector<int> sample_order_;
+  std::vector<int> sample_order_, sampled_seq_;
 };
 
 }  // namespace r3

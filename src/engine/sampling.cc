@@ -21,7 +21,7 @@ void SamplingParams::validate(int vocab_size) const {
   if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
 }
 
-Sample sample_token(const float* logits, int V, const SamplingParams& p, int position,
+Sample sample_token(const float* logits, int V, const SamplerParams& p, int position,
                     std::vector<float>& scratch, std::vector<int>& order) {
   // log-softmax of the raw logits, for the reported logprob.
   float m = logits[0];

@@ -8,6 +8,15 @@
 
 namespace r3 {
 
+// What the sampler reads: copied into each step plan (no heap memory, so planning a step
+// allocates nothing).
+struct SamplerParams {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+};
+
 struct SamplingParams {
   int max_tokens = 16;
   float temperature = 1.0f;  // 0 = greedy
@@ -22,6 +31,7 @@ struct SamplingParams {
 
   // Throws r3::Error naming the bad parameter.
   void validate(int vocab_size) const;
+  operator SamplerParams() const { return {temperature, top_p, top_k, seed}; }
 };
 
 struct Sample {
@@ -30,7 +40,7 @@ struct Sample {
 };
 
 // logits: [V]. scratch: at least V floats + V ints of working memory held by the caller.
-Sample sample_token(const float* logits, int V, const SamplingParams& p, int position,
+Sample sample_token(const float* logits, int V, const SamplerParams& p, int position,
                     std::vector<float>& scratch, std::vector<int>& order);
 
 }  // namespace r3

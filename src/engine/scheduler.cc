@@ -81,12 +81,15 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   s.first_token = int(plan.tokens.size());
   s.num_tokens = n;
   s.start_pos = r->num_computed;
-  s.block_table = r->blocks;
-  s.params = r->params;
+  s.table_offset = int(plan.block_tables.size());
+  s.table_len = int(r->blocks.size());
+  plan.block_tables.insert(plan.block_tables.end(), r->blocks.begin(), r->blocks.end());
+  s.sampler = r->params;
   s.wants_routes = r->params.return_routed_experts;
   if (!r->first_step_done) {
     s.prefix_hit_tokens = r->prefix_hit_tokens;
-    s.hit_block_generations = r->hit_generations;
+    s.hit_offset = int(plan.hit_generations.size());
+    plan.hit_generations.insert(plan.hit_generations.end(), r->hit_generations.begin(), r->hit_generations.end());
     r->first_step_done = true;
   }
   const int known = r->num_tokens();
@@ -110,17 +113,18 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     ++stats_.chunked_prefills;
   }
   plan.any_routes |= s.wants_routes;
-  plan.seqs.push_back(std::move(s));
+  plan.seqs.push_back(s);
 }
 
-StepPlan Scheduler::schedule(uint64_t iter, uint64_t weight_version) {
-  StepPlan plan;
+void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version) {
+  plan.clear();
   plan.iter = iter;
   plan.weight_version = weight_version;
   int budget = cfg_.max_num_batched_tokens;
 
   // Running requests: decodes first, then prefills; each group in arrival order.
-  std::vector<Request*> order = running_;
+  order_ = running_;
+  std::vector<Request*>& order = order_;
   std::stable_sort(order.begin(), order.end(), [](Request* a, Request* b) {
     if (a->is_decode() != b->is_decode()) return a->is_decode();
     return a->arrival < b->arrival;
@@ -185,7 +189,6 @@ StepPlan Scheduler::schedule(uint64_t iter, uint64_t weight_version) {
     stats_.padded_tokens += uint64_t(plan.num_padding);
   }
   if (!plan.tokens.empty()) ++stats_.steps;
-  return plan;
 }
 
 }  // namespace r3

@@ -36,8 +36,9 @@ class Scheduler {
   void add(Request* r);
   // Drops a request from the queues and releases its blocks.
   void remove(Request* r);
-  // Plans the next step; an empty plan (no tokens) when there is nothing to run.
-  StepPlan schedule(uint64_t iter, uint64_t weight_version);
+  // Plans the next step into `plan` (cleared first; its capacity is reused); no tokens when
+  // there is nothing to run.
+  void schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version);
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   const SchedulerStats& stats() const { return stats_; }
   const SchedulerConfig& config() const { return cfg_; }
@@ -58,6 +59,7 @@ class Scheduler {
   int scratch_block_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;
+  std::vector<Request*> order_;  // scratch of schedule()
   SchedulerStats stats_;
 };
 

@@ -15,14 +15,15 @@ struct PlannedSeq {
   int first_token = 0;       // index of its first token in StepPlan::tokens
   int num_tokens = 0;
   int start_pos = 0;         // absolute position of its first token
-  std::vector<int> block_table;  // blocks covering positions [0, start_pos + num_tokens)
+  int table_offset = 0;      // its block table: StepPlan::block_tables[table_offset ...], covering
+  int table_len = 0;         //   positions [0, start_pos + num_tokens)
   bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
-  SamplingParams params;     // copied: sampling must not read live request state
+  SamplerParams sampler;     // copied: sampling must not read live request state
   bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step
   // Routes.
   bool wants_routes = false;
-  int prefix_hit_tokens = 0;                 // rows [0, hit) copied from the SharedRouteCache
-  std::vector<uint64_t> hit_block_generations;  // generation of each hit block when planned
+  int prefix_hit_tokens = 0;  // rows [0, hit) copied from the SharedRouteCache
+  int hit_offset = 0;         // StepPlan::hit_generations[hit_offset + i]: generation of hit block i
 };
 
 struct PlannedToken {
@@ -34,13 +35,27 @@ struct PlannedToken {
   int slot = 0;              // offset in the block
 };
 
+// Flat vectors only: a plan object is reused step after step without allocating.
 struct StepPlan {
   uint64_t iter = 0;
   uint64_t weight_version = 0;
   std::vector<PlannedSeq> seqs;
   std::vector<PlannedToken> tokens;
+  std::vector<int> block_tables;          // every sequence's block table, back to back
+  std::vector<uint64_t> hit_generations;  // generations of prefix-hit blocks, back to back
   int num_padding = 0;
   bool any_routes = false;
+
+  const int* block_table(const PlannedSeq& s) const { return block_tables.data() + s.table_offset; }
+  uint64_t hit_generation(const PlannedSeq& s, int block) const { return hit_generations[size_t(s.hit_offset + block)]; }
+  void clear() {
+    seqs.clear();
+    tokens.clear();
+    block_tables.clear();
+    hit_generations.clear();
+    num_padding = 0;
+    any_routes = false;
+  }
 };
 
 struct SeqResult {

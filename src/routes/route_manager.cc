@@ -29,7 +29,8 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
   next_iter_ = plan.iter + 1;
   ++stats_.commits;
   const size_t rs = size_t(row_size());
-  std::vector<Store*> seq_store(plan.seqs.size(), nullptr);
+  std::vector<Store*>& seq_store = seq_store_;
+  seq_store.assign(plan.seqs.size(), nullptr);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const PlannedSeq& s = plan.seqs[i];
     auto it = stores_.find(s.request_id);
@@ -40,9 +41,9 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
     // generation the block had when the request took it.
     for (int pos = 0; pos < s.prefix_hit_tokens; ++pos) {
       const int bi = pos / block_size_;
-      const size_t c = size_t(s.block_table[size_t(bi)]) * size_t(block_size_) + size_t(pos % block_size_);
+      const size_t c = size_t(plan.block_table(s)[bi]) * size_t(block_size_) + size_t(pos % block_size_);
       if (size_t(pos) >= st->written.size()) break;
-      if (stamps_[c] != 0 && stamps_[c] == s.hit_block_generations[size_t(bi)]) {
+      if (stamps_[c] != 0 && stamps_[c] == plan.hit_generation(s, bi)) {
         std::memcpy(st->rows.data() + size_t(pos) * rs, cache_.data() + c * rs, rs * sizeof(int16_t));
         st->written[size_t(pos)] = 1;
         ++stats_.prefix_rows_copied;

@@ -53,6 +53,7 @@ class RouteManager {
   std::unordered_map<uint64_t, Store> stores_;
   std::vector<int16_t> cache_;      // [num_blocks * block_size, L, K]
   std::vector<uint64_t> stamps_;    // generation each cache row was written under (0 = never)
+  std::vector<Store*> seq_store_;  // scratch of commit()
   uint64_t next_iter_ = 0;
   bool started_ = false;
   RouteStats stats_;
