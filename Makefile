@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: setup configure build test demo bench format clean
+.PHONY: setup configure build test unit pytest e2e demo bench format clean
 
 setup:
 	@scripts/setup.sh
@@ -15,8 +15,18 @@ configure: $(BUILD)/build.ninja
 build: setup configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# Everything: GoogleTest, the Python module's pytest suite, and the official openai npm client
+# against `r3 serve`.
+test: unit pytest e2e
+
+unit: build
 	$(BUILD)/r3_tests --gtest_brief=1
+
+pytest: build
+	R3_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q tests/python
+
+e2e: build
+	scripts/e2e_openai.sh $(BUILD)
 
 demo: build
 	scripts/demo.sh $(BUILD)

@@ -3,11 +3,14 @@
 # everything is already there.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
-      libbenchmark-dev pybind11-dev python3-dev python3-numpy python3-pytest)
+      libbenchmark-dev pybind11-dev python3-dev python3-numpy python3-pytest pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The e2e test drives `r3 serve` with the openai npm package: any node/npm will do (the machine
+# may carry NodeSource's nodejs, which bundles npm and conflicts with Debian's npm package).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "setup: installing ${missing[*]}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -5,6 +5,7 @@ namespace r3::cli {
 
 int cmd_make_model(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_align(int argc, char** argv);
 

@@ -18,6 +18,7 @@ struct Verb {
 const Verb kVerbs[] = {
     {"make-model", r3::cli::cmd_make_model, "write a seeded random MoE checkpoint (HF layout)"},
     {"generate", r3::cli::cmd_generate, "generate from a JSONL file of prompts, with routes"},
+    {"serve", r3::cli::cmd_serve, "HTTP server: OpenAI-style /v1/completions, SGLang-style /generate"},
     {"bench", r3::cli::cmd_bench, "benchmark suite: tokens/s, bandwidth and FLOP/s, routes on vs off"},
     {"align", r3::cli::cmd_align, "multi-turn rollouts -> staging -> replay: train/inference mismatch"},
 };

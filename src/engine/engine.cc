@@ -138,6 +138,12 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
   r->arrival = arrival_++;
   r->prompt = std::move(prompt);
   r->params = std::move(params);
+  // Reserve what the request can grow to, so its steps do not reallocate.
+  r->output.reserve(size_t(r->params.max_tokens));
+  r->logprobs.reserve(size_t(r->params.max_tokens));
+  r->versions.reserve(size_t(r->params.max_tokens));
+  r->blocks.reserve(size_t(blocks));
+  r->block_hashes.reserve(size_t(blocks));
   if (r->params.return_routed_experts) routes_->open(r->id, int(total));
   prompt_tokens_ += r->prompt.size();
   scheduler_->add(r.get());
@@ -343,6 +349,7 @@ EngineStats Engine::stats() const {
   s.waiting = scheduler_->num_waiting();
   s.free_blocks = kv_->num_free();
   s.num_blocks = kv_->num_blocks();
+  s.published_blocks = kv_->publishes();
   s.expert_load = runner_->expert_load();
   s.physical_expert_load = runner_->physical_expert_load();
   s.moe_layers = model_config().moe_layers();

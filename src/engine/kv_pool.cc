@@ -10,7 +10,11 @@ namespace r3 {
 KvPool::KvPool(int num_blocks, int block_size)
     : num_blocks_(num_blocks), block_size_(block_size), blocks_(size_t(num_blocks)) {
   if (num_blocks <= 0 || block_size <= 0) throw Error("KV pool needs positive num_blocks and block_size");
-  for (int b = 0; b < num_blocks; ++b) push_tail(b);
+  for (int b = 0; b < num_blocks; ++b) {
+    push_tail(b);
+    blocks_[size_t(b)].tokens.reserve(size_t(block_size));
+  }
+  by_hash_.reserve(size_t(num_blocks));
 }
 
 void KvPool::unlink(int b) {
@@ -77,6 +81,7 @@ void KvPool::publish(int b, uint64_t hash, const int* tokens) {
   k.hash = hash;
   k.tokens.assign(tokens, tokens + block_size_);
   by_hash_[hash] = b;
+  ++publishes_;
 }
 
 std::vector<int> KvPool::lookup_prefix(const std::vector<int>& tokens) const {

@@ -42,6 +42,7 @@ class KvPool {
 
   // Counters for stats and tests.
   uint64_t hashed_blocks() const { return by_hash_.size(); }
+  uint64_t publishes() const { return publishes_; }
 
  private:
   struct Block {
@@ -60,7 +61,8 @@ class KvPool {
   int num_blocks_, block_size_;
   std::vector<Block> blocks_;
   int head_ = -1, tail_ = -1, num_free_ = 0;
-  std::unordered_map<uint64_t, int> by_hash_;
+  std::unordered_map<uint64_t, int> by_hash_;  // one heap node per published block
+  uint64_t publishes_ = 0;
 };
 
 }  // namespace r3

@@ -157,8 +157,8 @@ void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* poo
   }
   // Blocks of 16 rows keep writes of different threads off the same cache line.
   const int blocks = (O + 15) / 16;
-  pool->parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    matmul_rows(x, W, y, O, int(b0 * 16), std::min(O, int(b1 * 16)));
+  pool->parallel_for_each(blocks, [&](int64_t b) {
+    matmul_rows(x, W, y, O, int(b * 16), std::min(O, int(b * 16 + 16)));
   });
 }
 

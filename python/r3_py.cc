@@ -1,0 +1,297 @@
+// The Python module `r3`: a vLLM-like offline API over one Engine.
+//
+//   import r3
+//   llm = r3.LLM(model="DIR", enable_return_routed_experts=True, max_num_seqs=32, ...)
+//   outs = llm.generate([{"prompt_token_ids": [1, 2, 3]}], r3.SamplingParams(max_tokens=8, seed=1))
+//   outs[0].outputs[0].token_ids        # list[int]
+//   outs[0].outputs[0].logprobs         # list[float], the sampled tokens' logprobs
+//   outs[0].outputs[0].routed_experts   # numpy int16 [S-1, L_moe, K] (rows from routed_experts_start)
+//   llm.update_weights("DIR2")          # refit; llm.weight_version increases
+//
+// The GIL is released while the engine runs; one LLM serialises its callers (the engine is
+// single-threaded). Engine errors raise r3.Error (a ValueError).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using r3::EngineConfig;
+using r3::RequestOutput;
+
+// SamplingParams with return_routed_experts left open (None = as the LLM was started).
+struct PySamplingParams {
+  r3::SamplingParams p;
+  std::optional<bool> return_routed_experts;
+};
+
+struct CompletionOutput {
+  int index = 0;
+  std::string text;  // always "": r3 has no tokenizer
+  std::vector<int> token_ids;
+  std::vector<float> logprobs;
+  double cumulative_logprob = 0.0;
+  std::string finish_reason;
+  std::vector<uint64_t> weight_versions;
+  py::object routed_experts = py::none();  // numpy int16 [rows, L_moe, K] or None
+  int routed_experts_start = 0;
+  std::vector<int> moe_layers;
+};
+
+struct PyRequestOutput {
+  std::string request_id;
+  std::vector<int> prompt_token_ids;
+  std::vector<CompletionOutput> outputs;
+  bool finished = true;
+  int num_cached_tokens = 0;
+  py::object routed_experts() const { return outputs.empty() ? py::none() : outputs[0].routed_experts; }
+};
+
+py::object routes_to_numpy(const r3::RouteArray& r) {
+  py::array_t<int16_t> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
+  if (!r.data.empty()) std::memcpy(a.mutable_data(), r.data.data(), r.data.size() * sizeof(int16_t));
+  return std::move(a);
+}
+
+std::vector<int> prompt_of(const py::handle& item) {
+  if (py::isinstance<py::str>(item)) throw r3::Error("r3 has no tokenizer; pass {\"prompt_token_ids\": [...]}");
+  if (py::isinstance<py::dict>(item)) {
+    py::dict d = py::reinterpret_borrow<py::dict>(item);
+    if (!d.contains("prompt_token_ids"))
+      throw r3::Error(d.contains("prompt") ? "r3 has no tokenizer; pass \"prompt_token_ids\""
+                                           : "a prompt dict needs \"prompt_token_ids\"");
+    return d["prompt_token_ids"].cast<std::vector<int>>();
+  }
+  return item.cast<std::vector<int>>();  // a plain list of ids
+}
+
+class LLM {
+ public:
+  explicit LLM(const std::string& model, bool enable_routes, const py::kwargs& kw) {
+    EngineConfig c;
+    c.model = model;
+    c.enable_return_routed_experts = enable_routes;
+    for (auto [k, v] : kw) {
+      const std::string key = k.cast<std::string>();
+      if (key == "block_size") c.block_size = v.cast<int>();
+      else if (key == "num_kv_blocks") c.num_kv_blocks = v.cast<int>();
+      else if (key == "kv_cache_mb") c.kv_cache_mb = v.cast<int>();
+      else if (key == "max_num_seqs") c.max_num_seqs = v.cast<int>();
+      else if (key == "max_num_batched_tokens") c.max_num_batched_tokens = v.cast<int>();
+      else if (key == "enable_prefix_caching") c.enable_prefix_caching = v.cast<bool>();
+      else if (key == "overlap_scheduler") c.overlap_scheduler = v.cast<bool>();
+      else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
+      else if (key == "threads") c.threads = v.cast<int>();
+      else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
+      else throw py::type_error("LLM() got an unknown engine argument '" + key + "'");
+    }
+    py::gil_scoped_release nogil;
+    engine_ = std::make_unique<r3::Engine>(c);
+  }
+
+  std::vector<PyRequestOutput> generate(const py::object& prompts, const py::object& params) {
+    // Prompts: one dict / id list, or a list of them.
+    std::vector<std::vector<int>> ps;
+    if (py::isinstance<py::dict>(prompts) || py::isinstance<py::str>(prompts)) {
+      ps.push_back(prompt_of(prompts));
+    } else {
+      py::list l = py::list(prompts);
+      if (l.size() > 0 && !py::isinstance<py::dict>(l[0]) && !py::isinstance<py::str>(l[0]) &&
+          !py::isinstance<py::list>(l[0]) && !py::isinstance<py::tuple>(l[0]))
+        ps.push_back(prompt_of(prompts));  // a single list of ids
+      else
+        for (auto item : l) ps.push_back(prompt_of(item));
+    }
+    std::vector<r3::SamplingParams> sp;
+    auto resolve = [&](const PySamplingParams& s) {
+      r3::SamplingParams p = s.p;
+      p.return_routed_experts = s.return_routed_experts.value_or(engine_->config().enable_return_routed_experts);
+      return p;
+    };
+    if (params.is_none()) {
+      sp.push_back(resolve(PySamplingParams{}));
+    } else if (py::isinstance<PySamplingParams>(params)) {
+      sp.push_back(resolve(params.cast<PySamplingParams>()));
+    } else {
+      for (auto item : py::list(params)) sp.push_back(resolve(item.cast<PySamplingParams>()));
+      if (sp.size() != ps.size()) throw r3::Error("give one SamplingParams or one per prompt");
+    }
+    std::vector<RequestOutput> outs;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lk(mu_);
+      outs = engine_->generate(ps, sp);
+    }
+    std::vector<PyRequestOutput> res;
+    for (auto& o : outs) {
+      if (!o.routes_error.empty())
+        throw r3::Error("request " + std::to_string(o.request_id) + ": routes are incomplete (" + o.routes_error + ")");
+      PyRequestOutput r;
+      r.request_id = std::to_string(o.request_id);
+      r.prompt_token_ids = std::move(o.prompt_token_ids);
+      r.num_cached_tokens = o.num_cached_tokens;
+      CompletionOutput c;
+      c.token_ids = std::move(o.token_ids);
+      c.logprobs = std::move(o.logprobs);
+      for (float f : c.logprobs) c.cumulative_logprob += double(f);
+      c.finish_reason = o.finish_reason;
+      c.weight_versions = std::move(o.weight_versions);
+      if (o.routed_experts) {
+        c.routed_experts = routes_to_numpy(*o.routed_experts);
+        c.routed_experts_start = o.routed_experts->start;
+        c.moe_layers = o.routed_experts->moe_layers;
+      }
+      r.outputs.push_back(std::move(c));
+      res.push_back(std::move(r));
+    }
+    return res;
+  }
+
+  void update_weights(const std::string& path, bool flush_cache) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(mu_);
+    engine_->update_weights(path, flush_cache);
+  }
+
+  uint64_t weight_version() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return engine_->weight_version();
+  }
+
+  py::dict stats() {
+    r3::EngineStats s;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      s = engine_->stats();
+    }
+    py::dict d;
+    d["steps"] = s.steps;
+    d["prompt_tokens"] = s.prompt_tokens;
+    d["generated_tokens"] = s.generated_tokens;
+    d["computed_tokens"] = s.computed_tokens;
+    d["preemptions"] = s.preemptions;
+    d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+    d["prefix_queried_tokens"] = s.prefix_queried_tokens;
+    d["route_bytes_returned"] = s.route_bytes_returned;
+    d["capture_waits"] = s.capture_waits;
+    d["routed_experts_gaps"] = s.routed_experts_gaps;
+    d["requests_finished"] = s.requests_finished;
+    d["requests_aborted"] = s.requests_aborted;
+    d["weight_version"] = s.weight_version;
+    d["free_blocks"] = s.free_blocks;
+    d["num_blocks"] = s.num_blocks;
+    d["expert_load"] = s.expert_load;
+    d["moe_layers"] = s.moe_layers;
+    return d;
+  }
+
+  py::dict model_config() {
+    const r3::ModelConfig& m = engine_->model_config();
+    py::dict d;
+    d["vocab_size"] = m.vocab_size;
+    d["num_layers"] = m.num_layers;
+    d["num_experts"] = m.num_experts;
+    d["top_k"] = m.top_k;
+    d["max_position_embeddings"] = m.max_position_embeddings;
+    d["moe_layers"] = m.moe_layers();
+    d["eos_token_id"] = m.eos_token_id;
+    return d;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<r3::Engine> engine_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(r3, m) {
+  m.doc() = "r3: MoE inference with Rollout Routing Replay (routes of every token, per MoE layer)";
+  py::register_exception<r3::Error>(m, "Error", PyExc_ValueError);
+
+  py::class_<PySamplingParams>(m, "SamplingParams")
+      .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, std::optional<uint64_t> seed,
+                       std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
+                       int routed_experts_start) {
+             PySamplingParams s;
+             s.p.max_tokens = max_tokens;
+             s.p.temperature = temperature;
+             s.p.top_p = top_p;
+             s.p.top_k = top_k;
+             s.p.seed = seed.value_or(0);
+             s.p.stop_token_ids = std::move(stop_token_ids);
+             s.p.ignore_eos = ignore_eos;
+             s.p.logprobs = true;
+             s.p.routed_experts_start = routed_experts_start;
+             s.return_routed_experts = return_routed_experts;
+             return s;
+           }),
+           py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f,
+           py::arg("top_k") = 0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int>{},
+           py::arg("ignore_eos") = false, py::arg("return_routed_experts") = py::none(),
+           py::arg("routed_experts_start") = 0)
+      .def_property("max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },
+                    [](PySamplingParams& s, int v) { s.p.max_tokens = v; })
+      .def_property("temperature", [](const PySamplingParams& s) { return s.p.temperature; },
+                    [](PySamplingParams& s, float v) { s.p.temperature = v; })
+      .def_property("top_p", [](const PySamplingParams& s) { return s.p.top_p; },
+                    [](PySamplingParams& s, float v) { s.p.top_p = v; })
+      .def_property("top_k", [](const PySamplingParams& s) { return s.p.top_k; },
+                    [](PySamplingParams& s, int v) { s.p.top_k = v; })
+      .def_property("seed", [](const PySamplingParams& s) { return s.p.seed; },
+                    [](PySamplingParams& s, uint64_t v) { s.p.seed = v; })
+      .def_property("stop_token_ids", [](const PySamplingParams& s) { return s.p.stop_token_ids; },
+                    [](PySamplingParams& s, std::vector<int> v) { s.p.stop_token_ids = std::move(v); })
+      .def_property("ignore_eos", [](const PySamplingParams& s) { return s.p.ignore_eos; },
+                    [](PySamplingParams& s, bool v) { s.p.ignore_eos = v; })
+      .def_readwrite("return_routed_experts", &PySamplingParams::return_routed_experts)
+      .def_property("routed_experts_start", [](const PySamplingParams& s) { return s.p.routed_experts_start; },
+                    [](PySamplingParams& s, int v) { s.p.routed_experts_start = v; })
+      .def("__repr__", [](const PySamplingParams& s) {
+        return "SamplingParams(max_tokens=" + std::to_string(s.p.max_tokens) +
+               ", temperature=" + std::to_string(s.p.temperature) + ", top_p=" + std::to_string(s.p.top_p) +
+               ", top_k=" + std::to_string(s.p.top_k) + ", seed=" + std::to_string(s.p.seed) + ")";
+      });
+
+  py::class_<CompletionOutput>(m, "CompletionOutput")
+      .def_readonly("index", &CompletionOutput::index)
+      .def_readonly("text", &CompletionOutput::text)
+      .def_readonly("token_ids", &CompletionOutput::token_ids)
+      .def_readonly("logprobs", &CompletionOutput::logprobs)
+      .def_readonly("cumulative_logprob", &CompletionOutput::cumulative_logprob)
+      .def_readonly("finish_reason", &CompletionOutput::finish_reason)
+      .def_readonly("weight_versions", &CompletionOutput::weight_versions)
+      .def_readonly("routed_experts", &CompletionOutput::routed_experts)
+      .def_readonly("routed_experts_start", &CompletionOutput::routed_experts_start)
+      .def_readonly("moe_layers", &CompletionOutput::moe_layers);
+
+  py::class_<PyRequestOutput>(m, "RequestOutput")
+      .def_readonly("request_id", &PyRequestOutput::request_id)
+      .def_readonly("prompt_token_ids", &PyRequestOutput::prompt_token_ids)
+      .def_readonly("outputs", &PyRequestOutput::outputs)
+      .def_readonly("finished", &PyRequestOutput::finished)
+      .def_readonly("num_cached_tokens", &PyRequestOutput::num_cached_tokens)
+      .def_property_readonly("routed_experts", &PyRequestOutput::routed_experts);
+
+  py::class_<LLM>(m, "LLM")
+      .def(py::init<const std::string&, bool, const py::kwargs&>(), py::arg("model"),
+           py::arg("enable_return_routed_experts") = false)
+      .def("generate", &LLM::generate, py::arg("prompts"), py::arg("sampling_params") = py::none(),
+           "Runs every prompt to completion; outputs in input order.")
+      .def("update_weights", &LLM::update_weights, py::arg("path"), py::arg("flush_cache") = true,
+           "Refit from a checkpoint directory (same architecture and shapes).")
+      .def_property_readonly("weight_version", &LLM::weight_version)
+      .def("stats", &LLM::stats)
+      .def_property_readonly("model_config", &LLM::model_config);
+}

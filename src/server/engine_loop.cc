@@ -1,0 +1,176 @@
+#include "server/engine_loop.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "server/api_error.h"
+
+namespace r3::server {
+
+EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
+  engine_ = std::make_unique<Engine>(cfg_);
+  model_ = engine_->model_config();
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() { shutdown(); }
+
+void EngineLoop::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  std::lock_guard<std::mutex> lk(join_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::post(std::function<void()> cmd) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) throw ApiError(503, "server shutting down", "server_error");
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+std::string EngineLoop::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
+std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid) {
+  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  return call([&]() -> std::vector<uint64_t> {
+    if (rids_.count(rid)) throw bad_request("request id \"" + rid + "\" is already in flight", "rid");
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      try {
+        ids.push_back(engine_->add_request(std::move(jobs[i].prompt), jobs[i].params));
+      } catch (const Error& e) {
+        for (uint64_t id : ids) engine_->abort(id);  // their outputs go nowhere: no target
+        throw SubmitError(i, e.what());
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) targets_[ids[i]] = Target{ch, i, rid};
+    rids_[rid] = ids;
+    return ids;
+  });
+}
+
+size_t EngineLoop::abort_rid(const std::string& rid) {
+  return call([&]() -> size_t {
+    auto it = rids_.find(rid);
+    if (it == rids_.end()) return 0;
+    size_t n = 0;
+    for (uint64_t id : it->second) n += engine_->abort(id) ? 1 : 0;
+    return n;
+  });
+}
+
+size_t EngineLoop::abort_all() {
+  return call([&]() -> size_t {
+    size_t n = 0;
+    for (auto& [id, t] : targets_) n += engine_->abort(id) ? 1 : 0;
+    return n;
+  });
+}
+
+void EngineLoop::abort(const std::vector<uint64_t>& ids) {
+  try {
+    post([this, ids] {
+      for (uint64_t id : ids) engine_->abort(id);
+    });
+  } catch (const ApiError&) {
+    // Shutting down: everything is being aborted anyway.
+  }
+}
+
+uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache) {
+  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  return call([&]() -> uint64_t {
+    engine_->update_weights(dir, flush_cache);
+    kick_ = true;
+    weight_version_ = engine_->weight_version();
+    return engine_->weight_version();
+  });
+}
+
+LoopStats EngineLoop::stats() {
+  return call([&]() -> LoopStats {
+    LoopStats s;
+    s.engine = engine_->stats();
+    s.step_latency = latency_;
+    s.in_flight = targets_.size();
+    return s;
+  });
+}
+
+void EngineLoop::forget(uint64_t id) {
+  auto it = targets_.find(id);
+  if (it == targets_.end()) return;
+  auto r = rids_.find(it->second.rid);
+  if (r != rids_.end()) {
+    auto& v = r->second;
+    v.erase(std::remove(v.begin(), v.end(), id), v.end());
+    if (v.empty()) rids_.erase(r);
+  }
+  targets_.erase(it);
+}
+
+void EngineLoop::fail_all(const std::string& why) {
+  for (auto& [id, t] : targets_) t.ch->fail(why);
+  targets_.clear();
+  rids_.clear();
+}
+
+void EngineLoop::step_once() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<RequestOutput> outs = engine_->step();
+  latency_.add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (auto& o : outs) {
+    auto it = targets_.find(o.request_id);
+    if (it == targets_.end()) continue;
+    const bool fin = o.finished;
+    it->second.ch->publish(it->second.choice, std::move(o));
+    if (fin) forget(it->first);
+  }
+}
+
+void EngineLoop::run() {
+  bool busy = false;
+  for (;;) {
+    std::deque<std::function<void()>> cmds;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !commands_.empty() || busy; });
+      if (stop_) break;
+      cmds.swap(commands_);
+    }
+    for (auto& c : cmds) c();  // exceptions stay inside each packaged task
+    try {
+      if (failure().empty() && (engine_->has_unfinished() || kick_)) {
+        kick_ = false;
+        step_once();
+      }
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        failure_ = e.what();
+      }
+      fail_all(std::string("the engine failed: ") + e.what());
+    }
+    busy = failure().empty() && (engine_->has_unfinished() || kick_);
+  }
+  // Shutdown: answer every pending command and call.
+  std::deque<std::function<void()>> cmds;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cmds.swap(commands_);
+  }
+  for (auto& c : cmds) c();
+  fail_all("server shutting down");
+}
+
+}  // namespace r3::server

@@ -1,0 +1,129 @@
+// The one thread that owns the Engine. HTTP threads never call the engine: they post commands
+// (add requests, abort, refit, read stats) to a queue this thread drains between steps, and wait
+// on a Channel for their outputs. While any request is unfinished the thread steps the engine;
+// otherwise it sleeps on the queue.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/channel.h"
+
+namespace r3::server {
+
+struct Job {
+  std::vector<int> prompt;
+  SamplingParams params;
+};
+
+// add_request refused job `index` of a submission (none of the submission stays queued).
+struct SubmitError : std::runtime_error {
+  SubmitError(size_t i, const std::string& m) : std::runtime_error(m), index(i) {}
+  size_t index;
+};
+
+// Step latency histogram (seconds), Prometheus style: cumulative counts per upper bound.
+struct StepLatency {
+  static constexpr double kBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                       0.1,    0.25,  0.5,    1.0,   2.5,  5.0};
+  std::vector<uint64_t> buckets = std::vector<uint64_t>(std::size(kBounds), 0);  // not cumulative
+  uint64_t count = 0;
+  double sum = 0.0;
+  void add(double s) {
+    for (size_t i = 0; i < std::size(kBounds); ++i)
+      if (s <= kBounds[i]) {
+        ++buckets[i];
+        break;
+      }
+    ++count;
+    sum += s;
+  }
+};
+
+struct LoopStats {
+  EngineStats engine;
+  StepLatency step_latency;
+  size_t in_flight = 0;  // engine requests with a waiting HTTP call
+};
+
+class EngineLoop {
+ public:
+  // Builds the engine (throws r3::Error) and starts the loop thread.
+  explicit EngineLoop(EngineConfig cfg);
+  // Stops the loop (shutdown()); the engine is freed.
+  ~EngineLoop();
+  // Ends the loop thread: pending and later calls fail with "server shutting down" (503).
+  // Idempotent, any thread but the loop's.
+  void shutdown();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  const ModelConfig& model_config() const { return model_; }
+  const EngineConfig& engine_config() const { return cfg_; }
+
+  // Queues every job under the external id rid (unique among calls in flight); outputs go to
+  // ch, choice i = jobs[i]. Returns the engine ids. Throws SubmitError (nothing queued),
+  // ApiError 400 for a duplicate rid, 503 when the engine failed.
+  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid);
+  // Aborts every request of rid; returns how many were still running.
+  size_t abort_rid(const std::string& rid);
+  size_t abort_all();
+  void abort(const std::vector<uint64_t>& ids);
+  // Refit from a checkpoint directory; returns the new weight version (throws r3::Error).
+  uint64_t update_weights(const std::string& dir, bool flush_cache);
+  LoopStats stats();
+  // Empty while the engine is healthy; the error that stopped it otherwise.
+  std::string failure() const;
+  uint64_t weight_version() const { return weight_version_.load(); }
+
+ private:
+  struct Target {
+    std::shared_ptr<Channel> ch;
+    size_t choice;
+    std::string rid;
+  };
+  // Runs f(engine) on the loop thread and waits for its result (exceptions travel back).
+  template <class F>
+  auto call(F f) -> decltype(f()) {
+    using R = decltype(f());
+    auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
+    auto fut = task->get_future();
+    post([task] { (*task)(); });
+    return fut.get();
+  }
+  void post(std::function<void()> cmd);
+  void run();
+  void step_once();
+  void fail_all(const std::string& why);
+  void forget(uint64_t id);
+
+  EngineConfig cfg_;
+  ModelConfig model_;
+  std::unique_ptr<Engine> engine_;
+  // Loop-thread state.
+  std::map<uint64_t, Target> targets_;
+  std::map<std::string, std::vector<uint64_t>> rids_;
+  StepLatency latency_;
+  bool kick_ = false;  // step once even when idle (delivers outputs drained by a refit)
+  // Shared state.
+  mutable std::mutex mu_;
+  std::mutex join_mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> commands_;
+  bool stop_ = false;
+  std::string failure_;
+  std::atomic<uint64_t> weight_version_{0};
+  std::thread thread_;
+};
+
+}  // namespace r3::server

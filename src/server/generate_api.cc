@@ -1,0 +1,110 @@
+#include "server/generate_api.h"
+
+#include "server/api_error.h"
+#include "server/json_fields.h"
+
+namespace r3::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+void reject_unsupported(const json& sp) {
+  auto need = [&](const char* k, double dflt) {
+    const std::string param = std::string("sampling_params.") + k;
+    auto v = opt_number(sp, k, param);
+    if (v && *v != dflt) throw bad_request("\"" + param + "\" is not supported by r3", param);
+  };
+  need("frequency_penalty", 0.0);
+  need("presence_penalty", 0.0);
+  need("repetition_penalty", 1.0);
+  need("min_new_tokens", 0.0);
+  need("n", 1.0);
+  if (sp.contains("stop") && !sp["stop"].is_null() && !(sp["stop"].is_array() && sp["stop"].empty()))
+    throw bad_request("r3 has no tokenizer; stop strings are not supported, use \"stop_token_ids\"",
+                      "sampling_params.stop");
+  for (const char* k : {"regex", "json_schema", "ebnf", "structural_tag"})
+    if (sp.contains(k) && !sp[k].is_null())
+      throw bad_request(std::string("\"sampling_params.") + k + "\" is not supported by r3",
+                        std::string("sampling_params.") + k);
+}
+
+}  // namespace
+
+GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds) {
+  if (b.contains("text") && !b["text"].is_null())
+    throw bad_request("r3 has no tokenizer; send token ids in \"input_ids\"", "text");
+  if (!b.contains("input_ids") || b["input_ids"].is_null()) throw bad_request("missing \"input_ids\"", "input_ids");
+  if (auto s = opt_bool(b, "stream", "stream"); s && *s)
+    throw bad_request("streaming /generate is not supported by r3; use /v1/completions with \"stream\": true",
+                      "stream");
+  GenerateRequest r;
+  const json& ids = b["input_ids"];
+  r.batch = ids.is_array() && !ids.empty() && ids[0].is_array();
+  std::vector<std::vector<int>> prompts = prompt_batch(ids, "input_ids");
+  if (b.contains("rid") && !b["rid"].is_null()) {
+    if (b["rid"].is_string()) {
+      if (!b["rid"].get<std::string>().empty()) r.rid = b["rid"].get<std::string>();
+    }
+    else if (b["rid"].is_number_integer()) r.rid = b["rid"].dump();
+    else throw bad_request("\"rid\" must be a string", "rid");
+  }
+  r.return_logprob = opt_bool(b, "return_logprob", "return_logprob").value_or(true);
+
+  static const json kEmpty = json::object();
+  const json& sp = b.contains("sampling_params") && !b["sampling_params"].is_null() ? b["sampling_params"] : kEmpty;
+  if (!sp.is_object()) throw bad_request("\"sampling_params\" must be an object", "sampling_params");
+  reject_unsupported(sp);
+  SamplingParams p;
+  const std::string pre = "sampling_params.";
+  p.max_tokens = int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 1, INT32_MAX).value_or(128));
+  p.temperature = float(opt_number(sp, "temperature", pre + "temperature").value_or(1.0));
+  p.top_p = float(opt_number(sp, "top_p", pre + "top_p").value_or(1.0));
+  p.top_k = int(opt_int(sp, "top_k", pre + "top_k", -1, INT32_MAX).value_or(-1));
+  p.ignore_eos = opt_bool(sp, "ignore_eos", pre + "ignore_eos").value_or(false);
+  if (sp.contains("stop_token_ids") && !sp["stop_token_ids"].is_null())
+    p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
+  p.logprobs = true;
+  p.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  p.routed_experts_start = int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
+  if (!p.return_routed_experts && p.routed_experts_start)
+    throw bad_request("\"routed_experts_start\" needs \"return_routed_experts\": true", "routed_experts_start");
+  std::optional<uint64_t> seed = opt_seed(sp, "seed", pre + "seed");
+  if (!seed) seed = opt_seed(sp, "sampling_seed", pre + "sampling_seed");
+  if (!seed) seed = opt_seed(b, "sampling_seed", "sampling_seed");
+  for (auto& prompt : prompts) {
+    Job j{std::move(prompt), p};
+    j.params.seed = seed ? *seed : seeds();
+    r.jobs.push_back(std::move(j));
+  }
+  return r;
+}
+
+json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
+                    uint64_t current_weight_version) {
+  json fr;
+  if (o.finish_reason == "stop") {
+    fr = {{"type", "stop"}, {"matched", o.token_ids.empty() ? json(nullptr) : json(o.token_ids.back())}};
+  } else if (o.finish_reason == "length") {
+    fr = {{"type", "length"}, {"length", o.token_ids.size()}};
+  } else {
+    fr = {{"type", o.finish_reason}, {"message", "the request was aborted"}};
+  }
+  json meta = {{"id", rid},
+               {"finish_reason", fr},
+               {"prompt_tokens", o.prompt_token_ids.size()},
+               {"completion_tokens", o.token_ids.size()},
+               {"cached_tokens", o.num_cached_tokens},
+               {"weight_version", o.weight_versions.empty() ? current_weight_version : o.weight_versions.back()},
+               {"weight_versions", o.weight_versions}};
+  if (req.return_logprob) {
+    json lps = json::array();
+    for (size_t i = 0; i < o.token_ids.size(); ++i)
+      lps.push_back({i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr), o.token_ids[i], nullptr});
+    meta["output_token_logprobs"] = lps;
+  }
+  meta["routed_experts"] = o.routed_experts ? routes_to_json(*o.routed_experts) : json(nullptr);
+  return {{"text", ""}, {"output_ids", o.token_ids}, {"meta_info", meta}};
+}
+
+}  // namespace r3::server

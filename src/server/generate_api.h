@@ -1,0 +1,32 @@
+// POST /generate, SGLang style: {"input_ids": [...] | [[...], ...], "sampling_params": {...},
+// "return_routed_experts", "routed_experts_start", "rid"}. The reply (one object, or a list for
+// a batch) has "output_ids", "text" ("" : no tokenizer) and "meta_info" with "finish_reason"
+// ({"type": "stop"|"length"|"abort", ...}), "prompt_tokens", "completion_tokens",
+// "cached_tokens", "output_token_logprobs" ([[logprob, token_id, null], ...]), "routed_experts"
+// (DESIGN.md transport), "weight_version" (of the last generated token) and "weight_versions".
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/engine_loop.h"
+
+namespace r3::server {
+
+struct GenerateRequest {
+  std::vector<Job> jobs;
+  bool batch = false;         // input_ids was a list of lists: reply with a list
+  std::optional<std::string> rid;
+  bool return_logprob = true;
+};
+
+// seeds() gives a seed for a request without "sampling_params.seed" / "sampling_seed".
+GenerateRequest parse_generate_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds);
+
+nlohmann::json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
+                              uint64_t current_weight_version);
+
+}  // namespace r3::server

@@ -1,0 +1,127 @@
+#include "server/json_fields.h"
+
+#include <limits>
+
+#include "server/api_error.h"
+
+namespace r3::server {
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw bad_request(std::string("malformed JSON body: ") + e.what());
+  }
+  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
+  return j;
+}
+
+static bool given(const json& j, const std::string& key) { return j.contains(key) && !j[key].is_null(); }
+
+std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param, int64_t lo,
+                               int64_t hi) {
+  if (!given(j, key)) return std::nullopt;
+  const json& v = j[key];
+  if (!v.is_number_integer()) throw bad_request("\"" + param + "\" must be an integer", param);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                      param);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                      param);
+  return x;
+}
+
+std::optional<double> opt_number(const json& j, const std::string& key, const std::string& param) {
+  if (!given(j, key)) return std::nullopt;
+  if (!j[key].is_number()) throw bad_request("\"" + param + "\" must be a number", param);
+  return j[key].get<double>();
+}
+
+std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param) {
+  if (!given(j, key)) return std::nullopt;
+  if (!j[key].is_boolean()) throw bad_request("\"" + param + "\" must be true or false", param);
+  return j[key].get<bool>();
+}
+
+std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param) {
+  if (!given(j, key)) return std::nullopt;
+  const json& v = j[key];
+  if (!v.is_number_integer()) throw bad_request("\"" + param + "\" must be an integer", param);
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  const int64_t x = v.get<int64_t>();
+  if (x < 0) throw bad_request("\"" + param + "\" must be >= 0", param);
+  return uint64_t(x);
+}
+
+std::optional<std::string> opt_string(const json& j, const std::string& key, const std::string& param) {
+  if (!given(j, key)) return std::nullopt;
+  if (!j[key].is_string()) throw bad_request("\"" + param + "\" must be a string", param);
+  return j[key].get<std::string>();
+}
+
+bool is_token_id_list(const json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& x : v)
+    if (!x.is_number_integer()) return false;
+  return true;
+}
+
+std::vector<int> token_id_list(const json& v, const std::string& param) {
+  if (!v.is_array()) throw bad_request("\"" + param + "\" must be a list of token ids", param);
+  std::vector<int> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& x = v[i];
+    if (!x.is_number_integer())
+      throw bad_request("\"" + param + "\" must hold integer token ids (element " + std::to_string(i) + " is not)",
+                        param);
+    if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
+                               : (x.get<int64_t>() < std::numeric_limits<int>::min() ||
+                                  x.get<int64_t>() > std::numeric_limits<int>::max()))
+      throw bad_request("\"" + param + "\" element " + std::to_string(i) + " is not a valid token id", param);
+    out.push_back(int(x.get<int64_t>()));
+  }
+  return out;
+}
+
+static bool is_text(const json& v) {
+  if (v.is_string()) return true;
+  if (!v.is_array() || v.empty()) return false;
+  for (const auto& x : v)
+    if (!x.is_string()) return false;
+  return true;
+}
+
+std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param) {
+  if (is_text(v)) throw bad_request("r3 has no tokenizer; send token ids", param);
+  if (!v.is_array() || v.empty())
+    throw bad_request("\"" + param + "\" must be a non-empty list of token ids or a list of such lists", param);
+  std::vector<std::vector<int>> out;
+  if (v[0].is_array()) {
+    for (const auto& p : v) {
+      if (!p.is_array()) throw bad_request("\"" + param + "\" mixes lists and ids", param);
+      if (is_text(p)) throw bad_request("r3 has no tokenizer; send token ids", param);
+      out.push_back(token_id_list(p, param));
+      if (out.back().empty()) throw bad_request("\"" + param + "\" holds an empty prompt", param);
+    }
+  } else {
+    out.push_back(token_id_list(v, param));
+  }
+  return out;
+}
+
+std::string param_of_engine_error(const std::string& m, const std::string& prompt_field,
+                                  const std::string& max_tokens_field) {
+  auto starts = [&](const char* p) { return m.rfind(p, 0) == 0; };
+  if (starts("prompt")) return prompt_field;
+  if (starts("max_tokens")) return max_tokens_field;
+  for (const char* f : {"temperature", "top_p", "top_k", "stop_token_ids", "routed_experts_start",
+                        "return_routed_experts"})
+    if (starts(f)) return f;
+  return "";
+}
+
+}  // namespace r3::server

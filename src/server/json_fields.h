@@ -1,0 +1,39 @@
+// Typed reads of request JSON for the HTTP endpoints. Every wrong type or out-of-range value
+// throws a 400 ApiError whose param names the field (dotted for nested fields), so a client
+// learns exactly what to fix. Absent and null fields are "not given".
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace r3::server {
+
+using json = nlohmann::json;
+
+// The request body as a JSON object (400 on malformed JSON or a non-object).
+json parse_body(const std::string& body);
+
+std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param,
+                               int64_t lo, int64_t hi);
+std::optional<double> opt_number(const json& j, const std::string& key, const std::string& param);
+std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param);
+std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param);
+std::optional<std::string> opt_string(const json& j, const std::string& key, const std::string& param);
+
+// A list of token ids (int32 range; the engine checks them against the vocabulary).
+std::vector<int> token_id_list(const json& v, const std::string& param);
+bool is_token_id_list(const json& v);  // an array whose elements are all integers (may be empty)
+
+// One prompt or a batch: a list of ids, or a list of lists of ids. Text (a string or a list of
+// strings) is a 400: r3 has no tokenizer.
+std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param);
+
+// The request field an engine error message is about ("" when it names none), under the
+// endpoint's own field names.
+std::string param_of_engine_error(const std::string& message, const std::string& prompt_field,
+                                  const std::string& max_tokens_field);
+
+}  // namespace r3::server

@@ -1,0 +1,136 @@
+#include "server/openai_api.h"
+
+#include "server/api_error.h"
+#include "server/json_fields.h"
+
+namespace r3::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Options r3 does not implement: a non-default value is a 400, never silently ignored.
+void reject_unsupported(const json& b) {
+  auto nonzero = [&](const char* k) {
+    auto v = opt_number(b, k, k);
+    if (v && *v != 0.0) throw bad_request(std::string("\"") + k + "\" is not supported by r3", k);
+  };
+  nonzero("presence_penalty");
+  nonzero("frequency_penalty");
+  if (auto v = opt_number(b, "repetition_penalty", "repetition_penalty"); v && *v != 1.0)
+    throw bad_request("\"repetition_penalty\" is not supported by r3", "repetition_penalty");
+  if (auto e = opt_bool(b, "echo", "echo"); e && *e)
+    throw bad_request("\"echo\" is not supported by r3 (the prompt ids are known to the caller)", "echo");
+  if (auto s = opt_string(b, "suffix", "suffix"); s && !s->empty())
+    throw bad_request("\"suffix\" is not supported by r3", "suffix");
+  if (b.contains("logit_bias") && !b["logit_bias"].is_null() && !b["logit_bias"].empty())
+    throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
+  if (b.contains("stop") && !b["stop"].is_null()) {
+    const json& s = b["stop"];
+    if (!(s.is_array() && s.empty()))
+      throw bad_request("r3 has no tokenizer; stop strings are not supported, use \"stop_token_ids\"", "stop");
+  }
+}
+
+json logprobs_json(const RequestOutput& o, size_t from) {
+  json tokens = json::array(), lps = json::array(), offs = json::array();
+  for (size_t i = from; i < o.token_ids.size(); ++i) {
+    tokens.push_back("token_id:" + std::to_string(o.token_ids[i]));
+    lps.push_back(i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr));
+    offs.push_back(0);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offs}};
+}
+
+json stop_reason(const RequestOutput& o) {
+  if (o.finish_reason != "stop" || o.token_ids.empty()) return nullptr;
+  return o.token_ids.back();
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds) {
+  reject_unsupported(b);
+  if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
+  CompletionRequest r;
+  std::vector<std::vector<int>> prompts = prompt_batch(b["prompt"], "prompt");
+  r.num_prompts = prompts.size();
+  r.n = size_t(opt_int(b, "n", "n", 1, 256).value_or(1));
+  if (auto bo = opt_int(b, "best_of", "best_of", 1, 256); bo && size_t(*bo) != r.n)
+    throw bad_request("\"best_of\" other than n is not supported by r3", "best_of");
+  r.stream = opt_bool(b, "stream", "stream").value_or(false);
+  // OpenAI's logprobs is an int (top alternatives); r3 returns the sampled token's logprob only.
+  if (b.contains("logprobs") && !b["logprobs"].is_null()) {
+    const json& lp = b["logprobs"];
+    if (lp.is_boolean()) {
+      r.logprobs = lp.get<bool>();
+    } else {
+      const int64_t k = *opt_int(b, "logprobs", "logprobs", 0, 20);
+      if (k > 1)
+        throw bad_request("r3 returns only the sampled token's logprob: \"logprobs\" must be 0 or 1", "logprobs");
+      r.logprobs = true;
+    }
+  }
+  r.return_token_ids = opt_bool(b, "return_token_ids", "return_token_ids").value_or(false);
+  r.request_id = opt_string(b, "request_id", "request_id");
+  if (r.request_id && r.request_id->empty()) throw bad_request("\"request_id\" must not be empty", "request_id");
+
+  SamplingParams base;
+  base.max_tokens = int(opt_int(b, "max_tokens", "max_tokens", 1, INT32_MAX).value_or(16));
+  base.temperature = float(opt_number(b, "temperature", "temperature").value_or(1.0));
+  base.top_p = float(opt_number(b, "top_p", "top_p").value_or(1.0));
+  base.top_k = int(opt_int(b, "top_k", "top_k", -1, INT32_MAX).value_or(0));
+  base.ignore_eos = opt_bool(b, "ignore_eos", "ignore_eos").value_or(false);
+  if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null())
+    base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
+  base.logprobs = true;
+  base.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  base.routed_experts_start =
+      int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
+  if (!base.return_routed_experts && base.routed_experts_start)
+    throw bad_request("\"routed_experts_start\" needs \"return_routed_experts\": true", "routed_experts_start");
+  const std::optional<uint64_t> seed = opt_seed(b, "seed", "seed");
+
+  for (auto& p : prompts) {
+    r.prompt_lens.push_back(p.size());
+    for (size_t j = 0; j < r.n; ++j) {
+      Job job{p, base};
+      job.params.seed = seed ? *seed + j : seeds();
+      r.jobs.push_back(std::move(job));
+    }
+  }
+  return r;
+}
+
+json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
+  json c = {{"index", index}, {"text", ""}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
+  c["stop_reason"] = stop_reason(o);
+  c["logprobs"] = req.logprobs ? logprobs_json(o, 0) : json(nullptr);
+  if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
+  if (o.routed_experts) c["routed_experts"] = routes_to_json(*o.routed_experts);
+  return c;
+}
+
+json completion_usage(const CompletionRequest& req, const std::vector<size_t>& completion_tokens) {
+  size_t p = 0, c = 0;
+  for (size_t n : req.prompt_lens) p += n;
+  for (size_t n : completion_tokens) c += n;
+  return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+}
+
+json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, const CompletionRequest& req) {
+  std::vector<int> delta(o.token_ids.begin() + long(std::min(from, o.token_ids.size())), o.token_ids.end());
+  json c = {{"index", index}, {"text", ""}, {"token_ids", delta}};
+  c["logprobs"] = req.logprobs ? logprobs_json(o, from) : json(nullptr);
+  if (o.finished) {
+    c["finish_reason"] = o.finish_reason;
+    c["stop_reason"] = stop_reason(o);
+    if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
+    if (o.routed_experts) c["routed_experts"] = routes_to_json(*o.routed_experts);
+  } else {
+    c["finish_reason"] = nullptr;
+  }
+  return c;
+}
+
+}  // namespace r3::server

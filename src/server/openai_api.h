@@ -1,0 +1,41 @@
+// POST /v1/completions, OpenAI style: request parsing and reply/stream-chunk building. r3 has
+// no tokenizer, so prompts are token ids, "text" is always "" and every choice carries
+// "token_ids"; routes travel as the extension field "routed_experts" (DESIGN.md transport).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "server/engine_loop.h"
+
+namespace r3::server {
+
+struct CompletionRequest {
+  std::vector<Job> jobs;  // choice i = prompt i / n, sample i % n
+  size_t num_prompts = 0, n = 1;
+  bool stream = false;
+  bool logprobs = false;          // return the sampled tokens' logprobs
+  bool return_token_ids = false;  // also return each choice's prompt_token_ids
+  std::optional<std::string> request_id;  // the client's id for the call (for /abort)
+  std::vector<size_t> prompt_lens;
+};
+
+// seeds() gives a fresh seed for every choice when the request has none; with "seed" given,
+// sample j of each prompt uses seed + j (so n > 1 gives n different samples, reproducibly).
+CompletionRequest parse_completion_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds);
+
+// One choice of a non-streamed reply.
+nlohmann::json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);
+// {"prompt_tokens","completion_tokens","total_tokens"}
+nlohmann::json completion_usage(const CompletionRequest& req, const std::vector<size_t>& completion_tokens);
+// One streamed choice delta: tokens [from, end) of o; finished outputs carry finish_reason
+// and routes.
+nlohmann::json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from,
+                                       const CompletionRequest& req);
+
+}  // namespace r3::server

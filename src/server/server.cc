@@ -1,0 +1,437 @@
+// The HTTP layer: routing, auth, body limits, error replies, and the waits on the engine loop.
+// Request/reply formats live in openai_api.cc and generate_api.cc; metrics in metrics.cc.
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/engine_loop.h"
+#include "server/generate_api.h"
+#include "server/json_fields.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+
+namespace r3::server {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string dumps(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dumps(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status(), error_body(e));
+  if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
+}
+
+bool equal_const_time(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+std::string sse(const json& j) { return "data: " + dumps(j) + "\n\n"; }
+
+const char* status_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+// A streamed /v1/completions call: what was sent so far, and the channel it reads.
+struct CompletionStream {
+  EngineLoop* loop = nullptr;
+  std::shared_ptr<Channel> ch;
+  std::vector<uint64_t> ids;
+  CompletionRequest req;
+  std::string id, model;
+  int64_t created = 0;
+  std::vector<size_t> sent;
+  std::vector<bool> done;
+  size_t num_done = 0;
+  uint64_t seen = 0;
+  bool closed = false;  // "data: [DONE]" written
+  Clock::time_point last_write = Clock::now();
+
+  json chunk(json choices) const {
+    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+            {"choices", std::move(choices)}};
+  }
+
+  // One call of the chunked content provider. False: the client is gone (or the write failed).
+  bool step(httplib::DataSink& sink) {
+    auto write = [&](const std::string& s) {
+      if (!sink.write(s.data(), s.size())) return false;
+      last_write = Clock::now();
+      return true;
+    };
+    auto close_with = [&](std::string out) {
+      out += "data: [DONE]\n\n";
+      if (!write(out)) return false;
+      closed = true;
+      sink.done();
+      return true;
+    };
+    std::vector<std::optional<RequestOutput>> outs;
+    if (!ch->take(seen, std::chrono::milliseconds(200), outs)) {
+      // Nothing new: an SSE comment now and then finds a vanished client while it waits.
+      if (Clock::now() - last_write >= std::chrono::seconds(1)) return write(": keep-alive\n\n");
+      return true;
+    }
+    if (std::string f = ch->failure(); !f.empty())
+      return close_with(sse(error_body(f, "server_error", "", 503)));
+    std::string out;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i] || done[i]) continue;
+      const RequestOutput& o = *outs[i];
+      if (o.finished && !o.routes_error.empty()) {
+        loop->abort(ids);
+        return close_with(out + sse(error_body("choice " + std::to_string(i) + ": routes are incomplete (" +
+                                                   o.routes_error + "); the request fails closed",
+                                               "routes_error", "", 500)));
+      }
+      if (o.token_ids.size() <= sent[i] && !o.finished) continue;
+      out += sse(chunk(json::array({completion_chunk_choice(o, i, sent[i], req)})));
+      sent[i] = o.token_ids.size();
+      if (o.finished) {
+        done[i] = true;
+        ++num_done;
+      }
+    }
+    if (!out.empty() && !write(out)) return false;
+    if (num_done < done.size()) return true;
+    json last = chunk(json::array());
+    last["usage"] = completion_usage(req, sent);
+    return close_with(sse(last));
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions opts;
+  EngineConfig engine_cfg;
+  std::unique_ptr<EngineLoop> loop;
+  httplib::Server http;
+  std::thread bg;
+  int port = -1;
+  socket_t listen_fd = -1;
+  std::atomic<bool> stopped{false};
+  std::mutex stop_mu;
+  int64_t started = int64_t(std::time(nullptr));
+  std::atomic<uint64_t> next_id{0};
+  std::mutex rng_mu;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::mutex counters_mu;
+  HttpCounters counters;
+
+  uint64_t fresh_seed() {
+    std::lock_guard<std::mutex> lk(rng_mu);
+    return rng();
+  }
+  std::string fresh_id(const char* prefix) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s-%llx%04llx", prefix, (unsigned long long)next_id.fetch_add(1),
+                  (unsigned long long)(fresh_seed() & 0xffff));
+    return buf;
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opts.api_key.empty()) return true;
+    return equal_const_time(req.get_header_value("Authorization"), "Bearer " + opts.api_key);
+  }
+
+  // Handler wrapper: API key, and every exception becomes a JSON error reply.
+  httplib::Server::Handler wrap(bool auth, std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+    return [this, auth, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        if (auth && !authorized(req))
+          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
+        fn(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const Error& e) {
+        send_error(res, bad_request(e.what()));
+      } catch (const std::exception& e) {
+        send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
+      }
+    };
+  }
+
+  // Submits jobs; an engine refusal becomes a 400 naming the request field.
+  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid,
+                               const std::string& prompt_field, const std::string& max_tokens_field,
+                               size_t per_prompt) {
+    const size_t n = jobs.size();
+    try {
+      return loop->submit(std::move(jobs), std::move(ch), rid);
+    } catch (const SubmitError& e) {
+      std::string msg = e.what();
+      if (n > per_prompt) msg = prompt_field + " " + std::to_string(e.index / per_prompt) + ": " + msg;
+      throw bad_request(msg, param_of_engine_error(e.what(), prompt_field, max_tokens_field));
+    }
+  }
+
+  // Waits for every choice of a non-streamed call.
+  std::vector<RequestOutput> wait_all(Channel& ch) {
+    std::vector<std::optional<RequestOutput>> got(ch.size()), outs;
+    uint64_t seen = 0;
+    size_t have = 0;
+    while (have < got.size()) {
+      if (std::string f = ch.failure(); !f.empty()) throw ApiError(503, f, "server_error");
+      if (!ch.take(seen, std::chrono::seconds(1), outs)) continue;
+      for (size_t i = 0; i < outs.size(); ++i)
+        if (outs[i] && !got[i]) {
+          got[i] = std::move(outs[i]);
+          ++have;
+        }
+    }
+    std::vector<RequestOutput> r;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!got[i]->routes_error.empty())
+        throw ApiError(500,
+                       "request " + std::to_string(i) + ": routes are incomplete (" + got[i]->routes_error +
+                           "); the request fails closed",
+                       "routes_error");
+      r.push_back(std::move(*got[i]));
+    }
+    return r;
+  }
+
+  void completions(const httplib::Request& hreq, httplib::Response& res) {
+    json body = parse_body(hreq.body);
+    auto st = std::make_shared<CompletionStream>();
+    st->req = parse_completion_request(body, [this] { return fresh_seed(); });
+    st->id = st->req.request_id ? *st->req.request_id : fresh_id("cmpl");
+    st->model = opts.model_name;
+    st->created = int64_t(std::time(nullptr));
+    st->loop = loop.get();
+    const size_t choices = st->req.jobs.size();
+    st->ch = std::make_shared<Channel>(choices, st->req.stream);
+    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, "prompt", "max_tokens", st->req.n);
+    if (!st->req.stream) {
+      std::vector<RequestOutput> outs = wait_all(*st->ch);
+      json cs = json::array();
+      std::vector<size_t> ntok;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        cs.push_back(completion_choice(outs[i], i, st->req));
+        ntok.push_back(outs[i].token_ids.size());
+      }
+      send_json(res, 200,
+                {{"id", st->id}, {"object", "text_completion"}, {"created", st->created}, {"model", st->model},
+                 {"choices", cs}, {"usage", completion_usage(st->req, ntok)}});
+      return;
+    }
+    st->sent.assign(choices, 0);
+    st->done.assign(choices, false);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st](size_t, httplib::DataSink& sink) {
+          bool ok = false;
+          try {
+            ok = st->step(sink);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "r3 serve: stream %s: %s\n", st->id.c_str(), e.what());
+          }
+          if (!ok) st->loop->abort(st->ids);
+          return ok;
+        },
+        [st](bool) {
+          if (!st->closed) st->loop->abort(st->ids);  // the client went away mid-stream
+        });
+  }
+
+  void generate(const httplib::Request& hreq, httplib::Response& res) {
+    json body = parse_body(hreq.body);
+    GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); });
+    const std::string rid = g.rid ? *g.rid : fresh_id("gen");
+    auto ch = std::make_shared<Channel>(g.jobs.size(), false);
+    submit(std::move(g.jobs), ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
+    std::vector<RequestOutput> outs = wait_all(*ch);
+    const uint64_t v = loop->weight_version();
+    if (!g.batch) {
+      send_json(res, 200, generate_reply(outs[0], rid, g, v));
+      return;
+    }
+    json arr = json::array();
+    for (size_t i = 0; i < outs.size(); ++i) arr.push_back(generate_reply(outs[i], rid + "-" + std::to_string(i), g, v));
+    send_json(res, 200, arr);
+  }
+
+  void update_weights(const httplib::Request& hreq, httplib::Response& res) {
+    json body = parse_body(hreq.body);
+    auto path = opt_string(body, "model_path", "model_path");
+    if (!path || path->empty()) throw bad_request("missing \"model_path\" (a checkpoint directory)", "model_path");
+    const bool flush = opt_bool(body, "flush_cache", "flush_cache").value_or(true);
+    uint64_t v = 0;
+    try {
+      v = loop->update_weights(*path, flush);
+    } catch (const Error& e) {
+      throw bad_request(e.what(), "model_path");
+    }
+    send_json(res, 200,
+              {{"success", true},
+               {"message", "weights loaded from " + *path + (flush ? " (prefix cache flushed)" : "")},
+               {"weight_version", v}});
+  }
+
+  void abort(const httplib::Request& hreq, httplib::Response& res) {
+    json body = parse_body(hreq.body);
+    if (opt_bool(body, "abort_all", "abort_all").value_or(false)) {
+      send_json(res, 200, {{"success", true}, {"aborted", loop->abort_all()}});
+      return;
+    }
+    std::string rid;
+    for (const char* k : {"rid", "request_id"}) {
+      if (!body.contains(k) || body[k].is_null()) continue;
+      if (body[k].is_string()) rid = body[k].get<std::string>();
+      else if (body[k].is_number_integer()) rid = body[k].dump();
+      else throw bad_request(std::string("\"") + k + "\" must be a string", k);
+      break;
+    }
+    if (rid.empty()) throw bad_request("missing \"rid\" (or \"request_id\")", "rid");
+    send_json(res, 200, {{"success", true}, {"aborted", loop->abort_rid(rid)}});
+  }
+
+  void routes() {
+    // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
+    // server silently share the port. The fd is kept to raise the listen backlog after bind.
+    http.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+      listen_fd = sock;
+    });
+    http.set_payload_max_length(opts.max_body_bytes);
+    const int threads = std::max(1, opts.http_threads);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    http.set_keep_alive_max_count(1000);
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
+                                                                      httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      std::string msg;
+      if (res.status == 404) msg = "no such endpoint (or wrong method)";
+      else if (res.status == 413)
+        msg = "request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (--max-body-bytes)";
+      else msg = "HTTP error " + std::to_string(res.status);
+      send_json(res, res.status, error_body(msg, status_type(res.status), "", res.status));
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      send_json(res, 500, error_body("internal error", "server_error", "", 500));
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      static const char* known[] = {"/v1/completions", "/generate", "/update_weights", "/update_weights_from_disk",
+                                    "/abort", "/abort_request", "/health", "/v1/models", "/metrics"};
+      std::string ep = "other";
+      for (const char* k : known)
+        if (req.path == k) ep = k;
+      {
+        std::lock_guard<std::mutex> lk(counters_mu);
+        ++counters.responses[{ep, res.status}];
+      }
+      if (opts.log_requests)
+        std::fprintf(stderr, "r3 serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+    });
+
+    using R = const httplib::Request&;
+    using W = httplib::Response&;
+    http.Post("/v1/completions", wrap(true, [this](R q, W s) { completions(q, s); }));
+    http.Post("/generate", wrap(true, [this](R q, W s) { generate(q, s); }));
+    http.Post("/update_weights", wrap(true, [this](R q, W s) { update_weights(q, s); }));
+    http.Post("/update_weights_from_disk", wrap(true, [this](R q, W s) { update_weights(q, s); }));
+    http.Post("/abort", wrap(true, [this](R q, W s) { abort(q, s); }));
+    http.Post("/abort_request", wrap(true, [this](R q, W s) { abort(q, s); }));
+    http.Get("/health", wrap(false, [this](R, W s) {
+      if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+      send_json(s, 200, {{"status", "ok"}});
+    }));
+    http.Get("/v1/models", wrap(true, [this](R, W s) {
+      json m = {{"id", opts.model_name},         {"object", "model"},
+                {"created", started},            {"owned_by", "r3"},
+                {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
+      send_json(s, 200, {{"object", "list"}, {"data", json::array({m})}});
+    }));
+    http.Get("/metrics", wrap(true, [this](R, W s) {
+      LoopStats st = loop->stats();
+      HttpCounters c;
+      {
+        std::lock_guard<std::mutex> lk(counters_mu);
+        c = counters;
+      }
+      s.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
+    }));
+  }
+};
+
+Server::Server(EngineConfig engine, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->engine_cfg = engine;
+  if (impl_->opts.model_name.empty()) impl_->opts.model_name = engine.model;
+  impl_->loop = std::make_unique<EngineLoop>(std::move(engine));
+  impl_->routes();
+}
+
+Server::~Server() {
+  stop();
+  if (impl_->bg.joinable()) impl_->bg.join();
+}
+
+int Server::bind() {
+  if (impl_->port >= 0) return impl_->port;
+  const auto& o = impl_->opts;
+  if (o.port == 0) {
+    impl_->port = impl_->http.bind_to_any_port(o.host);
+  } else if (impl_->http.bind_to_port(o.host, o.port)) {
+    impl_->port = o.port;
+  }
+  if (impl_->port < 0) throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  // httplib listens with a backlog of 5: a burst of connections would wait for SYN retries
+  // (1 s). Listening again on the bound socket raises the backlog.
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
+  return impl_->port;
+}
+
+void Server::listen() {
+  bind();
+  if (impl_->stopped) return;
+  impl_->http.listen_after_bind();
+}
+
+int Server::start() {
+  const int p = bind();
+  impl_->bg = std::thread([this] { impl_->http.listen_after_bind(); });
+  while (!impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return p;
+}
+
+void Server::stop() {
+  std::lock_guard<std::mutex> lk(impl_->stop_mu);
+  if (impl_->stopped.exchange(true)) return;
+  impl_->loop->shutdown();  // waiting calls answer 503 now, so the HTTP threads can finish
+  impl_->http.stop();
+}
+
+int Server::port() const { return impl_->port; }
+
+}  // namespace r3::server

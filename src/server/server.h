@@ -1,0 +1,51 @@
+// `r3 serve`: the HTTP front of one engine. Endpoints (see docs in server.cc):
+//   POST /v1/completions   OpenAI style, token-id prompts, SSE streaming, routes as extensions
+//   POST /generate         SGLang style
+//   POST /update_weights   refit from a checkpoint directory (also /update_weights_from_disk)
+//   POST /abort            abort by "rid" / "request_id" (also /abort_request)
+//   GET  /health, /v1/models, /metrics
+// HTTP threads parse and validate, then hand requests to the EngineLoop thread, which alone
+// touches the engine. Every error is a 4xx/5xx JSON reply; the server keeps serving.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace r3::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                     // 0 = any free port (see Server::port())
+  std::string api_key;                 // non-empty: every endpoint but /health needs "Bearer KEY"
+  size_t max_body_bytes = 16u << 20;   // larger bodies get 413
+  int http_threads = 128;              // concurrent HTTP connections served
+  std::string model_name;              // reported by /v1/models; default: the model path
+  bool log_requests = false;           // one line per request on stderr
+};
+
+class Server {
+ public:
+  // Loads the model and starts the engine loop (throws r3::Error).
+  Server(EngineConfig engine, ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port; returns the bound port. Throws r3::Error when the address is taken.
+  int bind();
+  // Serves until stop() (binds first if needed). Blocks.
+  void listen();
+  // bind() + listen() on a background thread; returns the bound port.
+  int start();
+  // Stops serving: pending calls get 503, the engine loop ends. Idempotent, any thread.
+  void stop();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace r3::server

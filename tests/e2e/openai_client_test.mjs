@@ -1,0 +1,139 @@
+// r3 serve driven by the official `openai` npm package: /v1/completions streamed and not, with
+// token-id prompts and the routed_experts extension. Routes must decode to [S-1, L, K] and equal
+// the solo run of the same request (`r3 generate`, one request at a time, no prefix cache).
+// Run through scripts/e2e_openai.sh, which starts the server and sets the environment:
+//   R3_BASE_URL, R3_API_KEY, R3_MODEL (checkpoint dir), R3_BIN (the r3 binary).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, writeFileSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import OpenAI from "openai";
+
+const base = process.env.R3_BASE_URL;
+const apiKey = process.env.R3_API_KEY;
+const modelDir = process.env.R3_MODEL;
+const r3 = process.env.R3_BIN;
+assert.ok(base && apiKey && modelDir && r3, "run me through scripts/e2e_openai.sh");
+
+const config = JSON.parse(readFileSync(join(modelDir, "config.json"), "utf8"));
+const K = config.num_experts_per_tok;
+const E = config.num_experts ?? config.num_local_experts;
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
+
+function decodeRoutes(re) {
+  assert.equal(re.dtype, "int16");
+  const bytes = Buffer.from(re.data, "base64");
+  const [R, L, k] = re.shape;
+  assert.equal(bytes.length, R * L * k * 2, "data length matches the shape");
+  const out = new Int16Array(R * L * k);
+  for (let i = 0; i < out.length; i++) out[i] = bytes.readInt16LE(2 * i);
+  return { shape: re.shape, values: out };
+}
+
+function checkRoutes(re, promptLen, completionLen) {
+  const { shape, values } = decodeRoutes(re);
+  const S = promptLen + completionLen;
+  assert.equal(shape[0], S - 1, "one row per token but the last");
+  assert.equal(shape[1], re.moe_layers.length, "one column per MoE layer");
+  assert.equal(shape[2], K, "K experts per token");
+  for (const v of values) assert.ok(v >= 0 && v < E, `expert id ${v} in [0, ${E})`);
+}
+
+// The solo run of each request, through the CLI (a separate engine, one request at a time).
+function soloRuns(requests) {
+  const dir = mkdtempSync(join(tmpdir(), "r3-e2e-"));
+  const input = join(dir, "in.jsonl");
+  writeFileSync(input, requests.map((r) => JSON.stringify({ ...r, return_routed_experts: true })).join("\n") + "\n");
+  const out = execFileSync(r3, ["generate", "--model", modelDir, "--input", input, "--no-enable-prefix-caching",
+                                "--max-num-seqs", "1", "--max-num-batched-tokens", "4096", "--no-progress",
+                                "--threads", "1", "--num-kv-blocks", "64"], { encoding: "utf8" });
+  return out.trim().split("\n").map((l) => JSON.parse(l));
+}
+
+const prompts = [
+  Array.from({ length: 23 }, (_, i) => 3 + ((i * 37 + 11) % 500)),
+  Array.from({ length: 9 }, (_, i) => 3 + ((i * 53 + 7) % 500)),
+];
+
+test("non-streamed /v1/completions returns token ids and routes equal to the solo run", async () => {
+  const { data, response } = await client.completions
+    .create({
+      model: modelDir,
+      prompt: prompts,
+      max_tokens: 12,
+      temperature: 1.0,
+      seed: 1234,
+      logprobs: 1,
+      return_routed_experts: true,
+    })
+    .withResponse();
+  assert.equal(response.status, 200);
+  assert.equal(data.object, "text_completion");
+  assert.equal(data.choices.length, 2);
+  const solo = soloRuns(prompts.map((p) => ({ prompt_token_ids: p, max_tokens: 12, temperature: 1.0, seed: 1234 })));
+  for (const c of data.choices) {
+    const p = prompts[c.index];
+    assert.equal(c.text, "");
+    assert.ok(Array.isArray(c.token_ids) && c.token_ids.length > 0);
+    checkRoutes(c.routed_experts, p.length, c.token_ids.length);
+    assert.deepEqual(c.token_ids, solo[c.index].token_ids, "tokens equal the solo run's");
+    assert.equal(c.routed_experts.data, solo[c.index].routed_experts.data, "routes equal the solo run's");
+    assert.deepEqual(c.logprobs.token_logprobs, solo[c.index].logprobs, "logprobs equal the solo run's");
+  }
+  assert.equal(data.usage.prompt_tokens, prompts[0].length + prompts[1].length);
+
+  // The same request read from the raw HTTP response: the extension fields are in the JSON.
+  const raw = await client.completions
+    .create({ model: modelDir, prompt: prompts[1], max_tokens: 5, temperature: 0, return_routed_experts: true })
+    .asResponse();
+  const body = await raw.json();
+  checkRoutes(body.choices[0].routed_experts, prompts[1].length, body.choices[0].token_ids.length);
+});
+
+test("streamed /v1/completions: deltas add up to the solo run, routes in the final chunk", async () => {
+  const stream = await client.completions.create({
+    model: modelDir,
+    prompt: prompts[0],
+    max_tokens: 24,
+    temperature: 0.7,
+    seed: 99,
+    stream: true,
+    stream_options: { include_usage: true },
+    ignore_eos: true,
+    return_routed_experts: true,
+  });
+  const tokens = [];
+  let routes = null, finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    ++chunks;
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      tokens.push(...c.token_ids);
+      if (c.finish_reason) {
+        finish = c.finish_reason;
+        routes = c.routed_experts;
+      }
+    }
+  }
+  assert.ok(chunks >= 2, "several chunks");
+  assert.equal(finish, "length");
+  assert.equal(tokens.length, 24);
+  assert.equal(usage.completion_tokens, 24);
+  assert.ok(routes, "routes arrive with the finishing chunk");
+  checkRoutes(routes, prompts[0].length, tokens.length);
+  const [solo] = soloRuns([{ prompt_token_ids: prompts[0], max_tokens: 24, temperature: 0.7, seed: 99, ignore_eos: true }]);
+  assert.deepEqual(tokens, solo.token_ids);
+  assert.equal(routes.data, solo.routed_experts.data);
+});
+
+test("errors reach the client as APIError", async () => {
+  await assert.rejects(client.completions.create({ model: modelDir, prompt: "text prompt" }), (e) => {
+    assert.equal(e.status, 400);
+    assert.match(e.message, /no tokenizer/);
+    return true;
+  });
+  const noKey = new OpenAI({ baseURL: `${base}/v1`, apiKey: "wrong", maxRetries: 0 });
+  await assert.rejects(noKey.completions.create({ model: modelDir, prompt: [1, 2] }), (e) => e.status === 401);
+});

@@ -1,0 +1,164 @@
+# The vLLM-like Python API: shapes and dtypes of routes, equality with the solo run and with the
+# HTTP server's answer for the same request, refit, errors, and the GIL released while it runs.
+import base64
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import r3
+
+ENGINE = dict(num_kv_blocks=128, threads=1, max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def prompt(n, salt):
+    return [3 + (i * 37 + salt * 101) % 500 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model(make_model):
+    return make_model("olmoe")
+
+
+@pytest.fixture(scope="module")
+def llm(model):
+    return r3.LLM(model=model, enable_return_routed_experts=True, **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def solo(model):
+    return r3.LLM(model=model, enable_return_routed_experts=True, enable_prefix_caching=False, max_num_seqs=1,
+                  max_num_batched_tokens=4096, num_kv_blocks=128, threads=1)
+
+
+def test_generate_returns_tokens_logprobs_and_routes(llm):
+    cfg = llm.model_config
+    prompts = [{"prompt_token_ids": prompt(20, 1)}, {"prompt_token_ids": prompt(70, 2)}]
+    outs = llm.generate(prompts, r3.SamplingParams(max_tokens=9, temperature=1.0, seed=5, ignore_eos=True))
+    assert len(outs) == 2
+    for o, p in zip(outs, prompts):
+        c = o.outputs[0]
+        assert o.prompt_token_ids == p["prompt_token_ids"]
+        assert len(c.token_ids) == 9 and c.finish_reason == "length"
+        assert len(c.logprobs) == 9 and all(lp <= 0 for lp in c.logprobs)
+        re_ = c.routed_experts
+        assert isinstance(re_, np.ndarray) and re_.dtype == np.int16
+        S = len(p["prompt_token_ids"]) + len(c.token_ids)
+        assert re_.shape == (S - 1, len(cfg["moe_layers"]), cfg["top_k"])
+        assert re_.min() >= 0 and re_.max() < cfg["num_experts"]
+        assert c.moe_layers == cfg["moe_layers"]
+        assert o.routed_experts is c.routed_experts or np.array_equal(o.routed_experts, re_)
+
+
+def test_batched_equals_solo_runs(llm, solo):
+    prompts = [{"prompt_token_ids": prompt(5 + 9 * i, 10 + i)} for i in range(6)]
+    params = [r3.SamplingParams(max_tokens=4 + i, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(6)]
+    batched = llm.generate(prompts, params)
+    for p, sp, b in zip(prompts, params, batched):
+        s = solo.generate([p], sp)[0]
+        assert b.outputs[0].token_ids == s.outputs[0].token_ids
+        assert b.outputs[0].logprobs == s.outputs[0].logprobs
+        assert np.array_equal(b.outputs[0].routed_experts, s.outputs[0].routed_experts)
+
+
+def test_delta_start_and_routes_off(llm):
+    p = prompt(30, 3)
+    full = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1))[0].outputs[0]
+    tail = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1, routed_experts_start=20))
+    t = tail[0].outputs[0]
+    assert t.routed_experts_start == 20
+    assert np.array_equal(t.routed_experts, full.routed_experts[20:])
+    off = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1, return_routed_experts=False))
+    assert off[0].outputs[0].routed_experts is None
+    assert off[0].outputs[0].token_ids == full.token_ids
+
+
+def start_server(r3_bin, model):
+    proc = subprocess.Popen([r3_bin, "serve", "--model", model, "--port", "0", "--threads", "1",
+                             "--num-kv-blocks", "128"], stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    assert m, line
+    return proc, int(m.group(1))
+
+
+def test_routes_equal_the_http_path(llm, model, r3_bin):
+    proc, port = start_server(r3_bin, model)
+    try:
+        p = prompt(45, 4)
+        body = {"input_ids": p, "sampling_params": {"max_new_tokens": 10, "temperature": 1.0, "seed": 77},
+                "return_routed_experts": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        reply = json.loads(urllib.request.urlopen(req, timeout=60).read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    re_json = reply["meta_info"]["routed_experts"]
+    http_routes = np.frombuffer(base64.b64decode(re_json["data"]), dtype="<i2").reshape(re_json["shape"])
+    out = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=10, temperature=1.0, seed=77))[0]
+    c = out.outputs[0]
+    assert reply["output_ids"] == c.token_ids
+    assert [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]] == c.logprobs
+    assert np.array_equal(http_routes, c.routed_experts)
+
+
+def test_update_weights(model, make_model):
+    m1 = make_model("olmoe", seed=1)
+    llm = r3.LLM(model=model, enable_return_routed_experts=True, **ENGINE)
+    p = [{"prompt_token_ids": prompt(25, 5)}]
+    sp = r3.SamplingParams(max_tokens=8, seed=2)
+    before = llm.generate(p, sp)[0].outputs[0]
+    assert llm.weight_version == 0
+    llm.update_weights(m1)
+    assert llm.weight_version == 1
+    after = llm.generate(p, sp)[0].outputs[0]
+    assert after.weight_versions == [1] * len(after.token_ids)
+    fresh = r3.LLM(model=m1, enable_return_routed_experts=True, **ENGINE).generate(p, sp)[0].outputs[0]
+    assert after.token_ids == fresh.token_ids
+    assert np.array_equal(after.routed_experts, fresh.routed_experts)
+    assert after.token_ids != before.token_ids or not np.array_equal(after.routed_experts, before.routed_experts)
+    with pytest.raises(r3.Error):
+        llm.update_weights(make_model("mixtral"))
+    with pytest.raises(r3.Error):
+        llm.update_weights("/no/such/checkpoint")
+
+
+def test_errors(model, llm):
+    with pytest.raises(ValueError, match="tokenizer"):
+        llm.generate(["some text"])
+    with pytest.raises(r3.Error, match="vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, 100000]}])
+    with pytest.raises(r3.Error):
+        llm.generate([{"prompt_token_ids": [1, 2]}], r3.SamplingParams(top_p=0.0))
+    with pytest.raises(TypeError):
+        r3.LLM(model=model, gpu_memory_utilization=0.9)
+    plain = r3.LLM(model=model, **ENGINE)
+    with pytest.raises(r3.Error, match="enable_return_routed_experts"):
+        plain.generate([{"prompt_token_ids": [1, 2]}], r3.SamplingParams(return_routed_experts=True))
+    assert plain.generate([{"prompt_token_ids": [1, 2]}])[0].outputs[0].routed_experts is None
+
+
+def test_gil_released_while_generating(llm):
+    done = threading.Event()
+
+    def run():
+        llm.generate([{"prompt_token_ids": prompt(10, 6)}], r3.SamplingParams(max_tokens=1500, ignore_eos=True))
+        done.set()
+
+    t = threading.Thread(target=run)
+    ticks = 0
+    t.start()
+    start = time.monotonic()
+    while not done.is_set():
+        ticks += 1
+    elapsed = time.monotonic() - start
+    t.join()
+    # With the GIL held for the whole generate this thread could not run while it did.
+    assert elapsed > 0.01 and ticks > 1000, (elapsed, ticks)

@@ -1,0 +1,74 @@
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "engine_flags.h"
+#include "server/server.h"
+
+namespace r3::cli {
+
+int cmd_serve(int argc, char** argv) {
+  Args a("serve",
+         "Serves one engine over HTTP: POST /v1/completions (OpenAI style, token-id prompts, SSE\n"
+         "streaming, \"return_routed_experts\"), POST /generate (SGLang style), POST /update_weights,\n"
+         "POST /abort, GET /health, GET /v1/models, GET /metrics (Prometheus). Binds 127.0.0.1 unless\n"
+         "--host says otherwise; with --api-key every endpoint but /health needs\n"
+         "\"Authorization: Bearer KEY\". Stops on SIGINT/SIGTERM.");
+  add_engine_flags(a);
+  a.opt("host", "127.0.0.1", "address to bind (0.0.0.0 = every interface)")
+      .opt("port", "8000", "TCP port (0 = any free port, printed at start)")
+      .opt("api-key", "", "require \"Authorization: Bearer KEY\" (the R3_API_KEY variable also sets it)")
+      .opt("max-body-bytes", std::to_string(16u << 20), "larger request bodies get 413")
+      .opt("http-threads", "128", "HTTP connections served at once")
+      .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
+      .flag("log-requests", false, "one line per HTTP request on stderr");
+  if (!a.parse(argc, argv)) return 0;
+  EngineConfig cfg = engine_config_from(a);
+  server::ServerOptions o;
+  o.host = a.str("host");
+  o.port = int(a.integer("port"));
+  if (o.port < 0 || o.port > 65535) throw Error("--port must be in [0, 65535]");
+  o.api_key = a.str("api-key");
+  if (o.api_key.empty())
+    if (const char* k = std::getenv("R3_API_KEY")) o.api_key = k;
+  const int64_t body = a.integer("max-body-bytes");
+  if (body <= 0) throw Error("--max-body-bytes must be positive");
+  o.max_body_bytes = size_t(body);
+  o.http_threads = int(a.integer("http-threads"));
+  if (o.http_threads <= 0) throw Error("--http-threads must be positive");
+  o.model_name = a.str("served-model-name");
+  o.log_requests = a.on("log-requests");
+
+  // Every thread (engine, HTTP) inherits this mask; one thread waits for the signals.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  server::Server srv(cfg, o);
+  const int port = srv.bind();
+  std::fprintf(stderr, "r3 serve: %s on http://%s:%d%s\n", o.model_name.empty() ? cfg.model.c_str() : o.model_name.c_str(),
+               o.host.c_str(), port, o.api_key.empty() ? "" : " (API key required)");
+  std::fflush(stderr);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    srv.stop();
+  });
+  srv.listen();
+  srv.stop();
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if listen ended by itself
+  waiter.join();
+  std::fprintf(stderr, "r3 serve: stopped\n");
+  return 0;
+}
+
+}  // namespace r3::cli
