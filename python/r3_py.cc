@@ -61,7 +61,7 @@ struct PyRequestOutput {
 py::object routes_to_numpy(const r3::RouteArray& r) {
   py::array_t<int16_t> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
   if (!r.data.empty()) std::memcpy(a.mutable_data(), r.data.data(), r.data.size() * sizeof(int16_t));
-  return std::move(a);
+  return a;
 }
 
 std::vector<int> prompt_of(const py::handle& item) {

@@ -1,6 +1,9 @@
 // Router Replay correctness table (RFC §4.4), one test per row that would catch the bug it names.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "core/error.h"
 #include "engine_test_util.h"
 #include "kernels/router.h"
@@ -275,7 +278,9 @@ TEST(EngineRoutes, AbortMidGeneration) {
   std::map<uint64_t, RequestOutput> done;
   int steps = 0;
   while (e.has_unfinished()) {
-    if (++steps == 5) EXPECT_TRUE(e.abort(a));
+    if (++steps == 5) {
+      EXPECT_TRUE(e.abort(a));
+    }
     for (auto& o : e.step())
       if (o.finished) done[o.request_id] = o;
   }
@@ -376,6 +381,60 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("olmoe", "tiny"), std::make_tuple("mixtral", "small"),
                       std::make_tuple("qwen3_moe", "small"), std::make_tuple("olmoe", "small")),
     [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param); });
+
+}  // namespace
+}  // namespace r3::testing
+
+namespace r3::testing {
+namespace {
+
+// Refit from tensors in memory equals refit from the same checkpoint on disk.
+TEST(EngineRefit, FromMemoryEqualsFromDisk) {
+  const std::string a = test_model("mixtral", "tiny", 0), b = test_model("mixtral", "tiny", 3);
+  auto disk = Checkpoint::open(b);
+  std::vector<TensorToWrite> tensors;
+  std::ifstream cfg(b + "/config.json");
+  std::stringstream cfg_text;
+  cfg_text << cfg.rdbuf();
+  SafetensorsFile f(b + "/model.safetensors");
+  for (auto& [name, t] : f.tensors()) {
+    const uint8_t* p = static_cast<const uint8_t*>(t.data);
+    tensors.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(p, p + t.nbytes())});
+  }
+  SamplingParams p;
+  p.max_tokens = 6;
+  p.temperature = 0.f;
+  p.return_routed_experts = true;
+  EngineConfig c = solo_config(a);
+  Engine e1(c), e2(c);
+  e1.update_weights(b, true);
+  e2.update_weights(Checkpoint::from_memory(cfg_text.str(), std::move(tensors)), true);
+  auto o1 = e1.generate({{3, 4, 5, 6}}, {p})[0], o2 = e2.generate({{3, 4, 5, 6}}, {p})[0];
+  expect_matches_solo(o2, o1, false, p, "memory vs disk");
+  EXPECT_EQ(o2.weight_versions, std::vector<uint64_t>(6, 1));
+  // A tensor of the wrong size is a clear error.
+  std::vector<TensorToWrite> bad = {{"model.embed_tokens.weight", DType::BF16, {512, 64}, std::vector<uint8_t>(10)}};
+  EXPECT_THROW(Checkpoint::from_memory(cfg_text.str(), std::move(bad)), Error);
+}
+
+// EPLB placement rebuilt from the engine's own load statistics: outputs and routes unchanged,
+// replicas go to the most loaded experts.
+TEST(EngineRefit, EplbRebalanceFromOwnStatistics) {
+  const std::string model = test_model("qwen3_moe");
+  Workload w = make_workload(31, 10, 512);
+  EngineConfig c = solo_config(model);
+  c.max_num_seqs = 8;
+  c.eplb_redundant_experts = 2;
+  Engine e(c);
+  auto before = e.generate(w.prompts, w.params);
+  e.rebalance_eplb();
+  const uint64_t phys0 = e.stats().physical_expert_load[0][8] + e.stats().physical_expert_load[0][9];
+  auto after = e.generate(w.prompts, w.params);
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    expect_matches_solo(after[i], before[i], false, w.params[i], "request " + std::to_string(i));
+  // The replicas of layer 0 ran tokens after the rebalance.
+  EXPECT_GT(e.stats().physical_expert_load[0][8] + e.stats().physical_expert_load[0][9], phys0);
+}
 
 }  // namespace
 }  // namespace r3::testing

@@ -58,7 +58,9 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
   EXPECT_GT(r.stats.preemptions, 0u);
   EXPECT_GT(r.stats.chunked_prefills, 0u);
   EXPECT_GT(r.stats.prefix_route_rows_copied, 0u);
-  if (c.buckets) EXPECT_GT(r.stats.padded_tokens, 0u);
+  if (c.buckets) {
+    EXPECT_GT(r.stats.padded_tokens, 0u);
+  }
   EXPECT_EQ(r.stats.routed_experts_gaps, 0u);
   EXPECT_EQ(r.stats.stale_prefix_rows, 0u);
   EXPECT_EQ(r.stats.running + r.stats.waiting, 0);

@@ -13,6 +13,9 @@
 std::atomic<bool> g_counting{false};
 std::atomic<uint64_t> g_allocs{0};
 
+// The replacement pairs malloc with free on purpose.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 void* operator new(size_t n) {
   if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;

@@ -329,6 +329,13 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   }
 }
 
+void Engine::rebalance_eplb() {
+  if (cfg_.eplb_redundant_experts <= 0) throw Error("rebalance_eplb: the engine was started without EPLB");
+  drain();
+  const ModelConfig& mc = model_config();
+  runner_->set_eplb(EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, runner_->expert_load()));
+}
+
 EngineStats Engine::stats() const {
   EngineStats s;
   const SchedulerStats& ss = scheduler_->stats();

@@ -94,6 +94,10 @@ class Engine {
   void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
   void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
   uint64_t weight_version() const { return weight_version_; }
+  // EPLB: rebuilds the logical -> physical placement from the engine's own expert-load
+  // statistics (the most loaded experts get the replicas). Between steps; routes and outputs
+  // do not change.
+  void rebalance_eplb();
 
   EngineStats stats() const;
 

@@ -89,6 +89,30 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   return ck;
 }
 
+std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_json,
+                                                    std::vector<TensorToWrite> tensors) {
+  auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
+  ck->dir_ = "<memory>";
+  ck->weights_.config = parse_config(config_json, "<memory>/config.json");
+  ck->memory_ = std::move(tensors);
+  ck->memory_views_.reserve(ck->memory_.size());  // stable addresses for index_
+  for (const TensorToWrite& t : ck->memory_) {
+    TensorView v;
+    v.name = t.name;
+    v.file = "<memory>";
+    v.dtype = t.dtype;
+    v.shape = t.shape;
+    v.data = t.bytes.data();
+    if (v.nbytes() != t.bytes.size())
+      throw Error("<memory>: tensor \"" + t.name + "\" has " + std::to_string(t.bytes.size()) +
+                  " bytes, its shape needs " + std::to_string(v.nbytes()));
+    ck->memory_views_.push_back(std::move(v));
+    ck->index_[t.name] = &ck->memory_views_.back();
+  }
+  ck->load_weights();
+  return ck;
+}
+
 const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape) {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");

@@ -37,6 +37,10 @@ class Checkpoint {
   // Loads and validates every tensor the architecture needs: each problem is an r3::Error naming
   // the file and the tensor.
   static std::shared_ptr<Checkpoint> open(const std::string& dir);
+  // The same from tensors in memory (an RL trainer's refit without a round trip through disk):
+  // config.json text and tensors under their Hugging Face names; validated the same way.
+  static std::shared_ptr<Checkpoint> from_memory(const std::string& config_json,
+                                                 std::vector<TensorToWrite> tensors);
 
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return weights_.config; }
@@ -51,6 +55,8 @@ class Checkpoint {
   std::map<std::string, const TensorView*> index_;
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32
   std::vector<std::vector<float>> owned_;
+  std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
+  std::vector<TensorView> memory_views_;
   ModelWeights weights_;
 };
 
