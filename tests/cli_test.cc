@@ -151,3 +151,20 @@ TEST(Cli, BenchRunsOnATinyModel) {
 
 }  // namespace
 }  // namespace r3::testing
+
+namespace r3::testing {
+namespace {
+
+TEST(Cli, HugeIntegersAreOutOfRangeNotWrapped) {
+  const std::string model = test_model("mixtral");
+  fs::path d = temp_dir("huge");
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[18446744073709551615]})" << "\n";
+  CliRun r = run("generate --model " + model + " --input " + (d / "in.jsonl").string());
+  EXPECT_NE(r.out.find("out-of-range id"), std::string::npos) << r.out;
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1],"max_tokens":18446744073709551615})" << "\n";
+  r = run("generate --model " + model + " --input " + (d / "in.jsonl").string());
+  EXPECT_NE(r.out.find("\"max_tokens\" is out of range"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace r3::testing

@@ -8,12 +8,18 @@ using json = nlohmann::json;
 
 namespace {
 
+// An integer that fits int32 (unsigned JSON values above 2^63 would wrap through int64).
+bool fits_int32(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(INT32_MAX);
+  const int64_t x = v.get<int64_t>();
+  return x >= INT32_MIN && x <= INT32_MAX;
+}
+
 int get_int(const json& j, const char* key, int dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
   if (!j[key].is_number_integer()) throw Error(std::string("\"") + key + "\" must be an integer");
-  const int64_t v = j[key].get<int64_t>();
-  if (v < INT32_MIN || v > INT32_MAX) throw Error(std::string("\"") + key + "\" is out of range");
-  return int(v);
+  if (!fits_int32(j[key])) throw Error(std::string("\"") + key + "\" is out of range");
+  return int(j[key].get<int64_t>());
 }
 
 float get_float(const json& j, const char* key, float dflt) {
@@ -33,9 +39,8 @@ std::vector<int> get_ids(const json& j, const char* key) {
   std::vector<int> out;
   for (auto& v : j[key]) {
     if (!v.is_number_integer()) throw Error(std::string("\"") + key + "\" must hold integers");
-    const int64_t x = v.get<int64_t>();
-    if (x < INT32_MIN || x > INT32_MAX) throw Error(std::string("\"") + key + "\" holds an out-of-range id");
-    out.push_back(int(x));
+    if (!fits_int32(v)) throw Error(std::string("\"") + key + "\" holds an out-of-range id");
+    out.push_back(int(v.get<int64_t>()));
   }
   return out;
 }

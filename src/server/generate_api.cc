@@ -29,6 +29,22 @@ void reject_unsupported(const json& sp) {
                         std::string("sampling_params.") + k);
 }
 
+// Every prompt gets its own copy of stop_token_ids, so a small body could expand to gigabytes
+// (prompts x stop ids). A request may expand to at most this much.
+constexpr size_t kMaxPrompts = size_t(1) << 16;
+constexpr size_t kMaxExpandedIds = size_t(1) << 24;
+
+void check_expansion(const std::vector<std::vector<int>>& prompts, size_t stop_ids) {
+  size_t ids = 0;
+  for (const auto& p : prompts) ids += p.size() + stop_ids;
+  if (prompts.size() > kMaxPrompts || ids > kMaxExpandedIds)
+    throw bad_request("the request is too large: " + std::to_string(prompts.size()) + " prompts holding " +
+                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
+                          std::to_string(kMaxPrompts) + " and " + std::to_string(kMaxExpandedIds) +
+                          ": split it into several requests",
+                      "input_ids");
+}
+
 }  // namespace
 
 GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds) {
@@ -72,6 +88,7 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   std::optional<uint64_t> seed = opt_seed(sp, "seed", pre + "seed");
   if (!seed) seed = opt_seed(sp, "sampling_seed", pre + "sampling_seed");
   if (!seed) seed = opt_seed(b, "sampling_seed", "sampling_seed");
+  check_expansion(prompts, p.stop_token_ids.size());
   for (auto& prompt : prompts) {
     Job j{std::move(prompt), p};
     j.params.seed = seed ? *seed : seeds();

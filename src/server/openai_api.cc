@@ -42,6 +42,23 @@ json logprobs_json(const RequestOutput& o, size_t from) {
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offs}};
 }
 
+// Every choice gets its own copy of its prompt and of stop_token_ids, so a small body could
+// expand to gigabytes (prompts x n x stop ids). A request may expand to at most this much.
+constexpr size_t kMaxChoices = size_t(1) << 16;
+constexpr size_t kMaxExpandedIds = size_t(1) << 24;
+
+void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, size_t stop_ids) {
+  size_t ids = 0;
+  for (const auto& p : prompts) ids += (p.size() + stop_ids) * n;
+  const size_t choices = prompts.size() * n;
+  if (choices > kMaxChoices || ids > kMaxExpandedIds)
+    throw bad_request("the request is too large: " + std::to_string(choices) + " choices (prompts x n) holding " +
+                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
+                          std::to_string(kMaxChoices) + " and " + std::to_string(kMaxExpandedIds) +
+                          ": split it into several requests",
+                      "prompt");
+}
+
 json stop_reason(const RequestOutput& o) {
   if (o.finish_reason != "stop" || o.token_ids.empty()) return nullptr;
   return o.token_ids.back();
@@ -90,6 +107,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   if (!base.return_routed_experts && base.routed_experts_start)
     throw bad_request("\"routed_experts_start\" needs \"return_routed_experts\": true", "routed_experts_start");
   const std::optional<uint64_t> seed = opt_seed(b, "seed", "seed");
+  check_expansion(prompts, r.n, base.stop_token_ids.size());
 
   for (auto& p : prompts) {
     r.prompt_lens.push_back(p.size());

@@ -434,14 +434,11 @@ RolloutAlignmentResult run_rollout_alignment(EngineConfig cfg, const std::vector
 // Output
 // ---------------------------------------------------------------------------------------------
 
+// The metrics of to_json(AlignmentMetrics) without its token count (the report has its own).
 json alignment_metrics_json(const AlignmentMetrics& m) {
-  return json{{"router_disagreement_pairs", m.router_disagreement_pairs},
-              {"router_disagreement_tokens", m.router_disagreement_tokens},
-              {"mean_differing_layers", m.mean_differing_layers},
-              {"k3_kl", m.k3_kl},
-              {"extreme_token_fraction", m.extreme_token_fraction},
-              {"mean_abs_dlogprob", m.mean_abs_dlogprob},
-              {"max_abs_dlogprob", m.max_abs_dlogprob}};
+  json j = to_json(m);
+  j.erase("tokens");
+  return j;
 }
 
 json to_json(const RolloutAlignmentResult& r) {

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# libFuzzer run over r3's request parsers (src/server/request_fuzz.h: the /v1/completions and
+# /generate bodies, and `r3 generate` JSONL lines), with ASan and UBSan.
+#
+#   scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]     (SECONDS defaults to 60)
+#
+# Builds build-fuzz/request_parser_fuzz with Debian's clang++ (only the parser sources, compiled
+# directly: no cpp-httplib, no CMake), then fuzzes for SECONDS starting from the seeds in
+# fuzz/corpus/. New inputs go to build-fuzz/corpus/ (kept between runs), findings to
+# build-fuzz/artifacts/; the exit status is non-zero when libFuzzer found something. Reproduce
+# one with: build-fuzz/request_parser_fuzz build-fuzz/artifacts/crash-...
+# Longer runs: see "Fuzzing" in src/server/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${1:-60}
+[ $# -gt 0 ] && shift
+CXX=${FUZZ_CXX:-clang++}
+OUT=build-fuzz
+BIN=$OUT/request_parser_fuzz
+SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
+      src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
+      src/routes/route_array.cc)
+FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
+       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+
+command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang)" >&2; exit 2; }
+mkdir -p "$OUT/obj" "$OUT/corpus" "$OUT/artifacts"
+
+# Rebuild an object when it is missing or older than its source or any header it included.
+stale() {
+  local o=$1 d=$2 dep
+  [ -f "$o" ] && [ -f "$d" ] || return 0
+  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$d"); do
+    [ "$dep" -nt "$o" ] && return 0
+  done
+  return 1
+}
+objs=()
+relink=0
+for s in "${SRCS[@]}"; do
+  o=$OUT/obj/$(echo "$s" | tr / _).o
+  objs+=("$o")
+  if stale "$o" "${o%.o}.d"; then
+    echo "fuzz.sh: compiling $s"
+    "$CXX" "${FLAGS[@]}" -MMD -MF "${o%.o}.d" -c "$s" -o "$o"
+    relink=1
+  fi
+done
+if [ $relink = 1 ] || [ ! -x "$BIN" ]; then
+  echo "fuzz.sh: linking $BIN"
+  "$CXX" "${FLAGS[@]}" "${objs[@]}" -o "$BIN"
+fi
+
+# Tokens the mutator may splice in: the parsers' field names and JSON edge cases.
+cat > "$OUT/request.dict" <<'DICT'
+"\"prompt\""
+"\"input_ids\""
+"\"prompt_token_ids\""
+"\"sampling_params\""
+"\"max_tokens\""
+"\"max_new_tokens\""
+"\"temperature\""
+"\"top_p\""
+"\"top_k\""
+"\"seed\""
+"\"sampling_seed\""
+"\"stop\""
+"\"stop_token_ids\""
+"\"ignore_eos\""
+"\"logprobs\""
+"\"return_logprob\""
+"\"return_token_ids\""
+"\"return_routed_experts\""
+"\"routed_experts_start\""
+"\"request_id\""
+"\"rid\""
+"\"n\""
+"\"best_of\""
+"\"stream\""
+"\"echo\""
+"\"suffix\""
+"\"logit_bias\""
+"\"presence_penalty\""
+"\"frequency_penalty\""
+"\"repetition_penalty\""
+"\"min_new_tokens\""
+"\"regex\""
+"\"text\""
+"true"
+"false"
+"null"
+"[]"
+"{}"
+"[[1],[2]]"
+"-1"
+"2147483648"
+"-2147483649"
+"9223372036854775807"
+"9223372036854775808"
+"18446744073709551615"
+"18446744073709551616"
+"1e308"
+"1e309"
+"-0"
+"0.5"
+"\"\\u0000\""
+"\"\\ud800\""
+"\"\\u00e9\""
+DICT
+
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+echo "fuzz.sh: fuzzing for ${SECS}s"
+exec "$BIN" -max_total_time="$SECS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  -dict="$OUT/request.dict" -artifact_prefix="$OUT/artifacts/" "$@" "$OUT/corpus" fuzz/corpus
