@@ -34,7 +34,6 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   sc.enable_prefix_caching = cfg_.enable_prefix_caching;
   sc.decode_buckets = cfg_.decode_buckets;
-  sc.overlap = cfg_.overlap_scheduler;
   scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block());
   if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
     throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");

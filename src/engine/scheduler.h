@@ -21,7 +21,6 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 512;
   bool enable_prefix_caching = true;
   std::vector<int> decode_buckets;  // pad pure-decode steps to these sizes (sorted)
-  bool overlap = false;             // plan while the previous step's samples are unknown
 };
 
 struct SchedulerStats {

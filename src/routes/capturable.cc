@@ -20,8 +20,6 @@ void assert_capturable(const EngineConfig& cfg, const ModelConfig& model, int ca
     throw Error("enable_return_routed_experts: a step may hold " + std::to_string(largest_step) +
                 " tokens (max_num_batched_tokens / decode_buckets) but capture slots hold " +
                 std::to_string(capture_slot_tokens));
-  if (cfg.eplb_redundant_experts < 0 || cfg.eplb_redundant_experts > model.num_experts)
-    throw Error("eplb_redundant_experts must be in [0, num_experts]");
 }
 
 }  // namespace r3
