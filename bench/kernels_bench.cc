@@ -12,7 +12,7 @@
 namespace {
 
 struct Weights {
-  std::vector<uint16_t> bf16;
+  std::vector<uint16_t> bf16, packed;
   r3::TensorView view;
   Weights(int rows, int cols) : bf16(size_t(rows) * size_t(cols)) {
     std::mt19937 rng(1);
@@ -21,6 +21,8 @@ struct Weights {
     view.dtype = r3::DType::BF16;
     view.shape = {rows, cols};
     view.data = bf16.data();
+    packed = r3::kernels::pack_bf16(view);
+    view.packed = packed.data();
   }
 };
 

@@ -9,13 +9,14 @@
 #include <random>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/dot.h"
 
 namespace r3::kernels {
 namespace {
 
 struct Data {
-  std::vector<uint16_t> wb;
+  std::vector<uint16_t> wb, packed;
   std::vector<float> wf, x;
   std::vector<uint16_t> xb;
   TensorView Wb, Wf;
@@ -38,6 +39,8 @@ Data make(int O, int n, int T, uint64_t seed, bool extreme) {
   D.Wb.dtype = DType::BF16;
   D.Wb.shape = {O, n};
   D.Wb.data = D.wb.data();
+  D.packed = pack_bf16(D.Wb);
+  D.Wb.packed = D.packed.data();
   D.Wf.dtype = DType::F32;
   D.Wf.shape = {O, n};
   D.Wf.data = D.wf.data();
@@ -51,9 +54,9 @@ uint32_t bits(float f) {
 }
 
 TEST(Matmul, EqualsPortableOrderBitForBit) {
-  for (int n : {1, 7, 16, 31, 32, 33, 64, 100, 1024})
+  for (int n : {2, 8, 16, 30, 32, 34, 64, 100, 1024})
     for (bool extreme : {false, true}) {
-      const int O = 9, T = 6;
+      const int O = 37, T = 13;  // panel and token-tile remainders
       Data D = make(O, n, T, uint64_t(n) * 7 + extreme, extreme);
       std::vector<float> yb(size_t(T) * O), yf(size_t(T) * O);
       matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, yb.data(), O, 0, O);
@@ -86,6 +89,18 @@ TEST(Matmul, BatchInvariant) {
   std::vector<float> rows(size_t(T) * O);
   for (int o = 0; o < O; o += 5) matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, rows.data(), O, o, std::min(O, o + 5));
   EXPECT_EQ(rows, all);
+}
+
+TEST(Matmul, UnpackedBf16IsAnError) {
+  Data D = make(4, 8, 1, 1, false);
+  D.Wb.packed = nullptr;
+  std::vector<float> y(4);
+  EXPECT_THROW(matmul_rows({D.x.data(), D.xb.data(), 1}, D.Wb, y.data(), 4, 0, 4), Error);
+  TensorView odd = D.Wb;
+  odd.shape = {8, 4};
+  EXPECT_NO_THROW(pack_bf16(odd));
+  odd.shape = {4, 7};
+  EXPECT_THROW(pack_bf16(odd), Error);
 }
 
 TEST(Matmul, CloseToExactDot) {

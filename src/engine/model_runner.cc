@@ -63,9 +63,31 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
     load_.emplace_back(new std::atomic<uint64_t>[size_t(c.num_experts)]());
     phys_load_.emplace_back(new std::atomic<uint64_t>[size_t(2 * c.num_experts)]());
   }
+  pack_weights();
 }
 
-void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) { ckpt_ = std::move(ckpt); }
+void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
+  ckpt_ = std::move(ckpt);
+  pack_weights();
+}
+
+void ModelRunner::pack_weights() {
+  weights_ = ckpt_->weights();
+  std::vector<TensorView*> mats = {&weights_.lm_head};
+  for (LayerWeights& L : weights_.layers) {
+    for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down}) mats.push_back(t);
+    for (ExpertWeights& e : L.experts)
+      for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
+  }
+  std::vector<TensorView*> bf16;
+  for (TensorView* t : mats)
+    if (!t->empty() && t->dtype == DType::BF16) bf16.push_back(t);
+  packed_.assign(bf16.size(), {});
+  pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
+    packed_[size_t(i)] = kernels::pack_bf16(*bf16[size_t(i)]);
+    bf16[size_t(i)]->packed = packed_[size_t(i)].data();
+  });
+}
 
 std::vector<std::vector<uint64_t>> ModelRunner::expert_load() const {
   std::vector<std::vector<uint64_t>> out;
@@ -238,7 +260,7 @@ void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
 
 void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
   const ModelConfig& c = config();
-  const ModelWeights& W = ckpt_->weights();
+  const ModelWeights& W = weights_;
   const int T = int(plan.tokens.size());
   if (T > max_tokens_) throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " + std::to_string(max_tokens_));
   const int num_real = T - plan.num_padding;

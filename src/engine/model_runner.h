@@ -42,9 +42,12 @@ class ModelRunner {
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
   float* k_at(int layer, int block, int slot);
+  void pack_weights();  // weights_ = the checkpoint's views, bf16 matrices repacked
   float* v_at(int layer, int block, int slot);
 
   std::shared_ptr<Checkpoint> ckpt_;
+  ModelWeights weights_;                        // views the kernels read (packed bf16)
+  std::vector<std::vector<uint16_t>> packed_;   // storage behind TensorView::packed
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;

@@ -1,10 +1,11 @@
 // The fixed reduction orders every engine matmul uses.
 //
 // bf16 weights (activations are bf16 values too, by the numerics contract): the order of the
-// AVX512-BF16 instruction vdpbf16ps. Lane l (0..15) accumulates, for each 32-element chunk m,
-// first the product of elements 32m+2l+1, then that of 32m+2l (fp32, round to nearest even,
-// denormals flushed to zero); the 16 lanes are then summed by a fixed pairwise tree.
-// f32 weights: element i is fused-multiply-added into lane i % 16, then the same tree.
+// AVX512-BF16 instruction vdpbf16ps applied to one output row: for each input pair q in turn,
+// acc += w[2q+1]*x[2q+1], then acc += w[2q]*x[2q] (fp32, round to nearest even, denormals
+// flushed to zero). Each SIMD lane holds a different output row, so there is no horizontal sum.
+// f32 weights: element i is fused-multiply-added into lane i % 16, then the 16 lanes are summed
+// by a fixed pairwise tree.
 //
 // The AVX-512 paths and the portable paths compute exactly these, so a token's result is the
 // same bits with or without the instructions, and whatever the batch.
@@ -38,27 +39,22 @@ inline float bf16_bits_to_f32(uint16_t h) {
   return f;
 }
 
-// One lane step of vdpbf16ps: acc += w[1]*x[1]; acc += w[0]*x[0] (each rounded, FTZ/DAZ).
+// One lane step of vdpbf16ps: acc += w[1]*x[1]; acc += w[0]*x[0]. Inputs are denormal-flushed,
+// each product is exact (a bf16 x bf16 product fits fp32's significand, so fma adds it unrounded),
+// each sum is rounded once and flushed to zero if denormal.
 inline float dp_pair(float acc, const uint16_t* w, const uint16_t* x) {
   const float w1 = ftz(bf16_bits_to_f32(w[1])), x1 = ftz(bf16_bits_to_f32(x[1]));
   const float w0 = ftz(bf16_bits_to_f32(w[0])), x0 = ftz(bf16_bits_to_f32(x[0]));
-  acc = ftz(acc + ftz(w1 * x1));
-  acc = ftz(acc + ftz(w0 * x0));
+  acc = ftz(std::fma(w1, x1, acc));
+  acc = ftz(std::fma(w0, x0, acc));
   return acc;
 }
 
-// Portable bf16 dot in the vdpbf16ps order (n may be odd: missing elements are zeros).
+// Portable bf16 dot of one weight row in the order above (n even).
 inline float dot_bf16_portable(const uint16_t* w, const uint16_t* x, int n) {
-  float lanes[16] = {0};
-  for (int base = 0; base < n; base += 32)
-    for (int l = 0; l < 16; ++l) {
-      const int e = base + 2 * l;
-      if (e >= n) break;
-      uint16_t wp[2] = {w[e], e + 1 < n ? w[e + 1] : uint16_t(0)};
-      uint16_t xp[2] = {x[e], e + 1 < n ? x[e + 1] : uint16_t(0)};
-      lanes[l] = dp_pair(lanes[l], wp, xp);
-    }
-  return reduce_lanes16(lanes);
+  float acc = 0.f;
+  for (int q = 0; q < n; q += 2) acc = dp_pair(acc, w + q, x + q);
+  return acc;
 }
 
 // Portable f32 dot: lane i % 16 with fma, then the tree.

@@ -4,56 +4,97 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/dot.h"
 
 namespace r3::kernels {
 
 namespace {
 
-// ---- bf16 weights: R weight rows x C tokens, vdpbf16ps order ----
+// ---- bf16 weights: P panels of 16 rows x C tokens, lanes = rows ----
 
-template <int R, int C>
-void tile_bf16(const uint16_t* w, size_t ldw, const uint16_t* x, size_t ldx, int n, float* y, int ldy) {
+constexpr int kPanel = 16;
+
+// P panels x C tokens; stores only rows [lo, hi) (masked at the edges of the range).
+template <int P, int C>
+void panel_tile(const uint16_t* panels, size_t panel_elems, const uint16_t* x, size_t ldx, int pairs,
+                float* y, int ldy, int row0, int lo, int hi) {
 #if defined(__AVX512BF16__)
-  __m512 acc[R][C];
-  #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512i wv[R];
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + i);
-    #pragma GCC unroll 4
+  __m512 acc[P][C];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  for (int q = 0; q < pairs; ++q) {
+    __m512i w[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(panels + size_t(p) * panel_elems + size_t(q) * 32);
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      const __m512i xv = _mm512_loadu_si512(x + c * ldx + i);
-      #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)xv);
+      uint32_t pair;
+      std::memcpy(&pair, x + size_t(c) * ldx + 2 * size_t(q), 4);
+      const __m512i xv = _mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], (__m512bh)xv);
     }
   }
-  if (i < n) {
-    const __mmask32 m = __mmask32((uint64_t(1) << (n - i)) - 1);
-    __m512i wv[R];
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ldw + i);
-    #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const __m512i xv = _mm512_maskz_loadu_epi16(m, x + c * ldx + i);
-      #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)xv);
-    }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int r0 = row0 + p * kPanel;
+    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
+    if (a >= b) continue;
+    const __mmask16 m = __mmask16(((1u << b) - 1) & ~((1u << a) - 1));
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(c) * ldy + r0, m, acc[p][c]);
   }
-  #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
 #else
-  #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_bf16_portable(w + r * ldw, x + c * ldx, n);
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < kPanel; ++r) {
+      const int row = row0 + p * kPanel + r;
+      if (row < lo || row >= hi) continue;
+      for (int c = 0; c < C; ++c) {
+        float acc = 0.f;
+        for (int q = 0; q < pairs; ++q)
+          acc = dp_pair(acc, panels + size_t(p) * panel_elems + size_t(q) * 32 + size_t(r) * 2,
+                        x + size_t(c) * ldx + 2 * size_t(q));
+        y[size_t(c) * ldy + row] = acc;
+      }
+    }
 #endif
+}
+
+template <int P>
+void panel_tokens(const uint16_t* panels, size_t panel_elems, const uint16_t* x, int T, size_t ldx, int pairs,
+                  float* y, int ldy, int row0, int lo, int hi) {
+  constexpr int kC = 6;
+  int t = 0;
+  for (; t + kC <= T; t += kC)
+    panel_tile<P, kC>(panels, panel_elems, x + size_t(t) * ldx, ldx, pairs, y + size_t(t) * ldy, ldy, row0, lo, hi);
+  const uint16_t* xt = x + size_t(t) * ldx;
+  float* yt = y + size_t(t) * ldy;
+  switch (T - t) {
+    case 5: panel_tile<P, 5>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
+    case 4: panel_tile<P, 4>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
+    case 3: panel_tile<P, 3>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
+    case 2: panel_tile<P, 2>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
+    case 1: panel_tile<P, 1>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
+    default: break;
+  }
+}
+
+void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+  const int O = int(W.shape[0]), I = int(W.shape[1]), pairs = I / 2;
+  const size_t panel_elems = size_t(pairs) * 32;
+  const int hi = std::min(o_end, O);
+  // Panels touching [o_begin, o_end), two at a time (one weight load feeds 6 tokens each).
+  int p = o_begin / kPanel;
+  const int p_end = (hi + kPanel - 1) / kPanel;
+  for (; p + 2 <= p_end; p += 2)
+    panel_tokens<2>(W.packed + size_t(p) * panel_elems, panel_elems, x.bf16, x.rows, size_t(I), pairs, y, ldy,
+                    p * kPanel, o_begin, hi);
+  if (p < p_end)
+    panel_tokens<1>(W.packed + size_t(p) * panel_elems, panel_elems, x.bf16, x.rows, size_t(I), pairs, y, ldy,
+                    p * kPanel, o_begin, hi);
 }
 
 // ---- f32 weights: lane i % 16 fma order ----
@@ -127,12 +168,6 @@ void run_tiles(const T* w, const T* x, int Tn, int n, float* y, int ldy, int o0,
 }
 
 template <int R, int C>
-struct Bf16Tile {
-  static void run(const uint16_t* w, size_t ldw, const uint16_t* x, size_t ldx, int n, float* y, int ldy) {
-    tile_bf16<R, C>(w, ldw, x, ldx, n, y, ldy);
-  }
-};
-template <int R, int C>
 struct F32Tile {
   static void run(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
     tile_f32<R, C>(w, ldw, x, ldx, n, y, ldy);
@@ -143,9 +178,10 @@ struct F32Tile {
 
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
   const int n = int(W.shape[1]);
-  if (W.dtype == DType::BF16)
-    run_tiles<uint16_t, Bf16Tile>(static_cast<const uint16_t*>(W.data), x.bf16, x.rows, n, y, ldy, o_begin, o_end);
-  else
+  if (W.dtype == DType::BF16) {
+    if (!W.packed) throw Error("matmul: bf16 weight \"" + W.name + "\" was not packed (pack_bf16)");
+    matmul_packed(x, W, y, ldy, o_begin, o_end);
+  } else
     run_tiles<float, F32Tile>(static_cast<const float*>(W.data), x.f32, x.rows, n, y, ldy, o_begin, o_end);
 }
 
@@ -160,6 +196,24 @@ void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* poo
   pool->parallel_for_each(blocks, [&](int64_t b) {
     matmul_rows(x, W, y, O, int(b * 16), std::min(O, int(b * 16 + 16)));
   });
+}
+
+std::vector<uint16_t> pack_bf16(const TensorView& W) {
+  if (W.dtype != DType::BF16 || W.shape.size() != 2) throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 matrix");
+  const int64_t O = W.shape[0], I = W.shape[1];
+  if (I % 2) throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(I));
+  const int64_t panels = (O + kPanel - 1) / kPanel, pairs = I / 2;
+  std::vector<uint16_t> out(size_t(panels * pairs * 32), 0);
+  const uint16_t* w = static_cast<const uint16_t*>(W.data);
+  for (int64_t o = 0; o < O; ++o) {
+    uint16_t* dst = out.data() + size_t((o / kPanel) * pairs * 32 + (o % kPanel) * 2);
+    const uint16_t* src = w + size_t(o * I);
+    for (int64_t q = 0; q < pairs; ++q) {
+      dst[size_t(q) * 32] = src[2 * q];
+      dst[size_t(q) * 32 + 1] = src[2 * q + 1];
+    }
+  }
+  return out;
 }
 
 void round_to_bf16(float* x, int64_t n, uint16_t* bits) {

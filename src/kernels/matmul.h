@@ -1,9 +1,12 @@
 // y[t, o] = sum_i W[o, i] * x[t, i] for a weight W [O, I] stored as bf16 or f32 (HF layout).
 // x holds bf16 values (round_to_bf16 makes them and their bf16 bits). Every y[t, o] is one dot in
 // the fixed order of dot.h, so a token's result does not depend on how many rows x has or where
-// it sits. Tiles of 4 weight rows x up to 4 tokens share loads; work is split over output rows.
+// it sits. bf16 weights are first repacked (pack_bf16) into panels of 16 rows whose input pairs
+// are interleaved, so one vector load feeds 16 output rows and no horizontal sums are needed;
+// f32 weights use tiles of 4 rows x up to 4 tokens. Work is split over output rows.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "model/safetensors.h"
@@ -16,7 +19,11 @@ struct Activations {
   int rows = 0;
 };
 
-// Rows [o_begin, o_end) of W for every activation row.
+// The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
+// [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
+std::vector<uint16_t> pack_bf16(const TensorView& W);
+
+// Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
 // All rows, split across the pool.
 void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool);

@@ -18,6 +18,9 @@ struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  // bf16 weights repacked for the engine's kernels (kernels/matmul.h), owned by whoever packed
+  // them; null for views straight from a file.
+  const uint16_t* packed = nullptr;
 
   int64_t numel() const;
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
