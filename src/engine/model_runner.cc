@@ -108,9 +108,9 @@ std::vector<std::vector<uint64_t>> ModelRunner::physical_expert_load() const {
   return out;
 }
 
-float* ModelRunner::k_at(int layer, int block, int slot) {
-  return k_cache_.data() +
-         ((size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) + size_t(slot)) * kv_dim_;
+// K blocks are transposed ([kv_dim][slot]): kernels/attention.h scores a block's keys at once.
+float* ModelRunner::k_block(int layer, int block) {
+  return k_cache_.data() + (size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) * kv_dim_;
 }
 float* ModelRunner::v_at(int layer, int block, int slot) {
   return v_cache_.data() +
@@ -125,11 +125,11 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   const int qd = nh * hd;
   const float scale = 1.f / std::sqrt(float(hd));
   const int T = int(plan.tokens.size());
-  const float* k_layer = k_at(layer, 0, 0);
+  const float* k_layer = k_block(layer, 0);
   const float* v_layer = v_at(layer, 0, 0);
   pool_->parallel_for(int64_t(T) * nh, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> scores;
-    if (scores.size() < size_t(rope_.max_pos())) scores.resize(size_t(rope_.max_pos()));
+    if (scores.size() < size_t(rope_.max_pos() + block_size_)) scores.resize(size_t(rope_.max_pos() + block_size_));
     for (int64_t i = b; i < e; ++i) {
       const int t = int(i / nh), head = int(i % nh);
       const PlannedToken& tok = plan.tokens[size_t(t)];
@@ -313,7 +313,8 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
       const PlannedToken& tok = plan.tokens[size_t(t)];
       for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
       for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
-      std::copy(k, k + kvd, k_at(l, tok.block, tok.slot));
+      float* kb = k_block(l, tok.block) + tok.slot;
+      for (int e = 0; e < kvd; ++e) kb[size_t(e) * size_t(block_size_)] = k[e];
       std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
     }
     attention(plan, l, q_.data(), attn_.data());

@@ -9,25 +9,26 @@ namespace r3::kernels {
 
 namespace {
 
-inline const float* row(const float* base, const PagedHead& kv, int j) {
-  return base + (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * kv.kv_dim +
+inline const float* v_row(const PagedHead& kv, int j) {
+  return kv.v_base + (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * kv.kv_dim +
          kv.head_offset;
 }
 
-// q . k in the dot.h f32 order (lane i % 16, fma, fixed tree).
-inline float qk(const float* q, const float* k, int hd) {
+// Scores of the first n keys of one block (kt: [head_dim][block_size]).
+inline void block_scores(const float* q, const float* kt, int hd, int bs, int n, float scale, float* s) {
 #if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= hd; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(k + i), _mm512_loadu_ps(q + i), acc);
-  if (i < hd) {
-    const __mmask16 m = __mmask16((1u << (hd - i)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k + i), _mm512_maskz_loadu_ps(m, q + i), acc);
+  if (bs == 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d) acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kt + d * 16), acc);
+    _mm512_mask_storeu_ps(s, __mmask16((1u << n) - 1), _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+    return;
   }
-  return reduce512(acc);
-#else
-  return dot_f32_portable(k, q, hd);
 #endif
+  for (int j = 0; j < n; ++j) {
+    float acc = 0.f;
+    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], kt[d * bs + j], acc);
+    s[j] = acc * scale;
+  }
 }
 
 // out[d] = fma(w, v[d], out[d]): per d the same operation whatever the vector width.
@@ -44,17 +45,20 @@ inline void axpy(float w, const float* v, float* out, int hd) {
 }  // namespace
 
 void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, float* scores, float* out) {
+  const int bs = kv.block_size;
   float m = -INFINITY;
-  for (int j = 0; j <= pos; ++j) {
-    scores[j] = qk(q, row(kv.k_base, kv, j), hd) * scale;
-    m = std::max(m, scores[j]);
+  for (int b = 0; b * bs <= pos; ++b) {
+    const float* kt = kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + kv.head_offset) * bs;
+    const int n = std::min(bs, pos + 1 - b * bs);
+    block_scores(q, kt, hd, bs, n, scale, scores + b * bs);
+    for (int j = 0; j < n; ++j) m = std::max(m, scores[b * bs + j]);
   }
   std::fill(out, out + hd, 0.f);
   float sum = 0.f;
   for (int j = 0; j <= pos; ++j) {
     const float w = std::exp(scores[j] - m);
     sum += w;
-    axpy(w, row(kv.v_base, kv, j), out, hd);
+    axpy(w, v_row(kv, j), out, hd);
   }
   const float inv = 1.f / sum;
   for (int d = 0; d < hd; ++d) out[d] *= inv;

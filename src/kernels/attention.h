@@ -6,16 +6,19 @@
 
 namespace r3::kernels {
 
+// K blocks are stored transposed, [block][kv_dim][slot], so the scores of a block's keys are
+// computed 16 at a time (one lane per key); V blocks are [block][slot][kv_dim].
 struct PagedHead {
-  const float* k_base;    // K cache of this layer: [block][slot][kv_dim]
-  const float* v_base;
+  const float* k_base;    // K cache of this layer: [block][kv_dim][slot]
+  const float* v_base;    // V cache of this layer: [block][slot][kv_dim]
   const int* block_table;
   int block_size;
   int64_t kv_dim;         // floats per (block, slot)
   int64_t head_offset;    // offset of this kv head inside kv_dim
 };
 
-// scores: scratch of at least pos + 1 floats. out: [head_dim].
+// Score of key j: fma over d = 0..head_dim-1 in order (acc = fma(q[d], k[d], acc)), times scale.
+// scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead& kv, float* scores,
             float* out);
 
