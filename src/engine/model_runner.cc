@@ -127,16 +127,17 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   const int T = int(plan.tokens.size());
   const float* k_layer = k_block(layer, 0);
   const float* v_layer = v_at(layer, 0, 0);
-  pool_->parallel_for(int64_t(T) * nh, [&](int64_t b, int64_t e) {
+  // Items handed out dynamically: later positions have more keys (prefill chunks are uneven).
+  pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
     thread_local std::vector<float> scores;
     if (scores.size() < size_t(rope_.max_pos() + block_size_)) scores.resize(size_t(rope_.max_pos() + block_size_));
-    for (int64_t i = b; i < e; ++i) {
+    {
       const int t = int(i / nh), head = int(i % nh);
       const PlannedToken& tok = plan.tokens[size_t(t)];
       float* o = out + size_t(t) * qd + size_t(head) * hd;
       if (tok.seq < 0) {  // padding
         std::fill(o, o + hd, 0.f);
-        continue;
+        return;
       }
       const kernels::PagedHead kv{k_layer, v_layer, plan.block_table(plan.seqs[size_t(tok.seq)]), block_size_,
                                   int64_t(kv_dim_), int64_t(head / group) * hd};

@@ -55,6 +55,22 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, f
   }
   std::fill(out, out + hd, 0.f);
   float sum = 0.f;
+#if defined(__AVX512F__)
+  if (hd % 16 == 0 && hd <= 128) {
+    // The same per-d fma sequence as axpy, with the output kept in registers across keys.
+    __m512 acc[8];
+    const int nv = hd / 16;
+    for (int i = 0; i < nv; ++i) acc[i] = _mm512_setzero_ps();
+    for (int j = 0; j <= pos; ++j) {
+      const float w = std::exp(scores[j] - m);
+      sum += w;
+      const __m512 wv = _mm512_set1_ps(w);
+      const float* vj = v_row(kv, j);
+      for (int i = 0; i < nv; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vj + 16 * i), acc[i]);
+    }
+    for (int i = 0; i < nv; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
+  } else
+#endif
   for (int j = 0; j <= pos; ++j) {
     const float w = std::exp(scores[j] - m);
     sum += w;
