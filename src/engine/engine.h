@@ -3,10 +3,8 @@
 // thread and the next step is planned (and the previous one committed) while it computes.
 #pragma once
 #include <condition_variable>
+#include <exception>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <optional>

@@ -189,7 +189,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   // Logical -> physical, counting sort by physical expert.
   const int P = eplb_.enabled() ? eplb_.num_physical() : E;
   group_offsets_.assign(size_t(P + 1), 0);
-  thread_local std::vector<int> nth_of_logical, phys;
+  std::vector<int>& nth_of_logical = nth_of_logical_;
+  std::vector<int>& phys = phys_;
   nth_of_logical.assign(size_t(E), 0);
   phys.resize(size_t(T) * K);
   for (int a = 0; a < T * K; ++a) {
@@ -203,7 +204,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     }
   }
   for (int p = 0; p < P; ++p) group_offsets_[size_t(p + 1)] += group_offsets_[size_t(p)];
-  thread_local std::vector<int> fill;
+  std::vector<int>& fill = fill_;
   fill.assign(group_offsets_.begin(), group_offsets_.end() - 1);
   for (int a = 0; a < T * K; ++a) {
     const int s = fill[size_t(phys[size_t(a)])]++;

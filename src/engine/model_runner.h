@@ -5,7 +5,6 @@
 #pragma once
 #include <atomic>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -67,7 +66,7 @@ class ModelRunner {
   std::vector<float> gathered_, gate_, up_, act_, expert_out_, route_w_;
   std::vector<uint16_t> hb_, attnb_, gatheredb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
-  std::vector<int> group_offsets_, group_tokens_, slot_of_;
+  std::vector<int> group_offsets_, group_tokens_, slot_of_, nth_of_logical_, phys_, fill_;
   std::vector<float> sample_scratch_;
   std::vector<int> sample_order_, sampled_seq_;
 };
