@@ -57,39 +57,53 @@ double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
   return best;
 }
 
+#if defined(__AVX512F__)
+// Chains start equal and see the same operations, so without this the compiler merges them
+// into one dependent chain and the loop measures latency, not throughput. The empty asm
+// makes each register opaque; it emits no instruction.
+constexpr int kChains = 12;
+inline void keep_chain(__m512& a) { asm volatile("" : "+v"(a)); }
+#endif
+
 double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
   const int64_t iters = 20'000'000;
   double flops_per_iter = 0;
   std::vector<float> sinks(size_t(pool->size()) * 16);
 #if defined(__AVX512BF16__)
   if (instruction) *instruction = "vdpbf16ps zmm (AVX512-BF16)";
-  flops_per_iter = 8 * 64;  // 8 independent instructions x 32 bf16 pairs x (mul + add)
+  flops_per_iter = kChains * 64;  // independent instructions x 32 bf16 pairs x (mul + add)
   auto body = [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
-      __m512 acc[8];
+      __m512 acc[kChains];
       for (auto& a : acc) a = _mm512_setzero_ps();
       const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
-      for (int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 8
+      for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
         for (auto& a : acc) a = _mm512_dpbf16_ps(a, x, y);
+#pragma GCC unroll 16
+        for (auto& a : acc) keep_chain(a);
+      }
       __m512 s = acc[0];
-      for (int j = 1; j < 8; ++j) s = _mm512_add_ps(s, acc[j]);
+      for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, acc[j]);
       sinks[size_t(p) * 16] = _mm512_reduce_add_ps(s);
     }
   };
 #elif defined(__AVX512F__)
   if (instruction) *instruction = "vfmadd231ps zmm (no AVX512-BF16)";
-  flops_per_iter = 8 * 32;
+  flops_per_iter = kChains * 32;
   auto body = [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
-      __m512 acc[8];
+      __m512 acc[kChains];
       for (auto& a : acc) a = _mm512_setzero_ps();
       const __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
-      for (int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 8
+      for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
         for (auto& a : acc) a = _mm512_fmadd_ps(a, x, y);
+#pragma GCC unroll 16
+        for (auto& a : acc) keep_chain(a);
+      }
       __m512 s = acc[0];
-      for (int j = 1; j < 8; ++j) s = _mm512_add_ps(s, acc[j]);
+      for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, acc[j]);
       sinks[size_t(p) * 16] = _mm512_reduce_add_ps(s);
     }
   };
