@@ -71,6 +71,68 @@ TEST(Matmul, EqualsPortableOrderBitForBit) {
     }
 }
 
+// A sum that lands just below FLT_MIN: gradual underflow would round it up to FLT_MIN, but the
+// instruction (and x86 FTZ) judges tininess with an unbounded exponent and flushes it to zero.
+TEST(Matmul, FlushesTinySumsLikeTheInstruction) {
+  const float below = -1.5f * 0x1p-75f, above = -1.25f * 0x1p-75f;  // pair 1's w[1]
+  for (float w3 : {below, above}) {
+    // pair 0 leaves 2^-126 + 2^-149; pair 1 adds w3 * 2^-74 first.
+    const std::vector<float> wf = {0x1p-75f, 0x1p-63f, 0.f, w3}, xf = {0x1p-74f, 0x1p-63f, 0.f, 0x1p-74f};
+    std::vector<uint16_t> wb, xb;
+    for (float v : wf) wb.push_back(f32_to_bf16(v));
+    for (float v : xf) xb.push_back(f32_to_bf16(v));
+    const float expected = w3 == below ? 0.f : FLT_MIN;
+    EXPECT_EQ(bits(dot_bf16_portable(wb.data(), xb.data(), 4)), bits(expected));
+    TensorView W;
+    W.dtype = DType::BF16;
+    W.shape = {1, 4};
+    W.data = wb.data();
+    const std::vector<uint16_t> packed = pack_bf16(W);
+    W.packed = packed.data();
+    float y = -1;
+    matmul_rows({xf.data(), xb.data(), 1}, W, &y, 1, 0, 1);
+    EXPECT_EQ(bits(y), bits(expected));
+#if defined(__AVX512BF16__)
+    __m512 acc = _mm512_setzero_ps();
+    for (int q = 0; q < 2; ++q) {
+      uint32_t wp, xp;
+      std::memcpy(&wp, wb.data() + 2 * q, 4);
+      std::memcpy(&xp, xb.data() + 2 * q, 4);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)), (__m512bh)_mm512_set1_epi32(int(xp)));
+    }
+    EXPECT_EQ(bits(_mm512_cvtss_f32(acc)), bits(expected)) << "vdpbf16ps";
+#endif
+  }
+}
+
+// dp_pair against the instruction itself where the CPU has it, on pairs around the denormal range.
+TEST(Matmul, PortablePairStepEqualsVdpbf16ps) {
+#if !defined(__AVX512BF16__)
+  GTEST_SKIP() << "no AVX512-BF16 on this build";
+#else
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<int> exponent(40, 100);  // products and sums near 2^-126
+  auto value = [&] {
+    const uint16_t e = rng() % 40 == 0 ? 0 : uint16_t(exponent(rng));
+    return uint16_t((rng() & 1) << 15 | e << 7 | (rng() & 127));
+  };
+  for (int i = 0; i < 200000; ++i) {
+    uint16_t w[8], x[8];
+    for (int k = 0; k < 8; ++k) w[k] = value(), x[k] = value();
+    float portable = 0.f;
+    __m512 acc = _mm512_setzero_ps();
+    for (int q = 0; q < 4; ++q) {
+      portable = dp_pair(portable, w + 2 * q, x + 2 * q);
+      uint32_t wp, xp;
+      std::memcpy(&wp, w + 2 * q, 4);
+      std::memcpy(&xp, x + 2 * q, 4);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)), (__m512bh)_mm512_set1_epi32(int(xp)));
+    }
+    ASSERT_EQ(bits(portable), bits(_mm512_cvtss_f32(acc))) << "case " << i;
+  }
+#endif
+}
+
 TEST(Matmul, BatchInvariant) {
   const int O = 37, n = 96, T = 11;
   Data D = make(O, n, T, 3, false);

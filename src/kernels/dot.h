@@ -39,14 +39,30 @@ inline float bf16_bits_to_f32(uint16_t h) {
   return f;
 }
 
+// acc + w*x rounded once, flushed to zero when tiny. Tininess is judged as x86 does for FTZ (and
+// vdpbf16ps for its outputs): on the result rounded to 24 bits with an unbounded exponent, so
+// an exact sum just below FLT_MIN that gradual underflow would round up to FLT_MIN is flushed.
+inline float fma_ftz(float w, float x, float acc) {
+  const float r = std::fma(w, x, acc);
+  const float a = std::fabs(r);
+  if (!(a <= FLT_MIN)) return r;  // normal (or NaN)
+  if (a < FLT_MIN) return std::copysign(0.f, r);
+  // |r| == FLT_MIN. Only small operands can produce a sum within half an ulp below FLT_MIN, and
+  // for those a 2^32 scaling is exact and rounds as if the exponent were unbounded.
+  if (std::fabs(acc) > 1.f || std::fabs(w) > 0x1p64f) return r;
+  const float scaled = std::fma(w * 0x1p32f, x, acc * 0x1p32f);
+  return std::fabs(scaled) < 0x1p-94f ? std::copysign(0.f, r) : r;
+}
+
 // One lane step of vdpbf16ps: acc += w[1]*x[1]; acc += w[0]*x[0]. Inputs are denormal-flushed,
 // each product is exact (a bf16 x bf16 product fits fp32's significand, so fma adds it unrounded),
-// each sum is rounded once and flushed to zero if denormal.
+// each sum is rounded once and flushed to zero if tiny. The AVX-512 kernel computes the same with
+// vfmadd under MXCSR FTZ|DAZ.
 inline float dp_pair(float acc, const uint16_t* w, const uint16_t* x) {
   const float w1 = ftz(bf16_bits_to_f32(w[1])), x1 = ftz(bf16_bits_to_f32(x[1]));
   const float w0 = ftz(bf16_bits_to_f32(w[0])), x0 = ftz(bf16_bits_to_f32(x[0]));
-  acc = ftz(std::fma(w1, x1, acc));
-  acc = ftz(std::fma(w0, x0, acc));
+  acc = fma_ftz(w1, x1, acc);
+  acc = fma_ftz(w0, x0, acc);
   return acc;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -12,30 +13,54 @@ namespace r3::kernels {
 namespace {
 
 // ---- bf16 weights: P panels of 16 rows x C tokens, lanes = rows ----
+//
+// vfmadd, not vdpbf16ps: the same per-row order (dot.h) at twice the throughput where the CPU
+// issues vdpbf16ps at half the FMA rate (Sapphire/Emerald Rapids). A panel's 64-byte pair row
+// holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32 vectors.
 
 constexpr int kPanel = 16;
 
+#if defined(__AVX512F__)
+// FTZ|DAZ for the kernel's duration: vdpbf16ps flushes its inputs and outputs, fma then does too.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+};
+#endif
+
 // P panels x C tokens; stores only rows [lo, hi) (masked at the edges of the range).
 template <int P, int C>
-void panel_tile(const uint16_t* panels, size_t panel_elems, const uint16_t* x, size_t ldx, int pairs,
-                float* y, int ldy, int row0, int lo, int hi) {
-#if defined(__AVX512BF16__)
+void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, float* y,
+                int ldy, int row0, int lo, int hi) {
+  const size_t ldx = size_t(2) * size_t(pairs);
+#if defined(__AVX512F__)
+  const float* xf = x.f32 + size_t(t0) * ldx;
   __m512 acc[P][C];
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
   for (int q = 0; q < pairs; ++q) {
-    __m512i w[P];
+    __m512 w0[P], w1[P];
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(panels + size_t(p) * panel_elems + size_t(q) * 32);
+    for (int p = 0; p < P; ++p) {
+      const __m512i w = _mm512_loadu_si512(panels + size_t(p) * panel_elems + size_t(q) * 32);
+      w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+      w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      uint32_t pair;
-      std::memcpy(&pair, x + size_t(c) * ldx + 2 * size_t(q), 4);
-      const __m512i xv = _mm512_set1_epi32(int(pair));
+      const __m512 x1 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q) + 1]);
+      const __m512 x0 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q)]);
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], (__m512bh)xv);
+      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
     }
   }
 #pragma GCC unroll 4
@@ -45,9 +70,10 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const uint16_t* x, s
     if (a >= b) continue;
     const __mmask16 m = __mmask16(((1u << b) - 1) & ~((1u << a) - 1));
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(c) * ldy + r0, m, acc[p][c]);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + r0, m, acc[p][c]);
   }
 #else
+  const uint16_t* xb = x.bf16 + size_t(t0) * ldx;
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
       const int row = row0 + p * kPanel + r;
@@ -56,45 +82,48 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const uint16_t* x, s
         float acc = 0.f;
         for (int q = 0; q < pairs; ++q)
           acc = dp_pair(acc, panels + size_t(p) * panel_elems + size_t(q) * 32 + size_t(r) * 2,
-                        x + size_t(c) * ldx + 2 * size_t(q));
-        y[size_t(c) * ldy + row] = acc;
+                        xb + size_t(c) * ldx + 2 * size_t(q));
+        y[size_t(t0 + c) * ldy + row] = acc;
       }
     }
 #endif
 }
 
-template <int P>
-void panel_tokens(const uint16_t* panels, size_t panel_elems, const uint16_t* x, int T, size_t ldx, int pairs,
-                  float* y, int ldy, int row0, int lo, int hi) {
-  constexpr int kC = 6;
+// All tokens against P panels: tiles of up to kMaxC tokens (the remainder as one narrower tile).
+template <int P, int kMaxC>
+void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs, float* y, int ldy,
+                  int row0, int lo, int hi) {
   int t = 0;
-  for (; t + kC <= T; t += kC)
-    panel_tile<P, kC>(panels, panel_elems, x + size_t(t) * ldx, ldx, pairs, y + size_t(t) * ldy, ldy, row0, lo, hi);
-  const uint16_t* xt = x + size_t(t) * ldx;
-  float* yt = y + size_t(t) * ldy;
-  switch (T - t) {
-    case 5: panel_tile<P, 5>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
-    case 4: panel_tile<P, 4>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
-    case 3: panel_tile<P, 3>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
-    case 2: panel_tile<P, 2>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
-    case 1: panel_tile<P, 1>(panels, panel_elems, xt, ldx, pairs, yt, ldy, row0, lo, hi); break;
-    default: break;
-  }
+  for (; t + kMaxC <= x.rows; t += kMaxC)
+    panel_tile<P, kMaxC>(panels, panel_elems, x, t, pairs, y, ldy, row0, lo, hi);
+  const int rest = x.rows - t;
+  if (rest == 0) return;
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    ((rest == C + 1 ? panel_tile<P, C + 1>(panels, panel_elems, x, t, pairs, y, ldy, row0, lo, hi) : void()), ...);
+  }(std::make_integer_sequence<int, kMaxC - 1>{});
+}
+
+// Panels touching [o_begin, o_end), as many at a time as the widest tile allows (P, then P/2...):
+// few tokens take 4 panels per pass so enough independent accumulators hide the fma latency;
+// more tokens take 2 panels x 8 tokens.
+template <int P, int kMaxC>
+int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* y, int ldy, int p, int p_end, int lo,
+                int hi) {
+  const size_t panel_elems = size_t(pairs) * 32;
+  for (; p + P <= p_end; p += P)
+    panel_tokens<P, kMaxC>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy, p * kPanel, lo, hi);
+  if constexpr (P > 1) p = panels_from<P / 2, kMaxC>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
+  return p;
 }
 
 void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
-  const int O = int(W.shape[0]), I = int(W.shape[1]), pairs = I / 2;
-  const size_t panel_elems = size_t(pairs) * 32;
-  const int hi = std::min(o_end, O);
-  // Panels touching [o_begin, o_end), two at a time (one weight load feeds 6 tokens each).
-  int p = o_begin / kPanel;
-  const int p_end = (hi + kPanel - 1) / kPanel;
-  for (; p + 2 <= p_end; p += 2)
-    panel_tokens<2>(W.packed + size_t(p) * panel_elems, panel_elems, x.bf16, x.rows, size_t(I), pairs, y, ldy,
-                    p * kPanel, o_begin, hi);
-  if (p < p_end)
-    panel_tokens<1>(W.packed + size_t(p) * panel_elems, panel_elems, x.bf16, x.rows, size_t(I), pairs, y, ldy,
-                    p * kPanel, o_begin, hi);
+#if defined(__AVX512F__)
+  const FlushDenormals ftz_daz;
+#endif
+  const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+  const int p = o_begin / kPanel, p_end = (hi + kPanel - 1) / kPanel;
+  if (x.rows < 4) panels_from<4, 3>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  else panels_from<2, 8>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
 }
 
 // ---- f32 weights: lane i % 16 fma order ----
@@ -191,10 +220,12 @@ void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* poo
     matmul_rows(x, W, y, O, 0, O);
     return;
   }
-  // Blocks of 16 rows keep writes of different threads off the same cache line.
-  const int blocks = (O + 15) / 16;
+  // Blocks of whole panels (4 x 16 rows) keep writes of different threads off the same cache
+  // line and let the kernel take its widest tile.
+  constexpr int kRows = 64;
+  const int blocks = (O + kRows - 1) / kRows;
   pool->parallel_for_each(blocks, [&](int64_t b) {
-    matmul_rows(x, W, y, O, int(b * 16), std::min(O, int(b * 16 + 16)));
+    matmul_rows(x, W, y, O, int(b * kRows), std::min(O, int(b * kRows + kRows)));
   });
 }
 
