@@ -134,10 +134,10 @@ int cmd_bench(int argc, char** argv) {
   }
   ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
   const kernels::MachineLimits m = kernels::measure_machine(&probe_pool);
-  std::printf("machine: streaming read %.1f GB/s, peak %.0f GFLOP/s (%s), %d threads\n", m.read_gb_per_s,
-              m.peak_gflops, m.peak_instruction.c_str(), probe_pool.size());
-  std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s\n", "entry", "tok/s opt-off", "routes off",
-              "routes on", "ratio", "weight GB/s", "of peak", "GFLOP/s", "of peak");
+  std::printf("machine: streaming read %.1f GB/s, bf16 peak %.0f GFLOP/s (%s), fp32 fma peak %.0f GFLOP/s, %d threads\n",
+              m.read_gb_per_s, m.peak_gflops, m.peak_instruction.c_str(), m.fma_peak_gflops, probe_pool.size());
+  std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off",
+              "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
   json results = json::array();
   for (const Entry& en : suite) {
     EngineConfig cfg = base;
@@ -162,10 +162,11 @@ int cmd_bench(int argc, char** argv) {
     const double ratio = best_on.tokens_per_s / best_unused.tokens_per_s;
     const bool bw = en.measure == Entry::Decode;
     const bool fl = en.measure != Entry::Decode;
-    std::printf("%-14s %12.1f %12.1f %12.1f %8.3f %10.2f %7.0f%% %10.1f %7.0f%%\n", en.name.c_str(),
+    std::printf("%-14s %12.1f %12.1f %12.1f %8.3f %10.2f %7.0f%% %10.1f %7.0f%% %7.0f%%\n", en.name.c_str(),
                 best_off.tokens_per_s, best_unused.tokens_per_s, best_on.tokens_per_s, ratio,
                 best_unused.weight_gb_per_s, 100 * best_unused.weight_gb_per_s / m.read_gb_per_s,
-                best_unused.gflops, 100 * best_unused.gflops / m.peak_gflops);
+                best_unused.gflops, 100 * best_unused.gflops / m.peak_gflops,
+                100 * best_unused.gflops / m.fma_peak_gflops);
     json j = {{"name", en.name},
               {"tokens_per_s_routes_off", best_unused.tokens_per_s},
               {"tokens_per_s_routes_on", best_on.tokens_per_s},
@@ -174,9 +175,13 @@ int cmd_bench(int argc, char** argv) {
               {"engine_option_ratio", best_unused.tokens_per_s / best_off.tokens_per_s},
               {"weight_gb_per_s", best_unused.weight_gb_per_s},
               {"machine_read_gb_per_s", m.read_gb_per_s},
-              {"machine_peak_gflops", m.peak_gflops}};
+              {"machine_peak_gflops", m.peak_gflops},
+              {"machine_fma_peak_gflops", m.fma_peak_gflops}};
     if (bw) j["weight_bandwidth_fraction"] = best_unused.weight_gb_per_s / m.read_gb_per_s;
-    if (fl) j["flops_fraction"] = best_unused.gflops / m.peak_gflops;
+    if (fl) {
+      j["flops_fraction"] = best_unused.gflops / m.peak_gflops;
+      j["fma_flops_fraction"] = best_unused.gflops / m.fma_peak_gflops;
+    }
     results.push_back(j);
   }
   if (!a.str("json").empty()) {
