@@ -2,9 +2,12 @@
 // scale; softmax in absolute position order; values fma-accumulated per position), so the
 // vectorised block path (block size 16) and the portable path give the same bits.
 #include "kernels/attention.h"
+#include "kernels/exp.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,9 +28,9 @@ std::vector<float> reference(const std::vector<float>& q, const std::vector<std:
     m = std::max(m, s[size_t(j)]);
   }
   float sum = 0.f;
+  for (int j = 0; j <= pos; ++j) sum += exp_nonpositive(s[size_t(j)] - m);
   for (int j = 0; j <= pos; ++j) {
-    const float w = std::exp(s[size_t(j)] - m);
-    sum += w;
+    const float w = exp_nonpositive(s[size_t(j)] - m);
     for (int d = 0; d < hd; ++d) out[size_t(d)] = std::fma(w, v[size_t(j)][size_t(d)], out[size_t(d)]);
   }
   for (auto& o : out) o *= 1.f / sum;
@@ -37,9 +40,13 @@ std::vector<float> reference(const std::vector<float>& q, const std::vector<std:
 TEST(Attention, PagedEqualsDocumentedOrderBitForBit) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
-  for (int bs : {16, 8, 5}) {
-    const int hd = 48, kv_heads = 2, kv_dim = hd * kv_heads, blocks = 9, pos = 40;
-    std::vector<int> table = {7, 2, 5, 0, 8, 1, 3, 6, 4};
+  for (int bs : {16, 8, 5})
+    for (int hd : {48, 64, 40}) {  // 3 and 4 vectors of 16, and the portable tail path
+    const int kv_heads = 2, kv_dim = hd * kv_heads, pos = 200;
+    const int blocks = (pos + bs) / bs;
+    std::vector<int> table(static_cast<size_t>(blocks));
+    for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;  // 7 is prime to every count here
+    std::shuffle(table.begin(), table.end(), rng);
     std::vector<float> kc(size_t(blocks) * bs * kv_dim), vc(kc.size());
     std::vector<std::vector<float>> k(size_t(pos) + 1, std::vector<float>(size_t(hd))), v = k;
     const int head = 1;
@@ -56,7 +63,8 @@ TEST(Attention, PagedEqualsDocumentedOrderBitForBit) {
       }
     std::vector<float> q(static_cast<size_t>(hd));
     for (auto& x : q) x = nd(rng);
-    for (int p : {0, 1, bs - 1, bs, pos}) {
+    // 1, 2 and 8 full blocks at once on the vector path, plus partial blocks.
+    for (int p : {0, 1, bs - 1, bs, 40, 16 * 11 + 4, pos}) {
       PagedHead ph{kc.data(), vc.data(), table.data(), bs, kv_dim, int64_t(head) * hd};
       std::vector<float> scores(static_cast<size_t>(pos + bs + 1)), out(static_cast<size_t>(hd));
       attend(q.data(), hd, p, 0.125f, ph, scores.data(), out.data());
@@ -65,10 +73,20 @@ TEST(Attention, PagedEqualsDocumentedOrderBitForBit) {
         uint32_t a, b;
         std::memcpy(&a, &out[size_t(d)], 4);
         std::memcpy(&b, &want[size_t(d)], 4);
-        ASSERT_EQ(a, b) << "block size " << bs << " pos " << p << " d " << d;
+        ASSERT_EQ(a, b) << "block size " << bs << " head_dim " << hd << " pos " << p << " d " << d;
       }
     }
   }
+}
+
+TEST(Attention, ExpWithinTwoUlpOfLibm) {
+  for (float x = 0.f; x >= kExpMin; x = x * 1.0001f - 1e-4f) {
+    const float got = exp_nonpositive(x), want = std::exp(x);
+    ASSERT_LE(std::fabs(got - want), 2 * (std::nextafter(want, INFINITY) - want)) << "x " << x;
+  }
+  EXPECT_EQ(exp_nonpositive(0.f), 1.f);
+  EXPECT_EQ(exp_nonpositive(-88.f), 0.f);
+  EXPECT_EQ(exp_nonpositive(-INFINITY), 0.f);
 }
 
 }  // namespace

@@ -136,6 +136,7 @@ int cmd_bench(int argc, char** argv) {
   const kernels::MachineLimits m = kernels::measure_machine(&probe_pool);
   std::printf("machine: streaming read %.1f GB/s, bf16 peak %.0f GFLOP/s (%s), fp32 fma peak %.0f GFLOP/s, %d threads\n",
               m.read_gb_per_s, m.peak_gflops, m.peak_instruction.c_str(), m.fma_peak_gflops, probe_pool.size());
+  std::fflush(stdout);
   std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off",
               "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
   json results = json::array();
@@ -167,6 +168,7 @@ int cmd_bench(int argc, char** argv) {
                 best_unused.weight_gb_per_s, 100 * best_unused.weight_gb_per_s / m.read_gb_per_s,
                 best_unused.gflops, 100 * best_unused.gflops / m.peak_gflops,
                 100 * best_unused.gflops / m.fma_peak_gflops);
+    std::fflush(stdout);
     json j = {{"name", en.name},
               {"tokens_per_s_routes_off", best_unused.tokens_per_s},
               {"tokens_per_s_routes_on", best_on.tokens_per_s},

@@ -118,7 +118,7 @@ float* ModelRunner::v_at(int layer, int block, int slot) {
 }
 
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), split
-// over (token, head) pairs.
+// over (head, token) pairs.
 void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
@@ -132,7 +132,9 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
     thread_local std::vector<float> scores;
     if (scores.size() < size_t(rope_.max_pos() + block_size_)) scores.resize(size_t(rope_.max_pos() + block_size_));
     {
-      const int t = int(i / nh), head = int(i % nh);
+      // Head-major: consecutive items (on both cores) read the same head's keys and values,
+      // which then stay in cache across the step's tokens.
+      const int head = int(i / T), t = int(i % T);
       const PlannedToken& tok = plan.tokens[size_t(t)];
       float* o = out + size_t(t) * qd + size_t(head) * hd;
       if (tok.seq < 0) {  // padding

@@ -18,6 +18,8 @@ struct PagedHead {
 };
 
 // Score of key j: fma over d = 0..head_dim-1 in order (acc = fma(q[d], k[d], acc)), times scale.
+// Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum in key order; out[d]: fma of
+// weight and v[d] in key order, then times 1/sum.
 // scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead& kv, float* scores,
             float* out);
