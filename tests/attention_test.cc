@@ -79,6 +79,41 @@ TEST(Attention, PagedEqualsDocumentedOrderBitForBit) {
   }
 }
 
+// A group shares K and V loads only: each query's output is attend()'s, bit for bit, whatever
+// the group size, order and spread of positions.
+TEST(Attention, GroupEqualsOneQueryAtATime) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0, 1);
+  for (int bs : {16, 8})
+    for (int hd : {64, 128, 48}) {
+      const int kv_dim = 2 * hd, max_pos = 300, blocks = (max_pos + bs) / bs;
+      std::vector<int> table(static_cast<size_t>(blocks));
+      for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
+      std::shuffle(table.begin(), table.end(), rng);
+      std::vector<float> kc(size_t(blocks) * bs * kv_dim), vc(kc.size());
+      for (auto& x : kc) x = nd(rng);
+      for (auto& x : vc) x = nd(rng);
+      const PagedHead ph{kc.data(), vc.data(), table.data(), bs, kv_dim, int64_t(hd)};
+      const int stride = max_pos + bs + 1;
+      for (const std::vector<int>& pos : std::vector<std::vector<int>>{
+               {0}, {5, 6}, {14, 15, 16, 17}, {200, 201, 202}, {299, 3, 150, 47}, {31, 32, 33, 34}}) {
+        const int nq = int(pos.size());
+        std::vector<float> qv(size_t(nq) * hd), got(size_t(nq) * hd), scores(size_t(nq) * stride);
+        for (auto& x : qv) x = nd(rng);
+        const float* qs[kMaxGroup];
+        float* os[kMaxGroup];
+        for (int i = 0; i < nq; ++i) qs[i] = qv.data() + size_t(i) * hd, os[i] = got.data() + size_t(i) * hd;
+        attend_group(qs, pos.data(), nq, hd, 0.125f, ph, scores.data(), stride, os);
+        for (int i = 0; i < nq; ++i) {
+          std::vector<float> one(static_cast<size_t>(hd)), s1(static_cast<size_t>(stride));
+          attend(qs[i], hd, pos[size_t(i)], 0.125f, ph, s1.data(), one.data());
+          ASSERT_EQ(0, std::memcmp(one.data(), os[i], size_t(hd) * 4))
+              << "block size " << bs << " head_dim " << hd << " query " << i << " of " << nq;
+        }
+      }
+    }
+}
+
 TEST(Attention, ExpWithinTwoUlpOfLibm) {
   for (float x = 0.f; x >= kExpMin; x = x * 1.0001f - 1e-4f) {
     const float got = exp_nonpositive(x), want = std::exp(x);

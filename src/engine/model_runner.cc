@@ -38,6 +38,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   x_.resize(T * H);
   h_.resize(T * H);
   hb_.resize(T * H);
+  attn_groups_.reserve(T);
   q_.resize(T * qd);
   k_.resize(T * kv_dim_);
   v_.resize(T * kv_dim_);
@@ -118,7 +119,8 @@ float* ModelRunner::v_at(int layer, int block, int slot) {
 }
 
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), split
-// over (head, token) pairs.
+// over (head, group) pairs; a group is up to kMaxGroup consecutive tokens of one request, which
+// share each load of K and V.
 void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
@@ -127,24 +129,42 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   const int T = int(plan.tokens.size());
   const float* k_layer = k_block(layer, 0);
   const float* v_layer = v_at(layer, 0, 0);
-  // Items handed out dynamically: later positions have more keys (prefill chunks are uneven).
-  pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
+  attn_groups_.clear();
+  for (int t = 0; t < T;) {
+    const int seq = plan.tokens[size_t(t)].seq;
+    int n = 1;
+    while (seq >= 0 && n < kernels::kMaxGroup && t + n < T && plan.tokens[size_t(t + n)].seq == seq) ++n;
+    attn_groups_.push_back({t, n});
+    t += n;
+  }
+  const int G = int(attn_groups_.size());
+  const int stride = rope_.max_pos() + block_size_;
+  // Items handed out dynamically (later positions have more keys), head-major: consecutive
+  // items on both cores read the same head's keys and values, which then stay in cache.
+  pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) {
     thread_local std::vector<float> scores;
-    if (scores.size() < size_t(rope_.max_pos() + block_size_)) scores.resize(size_t(rope_.max_pos() + block_size_));
-    {
-      // Head-major: consecutive items (on both cores) read the same head's keys and values,
-      // which then stay in cache across the step's tokens.
-      const int head = int(i / T), t = int(i % T);
-      const PlannedToken& tok = plan.tokens[size_t(t)];
-      float* o = out + size_t(t) * qd + size_t(head) * hd;
-      if (tok.seq < 0) {  // padding
-        std::fill(o, o + hd, 0.f);
-        return;
-      }
-      const kernels::PagedHead kv{k_layer, v_layer, plan.block_table(plan.seqs[size_t(tok.seq)]), block_size_,
-                                  int64_t(kv_dim_), int64_t(head / group) * hd};
-      kernels::attend(q + size_t(t) * qd + size_t(head) * hd, hd, tok.position, scale, kv, scores.data(), o);
+    if (scores.size() < size_t(kernels::kMaxGroup) * size_t(stride))
+      scores.resize(size_t(kernels::kMaxGroup) * size_t(stride));
+    const int head = int(i / G);
+    const AttentionGroup& g = attn_groups_[size_t(i % G)];
+    const PlannedToken& first = plan.tokens[size_t(g.first)];
+    if (first.seq < 0) {  // padding
+      float* o = out + size_t(g.first) * qd + size_t(head) * hd;
+      std::fill(o, o + hd, 0.f);
+      return;
     }
+    const float* qs[kernels::kMaxGroup];
+    float* os[kernels::kMaxGroup];
+    int pos[kernels::kMaxGroup];
+    for (int k = 0; k < g.count; ++k) {
+      const size_t at = size_t(g.first + k) * qd + size_t(head) * hd;
+      qs[k] = q + at;
+      os[k] = out + at;
+      pos[k] = plan.tokens[size_t(g.first + k)].position;
+    }
+    const kernels::PagedHead kv{k_layer, v_layer, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
+                                int64_t(kv_dim_), int64_t(head / group) * hd};
+    kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
   });
 }
 

@@ -67,6 +67,10 @@ class ModelRunner {
   std::vector<uint16_t> hb_, attnb_, gatheredb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
   std::vector<int> group_offsets_, group_tokens_, slot_of_, nth_of_logical_, phys_, fill_;
+  struct AttentionGroup {
+    int first, count;  // consecutive plan tokens of one request (or one padding token)
+  };
+  std::vector<AttentionGroup> attn_groups_;
   std::vector<float> sample_scratch_;
   std::vector<int> sample_order_, sampled_seq_;
 };

@@ -96,22 +96,127 @@ void scores_of(const float* q, int hd, int pos, float scale, const PagedHead& kv
   }
 }
 
+// Scores of the first n keys become their softmax numerators exp(s - max); returns their sum
+// (taken in key order).
+float softmax_weights(float* s, int n) {
+  float m = -INFINITY;
+  for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  int j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= n; j += 16)
+    _mm512_storeu_ps(s + j, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+#endif
+  for (; j < n; ++j) s[j] = exp_nonpositive(s[j] - m);
+  float sum = 0.f;
+  for (j = 0; j < n; ++j) sum += s[j];
+  return sum;
+}
+
+// out[d] = fma(w[j], v_j[d], out[d]) for keys [from, to), in key order (the tail of a query
+// whose group shared the keys before `from`).
+void weighted_values_tail(const float* w, int from, int to, const PagedHead& kv, int hd, float* out) {
+  for (int j = from; j < to; ++j) {
+    const float* vj = v_row(kv, j);
+    for (int d = 0; d < hd; ++d) out[d] = std::fma(w[j], vj[d], out[d]);
+  }
+}
+
+#if defined(__AVX512F__)
+// Scores of every block up to n_max for Q queries: each K vector loaded once feeds Q chains.
+template <int Q>
+void group_scores(const float* const* q, int hd, float scale, const PagedHead& kv, int n_max, float* s,
+                  int stride) {
+  for (int b = 0; b * 16 < n_max; ++b) {
+    const float* kt = k_block(kv, b);
+    __m512 acc[Q];
+#pragma GCC unroll 4
+    for (int i = 0; i < Q; ++i) acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m512 k = _mm512_loadu_ps(kt + d * 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < Q; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k, acc[i]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < Q; ++i)
+      _mm512_storeu_ps(s + size_t(i) * stride + b * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
+  }
+}
+
+// Keys [0, n_min) for Q queries with each V row loaded once; outputs stored unscaled.
+template <int NV, int Q>
+void group_values(const float* w, int stride, int n_min, const PagedHead& kv, float* const* out) {
+  __m512 acc[Q][NV];
+#pragma GCC unroll 4
+  for (int i = 0; i < Q; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  const int bs = kv.block_size;
+  for (int j0 = 0; j0 < n_min; j0 += bs) {
+    const float* row = v_row(kv, j0);
+    const int m = std::min(bs, n_min - j0);
+    for (int j = j0; j < j0 + m; ++j, row += kv.kv_dim) {
+      __m512 vv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) vv[v] = _mm512_loadu_ps(row + 16 * v);
+#pragma GCC unroll 4
+      for (int i = 0; i < Q; ++i) {
+        const __m512 wv = _mm512_set1_ps(w[size_t(i) * stride + j]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(wv, vv[v], acc[i][v]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < Q; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out[i] + 16 * v, acc[i][v]);
+}
+
+template <int NV, int Q>
+void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale, const PagedHead& kv,
+                        float* scores, int stride, float* const* out) {
+  int n_min = pos[0] + 1, n_max = pos[0] + 1;
+  for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1), n_max = std::max(n_max, pos[i] + 1);
+  group_scores<Q>(q, hd, scale, kv, n_max, scores, stride);
+  float sum[Q];
+  for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1);
+  group_values<NV, Q>(scores, stride, n_min, kv, out);
+  for (int i = 0; i < Q; ++i) {
+    weighted_values_tail(scores + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
+    const float inv = 1.f / sum[i];
+    for (int d = 0; d < hd; ++d) out[i][d] *= inv;
+  }
+}
+
+template <int NV>
+void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead& kv,
+                     float* scores, int stride, float* const* out) {
+  switch (nq) {
+    case 1: attend_group_fixed<NV, 1>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 2: attend_group_fixed<NV, 2>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 3: attend_group_fixed<NV, 3>(q, pos, hd, scale, kv, scores, stride, out); break;
+    default: attend_group_fixed<NV, 4>(q, pos, hd, scale, kv, scores, stride, out); break;
+  }
+}
+#endif
+
 }  // namespace
+
+void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead& kv,
+                  float* scores, int stride, float* const* out) {
+#if defined(__AVX512F__)
+  if (kv.block_size == 16 && nq >= 1 && nq <= kMaxGroup) {
+    if (hd == 64) return attend_group_nv<4>(q, pos, nq, hd, scale, kv, scores, stride, out);
+    if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
+  }
+#endif
+  for (int i = 0; i < nq; ++i) attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
+}
 
 void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, float* scores, float* out) {
   const int n = pos + 1;
   scores_of(q, hd, pos, scale, kv, scores);
-  float m = -INFINITY;
-  for (int j = 0; j < n; ++j) m = std::max(m, scores[j]);
-  // Weights replace the scores; their sum is taken in key order.
-  int j = 0;
-#if defined(__AVX512F__)
-  for (; j + 16 <= n; j += 16)
-    _mm512_storeu_ps(scores + j, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j), _mm512_set1_ps(m))));
-#endif
-  for (; j < n; ++j) scores[j] = exp_nonpositive(scores[j] - m);
-  float sum = 0.f;
-  for (j = 0; j < n; ++j) sum += scores[j];
+  const float sum = softmax_weights(scores, n);  // weights replace the scores
   bool done = false;
 #if defined(__AVX512F__)
   if (hd % 16 == 0 && hd <= 128) {
@@ -123,11 +228,7 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, f
 #endif
   if (!done) {
     std::fill(out, out + hd, 0.f);
-    for (j = 0; j < n; ++j) {
-      const float w = scores[j];
-      const float* vj = v_row(kv, j);
-      for (int d = 0; d < hd; ++d) out[d] = std::fma(w, vj[d], out[d]);
-    }
+    weighted_values_tail(scores, 0, n, kv, hd, out);
   }
   const float inv = 1.f / sum;
   for (int d = 0; d < hd; ++d) out[d] *= inv;

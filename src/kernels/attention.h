@@ -24,4 +24,12 @@ struct PagedHead {
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead& kv, float* scores,
             float* out);
 
+// Up to kMaxGroup queries of one head over the same sequence (positions pos[i], ascending or
+// not), each computed exactly as attend() computes it: the group only shares the loads of K and
+// V (prefill chunks would otherwise re-read the whole cache once per token). scores: nq rows of
+// score_stride floats (>= max pos + 1 rounded up to the block size).
+inline constexpr int kMaxGroup = 4;
+void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead& kv,
+                  float* scores, int score_stride, float* const* out);
+
 }  // namespace r3::kernels
