@@ -52,25 +52,6 @@ inline void full_block_scores(const float* q, const PagedHead& kv, int b0, int h
   for (int i = 0; i < B; ++i) _mm512_storeu_ps(s + (b0 + i) * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
 }
 
-// out[d] = sum_j w[j] * v_j[d] in key order, NV vectors of 16 kept in registers across keys.
-template <int NV>
-inline void weighted_values(const float* w, int n, const PagedHead& kv, float* out) {
-  __m512 acc[NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
-  const int bs = kv.block_size;
-  for (int j0 = 0; j0 < n; j0 += bs) {
-    const float* v = v_row(kv, j0);  // a block's rows are kv_dim apart
-    const int m = std::min(bs, n - j0);
-    for (int j = 0; j < m; ++j, v += kv.kv_dim) {
-      const __m512 wv = _mm512_set1_ps(w[j0 + j]);
-#pragma GCC unroll 8
-      for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 16 * i), acc[i]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
-}
 #endif
 
 // Scores of keys 0..pos into s (the same per-score order on every path).
@@ -142,7 +123,8 @@ void group_scores(const float* const* q, int hd, float scale, const PagedHead& k
   }
 }
 
-// Keys [0, n_min) for Q queries with each V row loaded once; outputs stored unscaled.
+// out[i][d] = sum_j w_i[j] * v_j[d] over keys [0, n_min) in key order for Q queries, each V
+// row loaded once, Q x NV accumulators kept in registers across keys; outputs stored unscaled.
 template <int NV, int Q>
 void group_values(const float* w, int stride, int n_min, const PagedHead& kv, float* const* out) {
   __m512 acc[Q][NV];
@@ -221,7 +203,7 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, f
 #if defined(__AVX512F__)
   if (hd % 16 == 0 && hd <= 128) {
     [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((hd == 16 * (I + 1) ? weighted_values<I + 1>(scores, n, kv, out) : void()), ...);
+      ((hd == 16 * (I + 1) ? group_values<I + 1, 1>(scores, 0, n, kv, &out) : void()), ...);
     }(std::make_integer_sequence<int, 8>{});
     done = true;
   }
