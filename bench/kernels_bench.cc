@@ -12,7 +12,8 @@
 namespace {
 
 struct Weights {
-  std::vector<uint16_t> bf16, packed;
+  std::vector<uint16_t> bf16;
+  r3::kernels::PackedBf16 packed;
   r3::TensorView view;
   Weights(int rows, int cols) : bf16(size_t(rows) * size_t(cols)) {
     std::mt19937 rng(1);

@@ -16,7 +16,8 @@ namespace r3::kernels {
 namespace {
 
 struct Data {
-  std::vector<uint16_t> wb, packed;
+  std::vector<uint16_t> wb;
+  PackedBf16 packed;
   std::vector<float> wf, x;
   std::vector<uint16_t> xb;
   TensorView Wb, Wf;
@@ -87,7 +88,7 @@ TEST(Matmul, FlushesTinySumsLikeTheInstruction) {
     W.dtype = DType::BF16;
     W.shape = {1, 4};
     W.data = wb.data();
-    const std::vector<uint16_t> packed = pack_bf16(W);
+    const PackedBf16 packed = pack_bf16(W);
     W.packed = packed.data();
     float y = -1;
     matmul_rows({xf.data(), xb.data(), 1}, W, &y, 1, 0, 1);

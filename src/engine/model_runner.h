@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/step_plan.h"
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/checkpoint.h"
 #include "routes/eplb.h"
@@ -46,7 +47,7 @@ class ModelRunner {
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (packed bf16)
-  std::vector<std::vector<uint16_t>> packed_;   // storage behind TensorView::packed
+  std::vector<kernels::PackedBf16> packed_;   // storage behind TensorView::packed
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;

@@ -265,12 +265,12 @@ void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* poo
   });
 }
 
-std::vector<uint16_t> pack_bf16(const TensorView& W) {
+PackedBf16 pack_bf16(const TensorView& W) {
   if (W.dtype != DType::BF16 || W.shape.size() != 2) throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 matrix");
   const int64_t O = W.shape[0], I = W.shape[1];
   if (I % 2) throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(I));
   const int64_t panels = (O + kPanel - 1) / kPanel, pairs = I / 2;
-  std::vector<uint16_t> out(size_t(panels * pairs * 32), 0);
+  PackedBf16 out(size_t(panels * pairs * 32), 0);
   const uint16_t* w = static_cast<const uint16_t*>(W.data);
   for (int64_t o = 0; o < O; ++o) {
     uint16_t* dst = out.data() + size_t((o / kPanel) * pairs * 32 + (o % kPanel) * 2);

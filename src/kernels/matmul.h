@@ -6,12 +6,26 @@
 // f32 weights use tiles of 4 rows x up to 4 tokens. Work is split over output rows.
 #pragma once
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "model/safetensors.h"
 
 namespace r3::kernels {
+
+// Storage aligned to a cache line: each 64-byte pair row of a packed panel is then one line
+// (malloc's 16-byte alignment made every weight load a split load).
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+};
 
 struct Activations {
   const float* f32 = nullptr;      // [T, n] (values are bf16-representable)
@@ -21,7 +35,8 @@ struct Activations {
 
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
 // [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
-std::vector<uint16_t> pack_bf16(const TensorView& W);
+using PackedBf16 = std::vector<uint16_t, CacheLineAllocator<uint16_t>>;
+PackedBf16 pack_bf16(const TensorView& W);
 
 // Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
