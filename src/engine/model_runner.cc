@@ -377,15 +377,20 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
     matmul({h_.data(), hb_.data(), S}, W.lm_head, logits_.data(), pool_);
     weight_bytes_ += W.lm_head.nbytes();
   }
-  last_samples_.clear();
-  for (int i = 0; i < S; ++i) {
+  // Rows are sampled independently (each from its own seed and position), so both cores share them.
+  pool_->parallel_for_each(S, [&](int64_t i) {
+    thread_local std::vector<float> scratch;
+    thread_local std::vector<int> order;
     const int s = sampled_seq[size_t(i)];
     const PlannedSeq& ps = plan.seqs[size_t(s)];
-    Sample smp = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.sampler,
-                              ps.start_pos + ps.num_tokens, sample_scratch_, sample_order_);
+    result.seqs[size_t(s)].sample = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.sampler,
+                                                 ps.start_pos + ps.num_tokens, scratch, order);
     result.seqs[size_t(s)].sampled = true;
-    result.seqs[size_t(s)].sample = smp;
-    last_samples_.push_back({ps.request_id, ps.epoch, smp.token});
+  });
+  last_samples_.clear();
+  for (int i = 0; i < S; ++i) {
+    const SeqResult& r = result.seqs[size_t(sampled_seq[size_t(i)])];
+    last_samples_.push_back({r.request_id, r.epoch, r.sample.token});
   }
 }
 

@@ -72,8 +72,7 @@ class ModelRunner {
     int first, count;  // consecutive plan tokens of one request (or one padding token)
   };
   std::vector<AttentionGroup> attn_groups_;
-  std::vector<float> sample_scratch_;
-  std::vector<int> sample_order_, sampled_seq_;
+  std::vector<int> sampled_seq_;
 };
 
 }  // namespace r3
