@@ -34,6 +34,12 @@ class FlushDenormals {
  private:
   unsigned saved_;
 };
+
+// Pair row q of one panel (16 rows x 2 bf16, one cache line), prefetching kPrefetchPairs ahead.
+inline __m512i pair_row(const uint16_t* panel, int q) {
+  _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q + kPrefetchPairs) * 32), _MM_HINT_T0);
+  return _mm512_loadu_si512(panel + size_t(q) * 32);
+}
 #endif
 
 // P panels x C tokens; stores only rows [lo, hi) (masked at the edges of the range). kDp: the
@@ -56,10 +62,7 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
     for (int q = 0; q < pairs; ++q) {
       __m512i w[P];
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) {
-        w[p] = _mm512_loadu_si512(panels + size_t(p) * panel_elems + size_t(q) * 32);
-        _mm_prefetch(reinterpret_cast<const char*>(panels + size_t(p) * panel_elems + size_t(q + kPrefetchPairs) * 32), _MM_HINT_T0);
-      }
+      for (int p = 0; p < P; ++p) w[p] = pair_row(panels + size_t(p) * panel_elems, q);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         uint32_t pair;
@@ -72,26 +75,25 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
   } else
 #endif
   {
-  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-  for (int q = 0; q < pairs; ++q) {
-    __m512 w0[P], w1[P];
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int q = 0; q < pairs; ++q) {
+      __m512 w0[P], w1[P];
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      const __m512i w = _mm512_loadu_si512(panels + size_t(p) * panel_elems + size_t(q) * 32);
-      _mm_prefetch(reinterpret_cast<const char*>(panels + size_t(p) * panel_elems + size_t(q + kPrefetchPairs) * 32), _MM_HINT_T0);
-      w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
-      w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-    }
+      for (int p = 0; p < P; ++p) {
+        const __m512i w = pair_row(panels + size_t(p) * panel_elems, q);
+        w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+        w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      }
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      const __m512 x1 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q) + 1]);
-      const __m512 x0 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q)]);
+      for (int c = 0; c < C; ++c) {
+        const __m512 x1 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q) + 1]);
+        const __m512 x0 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q)]);
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
+      }
     }
-  }
   }
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) {
@@ -168,7 +170,7 @@ template <int R, int C>
 void tile_f32(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
 #if defined(__AVX512F__)
   __m512 acc[R][C];
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -196,12 +198,12 @@ void tile_f32(const float* w, size_t ldw, const float* x, size_t ldx, int n, flo
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
     }
   }
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
 #else
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_f32_portable(w + r * ldw, x + c * ldx, n);
