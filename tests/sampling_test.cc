@@ -75,6 +75,31 @@ TEST(Sampling, TopKAndTopPRestrictTheCandidates) {
   EXPECT_NEAR(double(cp[3]) / 4000, 0.5 / 0.8, 0.03);
 }
 
+// A vocabulary large enough for the vectorised exp and sums: logprobs match a double log-softmax,
+// and draws at temperature 2 follow p^(1/2) renormalised.
+TEST(Sampling, LargeVocabularyLogprobsAndTemperature) {
+  const int V = 1000;
+  std::vector<float> l(size_t(V), -40.f);
+  const std::vector<double> probs = {0.1, 0.2, 0.3, 0.4};
+  for (int i = 0; i < 4; ++i) l[size_t(100 + 200 * i)] = float(std::log(probs[size_t(i)]));
+  double z = 0;
+  for (float v : l) z += std::exp(double(v));
+  std::vector<float> s;
+  std::vector<int> o;
+  SamplingParams p;
+  p.temperature = 2.f;
+  double zt = 0;
+  for (double q : probs) zt += std::sqrt(q);
+  std::map<int, int> count;
+  const int N = 20000;
+  for (int pos = 0; pos < N; ++pos) {
+    const Sample x = sample_token(l.data(), V, p, pos, s, o);
+    ++count[x.token];
+    ASSERT_NEAR(x.logprob, double(l[size_t(x.token)]) - std::log(z), 1e-5);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(double(count[100 + 200 * i]) / N, std::sqrt(probs[size_t(i)]) / zt, 0.015);
+}
+
 TEST(Sampling, ValidateNamesTheParameter) {
   SamplingParams p;
   p.max_tokens = 0;

@@ -251,9 +251,14 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     const Activations xg{gathered_.data() + size_t(off) * H, gatheredb_.data() + size_t(off) * H, n};
     matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
     matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
+    // SiLU-gating of the rows just computed, while they are in cache.
+    for (int r = off; r < off + n; ++r) {
+      const size_t at = size_t(r) * I + size_t(it.begin);
+      const int len = it.end - it.begin;
+      kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
+      round_to_bf16(act_.data() + at, len, actb_.data() + at);
+    }
   });
-  kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * K * I);
-  round_to_bf16(act_.data(), int64_t(T) * K * I, actb_.data());
   for_group_rows(pool_, group_offsets_, H, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, weights_of(it.group).down,

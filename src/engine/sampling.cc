@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/exp.h"
+#include "kernels/ops.h"
 
 namespace r3 {
 
@@ -23,34 +25,44 @@ void SamplingParams::validate(int vocab_size) const {
 
 Sample sample_token(const float* logits, int V, const SamplerParams& p, int position,
                     std::vector<float>& scratch, std::vector<int>& order) {
-  // log-softmax of the raw logits, for the reported logprob.
+  // log-softmax of the raw logits, for the reported logprob: numerators exp(l - max) (exp.h),
+  // summed in double in a fixed order.
   float m = logits[0];
   int argmax = 0;
   for (int i = 1; i < V; ++i)
     if (logits[i] > m) m = logits[i], argmax = i;
-  double z = 0.0;
-  for (int i = 0; i < V; ++i) z += std::exp(double(logits[i] - m));
+  scratch.resize(size_t(V));
+  kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
+  const double z = kernels::sum_f64(scratch.data(), V);
   const float log_z = float(std::log(z)) + m;
   if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z};
 
-  scratch.resize(size_t(V));
-  order.resize(size_t(V));
-  std::iota(order.begin(), order.end(), 0);
   // Candidates: all ids in id order (plain sampling needs no sort), or, with top_k / top_p, the
   // best ones by descending logit with ties to the lower id. Either is a fixed order, so the
-  // draw is reproducible.
+  // draw is reproducible. scratch[i] becomes candidate i's weight exp((l - max) / temperature).
   auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   int keep = V;
-  if (p.top_k > 0 && p.top_k < V) {
-    keep = p.top_k;
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-  } else if (p.top_p < 1.f) {
-    std::sort(order.begin(), order.end(), by_logit);
-  }
-  double total = 0.0;
-  for (int i = 0; i < keep; ++i) {
-    scratch[size_t(i)] = float(std::exp(double(logits[order[size_t(i)]] - m) / p.temperature));
-    total += scratch[size_t(i)];
+  const bool sorted = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f;
+  double total = z;
+  if (!sorted) {
+    if (p.temperature != 1.f) {
+      kernels::exp_below_max(logits, V, m, p.temperature, scratch.data());
+      total = kernels::sum_f64(scratch.data(), V);
+    }
+  } else {
+    order.resize(size_t(V));
+    std::iota(order.begin(), order.end(), 0);
+    if (p.top_k > 0 && p.top_k < V) {
+      keep = p.top_k;
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+    } else {
+      std::sort(order.begin(), order.end(), by_logit);
+    }
+    total = 0.0;
+    for (int i = 0; i < keep; ++i) {
+      scratch[size_t(i)] = kernels::exp_nonpositive((logits[order[size_t(i)]] - m) / p.temperature);
+      total += scratch[size_t(i)];
+    }
   }
   if (p.top_p < 1.f) {
     double cum = 0.0;
@@ -66,11 +78,12 @@ Sample sample_token(const float* logits, int V, const SamplerParams& p, int posi
   }
   const double u = uniform01(p.seed, uint64_t(position)) * total;
   double cum = 0.0;
-  int pick = order[size_t(keep - 1)];
+  auto id_of = [&](int i) { return sorted ? order[size_t(i)] : i; };
+  int pick = id_of(keep - 1);
   for (int i = 0; i < keep; ++i) {
     cum += scratch[size_t(i)];
     if (u < cum) {
-      pick = order[size_t(i)];
+      pick = id_of(i);
       break;
     }
   }

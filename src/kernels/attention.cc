@@ -21,21 +21,6 @@ inline const float* k_block(const PagedHead& kv, int b) {
 }
 
 #if defined(__AVX512F__)
-// exp_nonpositive on 16 lanes: the same operations in the same order as the scalar version.
-inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
-  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  y = _mm512_add_ps(y, _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  y = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ), y);
-}
-
 // Scores of B full blocks of 16 keys at once (B independent fma chains over d).
 template <int B>
 inline void full_block_scores(const float* q, const PagedHead& kv, int b0, int hd, float scale, float* s) {
@@ -82,14 +67,9 @@ void scores_of(const float* q, int hd, int pos, float scale, const PagedHead& kv
 float softmax_weights(float* s, int n) {
   float m = -INFINITY;
   for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
-  int j = 0;
-#if defined(__AVX512F__)
-  for (; j + 16 <= n; j += 16)
-    _mm512_storeu_ps(s + j, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
-#endif
-  for (; j < n; ++j) s[j] = exp_nonpositive(s[j] - m);
+  exp_below_max(s, n, m, 1.f, s);
   float sum = 0.f;
-  for (j = 0; j < n; ++j) sum += s[j];
+  for (int j = 0; j < n; ++j) sum += s[j];
   return sum;
 }
 

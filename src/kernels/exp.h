@@ -1,12 +1,17 @@
-// exp(x) for x <= 0, the softmax weight of attention: a fixed Cephes-style polynomial whose scalar
-// and AVX-512 versions (attention.cc) run the same operations in the same order, so both give
-// the same bits (std::exp differs between libm versions and has no vector twin).
+// exp(x) for x <= 0, the weights of every softmax the engine takes (attention, router, sampling)
+// and SiLU's sigmoid: a fixed Cephes-style polynomial whose scalar and AVX-512 versions run the
+// same operations in the same order, so both give the same bits (std::exp differs between libm
+// versions and has no vector twin).
 // Accuracy: within 2 ulp of exp for x in [-87, 0]; below -87 (weights under 1.7e-38 next to the
 // max's 1) the result is 0.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace r3::kernels {
 
@@ -29,6 +34,35 @@ inline float exp_nonpositive(float x) {
   float scale;
   std::memcpy(&scale, &bits, 4);
   return y * scale;
+}
+
+#if defined(__AVX512F__)
+// exp_nonpositive on 16 lanes: the same operations in the same order as the scalar version.
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ), y);
+}
+#endif
+
+// out[i] = exp_nonpositive((x[i] - m) / d) for a max m of x and a divisor d > 0 (a softmax's
+// numerators at temperature d). out may be x.
+inline void exp_below_max(const float* x, int n, float m, float d, float* out) {
+  int i = 0;
+#if defined(__AVX512F__)
+  const __m512 mv = _mm512_set1_ps(m), dv = _mm512_set1_ps(d);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, exp_nonpositive16(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv), dv)));
+#endif
+  for (; i < n; ++i) out[i] = exp_nonpositive((x[i] - m) / d);
 }
 
 }  // namespace r3::kernels

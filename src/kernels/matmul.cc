@@ -22,7 +22,7 @@ constexpr int kPanel = 16;
 // Each pair row of a panel is one cache line; prefetching 16 lines ahead per panel keeps enough
 // misses in flight for one core to stream near the machine's bandwidth (the hardware prefetcher
 // alone stops at every 4 KiB page).
-constexpr int kPrefetchPairs = 16;
+constexpr int kPrefetchPairs = 32;
 
 #if defined(__AVX512F__)
 // FTZ|DAZ for the kernel's duration: vdpbf16ps flushes its inputs and outputs, fma then does too.

@@ -3,13 +3,23 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
+#include "kernels/dot.h"
+#include "kernels/exp.h"
+
 namespace r3::kernels {
 
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
-  float ss = 0.f;
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float inv = 1.f / std::sqrt(ss / float(n) + eps);
-  for (int i = 0; i < n; ++i) y[i] = x[i] * inv * w.at(w_offset + i);
+  const float inv = 1.f / std::sqrt(dot_f32(x, x, n) / float(n) + eps);
+  if (w.dtype == DType::F32) {
+    const float* wf = static_cast<const float*>(w.data) + w_offset;
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * wf[i];
+  } else if (w.dtype == DType::BF16) {
+    const uint16_t* wb = static_cast<const uint16_t*>(w.data) + w_offset;
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * bf16_to_f32(wb[i]);
+  } else {
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * w.at(w_offset + i);
+  }
 }
 
 Rope::Rope(int head_dim, float theta, int max_pos) : half_(head_dim / 2), max_pos_(max_pos) {
@@ -34,16 +44,51 @@ void Rope::apply(float* h, int pos) const {
   }
 }
 
+// silu(g) = g * sigmoid(g), the sigmoid from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0 and
+// e / (1 + e) below, so the exponential never overflows.
 void silu_mul(const float* gate, const float* up, float* out, int n) {
-  for (int i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  int i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), e, one);
+    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = gate[i], e = exp_nonpositive(0.f - std::fabs(g));
+    const float sig = (g >= 0.f ? 1.f : e) / (1.f + e);
+    out[i] = g * sig * up[i];
+  }
 }
 
 void softmax(const float* x, int n, float* out) {
   float m = x[0];
   for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
+  exp_below_max(x, n, m, 1.f, out);
   float s = 0.f;
-  for (int i = 0; i < n; ++i) s += (out[i] = std::exp(x[i] - m));
+  for (int i = 0; i < n; ++i) s += out[i];
   for (int i = 0; i < n; ++i) out[i] /= s;
+}
+
+double sum_f64(const float* x, int n) {
+  int i = 0;
+#if defined(__AVX512F__)
+  __m512d acc = _mm512_setzero_pd();
+  for (; i + 8 <= n; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(x + i)));
+  double lanes[8];
+  _mm512_storeu_pd(lanes, acc);
+#else
+  double lanes[8] = {0};
+#endif
+  for (; i < n; ++i) lanes[i % 8] += double(x[i]);
+  double a[4], b[2];
+  for (int j = 0; j < 4; ++j) a[j] = lanes[j] + lanes[j + 4];
+  for (int j = 0; j < 2; ++j) b[j] = a[j] + a[j + 2];
+  return b[0] + b[1];
 }
 
 }  // namespace r3::kernels

@@ -8,7 +8,7 @@
 
 namespace r3::kernels {
 
-// y = x / sqrt(mean(x^2) + eps) * w over n values (fp32, sequential sum).
+// y = x / sqrt(mean(x^2) + eps) * w over n values (fp32; the squares summed in dot_f32's order).
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
 
 // Precomputed cos/sin of RoPE ("rotate half": pairs i and i + D/2).
@@ -27,7 +27,10 @@ class Rope {
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int n);
 
-// Softmax over n values (fp32: max, exp, sequential sum).
+// Softmax over n values (fp32: max, exp_nonpositive of x - max, sequential sum).
 void softmax(const float* x, int n, float* out);
+
+// Sum in double, value i into lane i % 8, then a fixed pairwise tree of the 8 lanes.
+double sum_f64(const float* x, int n);
 
 }  // namespace r3::kernels
