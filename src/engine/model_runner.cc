@@ -48,8 +48,6 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   ffn_.resize(T * H);
   logits_.resize(size_t(max_seqs_) * size_t(c.vocab_size));
   probs_.resize(T * size_t(std::max(c.num_experts, 1)));
-  gathered_.resize(T * K * H);
-  gatheredb_.resize(T * K * H);
   gate_.resize(T * K * I);
   up_.resize(T * K * I);
   act_.resize(T * K * I);
@@ -57,7 +55,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   expert_out_.resize(T * K * H);
   route_w_.resize(T * K);
   route_ids_.resize(T * K);
-  group_tokens_.resize(T * K);
+  slot_token_.resize(T * K);
   slot_of_.resize(T * K);
   const int L = c.num_moe_layers();
   for (int l = 0; l < L; ++l) {
@@ -193,11 +191,10 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
 }  // namespace
 
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
-// remap to physical experts (EPLB), gather each expert's tokens, gate/up, SiLU, down, then each
+// remap to physical experts (EPLB), list each expert's tokens (read in place), gate/up with SiLU, down, then each
 // token sums its k expert outputs in router order.
 void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot,
                       int num_real) {
-  const float* h = h_.data();
   const ModelConfig& c = config();
   const int H = c.hidden_size, E = c.num_experts, K = c.top_k, I = c.moe_intermediate_size;
   matmul({h_.data(), hb_.data(), T}, L.router, probs_.data(), pool_);  // router logits [T, E]
@@ -230,10 +227,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   fill.assign(group_offsets_.begin(), group_offsets_.end() - 1);
   for (int a = 0; a < T * K; ++a) {
     const int s = fill[size_t(phys[size_t(a)])]++;
-    group_tokens_[size_t(s)] = a;
+    slot_token_[size_t(s)] = a / K;
     slot_of_[size_t(a)] = s;
-    std::copy(h + size_t(a / K) * H, h + size_t(a / K + 1) * H, gathered_.data() + size_t(s) * H);
-    std::copy(hb_.data() + size_t(a / K) * H, hb_.data() + size_t(a / K + 1) * H, gatheredb_.data() + size_t(s) * H);
   }
   uint64_t bytes = 0;
   for (int p = 0; p < P; ++p)
@@ -248,7 +243,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   for_group_rows(pool_, group_offsets_, I, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
-    const Activations xg{gathered_.data() + size_t(off) * H, gatheredb_.data() + size_t(off) * H, n};
+    const Activations xg{h_.data(), hb_.data(), n, slot_token_.data() + off};  // the group's tokens in place
     matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
     matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
     // SiLU-gating of the rows just computed, while they are in cache.
@@ -264,17 +259,19 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, weights_of(it.group).down,
                 expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
   });
-  for (int t = 0; t < T; ++t) {
-    float* o = out + size_t(t) * H;
-    for (int j = 0; j < K; ++j) {
-      const float w = route_w_[size_t(t) * K + j];
-      const float* y = expert_out_.data() + size_t(slot_of_[size_t(t) * K + j]) * H;
-      if (j == 0)
-        for (int d = 0; d < H; ++d) o[d] = w * y[d];
-      else
-        for (int d = 0; d < H; ++d) o[d] += w * y[d];
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = out + size_t(t) * H;
+      for (int j = 0; j < K; ++j) {
+        const float w = route_w_[size_t(t) * K + j];
+        const float* y = expert_out_.data() + size_t(slot_of_[size_t(t) * K + j]) * H;
+        if (j == 0)
+          for (int d = 0; d < H; ++d) o[d] = w * y[d];
+        else
+          for (int d = 0; d < H; ++d) o[d] += w * y[d];
+      }
     }
-  }
+  });
 }
 
 void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {

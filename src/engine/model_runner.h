@@ -64,10 +64,10 @@ class ModelRunner {
   std::vector<LastSample> last_samples_;  // at most max_num_seqs entries
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
-  std::vector<float> gathered_, gate_, up_, act_, expert_out_, route_w_;
-  std::vector<uint16_t> hb_, attnb_, gatheredb_, actb_;  // bf16 bits of the matmul inputs
+  std::vector<float> gate_, up_, act_, expert_out_, route_w_;
+  std::vector<uint16_t> hb_, attnb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
-  std::vector<int> group_offsets_, group_tokens_, slot_of_, nth_of_logical_, phys_, fill_;
+  std::vector<int> group_offsets_, slot_token_, slot_of_, nth_of_logical_, phys_, fill_;
   struct AttentionGroup {
     int first, count;  // consecutive plan tokens of one request (or one padding token)
   };

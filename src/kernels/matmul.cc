@@ -50,7 +50,9 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
                 int ldy, int row0, int lo, int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
 #if defined(__AVX512F__)
-  const float* xf = x.f32 + size_t(t0) * ldx;
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p)
@@ -58,7 +60,9 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
     for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
 #if defined(__AVX512BF16__)
   if constexpr (kDp) {
-    const uint16_t* xb = x.bf16 + size_t(t0) * ldx;
+    const uint16_t* xb[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
     for (int q = 0; q < pairs; ++q) {
       __m512i w[P];
 #pragma GCC unroll 4
@@ -66,7 +70,7 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         uint32_t pair;
-        std::memcpy(&pair, xb + size_t(c) * ldx + 2 * size_t(q), 4);
+        std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
         const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
 #pragma GCC unroll 4
         for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
@@ -86,8 +90,8 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
       }
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        const __m512 x1 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q) + 1]);
-        const __m512 x0 = _mm512_set1_ps(xf[size_t(c) * ldx + 2 * size_t(q)]);
+        const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
+        const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
 #pragma GCC unroll 4
         for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
 #pragma GCC unroll 4
@@ -105,7 +109,6 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
     for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + r0, m, acc[p][c]);
   }
 #else
-  const uint16_t* xb = x.bf16 + size_t(t0) * ldx;
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
       const int row = row0 + p * kPanel + r;
@@ -114,7 +117,7 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
         float acc = 0.f;
         for (int q = 0; q < pairs; ++q)
           acc = dp_pair(acc, panels + size_t(p) * panel_elems + size_t(q) * 32 + size_t(r) * 2,
-                        xb + size_t(c) * ldx + 2 * size_t(q));
+                        x.bf16 + size_t(x.row(t0 + c)) * ldx + 2 * size_t(q));
         y[size_t(t0 + c) * ldy + row] = acc;
       }
     }
@@ -159,87 +162,78 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
 #else
   constexpr bool kDpForFew = false;
 #endif
-  if (x.rows < 4) panels_from<4, 3, kDpForFew>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-  else if (x.rows < 8) panels_from<4, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  if (x.rows < 2) panels_from<4, 1, kDpForFew>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  else if (x.rows < 7) panels_from<4, 6, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
   else panels_from<2, 8, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
 }
 
 // ---- f32 weights: lane i % 16 fma order ----
 
+// R weight rows x C activation rows (xs: the C rows' data).
 template <int R, int C>
-void tile_f32(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
+void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* y, int ldy) {
 #if defined(__AVX512F__)
   __m512 acc[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 wv[R];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + r * ldw + i);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const __m512 xv = _mm512_loadu_ps(x + c * ldx + i);
-      #pragma GCC unroll 4
+      const __m512 xv = _mm512_loadu_ps(xs[c] + i);
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
     }
   }
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
     __m512 wv[R];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(m, w + r * ldw + i);
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + i);
-      #pragma GCC unroll 4
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[c] + i);
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
 #else
-#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_f32_portable(w + r * ldw, x + c * ldx, n);
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_f32_portable(w + r * ldw, xs[c], n);
 #endif
 }
 
-template <typename T, int R>
-using TileFn = void (*)(const T*, size_t, const T*, size_t, int, float*, int);
-
-// Rows in blocks of R (remainder one by one), tokens in blocks of 4 (remainder 1..3).
-template <typename T, template <int, int> class Tile>
-void run_tiles(const T* w, const T* x, int Tn, int n, float* y, int ldy, int o0, int o1) {
-  const size_t ldw = size_t(n), ldx = size_t(n);
-  auto rows_block = [&](auto r_const, int o) {
-    constexpr int R = decltype(r_const)::value;
-    const T* wr = w + size_t(o) * ldw;
-    int t = 0;
-    for (; t + 4 <= Tn; t += 4) Tile<R, 4>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy);
-    switch (Tn - t) {
-      case 3: Tile<R, 3>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
-      case 2: Tile<R, 2>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
-      case 1: Tile<R, 1>::run(wr, ldw, x + size_t(t) * ldx, ldx, n, y + size_t(t) * ldy + o, ldy); break;
-      default: break;
+// Rows in blocks of 4 (remainder one by one), tokens in blocks of 4 (remainder 1..3).
+void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, int o0, int o1) {
+  const size_t ldw = size_t(n);
+  auto rows_block = [&]<int R>(int o) {
+    const float* wr = w + size_t(o) * ldw;
+    for (int t = 0; t < x.rows; t += 4) {
+      const float* xs[4];
+      const int c = std::min(4, x.rows - t);
+      for (int k = 0; k < c; ++k) xs[k] = x.f32 + size_t(x.row(t + k)) * size_t(n);
+      float* yt = y + size_t(t) * ldy + o;
+      switch (c) {
+        case 4: tile_f32<R, 4>(wr, ldw, xs, n, yt, ldy); break;
+        case 3: tile_f32<R, 3>(wr, ldw, xs, n, yt, ldy); break;
+        case 2: tile_f32<R, 2>(wr, ldw, xs, n, yt, ldy); break;
+        default: tile_f32<R, 1>(wr, ldw, xs, n, yt, ldy); break;
+      }
     }
   };
   int o = o0;
-  for (; o + 4 <= o1; o += 4) rows_block(std::integral_constant<int, 4>{}, o);
-  for (; o < o1; ++o) rows_block(std::integral_constant<int, 1>{}, o);
+  for (; o + 4 <= o1; o += 4) rows_block.template operator()<4>(o);
+  for (; o < o1; ++o) rows_block.template operator()<1>(o);
 }
-
-template <int R, int C>
-struct F32Tile {
-  static void run(const float* w, size_t ldw, const float* x, size_t ldx, int n, float* y, int ldy) {
-    tile_f32<R, C>(w, ldw, x, ldx, n, y, ldy);
-  }
-};
 
 }  // namespace
 
@@ -249,7 +243,7 @@ void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, i
     if (!W.packed) throw Error("matmul: bf16 weight \"" + W.name + "\" was not packed (pack_bf16)");
     matmul_packed(x, W, y, ldy, o_begin, o_end);
   } else
-    run_tiles<float, F32Tile>(static_cast<const float*>(W.data), x.f32, x.rows, n, y, ldy, o_begin, o_end);
+    matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);
 }
 
 void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool) {

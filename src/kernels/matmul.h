@@ -31,6 +31,10 @@ struct Activations {
   const float* f32 = nullptr;      // [T, n] (values are bf16-representable)
   const uint16_t* bf16 = nullptr;  // [T, n] the same values as bf16 bits
   int rows = 0;
+  // Row r of this input is row row_ids[r] of f32/bf16 (null: row r), so an expert reads its
+  // tokens where they are instead of from a gathered copy.
+  const int* row_ids = nullptr;
+  int row(int r) const { return row_ids ? row_ids[r] : r; }
 };
 
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
