@@ -44,7 +44,7 @@ inline __m512i pair_row(const uint16_t* panel, int q) {
 
 // P panels x C tokens; stores only rows [lo, hi) (masked at the edges of the range). kDp: the
 // same sums with vdpbf16ps itself, one instruction per 64 weight bytes instead of four, for
-// the weight-streaming tiles of 1-3 tokens where the fma path's widening ops cost bandwidth.
+// single tokens (pure weight streaming); from 2 tokens the fma path is faster.
 template <int P, int C, bool kDp>
 void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, float* y,
                 int ldy, int row0, int lo, int hi) {
@@ -139,8 +139,8 @@ void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations&
 }
 
 // Panels touching [o_begin, o_end), as many at a time as the widest tile allows (P, then P/2...):
-// fewer than 8 tokens take 4 panels per pass so enough independent accumulators hide the
-// latency; more take 2 panels x 8 tokens (one weight load feeds 8 tokens).
+// up to 6 tokens take 4 panels in one pass (each weight line read once; 4 streams keep enough
+// misses in flight); more take 2 panels x 8 tokens (one weight load feeds 8 tokens).
 template <int P, int kMaxC, bool kDp>
 int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* y, int ldy, int p, int p_end, int lo,
                 int hi) {
