@@ -35,38 +35,48 @@ class FlushDenormals {
   unsigned saved_;
 };
 
-// Pair row q of one panel (16 rows x 2 bf16, one cache line), prefetching kPrefetchPairs ahead.
-inline __m512i pair_row(const uint16_t* panel, int q) {
-  _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q + kPrefetchPairs) * 32), _MM_HINT_T0);
-  return _mm512_loadu_si512(panel + size_t(q) * 32);
+// Pair row q of one panel (16 rows x 2 bf16, one cache line), prefetching the line `ahead`
+// elements further on.
+inline __m512i pair_row(const uint16_t* panel, int q, ptrdiff_t ahead) {
+  const uint16_t* at = panel + size_t(q) * 32;
+  _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T0);
+  return _mm512_loadu_si512(at);
 }
 #endif
 
-// P panels x C tokens; stores only rows [lo, hi) (masked at the edges of the range). kDp: the
-// same sums with vdpbf16ps itself, one instruction per 64 weight bytes instead of four, for
-// single tokens (pure weight streaming); from 2 tokens the fma path is faster.
+// P panels x C tokens over input pairs [q0, q1): starts from zero at q0 = 0, else from the
+// partial sums already in y (the same fp32 chain, so splitting the pairs changes no bit), and
+// stores only rows [lo, hi) (masked at the edges of the range). kDp: the same sums with
+// vdpbf16ps itself, one instruction per 64 weight bytes instead of four, for single tokens
+// (pure weight streaming); from 2 tokens the fma path is faster.
 template <int P, int C, bool kDp>
-void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, float* y,
-                int ldy, int row0, int lo, int hi) {
+void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, int q0, int q1,
+                ptrdiff_t ahead, float* y, int ldy, int row0, int lo, int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
 #if defined(__AVX512F__)
   const float* xf[C];
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
+  __mmask16 rows_mask[P];
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p)
+  for (int p = 0; p < P; ++p) {
+    const int r0 = row0 + p * kPanel;
+    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
+    rows_mask[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc[p][c] = q0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows_mask[p], y + size_t(t0 + c) * ldy + r0);
+  }
 #if defined(__AVX512BF16__)
   if constexpr (kDp) {
     const uint16_t* xb[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
-    for (int q = 0; q < pairs; ++q) {
+    for (int q = q0; q < q1; ++q) {
       __m512i w[P];
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) w[p] = pair_row(panels + size_t(p) * panel_elems, q);
+      for (int p = 0; p < P; ++p) w[p] = pair_row(panels + size_t(p) * panel_elems, q, ahead);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         uint32_t pair;
@@ -80,11 +90,11 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #endif
   {
     const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-    for (int q = 0; q < pairs; ++q) {
+    for (int q = q0; q < q1; ++q) {
       __m512 w0[P], w1[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        const __m512i w = pair_row(panels + size_t(p) * panel_elems, q);
+        const __m512i w = pair_row(panels + size_t(p) * panel_elems, q, ahead);
         w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
         w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       }
@@ -100,22 +110,17 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
     }
   }
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    const int r0 = row0 + p * kPanel;
-    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
-    if (a >= b) continue;
-    const __mmask16 m = __mmask16(((1u << b) - 1) & ~((1u << a) - 1));
+  for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + r0, m, acc[p][c]);
-  }
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
 #else
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
       const int row = row0 + p * kPanel + r;
       if (row < lo || row >= hi) continue;
       for (int c = 0; c < C; ++c) {
-        float acc = 0.f;
-        for (int q = 0; q < pairs; ++q)
+        float acc = q0 == 0 ? 0.f : y[size_t(t0 + c) * ldy + row];
+        for (int q = q0; q < q1; ++q)
           acc = dp_pair(acc, panels + size_t(p) * panel_elems + size_t(q) * 32 + size_t(r) * 2,
                         x.bf16 + size_t(x.row(t0 + c)) * ldx + 2 * size_t(q));
         y[size_t(t0 + c) * ldy + row] = acc;
@@ -124,18 +129,35 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #endif
 }
 
+// Pairs per chunk when several token tiles share the panels: P panels x this many pairs is
+// 32 KiB, so every tile after the first finds its weights in L1 (48 KiB here).
+template <int P>
+constexpr int kChunkPairs = 512 / P;
+
 // All tokens against P panels: tiles of up to kMaxC tokens (the remainder as one narrower tile).
+// With more than one tile the input pairs go in chunks, every tile through one chunk before
+// the next chunk; the first tile of a chunk streams it in, the others (whose weights are in
+// L1) prefetch the next chunk, or the next panels after the last chunk, so the weight stream
+// overlaps their arithmetic.
 template <int P, int kMaxC, bool kDp>
 void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs, float* y, int ldy,
                   int row0, int lo, int hi) {
-  int t = 0;
-  for (; t + kMaxC <= x.rows; t += kMaxC)
-    panel_tile<P, kMaxC, kDp>(panels, panel_elems, x, t, pairs, y, ldy, row0, lo, hi);
-  const int rest = x.rows - t;
-  if (rest == 0) return;
-  [&]<int... C>(std::integer_sequence<int, C...>) {
-    ((rest == C + 1 ? panel_tile<P, C + 1, kDp>(panels, panel_elems, x, t, pairs, y, ldy, row0, lo, hi) : void()), ...);
-  }(std::make_integer_sequence<int, kMaxC - 1>{});
+  const int chunk = x.rows > kMaxC ? kChunkPairs<P> : pairs;
+  for (int q0 = 0; q0 < pairs; q0 += chunk) {
+    const int q1 = std::min(pairs, q0 + chunk);
+    const ptrdiff_t streaming = ptrdiff_t(kPrefetchPairs) * 32;
+    const ptrdiff_t next = q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
+    auto tile = [&]<int C>(int t) {
+      panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo, hi);
+    };
+    int t = 0;
+    for (; t + kMaxC <= x.rows; t += kMaxC) tile.template operator()<kMaxC>(t);
+    const int rest = x.rows - t;
+    if (rest == 0) continue;
+    [&]<int... C>(std::integer_sequence<int, C...>) {
+      ((rest == C + 1 ? tile.template operator()<C + 1>(t) : void()), ...);
+    }(std::make_integer_sequence<int, kMaxC - 1>{});
+  }
 }
 
 // Panels touching [o_begin, o_end), as many at a time as the widest tile allows (P, then P/2...):
