@@ -284,6 +284,22 @@ void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
   weight_bytes_ += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
 }
 
+// x += add (when given), then h = rms_norm(x) and its bf16 bits, per token on both cores.
+void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) {
+  const int H = config().hidden_size;
+  const float eps = config().rms_norm_eps;
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* x = x_.data() + size_t(t) * H;
+      float* h = h_.data() + size_t(t) * H;
+      if (add)
+        for (int d = 0; d < H; ++d) x[d] += add[size_t(t) * H + d];
+      rms_norm(x, norm, 0, H, eps, h);
+      round_to_bf16(h, H, hb_.data() + size_t(t) * H);
+    }
+  });
+}
+
 void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
   const ModelConfig& c = config();
   const ModelWeights& W = weights_;
@@ -312,43 +328,45 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
   int moe_layer = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
-    for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.input_norm, 0, H, eps, &h_[size_t(t) * H]);
-    round_to_bf16(h_.data(), int64_t(T) * H, hb_.data());
+    add_and_norm(nullptr, L.input_norm, T);
     const Activations hx{h_.data(), hb_.data(), T};
     matmul(hx, L.q, q_.data(), pool_);
     matmul(hx, L.k, k_.data(), pool_);
     matmul(hx, L.v, v_.data(), pool_);
     weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
-    for (int t = 0; t < T; ++t) {
-      float* q = &q_[size_t(t) * qd];
-      float* k = &k_[size_t(t) * kvd];
-      float* v = &v_[size_t(t) * kvd];
-      if (c.qk_norm == QkNorm::PerHead) {
-        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
-        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
-      } else if (c.qk_norm == QkNorm::Whole) {
-        rms_norm(q, L.q_norm, 0, qd, eps, q);
-        rms_norm(k, L.k_norm, 0, kvd, eps, k);
+    // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
+    // transposed K write touches kv_dim cache lines per token, so it is worth splitting.
+    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* q = &q_[size_t(t) * qd];
+        float* k = &k_[size_t(t) * kvd];
+        float* v = &v_[size_t(t) * kvd];
+        if (c.qk_norm == QkNorm::PerHead) {
+          for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
+          for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
+        } else if (c.qk_norm == QkNorm::Whole) {
+          rms_norm(q, L.q_norm, 0, qd, eps, q);
+          rms_norm(k, L.k_norm, 0, kvd, eps, k);
+        }
+        if (c.clip_qkv) {
+          const float cl = *c.clip_qkv;
+          for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
+          for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
+          for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
+        }
+        const PlannedToken& tok = plan.tokens[size_t(t)];
+        for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
+        for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
+        if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
+        float* kb = k_block(l, tok.block) + tok.slot;
+        for (int e = 0; e < kvd; ++e) kb[size_t(e) * size_t(block_size_)] = k[e];
+        std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
       }
-      if (c.clip_qkv) {
-        const float cl = *c.clip_qkv;
-        for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
-        for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
-        for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
-      }
-      const PlannedToken& tok = plan.tokens[size_t(t)];
-      for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
-      for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
-      float* kb = k_block(l, tok.block) + tok.slot;
-      for (int e = 0; e < kvd; ++e) kb[size_t(e) * size_t(block_size_)] = k[e];
-      std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
-    }
+    });
     attention(plan, l, q_.data(), attn_.data());
     round_to_bf16(attn_.data(), int64_t(T) * qd, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
-    for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += tmp_[size_t(i)];
-    for (int t = 0; t < T; ++t) rms_norm(&x_[size_t(t) * H], L.post_norm, 0, H, eps, &h_[size_t(t) * H]);
-    round_to_bf16(h_.data(), int64_t(T) * H, hb_.data());
+    add_and_norm(tmp_.data(), L.post_norm, T);
     if (L.moe)
       moe(L, moe_layer++, T, ffn_.data(), slot, num_real);
     else
