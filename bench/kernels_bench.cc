@@ -65,11 +65,12 @@ BENCHMARK(BM_MatmulBf16)
     ->UseRealTime();
 
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
-// (gate/up 512x1024, down 1024x512), each with its own tokens, items of 64 rows on both cores,
+// (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores,
 // gate/up then down. Arg: tokens per expert, or 0 for the batch-32 top-8 draw (binomial 32, 1/8).
 // 8 layers of distinct weights (1.5 GB) so they stream from memory.
 void BM_MoeLayer(benchmark::State& state) {
   constexpr int kE = 64, kH = 1024, kI = 512, kLayers = 8;
+  constexpr int kItem = 256;  // rows per item, as the model runner
   struct Expert {
     Weights gate{kI, kH}, up{kI, kH}, down{kH, kI};
   };
@@ -100,7 +101,7 @@ void BM_MoeLayer(benchmark::State& state) {
       items.clear();
       for (int e = 0; e < kE; ++e)
         if (n_of[size_t(e)] > 0)
-          for (int r = 0; r < rows; r += 64) items.push_back({e, r, r + 64});
+          for (int r = 0; r < rows; r += kItem) items.push_back({e, r, r + kItem});
       pool().parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
     };
     run(kI, [&](const Item& it) {

@@ -181,7 +181,7 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
   std::vector<WorkItem>& items = items_storage;
   items.clear();
   const int groups = int(offsets.size()) - 1;
-  const int block = 64;  // 4 panels: the matmul kernel's widest tile for few tokens
+  const int block = 256;  // rows per item: long contiguous weight streams per core (64-row items measured ~5% slower)
   for (int g = 0; g < groups; ++g)
     if (offsets[size_t(g + 1)] > offsets[size_t(g)])
       for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
