@@ -55,10 +55,13 @@ uint32_t bits(float f) {
 }
 
 TEST(Matmul, EqualsPortableOrderBitForBit) {
-  for (int n : {2, 8, 16, 30, 32, 34, 64, 100, 1024})
+  // Token counts reach every tile shape (1 token, 4 panels x up to 6, 2 panels x 8 with a
+  // remainder tile); n = 1024 and 1030 split the pairs into chunks (a short last one).
+  for (int n : {2, 8, 16, 30, 32, 34, 64, 100, 1024, 1030})
+    for (int T : {1, 5, 13, 20})
     for (bool extreme : {false, true}) {
-      const int O = 37, T = 13;  // panel and token-tile remainders
-      Data D = make(O, n, T, uint64_t(n) * 7 + extreme, extreme);
+      const int O = 37;  // panel remainders
+      Data D = make(O, n, T, uint64_t(n) * 7 + uint64_t(T) * 3 + extreme, extreme);
       std::vector<float> yb(size_t(T) * O), yf(size_t(T) * O);
       matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, yb.data(), O, 0, O);
       matmul_rows({D.x.data(), D.xb.data(), T}, D.Wf, yf.data(), O, 0, O);
@@ -66,7 +69,7 @@ TEST(Matmul, EqualsPortableOrderBitForBit) {
         for (int o = 0; o < O; ++o) {
           const float pb = dot_bf16_portable(D.wb.data() + size_t(o) * n, D.xb.data() + size_t(t) * n, n);
           const float pf = dot_f32_portable(D.wf.data() + size_t(o) * n, D.x.data() + size_t(t) * n, n);
-          ASSERT_EQ(bits(yb[size_t(t) * O + o]), bits(pb)) << "bf16 n=" << n << " t=" << t << " o=" << o;
+          ASSERT_EQ(bits(yb[size_t(t) * O + o]), bits(pb)) << "bf16 n=" << n << " T=" << T << " t=" << t << " o=" << o;
           ASSERT_EQ(bits(yf[size_t(t) * O + o]), bits(pf)) << "f32 n=" << n << " t=" << t << " o=" << o;
         }
     }
