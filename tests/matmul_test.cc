@@ -181,6 +181,25 @@ TEST(Matmul, RowIdsEqualAGatheredCopy) {
   }
 }
 
+// Several weights as one pool job: each output equals its own matmul (large and small jobs).
+TEST(Matmul, ManyEqualsOneAtATime) {
+  ThreadPool pool(2);
+  for (int T : {1, 9}) {
+    Data a = make(100, 64, T, 11, false), b = make(37, 64, T, 12, false), c = make(200, 64, T, 13, false);
+    b.x = a.x, b.xb = a.xb, c.x = a.x, c.xb = a.xb;
+    std::vector<float> ya(size_t(T) * 100), yb(size_t(T) * 37), yc(size_t(T) * 200);
+    const MatmulOut outs[] = {{&a.Wb, ya.data()}, {&b.Wf, yb.data()}, {&c.Wb, yc.data()}};
+    matmul_many({a.x.data(), a.xb.data(), T}, outs, &pool);
+    std::vector<float> wa(ya.size()), wb(yb.size()), wc(yc.size());
+    matmul({a.x.data(), a.xb.data(), T}, a.Wb, wa.data(), &pool);
+    matmul({a.x.data(), a.xb.data(), T}, b.Wf, wb.data(), &pool);
+    matmul({a.x.data(), a.xb.data(), T}, c.Wb, wc.data(), &pool);
+    EXPECT_EQ(ya, wa);
+    EXPECT_EQ(yb, wb);
+    EXPECT_EQ(yc, wc);
+  }
+}
+
 TEST(Matmul, UnpackedBf16IsAnError) {
   Data D = make(4, 8, 1, 1, false);
   D.Wb.packed = nullptr;

@@ -276,8 +276,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
 
 void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
   const int I = int(w.gate.shape[0]);
-  matmul({h_.data(), hb_.data(), T}, w.gate, gate_.data(), pool_);
-  matmul({h_.data(), hb_.data(), T}, w.up, up_.data(), pool_);
+  const kernels::MatmulOut gate_up[] = {{&w.gate, gate_.data()}, {&w.up, up_.data()}};
+  kernels::matmul_many({h_.data(), hb_.data(), T}, gate_up, pool_);
   kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * I);
   round_to_bf16(act_.data(), int64_t(T) * I, actb_.data());
   matmul({act_.data(), actb_.data(), T}, w.down, out, pool_);
@@ -330,9 +330,8 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
     const LayerWeights& L = W.layers[size_t(l)];
     add_and_norm(nullptr, L.input_norm, T);
     const Activations hx{h_.data(), hb_.data(), T};
-    matmul(hx, L.q, q_.data(), pool_);
-    matmul(hx, L.k, k_.data(), pool_);
-    matmul(hx, L.v, v_.data(), pool_);
+    const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
+    kernels::matmul_many(hx, qkv, pool_);
     weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
     // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
     // transposed K write touches kv_dim cache lines per token, so it is worth splitting.

@@ -269,17 +269,30 @@ void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, i
 }
 
 void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool) {
-  const int O = int(W.shape[0]);
-  if (!pool || int64_t(O) * x.rows * W.shape[1] < (1 << 16)) {
-    matmul_rows(x, W, y, O, 0, O);
+  const MatmulOut one{&W, y};
+  matmul_many(x, {&one, 1}, pool);
+}
+
+void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPool* pool) {
+  // Blocks of whole panels (4 x 16 rows) keep writes of different threads off the same cache
+  // line and let the kernel take its widest tile; the blocks of every weight form one job.
+  constexpr int kRows = 64;
+  int64_t work = 0;
+  int blocks = 0;
+  for (const MatmulOut& m : outs) {
+    work += m.w->shape[0] * x.rows * m.w->shape[1];
+    blocks += int((m.w->shape[0] + kRows - 1) / kRows);
+  }
+  if (!pool || work < (1 << 16)) {
+    for (const MatmulOut& m : outs) matmul_rows(x, *m.w, m.y, int(m.w->shape[0]), 0, int(m.w->shape[0]));
     return;
   }
-  // Blocks of whole panels (4 x 16 rows) keep writes of different threads off the same cache
-  // line and let the kernel take its widest tile.
-  constexpr int kRows = 64;
-  const int blocks = (O + kRows - 1) / kRows;
   pool->parallel_for_each(blocks, [&](int64_t b) {
-    matmul_rows(x, W, y, O, int(b * kRows), std::min(O, int(b * kRows + kRows)));
+    for (const MatmulOut& m : outs) {
+      const int O = int(m.w->shape[0]), n = (O + kRows - 1) / kRows;
+      if (b < n) return matmul_rows(x, *m.w, m.y, O, int(b * kRows), std::min(O, int(b * kRows + kRows)));
+      b -= n;
+    }
   });
 }
 

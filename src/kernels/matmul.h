@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <new>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -46,6 +47,13 @@ PackedBf16 pack_bf16(const TensorView& W);
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
 // All rows, split across the pool.
 void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool);
+// Several weights applied to the same input (y_i = x W_i^T, ld = W_i's rows) as one job on the
+// pool: no barrier between them (e.g. q, k and v).
+struct MatmulOut {
+  const TensorView* w;
+  float* y;
+};
+void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPool* pool);
 // In place: each value replaced by the nearest bf16 value; its bits go to bits (may be null).
 void round_to_bf16(float* x, int64_t n, uint16_t* bits);
 
