@@ -191,8 +191,8 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
 }  // namespace
 
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
-// remap to physical experts (EPLB), list each expert's tokens (read in place), gate/up with SiLU, down, then each
-// token sums its k expert outputs in router order.
+// remap to physical experts (EPLB), list each expert's tokens (read in place, no gathered
+// copy), gate/up with SiLU, down, then each token sums its k expert outputs in router order.
 void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot,
                       int num_real) {
   const ModelConfig& c = config();
@@ -247,9 +247,9 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
     matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
     // SiLU-gating of the rows just computed, while they are in cache.
+    const int len = it.end - it.begin;
     for (int r = off; r < off + n; ++r) {
       const size_t at = size_t(r) * I + size_t(it.begin);
-      const int len = it.end - it.begin;
       kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }

@@ -19,7 +19,7 @@ namespace {
 // holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32 vectors.
 
 constexpr int kPanel = 16;
-// Each pair row of a panel is one cache line; prefetching 16 lines ahead per panel keeps enough
+// Each pair row of a panel is one cache line; prefetching 32 lines ahead per panel keeps enough
 // misses in flight for one core to stream near the machine's bandwidth (the hardware prefetcher
 // alone stops at every 4 KiB page).
 constexpr int kPrefetchPairs = 32;
@@ -112,7 +112,8 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
 #else
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
