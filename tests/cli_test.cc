@@ -136,7 +136,8 @@ TEST(Cli, EveryVerbHasHelp) {
 TEST(Cli, BenchRunsOnATinyModel) {
   const std::string model = test_model("olmoe");
   fs::path d = temp_dir("bench");
-  CliRun r = run("bench --model " + model + " --reps 1 --decode-tokens 4 --prefill-tokens 64 --json " + (d / "b.json").string());
+  // Two repetitions: one on each build of the engine pair.
+  CliRun r = run("bench --model " + model + " --reps 2 --decode-tokens 4 --prefill-tokens 64 --json " + (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
   ASSERT_EQ(j.size(), 4u);
@@ -144,6 +145,7 @@ TEST(Cli, BenchRunsOnATinyModel) {
     EXPECT_GT(e["tokens_per_s_routes_off"].get<double>(), 0);
     EXPECT_GT(e["tokens_per_s_routes_on"].get<double>(), 0);
     EXPECT_TRUE(e.contains("routes_ratio"));
+    EXPECT_GT(e["tokens_per_s_engine_option_off"].get<double>(), 0);
   }
   EXPECT_TRUE(j[0].contains("weight_bandwidth_fraction"));
   EXPECT_TRUE(j[2].contains("flops_fraction"));
