@@ -24,7 +24,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // access pattern that reads fastest here (one plain stream per thread reaches only ~3/4 of it).
 double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
   constexpr int kStreams = 8;
-  constexpr size_t kPrefetchFloats = 32 * 16;  // 32 cache lines ahead per stream
+  [[maybe_unused]] constexpr size_t kPrefetchFloats = 32 * 16;  // 32 cache lines ahead per stream
   const size_t n = bytes / sizeof(float);
   std::unique_ptr<float[]> buf(new float[n]);
   pool->parallel_for(int64_t(n / 4096), [&](int64_t b, int64_t e) {

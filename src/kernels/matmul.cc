@@ -24,7 +24,7 @@ constexpr int kPanel = 16;
 // alone stops at every 4 KiB page).
 constexpr int kPrefetchPairs = 32;
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // FTZ|DAZ for the kernel's duration: vdpbf16ps flushes its inputs and outputs, fma then does too.
 class FlushDenormals {
  public:
@@ -34,7 +34,9 @@ class FlushDenormals {
  private:
   unsigned saved_;
 };
+#endif
 
+#if defined(__AVX512F__)
 // Pair row q of one panel (16 rows x 2 bf16, one cache line), prefetching the line `ahead`
 // elements further on.
 inline __m512i pair_row(const uint16_t* panel, int q, ptrdiff_t ahead) {
@@ -114,6 +116,62 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
       _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+#elif defined(__AVX2__) && defined(__FMA__)
+  // 8 lanes: each panel's 16 rows are two halves (pair row bytes 0-31 and 32-63), otherwise
+  // the same per-row fma order as the AVX-512 path.
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  __m256 acc[P][C][2];
+  __m256i rows_mask[P][2];
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int h = 0; h < 2; ++h) {
+      const int r0 = row0 + p * kPanel + 8 * h;
+      const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      rows_mask[p][h] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[p][c][h] =
+            q0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + size_t(t0 + c) * ldy + r0, rows_mask[p][h]);
+    }
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int q = q0; q < q1; ++q) {
+    __m256 w0[P][2], w1[P][2];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {
+      const uint16_t* at = panels + size_t(p) * panel_elems + size_t(q) * 32;
+      _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 16 * h));
+        w1[p][h] = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+        w0[p][h] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 x1 = _mm256_set1_ps(xf[c][2 * size_t(q) + 1]);
+      const __m256 x0 = _mm256_set1_ps(xf[c][2 * size_t(q)]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2; ++h) acc[p][c][h] = _mm256_fmadd_ps(w1[p][h], x1, acc[p][c][h]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2; ++h) acc[p][c][h] = _mm256_fmadd_ps(w0[p][h], x0, acc[p][c][h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        _mm256_maskstore_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel + 8 * h, rows_mask[p][h], acc[p][c][h]);
 #else
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
@@ -175,11 +233,15 @@ int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* 
 }
 
 void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   const FlushDenormals ftz_daz;
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
   const int p = o_begin / kPanel, p_end = (hi + kPanel - 1) / kPanel;
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  // 16 ymm registers: one panel (two halves) x up to 4 tokens.
+  panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+#else
 #if defined(__AVX512BF16__)
   constexpr bool kDpForFew = true;
 #else
@@ -188,6 +250,7 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
   if (x.rows < 2) panels_from<4, 1, kDpForFew>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
   else if (x.rows < 7) panels_from<4, 6, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
   else panels_from<2, 8, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+#endif
 }
 
 // ---- f32 weights: lane i % 16 fma order ----
