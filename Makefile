@@ -50,4 +50,4 @@ format:
 	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'tools/*.cc' 'tests/*.cc' 'bench/*.cc')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-portable $(BUILD)-avx2
