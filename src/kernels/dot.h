@@ -101,6 +101,18 @@ inline float dot_f32(const float* a, const float* b, int n) {
     acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc, m);
   }
   return reduce512(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7 and 8-15
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+  }
+  float lanes[16];
+  _mm256_storeu_ps(lanes, lo);
+  _mm256_storeu_ps(lanes + 8, hi);
+  for (; i < n; ++i) lanes[i % 16] = std::fma(a[i], b[i], lanes[i % 16]);
+  return reduce_lanes16(lanes);
 #else
   return dot_f32_portable(a, b, n);
 #endif

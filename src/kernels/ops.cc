@@ -57,6 +57,15 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
     const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(zero, _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
+    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
+    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
 #endif
   for (; i < n; ++i) {
     const float g = gate[i], e = exp_nonpositive(0.f - std::fabs(g));
@@ -81,6 +90,15 @@ double sum_f64(const float* x, int n) {
   for (; i + 8 <= n; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(x + i)));
   double lanes[8];
   _mm512_storeu_pd(lanes, acc);
+#elif defined(__AVX2__)
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3 and 4-7
+  for (; i + 8 <= n; i += 8) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
+  }
+  double lanes[8];
+  _mm256_storeu_pd(lanes, lo);
+  _mm256_storeu_pd(lanes + 4, hi);
 #else
   double lanes[8] = {0};
 #endif
