@@ -90,7 +90,7 @@ inline float reduce512(__m512 v) {
 }
 #endif
 
-// f32 dot in the order of dot_f32_portable, vectorised where the CPU has AVX-512.
+// f32 dot in the order of dot_f32_portable, vectorised where the CPU has AVX-512 or AVX2+FMA.
 inline float dot_f32(const float* a, const float* b, int n) {
 #if defined(__AVX512F__)
   __m512 acc = _mm512_setzero_ps();
