@@ -1,13 +1,16 @@
-// Google Benchmark microbenchmarks of the engine kernels. Bytes/s counters are weight bytes
-// streamed; compare with `r3 bench`'s measured streaming-read bandwidth.
+// Google Benchmark microbenchmarks of the engine kernels. Bytes/s counters are weight (or KV)
+// bytes streamed; compare with `r3 bench`'s measured streaming-read bandwidth.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 
 namespace {
@@ -123,5 +126,51 @@ void BM_MoeLayer(benchmark::State& state) {
   state.SetBytesProcessed(bytes);
 }
 BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealTime();
+
+// Batch-32 decode attention of one layer as the engine runs it: 32 sequences of `ctx` keys, 16
+// kv heads of 64, (head, sequence) items on both cores; enough layers of distinct caches (>= 512
+// MB) that the KV streams from memory, as it does when a step's weights have evicted it. Args:
+// context length, then 0 for an fp32 cache or 1 for bf16.
+template <typename KvT>
+void attention_decode(benchmark::State& state) {
+  constexpr int kSeqs = 32, kHeads = 16, kHd = 64, kBs = 16, kKvDim = kHeads * kHd;
+  const int ctx = int(state.range(0)), blocks_per_seq = (ctx + kBs - 1) / kBs;
+  const size_t layer_elems = size_t(kSeqs) * blocks_per_seq * kBs * kKvDim;
+  const int layers = int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
+  std::vector<KvT, r3::kernels::CacheLineAllocator<KvT>> k(layer_elems * layers), v(k.size());  // as the engine
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 1);
+  for (size_t i = 0; i < k.size(); ++i) {  // normal values (denormals would time microcode assists)
+    const float x = nd(rng);
+    if constexpr (std::is_same_v<KvT, float>) k[i] = v[i] = x;
+    else k[i] = v[i] = r3::f32_to_bf16(x);
+  }
+  std::vector<int> table(size_t(kSeqs) * blocks_per_seq);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int(i);
+  std::shuffle(table.begin(), table.end(), rng);  // blocks scattered over the pool, as after churn
+  std::vector<float> q(size_t(kSeqs) * kKvDim, 0.1f), out(q.size());
+  int layer = 0;
+  for (auto _ : state) {
+    const KvT* kl = k.data() + size_t(layer) * layer_elems;
+    const KvT* vl = v.data() + size_t(layer) * layer_elems;
+    pool().parallel_for_each(kSeqs * kHeads, [&](int64_t i) {
+      thread_local std::vector<float> scores;
+      scores.resize(size_t(ctx) + kBs);
+      const int head = int(i / kSeqs), seq = int(i % kSeqs), pos = ctx - 1;
+      const r3::kernels::PagedHead<KvT> ph{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim,
+                                           int64_t(head) * kHd};
+      const float* qs[1] = {q.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
+      float* os[1] = {out.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
+      r3::kernels::attend_group(qs, &pos, 1, kHd, 0.125f, ph, scores.data(), ctx + kBs, os);
+    });
+    layer = (layer + 1) % layers;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * kSeqs * ctx * kKvDim * 2 * int64_t(sizeof(KvT)));
+}
+void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
+void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
+BENCHMARK(BM_AttentionDecodeF32)->Arg(32)->Arg(512)->Arg(4096)->UseRealTime();
+BENCHMARK(BM_AttentionDecodeBf16)->Arg(32)->Arg(512)->Arg(4096)->UseRealTime();
 
 }  // namespace

@@ -87,6 +87,7 @@ class LLM {
       if (key == "block_size") c.block_size = v.cast<int>();
       else if (key == "num_kv_blocks") c.num_kv_blocks = v.cast<int>();
       else if (key == "kv_cache_mb") c.kv_cache_mb = v.cast<int>();
+      else if (key == "kv_cache_dtype") c.kv_cache_dtype = v.cast<std::string>();
       else if (key == "max_num_seqs") c.max_num_seqs = v.cast<int>();
       else if (key == "max_num_batched_tokens") c.max_num_batched_tokens = v.cast<int>();
       else if (key == "enable_prefix_caching") c.enable_prefix_caching = v.cast<bool>();

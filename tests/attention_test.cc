@@ -2,6 +2,7 @@
 // scale; softmax in absolute position order; values fma-accumulated per position), so the
 // vectorised block path (block size 16) and the portable path give the same bits.
 #include "kernels/attention.h"
+#include "core/dtype.h"
 #include "kernels/exp.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace r3::kernels {
@@ -37,51 +39,78 @@ std::vector<float> reference(const std::vector<float>& q, const std::vector<std:
   return out;
 }
 
-TEST(Attention, PagedEqualsDocumentedOrderBitForBit) {
+// A paged cache of fp32 or bf16 elements in the layouts of attention.h; at(kind, j, e) reads
+// key/value j, kv element e back as fp32.
+template <typename KvT>
+struct Cache {
+  int bs, kv_dim, hd;
+  std::vector<int> table;
+  std::vector<KvT> k, v;
+  Cache(int bs_, int kv_dim_, int hd_, std::vector<int> table_)
+      : bs(bs_), kv_dim(kv_dim_), hd(hd_), table(std::move(table_)), k(table.size() * bs * kv_dim), v(k.size()) {}
+  size_t k_index(int j, int e) const { return (size_t(table[size_t(j / bs)]) * kv_dim + e) * bs + j % bs; }  // [block][kv_dim][slot]
+  size_t v_index(int j, int e) const {  // [block][kv_head][slot][head_dim]
+    return (size_t(table[size_t(j / bs)]) * kv_dim + size_t(e / hd * hd)) * bs + size_t(j % bs) * hd + e % hd;
+  }
+  static KvT store(float x) {
+    if constexpr (std::is_same_v<KvT, float>) return x;
+    else return f32_to_bf16(x);
+  }
+  static float load(KvT x) {
+    if constexpr (std::is_same_v<KvT, float>) return x;
+    else return bf16_to_f32(x);
+  }
+  void set(int j, int e, float kv, float vv) { k[k_index(j, e)] = store(kv), v[v_index(j, e)] = store(vv); }
+  float key(int j, int e) const { return load(k[k_index(j, e)]); }
+  float value(int j, int e) const { return load(v[v_index(j, e)]); }
+  PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
+};
+
+template <typename KvT>
+void expect_documented_order() {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
   for (int bs : {16, 8, 5})
     for (int hd : {48, 64, 40}) {  // 3 and 4 vectors of 16, and the portable tail path
-    const int kv_heads = 2, kv_dim = hd * kv_heads, pos = 200;
-    const int blocks = (pos + bs) / bs;
-    std::vector<int> table(static_cast<size_t>(blocks));
-    for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;  // 7 is prime to every count here
-    std::shuffle(table.begin(), table.end(), rng);
-    std::vector<float> kc(size_t(blocks) * bs * kv_dim), vc(kc.size());
-    std::vector<std::vector<float>> k(size_t(pos) + 1, std::vector<float>(size_t(hd))), v = k;
-    const int head = 1;
-    for (int j = 0; j <= pos; ++j)
-      for (int e = 0; e < kv_dim; ++e) {
-        const float kv = nd(rng), vv = nd(rng);
-        const int b = table[size_t(j / bs)], slot = j % bs;
-        kc[(size_t(b) * kv_dim + e) * bs + slot] = kv;               // [block][kv_dim][slot]
-        vc[(size_t(b) * bs + slot) * kv_dim + e] = vv;               // [block][slot][kv_dim]
-        if (e / hd == head) {
-          k[size_t(j)][size_t(e % hd)] = kv;
-          v[size_t(j)][size_t(e % hd)] = vv;
+      const int kv_heads = 2, kv_dim = hd * kv_heads, pos = 200;
+      const int blocks = (pos + bs) / bs;
+      std::vector<int> table(static_cast<size_t>(blocks));
+      for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;  // 7 is prime to every count here
+      std::shuffle(table.begin(), table.end(), rng);
+      Cache<KvT> cache(bs, kv_dim, hd, table);
+      const int head = 1;
+      std::vector<std::vector<float>> k(size_t(pos) + 1, std::vector<float>(size_t(hd))), v = k;
+      for (int j = 0; j <= pos; ++j)
+        for (int e = 0; e < kv_dim; ++e) {
+          cache.set(j, e, nd(rng), nd(rng));
+          if (e / hd == head) k[size_t(j)][size_t(e % hd)] = cache.key(j, e), v[size_t(j)][size_t(e % hd)] = cache.value(j, e);
+        }
+      std::vector<float> q(static_cast<size_t>(hd));
+      for (auto& x : q) x = nd(rng);
+      // 1, 2 and 8 full blocks at once on the vector path, plus partial blocks.
+      for (int p : {0, 1, bs - 1, bs, 40, 16 * 11 + 4, pos}) {
+        std::vector<float> scores(static_cast<size_t>(pos + bs + 1)), out(static_cast<size_t>(hd));
+        attend(q.data(), hd, p, 0.125f, cache.head(head), scores.data(), out.data());
+        std::vector<float> want = reference(q, k, v, p, 0.125f);
+        for (int d = 0; d < hd; ++d) {
+          uint32_t a, b;
+          std::memcpy(&a, &out[size_t(d)], 4);
+          std::memcpy(&b, &want[size_t(d)], 4);
+          ASSERT_EQ(a, b) << "block size " << bs << " head_dim " << hd << " pos " << p << " d " << d;
         }
       }
-    std::vector<float> q(static_cast<size_t>(hd));
-    for (auto& x : q) x = nd(rng);
-    // 1, 2 and 8 full blocks at once on the vector path, plus partial blocks.
-    for (int p : {0, 1, bs - 1, bs, 40, 16 * 11 + 4, pos}) {
-      PagedHead ph{kc.data(), vc.data(), table.data(), bs, kv_dim, int64_t(head) * hd};
-      std::vector<float> scores(static_cast<size_t>(pos + bs + 1)), out(static_cast<size_t>(hd));
-      attend(q.data(), hd, p, 0.125f, ph, scores.data(), out.data());
-      std::vector<float> want = reference(q, k, v, p, 0.125f);
-      for (int d = 0; d < hd; ++d) {
-        uint32_t a, b;
-        std::memcpy(&a, &out[size_t(d)], 4);
-        std::memcpy(&b, &want[size_t(d)], 4);
-        ASSERT_EQ(a, b) << "block size " << bs << " head_dim " << hd << " pos " << p << " d " << d;
-      }
     }
-  }
 }
+
+TEST(Attention, PagedEqualsDocumentedOrderBitForBit) { expect_documented_order<float>(); }
+
+// A bf16 cache: the same order over the widened elements.
+TEST(Attention, Bf16CacheEqualsDocumentedOrderBitForBit) { expect_documented_order<uint16_t>(); }
 
 // A group shares K and V loads only: each query's output is attend()'s, bit for bit, whatever
 // the group size, order and spread of positions.
-TEST(Attention, GroupEqualsOneQueryAtATime) {
+template <typename KvT>
+void expect_group_equals_one_at_a_time() {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0, 1);
   for (int bs : {16, 8})
@@ -90,10 +119,10 @@ TEST(Attention, GroupEqualsOneQueryAtATime) {
       std::vector<int> table(static_cast<size_t>(blocks));
       for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
       std::shuffle(table.begin(), table.end(), rng);
-      std::vector<float> kc(size_t(blocks) * bs * kv_dim), vc(kc.size());
-      for (auto& x : kc) x = nd(rng);
-      for (auto& x : vc) x = nd(rng);
-      const PagedHead ph{kc.data(), vc.data(), table.data(), bs, kv_dim, int64_t(hd)};
+      Cache<KvT> cache(bs, kv_dim, hd, table);
+      for (int j = 0; j < blocks * bs; ++j)
+        for (int e = 0; e < kv_dim; ++e) cache.set(j, e, nd(rng), nd(rng));
+      const PagedHead<KvT> ph = cache.head(1);
       const int stride = max_pos + bs + 1;
       for (const std::vector<int>& pos : std::vector<std::vector<int>>{
                {0}, {5, 6}, {14, 15, 16, 17}, {200, 201, 202}, {299, 3, 150, 47}, {31, 32, 33, 34}}) {
@@ -112,6 +141,11 @@ TEST(Attention, GroupEqualsOneQueryAtATime) {
         }
       }
     }
+}
+
+TEST(Attention, GroupEqualsOneQueryAtATime) {
+  expect_group_equals_one_at_a_time<float>();
+  expect_group_equals_one_at_a_time<uint16_t>();
 }
 
 TEST(Attention, ExpWithinTwoUlpOfLibm) {

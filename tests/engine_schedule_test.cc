@@ -1,7 +1,8 @@
 // Randomised schedules (seeded): shared prefixes, random lengths and arrivals, aborts, KV pools
 // small enough to force preemption, budgets small enough to force chunked prefill, overlap and
-// decode buckets on and off, EPLB on and off, on tiny presets of all three architectures. Every
-// finished request's tokens, logprobs and routes must be bit-identical to its solo run.
+// decode buckets on and off, EPLB on and off, bf16 and fp32 KV caches, on tiny presets of all three
+// architectures. Every finished request's tokens, logprobs and routes must be bit-identical to its
+// solo run.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -15,21 +16,25 @@ namespace {
 struct Case {
   std::string arch;
   bool overlap, buckets, eplb;
+  std::string kv;  // KV cache dtype
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << (c.overlap ? "+overlap" : "") << (c.buckets ? "+buckets" : "") << (c.eplb ? "+eplb" : ""); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.arch << (c.overlap ? "+overlap" : "") << (c.buckets ? "+buckets" : "") << (c.eplb ? "+eplb" : "") << "+kv_"
+      << c.kv;
+}
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
   return i.param.arch + (i.param.overlap ? "_overlap" : "") + (i.param.buckets ? "_buckets" : "") +
-         (i.param.eplb ? "_eplb" : "");
+         (i.param.eplb ? "_eplb" : "") + "_kv_" + i.param.kv;
 }
 
 class EngineSchedule : public ::testing::TestWithParam<Case> {};
 
-const std::vector<RequestOutput>& solo_for(const std::string& arch, const Workload& w) {
+const std::vector<RequestOutput>& solo_for(const std::string& arch, const std::string& kv, const Workload& w) {
   static std::map<std::string, std::vector<RequestOutput>> cache;
-  auto it = cache.find(arch);
-  if (it == cache.end()) it = cache.emplace(arch, solo_runs(test_model(arch), w)).first;
+  auto it = cache.find(arch + kv);
+  if (it == cache.end()) it = cache.emplace(arch + kv, solo_runs(test_model(arch), w, kv)).first;
   return it->second;
 }
 
@@ -37,7 +42,7 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
   const Case c = GetParam();
   const std::string model = test_model(c.arch);
   const Workload w = make_workload(1234, 48, 512, 0.1);
-  const auto& solo = solo_for(c.arch, w);
+  const auto& solo = solo_for(c.arch, c.kv, w);
 
   EngineConfig cfg;
   cfg.model = model;
@@ -46,6 +51,7 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
   cfg.max_num_batched_tokens = 24;  // forces chunked prefill
   cfg.max_num_seqs = 8;
   cfg.enable_prefix_caching = true;
+  cfg.kv_cache_dtype = c.kv;
   cfg.overlap_scheduler = c.overlap;
   if (c.buckets) cfg.decode_buckets = {1, 2, 4, 8, 16};
   cfg.enable_return_routed_experts = true;
@@ -71,7 +77,8 @@ std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const char* arch : {"mixtral", "qwen3_moe", "olmoe"})
     for (bool overlap : {false, true})
-      for (bool buckets : {false, true}) out.push_back({arch, overlap, buckets, overlap && buckets});
+      for (bool buckets : {false, true})
+        for (const char* kv : {"bf16", "fp32"}) out.push_back({arch, overlap, buckets, overlap && buckets, kv});
   return out;
 }
 

@@ -53,9 +53,10 @@ inline Workload make_workload(uint64_t seed, int n, int vocab, double abort_frac
   return w;
 }
 
-inline EngineConfig solo_config(const std::string& model) {
+inline EngineConfig solo_config(const std::string& model, const std::string& kv_cache_dtype = "auto") {
   EngineConfig c;
   c.model = model;
+  c.kv_cache_dtype = kv_cache_dtype;
   c.enable_prefix_caching = false;
   c.max_num_batched_tokens = 4096;
   c.max_num_seqs = 1;
@@ -65,8 +66,9 @@ inline EngineConfig solo_config(const std::string& model) {
 }
 
 // The solo run: alone, no prefix cache, no chunking, no preemption.
-inline std::vector<RequestOutput> solo_runs(const std::string& model, const Workload& w) {
-  Engine e(solo_config(model));
+inline std::vector<RequestOutput> solo_runs(const std::string& model, const Workload& w,
+                                            const std::string& kv_cache_dtype = "auto") {
+  Engine e(solo_config(model, kv_cache_dtype));
   std::vector<RequestOutput> out;
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     SamplingParams p = w.params[i];

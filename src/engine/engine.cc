@@ -7,6 +7,13 @@
 
 namespace r3 {
 
+DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  if (name == "fp32" || name == "float32") return DType::F32;
+  if (name == "auto") return w.layers.empty() || w.layers[0].q.dtype != DType::BF16 ? DType::F32 : DType::BF16;
+  throw Error("kv_cache_dtype must be auto, bf16 or fp32, got \"" + name + "\"");
+}
+
 Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   if (cfg_.block_size <= 0) throw Error("block_size must be positive");
   if (cfg_.max_num_seqs <= 0) throw Error("max_num_seqs must be positive");
@@ -17,10 +24,12 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   const ModelConfig& mc = ckpt_->config();
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
+  const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
+  cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
   int blocks = cfg_.num_kv_blocks;
   if (blocks <= 0) {
     const size_t per_block = size_t(mc.num_layers) * size_t(cfg_.block_size) * size_t(mc.num_kv_heads) *
-                             size_t(mc.head_dim) * 2 * sizeof(float);
+                             size_t(mc.head_dim) * 2 * dtype_size(kv_dtype);
     blocks = int(std::clamp<size_t>(size_t(cfg_.kv_cache_mb) * (1u << 20) / per_block, 16, 1 << 16));
   }
   cfg_.num_kv_blocks = blocks;
@@ -28,7 +37,7 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   for (int b : cfg_.decode_buckets) max_step = std::max(max_step, b);
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
   runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
-                                          pool_.get());
+                                          pool_.get(), kv_dtype);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;

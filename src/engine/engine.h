@@ -28,6 +28,9 @@ struct EngineConfig {
   int block_size = 16;
   int num_kv_blocks = 0;             // 0 = as many as fit in kv_cache_mb
   int kv_cache_mb = 1024;
+  // KV cache element: "auto" (bf16 when the checkpoint's attention weights are bf16, else fp32),
+  // "bf16" (half the memory of fp32: twice the tokens in kv_cache_mb) or "fp32".
+  std::string kv_cache_dtype = "auto";
   int max_num_seqs = 32;
   int max_num_batched_tokens = 512;
   bool enable_prefix_caching = true;
@@ -66,6 +69,9 @@ struct EngineStats {
   std::vector<std::vector<uint64_t>> physical_expert_load;  // [L_moe][E + redundant] (EPLB)
   std::vector<int> moe_layers;
 };
+
+// The KV cache element for EngineConfig::kv_cache_dtype (throws on an unknown name).
+DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& weights);
 
 class Engine {
  public:

@@ -18,7 +18,7 @@ using kernels::rms_norm;
 using kernels::round_to_bf16;
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
-                         int max_step_tokens, int max_seqs, ThreadPool* pool)
+                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
       block_size_(block_size),
@@ -29,9 +29,12 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
             ckpt_->config().max_position_embeddings) {
   const ModelConfig& c = config();
   kv_dim_ = size_t(c.num_kv_heads) * size_t(c.head_dim);
-  const size_t kv_floats = size_t(c.num_layers) * size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;
-  k_cache_.assign(kv_floats, 0.f);
-  v_cache_.assign(kv_floats, 0.f);
+  if (kv_dtype != DType::BF16 && kv_dtype != DType::F32) throw Error("the KV cache holds bf16 or fp32");
+  kv_dtype_ = kv_dtype;
+  kv_layer_elems_ = size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;  // + the padding scratch block
+  const size_t kv_bytes = size_t(c.num_layers) * kv_layer_elems_ * dtype_size(kv_dtype);
+  k_cache_.assign(kv_bytes, std::byte{0});
+  v_cache_.assign(kv_bytes, std::byte{0});
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
   const size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
@@ -107,26 +110,47 @@ std::vector<std::vector<uint64_t>> ModelRunner::physical_expert_load() const {
   return out;
 }
 
-// K blocks are transposed ([kv_dim][slot]): kernels/attention.h scores a block's keys at once.
-float* ModelRunner::k_block(int layer, int block) {
-  return k_cache_.data() + (size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) * kv_dim_;
+// Layouts of kernels/attention.h: K transposed so a block's keys are scored at once, V with one
+// head's values of a block contiguous.
+template <typename KvT>
+KvT* ModelRunner::k_layer(int layer) {
+  return reinterpret_cast<KvT*>(k_cache_.data()) + size_t(layer) * kv_layer_elems_;
 }
-float* ModelRunner::v_at(int layer, int block, int slot) {
-  return v_cache_.data() +
-         ((size_t(layer) * size_t(num_blocks_ + 1) + size_t(block)) * size_t(block_size_) + size_t(slot)) * kv_dim_;
+template <typename KvT>
+KvT* ModelRunner::v_layer(int layer) {
+  return reinterpret_cast<KvT*>(v_cache_.data()) + size_t(layer) * kv_layer_elems_;
+}
+
+namespace {
+inline void store_kv(float x, float* dst) { *dst = x; }
+inline void store_kv(float x, uint16_t* dst) { *dst = f32_to_bf16(x); }  // round to nearest even
+}  // namespace
+
+// A token's K (each element kv_dim lines apart: the transposed layout) and V (a run of head_dim
+// per kv head) into its block and slot.
+template <typename KvT>
+void ModelRunner::write_kv(int layer, const PlannedToken& tok, const float* k, const float* v) {
+  const size_t bs = size_t(block_size_), hd = size_t(config().head_dim), block = size_t(tok.block) * kv_dim_ * bs;
+  KvT* kb = k_layer<KvT>(layer) + block + size_t(tok.slot);
+  for (size_t e = 0; e < kv_dim_; ++e) store_kv(k[e], kb + e * bs);
+  for (size_t h = 0; h < kv_dim_ / hd; ++h) {
+    KvT* vb = v_layer<KvT>(layer) + block + h * hd * bs + size_t(tok.slot) * hd;
+    for (size_t d = 0; d < hd; ++d) store_kv(v[h * hd + d], vb + d);
+  }
 }
 
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), split
 // over (head, group) pairs; a group is up to kMaxGroup consecutive tokens of one request, which
 // share each load of K and V.
+template <typename KvT>
 void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
   const int qd = nh * hd;
   const float scale = 1.f / std::sqrt(float(hd));
   const int T = int(plan.tokens.size());
-  const float* k_layer = k_block(layer, 0);
-  const float* v_layer = v_at(layer, 0, 0);
+  const KvT* k = k_layer<KvT>(layer);
+  const KvT* v = v_layer<KvT>(layer);
   attn_groups_.clear();
   for (int t = 0; t < T;) {
     const int seq = plan.tokens[size_t(t)].seq;
@@ -160,8 +184,8 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
       os[k] = out + at;
       pos[k] = plan.tokens[size_t(g.first + k)].position;
     }
-    const kernels::PagedHead kv{k_layer, v_layer, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
-                                int64_t(kv_dim_), int64_t(head / group) * hd};
+    const kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
+                                     int64_t(kv_dim_), int64_t(head / group) * hd};
     kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
   });
 }
@@ -357,12 +381,12 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
         for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
         for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
         if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
-        float* kb = k_block(l, tok.block) + tok.slot;
-        for (int e = 0; e < kvd; ++e) kb[size_t(e) * size_t(block_size_)] = k[e];
-        std::copy(v, v + kvd, v_at(l, tok.block, tok.slot));
+        if (kv_dtype_ == DType::BF16) write_kv<uint16_t>(l, tok, k, v);
+        else write_kv<float>(l, tok, k, v);
       }
     });
-    attention(plan, l, q_.data(), attn_.data());
+    if (kv_dtype_ == DType::BF16) attention<uint16_t>(plan, l, q_.data(), attn_.data());
+    else attention<float>(plan, l, q_.data(), attn_.data());
     round_to_bf16(attn_.data(), int64_t(T) * qd, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
     add_and_norm(tmp_.data(), L.post_norm, T);

@@ -1,7 +1,8 @@
 // Runs one step's flattened tokens (prefill chunks, decodes and padding mixed) through the model
 // with batch-invariant kernels, writes their KV into the paged cache, captures routes and samples.
 // Numerics: weights as stored (bf16 or f32), activations rounded to bf16 at matmul inputs, fp32
-// accumulation in the fixed order of kernels/dot.h.
+// accumulation in the fixed order of kernels/dot.h; K and V rounded to the KV cache dtype (bf16
+// by default for bf16 checkpoints) as they are written, attention in fp32.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -19,9 +20,10 @@ namespace r3 {
 
 class ModelRunner {
  public:
-  // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows.
+  // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows; kv_dtype
+  // (BF16 or F32) is the KV cache element: K and V are rounded to it as they are written.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
-              int max_seqs, ThreadPool* pool);
+              int max_seqs, ThreadPool* pool, DType kv_dtype);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
@@ -37,14 +39,19 @@ class ModelRunner {
   uint64_t weight_bytes_read() const { return weight_bytes_.load(); }
 
  private:
+  template <typename KvT>
   void attention(const StepPlan& plan, int layer, const float* q, float* out);
+  template <typename KvT>
+  void write_kv(int layer, const PlannedToken& tok, const float* k, const float* v);
   // Both read the post-attention norm in h_ / hb_.
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
   void add_and_norm(const float* add, const TensorView& norm, int T);
-  float* k_block(int layer, int block);
   void pack_weights();  // weights_ = the checkpoint's views, bf16 matrices repacked
-  float* v_at(int layer, int block, int slot);
+  template <typename KvT>
+  KvT* k_layer(int layer);  // K cache of a layer, [block][kv_dim][slot]
+  template <typename KvT>
+  KvT* v_layer(int layer);  // V cache of a layer, [block][kv_head][slot][head_dim]
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (packed bf16)
@@ -53,7 +60,10 @@ class ModelRunner {
   ThreadPool* pool_;
   kernels::Rope rope_;
   size_t kv_dim_;
-  std::vector<float> k_cache_, v_cache_;  // [layer][block][slot][kv_dim]
+  DType kv_dtype_;
+  size_t kv_layer_elems_;                          // (num_blocks + 1) x block_size x kv_dim
+  // [layer] of kv_layer_elems_ elements of kv_dtype_; line-aligned so no vector load splits.
+  std::vector<std::byte, kernels::CacheLineAllocator<std::byte>> k_cache_, v_cache_;
   EplbMap eplb_;
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/dtype.h"
 #include "kernels/dot.h"
 #include "kernels/exp.h"
 
@@ -11,27 +12,54 @@ namespace r3::kernels {
 
 namespace {
 
-inline const float* v_row(const PagedHead& kv, int j) {
-  return kv.v_base + (int64_t(kv.block_table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * kv.kv_dim +
-         kv.head_offset;
+// A cache element as fp32 (bf16 widens exactly).
+inline float widen(float v) { return v; }
+inline float widen(uint16_t bits) { return bf16_to_f32(bits); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+#endif
+
+// Key j's values: head_dim elements, contiguous; the block's later slots follow at head_dim strides.
+template <typename KvT>
+inline const KvT* v_row(const PagedHead<KvT>& kv, int j, int hd) {
+  return kv.v_base + (int64_t(kv.block_table[j / kv.block_size]) * kv.kv_dim + kv.head_offset) * kv.block_size +
+         int64_t(j % kv.block_size) * hd;
 }
 
-inline const float* k_block(const PagedHead& kv, int b) {
+template <typename KvT>
+inline const KvT* k_block(const PagedHead<KvT>& kv, int b) {
   return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + kv.head_offset) * kv.block_size;
 }
 
 #if defined(__AVX512F__)
+// Blocks sit anywhere in the pool, so the hardware prefetcher restarts at every one: the loops
+// request the blocks a little ahead themselves, one head's K or V of a block (hd x 16 elements).
+constexpr int kAheadBlocks = 2;  // values
+
+template <typename KvT>
+inline void prefetch_block(const KvT* p, int hd) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (size_t at = 0; at < size_t(hd) * 16 * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+#endif
+
+#if defined(__AVX512F__)
 // Scores of B full blocks of 16 keys at once (B independent fma chains over d).
-template <int B>
-inline void full_block_scores(const float* q, const PagedHead& kv, int b0, int hd, float scale, float* s) {
-  const float* kt[B];
+template <int B, typename KvT>
+inline void full_block_scores(const float* q, const PagedHead<KvT>& kv, int b0, int hd, float scale, float* s) {
+  const KvT* kt[B];
   __m512 acc[B];
 #pragma GCC unroll 8
   for (int i = 0; i < B; ++i) kt[i] = k_block(kv, b0 + i), acc[i] = _mm512_setzero_ps();
   for (int d = 0; d < hd; ++d) {
     const __m512 qd = _mm512_set1_ps(q[d]);
 #pragma GCC unroll 8
-    for (int i = 0; i < B; ++i) acc[i] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kt[i] + d * 16), acc[i]);
+    for (int i = 0; i < B; ++i) acc[i] = _mm512_fmadd_ps(qd, load16(kt[i] + d * 16), acc[i]);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < B; ++i) _mm512_storeu_ps(s + (b0 + i) * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
@@ -40,7 +68,8 @@ inline void full_block_scores(const float* q, const PagedHead& kv, int b0, int h
 #endif
 
 // Scores of keys 0..pos into s (the same per-score order on every path).
-void scores_of(const float* q, int hd, int pos, float scale, const PagedHead& kv, float* s) {
+template <typename KvT>
+void scores_of(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
   const int bs = kv.block_size, n = pos + 1;
   int b = 0;
 #if defined(__AVX512F__)
@@ -52,11 +81,11 @@ void scores_of(const float* q, int hd, int pos, float scale, const PagedHead& kv
   }
 #endif
   for (; b * bs < n; ++b) {
-    const float* kt = k_block(kv, b);
+    const KvT* kt = k_block(kv, b);
     const int m = std::min(bs, n - b * bs);
     for (int j = 0; j < m; ++j) {
       float acc = 0.f;
-      for (int d = 0; d < hd; ++d) acc = std::fma(q[d], kt[d * bs + j], acc);
+      for (int d = 0; d < hd; ++d) acc = std::fma(q[d], widen(kt[d * bs + j]), acc);
       s[b * bs + j] = acc * scale;
     }
   }
@@ -75,38 +104,62 @@ float softmax_weights(float* s, int n) {
 
 // out[d] = fma(w[j], v_j[d], out[d]) for keys [from, to), in key order (the tail of a query
 // whose group shared the keys before `from`).
-void weighted_values_tail(const float* w, int from, int to, const PagedHead& kv, int hd, float* out) {
+template <typename KvT>
+void weighted_values_tail(const float* w, int from, int to, const PagedHead<KvT>& kv, int hd, float* out) {
   for (int j = from; j < to; ++j) {
-    const float* vj = v_row(kv, j);
-    for (int d = 0; d < hd; ++d) out[d] = std::fma(w[j], vj[d], out[d]);
+    const KvT* vj = v_row(kv, j, hd);
+    for (int d = 0; d < hd; ++d) out[d] = std::fma(w[j], widen(vj[d]), out[d]);
   }
 }
 
 #if defined(__AVX512F__)
-// Scores of every block up to n_max for Q queries: each K vector loaded once feeds Q chains.
-template <int Q>
-void group_scores(const float* const* q, int hd, float scale, const PagedHead& kv, int n_max, float* s,
-                  int stride) {
-  for (int b = 0; b * 16 < n_max; ++b) {
-    const float* kt = k_block(kv, b);
-    __m512 acc[Q];
+// Scores of blocks [b0, b0 + B) for Q queries: each K vector loaded once feeds Q chains, and B
+// blocks at once give Q x B independent fma chains (one chain alone waits on fma latency).
+// Prefetches the K blocks kAhead further on and, past the last one, the values' first blocks.
+template <int Q, int B, int kAhead, typename KvT>
+inline void score_blocks(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int b0, int blocks,
+                         float* s, int stride) {
+  const KvT* kt[B];
+  __m512 acc[B][Q];
 #pragma GCC unroll 4
-    for (int i = 0; i < Q; ++i) acc[i] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; ++d) {
-      const __m512 k = _mm512_loadu_ps(kt + d * 16);
+  for (int i = 0; i < B; ++i) {
+    kt[i] = k_block(kv, b0 + i);
+    const int ahead = b0 + i + kAhead;
+    if (ahead < blocks) prefetch_block(k_block(kv, ahead), hd);
+    else if (ahead - blocks < std::min(kAhead, blocks)) prefetch_block(v_row(kv, (ahead - blocks) * 16, hd), hd);
 #pragma GCC unroll 4
-      for (int i = 0; i < Q; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), k, acc[i]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < Q; ++i)
-      _mm512_storeu_ps(s + size_t(i) * stride + b * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
+    for (int j = 0; j < Q; ++j) acc[i][j] = _mm512_setzero_ps();
   }
+  for (int d = 0; d < hd; ++d) {
+#pragma GCC unroll 4
+    for (int i = 0; i < B; ++i) {
+      const __m512 k = load16(kt[i] + d * 16);
+#pragma GCC unroll 4
+      for (int j = 0; j < Q; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][d]), k, acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < B; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < Q; ++j)
+      _mm512_storeu_ps(s + size_t(j) * stride + (b0 + i) * 16, _mm512_mul_ps(acc[i][j], _mm512_set1_ps(scale)));
+}
+
+// Scores of every block up to n_max for Q queries, at least 4 chains at a time where the blocks allow.
+template <int Q, typename KvT>
+void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int n_max, float* s,
+                  int stride) {
+  constexpr int B = Q >= 4 ? 1 : 4 / Q, kAhead = 4;
+  const int blocks = (n_max + 15) / 16;
+  int b = 0;
+  for (; b + B <= blocks; b += B) score_blocks<Q, B, kAhead>(q, hd, scale, kv, b, blocks, s, stride);
+  for (; b < blocks; ++b) score_blocks<Q, 1, kAhead>(q, hd, scale, kv, b, blocks, s, stride);
 }
 
 // out[i][d] = sum_j w_i[j] * v_j[d] over keys [0, n_min) in key order for Q queries, each V
 // row loaded once, Q x NV accumulators kept in registers across keys; outputs stored unscaled.
-template <int NV, int Q>
-void group_values(const float* w, int stride, int n_min, const PagedHead& kv, float* const* out) {
+template <int NV, int Q, typename KvT>
+void group_values(const float* w, int stride, int n_min, const PagedHead<KvT>& kv, float* const* out) {
   __m512 acc[Q][NV];
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i)
@@ -114,12 +167,13 @@ void group_values(const float* w, int stride, int n_min, const PagedHead& kv, fl
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
   const int bs = kv.block_size;
   for (int j0 = 0; j0 < n_min; j0 += bs) {
-    const float* row = v_row(kv, j0);
+    const KvT* row = v_row(kv, j0, 16 * NV);
+    if (bs == 16 && j0 + kAheadBlocks * 16 < n_min) prefetch_block(v_row(kv, j0 + kAheadBlocks * 16, 16 * NV), 16 * NV);
     const int m = std::min(bs, n_min - j0);
-    for (int j = j0; j < j0 + m; ++j, row += kv.kv_dim) {
+    for (int j = j0; j < j0 + m; ++j, row += 16 * NV) {
       __m512 vv[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) vv[v] = _mm512_loadu_ps(row + 16 * v);
+      for (int v = 0; v < NV; ++v) vv[v] = load16(row + 16 * v);
 #pragma GCC unroll 4
       for (int i = 0; i < Q; ++i) {
         const __m512 wv = _mm512_set1_ps(w[size_t(i) * stride + j]);
@@ -134,8 +188,8 @@ void group_values(const float* w, int stride, int n_min, const PagedHead& kv, fl
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out[i] + 16 * v, acc[i][v]);
 }
 
-template <int NV, int Q>
-void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale, const PagedHead& kv,
+template <int NV, int Q, typename KvT>
+void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale, const PagedHead<KvT>& kv,
                         float* scores, int stride, float* const* out) {
   int n_min = pos[0] + 1, n_max = pos[0] + 1;
   for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1), n_max = std::max(n_max, pos[i] + 1);
@@ -150,8 +204,8 @@ void attend_group_fixed(const float* const* q, const int* pos, int hd, float sca
   }
 }
 
-template <int NV>
-void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead& kv,
+template <int NV, typename KvT>
+void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                      float* scores, int stride, float* const* out) {
   switch (nq) {
     case 1: attend_group_fixed<NV, 1>(q, pos, hd, scale, kv, scores, stride, out); break;
@@ -164,7 +218,8 @@ void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, floa
 
 }  // namespace
 
-void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead& kv,
+template <typename KvT>
+void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                   float* scores, int stride, float* const* out) {
 #if defined(__AVX512F__)
   if (kv.block_size == 16 && nq >= 1 && nq <= kMaxGroup) {
@@ -175,7 +230,8 @@ void attend_group(const float* const* q, const int* pos, int nq, int hd, float s
   for (int i = 0; i < nq; ++i) attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
 }
 
-void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, float* scores, float* out) {
+template <typename KvT>
+void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out) {
   const int n = pos + 1;
   scores_of(q, hd, pos, scale, kv, scores);
   const float sum = softmax_weights(scores, n);  // weights replace the scores
@@ -195,5 +251,12 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead& kv, f
   const float inv = 1.f / sum;
   for (int d = 0; d < hd; ++d) out[d] *= inv;
 }
+
+template void attend(const float*, int, int, float, const PagedHead<float>&, float*, float*);
+template void attend(const float*, int, int, float, const PagedHead<uint16_t>&, float*, float*);
+template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<float>&, float*, int,
+                           float* const*);
+template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<uint16_t>&, float*, int,
+                           float* const*);
 
 }  // namespace r3::kernels

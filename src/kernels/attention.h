@@ -6,14 +6,18 @@
 
 namespace r3::kernels {
 
+// The cache holds fp32, or bf16 bits (uint16_t) that the kernels widen exactly to fp32 as they
+// load them; everything after the load is the same fp32 arithmetic.
 // K blocks are stored transposed, [block][kv_dim][slot], so the scores of a block's keys are
-// computed 16 at a time (one lane per key); V blocks are [block][slot][kv_dim].
+// computed 16 at a time (one lane per key); V blocks are [block][kv_head][slot][head_dim], so one
+// head's values of a block are one contiguous run (easy to prefetch, no 4 KiB strides).
+template <typename KvT>
 struct PagedHead {
-  const float* k_base;    // K cache of this layer: [block][kv_dim][slot]
-  const float* v_base;    // V cache of this layer: [block][slot][kv_dim]
+  const KvT* k_base;      // K cache of this layer: [block][kv_dim][slot]
+  const KvT* v_base;      // V cache of this layer: [block][kv_head][slot][head_dim]
   const int* block_table;
   int block_size;
-  int64_t kv_dim;         // floats per (block, slot)
+  int64_t kv_dim;         // elements per (block, slot)
   int64_t head_offset;    // offset of this kv head inside kv_dim
 };
 
@@ -21,7 +25,8 @@ struct PagedHead {
 // Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum in key order; out[d]: fma of
 // weight and v[d] in key order, then times 1/sum.
 // scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
-void attend(const float* q, int head_dim, int pos, float scale, const PagedHead& kv, float* scores,
+template <typename KvT>
+void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores,
             float* out);
 
 // Up to kMaxGroup queries of one head over the same sequence (positions pos[i], ascending or
@@ -29,7 +34,8 @@ void attend(const float* q, int head_dim, int pos, float scale, const PagedHead&
 // V (prefill chunks would otherwise re-read the whole cache once per token). scores: nq rows of
 // score_stride floats (>= max pos + 1 rounded up to the block size).
 inline constexpr int kMaxGroup = 4;
-void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead& kv,
+template <typename KvT>
+void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
                   float* scores, int score_stride, float* const* out);
 
 }  // namespace r3::kernels
