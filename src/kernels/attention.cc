@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "core/dtype.h"
-#include "kernels/dot.h"
 #include "kernels/exp.h"
+#include "kernels/vec16.h"
 
 namespace r3::kernels {
 
@@ -15,14 +15,6 @@ namespace {
 // A cache element as fp32 (bf16 widens exactly).
 inline float widen(float v) { return v; }
 inline float widen(uint16_t bits) { return bf16_to_f32(bits); }
-
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-#endif
 
 // Key j's values: head_dim elements, contiguous; the block's later slots follow at head_dim strides.
 template <typename KvT>
@@ -36,51 +28,12 @@ inline const KvT* k_block(const PagedHead<KvT>& kv, int b) {
   return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + kv.head_offset) * kv.block_size;
 }
 
-#if defined(__AVX512F__)
-// Blocks sit anywhere in the pool, so the hardware prefetcher restarts at every one: the loops
-// request the blocks a little ahead themselves, one head's K or V of a block (hd x 16 elements).
-constexpr int kAheadBlocks = 2;  // values
-
+// Scores of keys 0..pos into s, one key at a time (any block size; the vector path's lanes do
+// the same operations).
 template <typename KvT>
-inline void prefetch_block(const KvT* p, int hd) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (size_t at = 0; at < size_t(hd) * 16 * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
-}
-#endif
-
-#if defined(__AVX512F__)
-// Scores of B full blocks of 16 keys at once (B independent fma chains over d).
-template <int B, typename KvT>
-inline void full_block_scores(const float* q, const PagedHead<KvT>& kv, int b0, int hd, float scale, float* s) {
-  const KvT* kt[B];
-  __m512 acc[B];
-#pragma GCC unroll 8
-  for (int i = 0; i < B; ++i) kt[i] = k_block(kv, b0 + i), acc[i] = _mm512_setzero_ps();
-  for (int d = 0; d < hd; ++d) {
-    const __m512 qd = _mm512_set1_ps(q[d]);
-#pragma GCC unroll 8
-    for (int i = 0; i < B; ++i) acc[i] = _mm512_fmadd_ps(qd, load16(kt[i] + d * 16), acc[i]);
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < B; ++i) _mm512_storeu_ps(s + (b0 + i) * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(scale)));
-}
-
-#endif
-
-// Scores of keys 0..pos into s (the same per-score order on every path).
-template <typename KvT>
-void scores_of(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
+void scores_portable(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
   const int bs = kv.block_size, n = pos + 1;
-  int b = 0;
-#if defined(__AVX512F__)
-  if (bs == 16) {
-    const int full = n / 16;
-    for (; b + 8 <= full; b += 8) full_block_scores<8>(q, kv, b, hd, scale, s);
-    for (; b + 2 <= full; b += 2) full_block_scores<2>(q, kv, b, hd, scale, s);
-    for (; b < full; ++b) full_block_scores<1>(q, kv, b, hd, scale, s);
-  }
-#endif
-  for (; b * bs < n; ++b) {
+  for (int b = 0; b * bs < n; ++b) {
     const KvT* kt = k_block(kv, b);
     const int m = std::min(bs, n - b * bs);
     for (int j = 0; j < m; ++j) {
@@ -112,15 +65,28 @@ void weighted_values_tail(const float* w, int from, int to, const PagedHead<KvT>
   }
 }
 
-#if defined(__AVX512F__)
-// Scores of blocks [b0, b0 + B) for Q queries: each K vector loaded once feeds Q chains, and B
-// blocks at once give Q x B independent fma chains (one chain alone waits on fma latency).
-// Prefetches the K blocks kAhead further on and, past the last one, the values' first blocks.
+#if defined(R3_VEC16)
+// The vector path (AVX-512, or AVX2 as two halves: kernels/vec16.h), for blocks of 16 keys.
+
+// Blocks sit anywhere in the pool, so the hardware prefetcher restarts at every one: the loops
+// request the blocks a little ahead themselves, one head's K or V of a block (hd x 16 elements).
+constexpr int kAheadBlocks = 2;  // values
+
+template <typename KvT>
+inline void prefetch_block(const KvT* p, int hd) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (size_t at = 0; at < size_t(hd) * 16 * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+
+// Scores of blocks [b0, b0 + B) for Q queries (all 16 lanes, also past the last key of a
+// partial block): each K vector loaded once feeds Q chains, and B blocks at once give Q x B
+// independent fma chains (one chain alone waits on fma latency). Prefetches the K blocks
+// kAhead further on and, past the last one, the values' first blocks.
 template <int Q, int B, int kAhead, typename KvT>
 inline void score_blocks(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int b0, int blocks,
                          float* s, int stride) {
   const KvT* kt[B];
-  __m512 acc[B][Q];
+  Vec16 acc[B][Q];
 #pragma GCC unroll 4
   for (int i = 0; i < B; ++i) {
     kt[i] = k_block(kv, b0 + i);
@@ -128,24 +94,24 @@ inline void score_blocks(const float* const* q, int hd, float scale, const Paged
     if (ahead < blocks) prefetch_block(k_block(kv, ahead), hd);
     else if (ahead - blocks < std::min(kAhead, blocks)) prefetch_block(v_row(kv, (ahead - blocks) * 16, hd), hd);
 #pragma GCC unroll 4
-    for (int j = 0; j < Q; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < Q; ++j) acc[i][j] = Vec16::zero();
   }
   for (int d = 0; d < hd; ++d) {
 #pragma GCC unroll 4
     for (int i = 0; i < B; ++i) {
-      const __m512 k = load16(kt[i] + d * 16);
+      const Vec16 k = Vec16::load(kt[i] + d * 16);
 #pragma GCC unroll 4
-      for (int j = 0; j < Q; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][d]), k, acc[i][j]);
+      for (int j = 0; j < Q; ++j) acc[i][j] = fmadd(Vec16::set1(q[j][d]), k, acc[i][j]);
     }
   }
 #pragma GCC unroll 4
   for (int i = 0; i < B; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < Q; ++j)
-      _mm512_storeu_ps(s + size_t(j) * stride + (b0 + i) * 16, _mm512_mul_ps(acc[i][j], _mm512_set1_ps(scale)));
+    for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (b0 + i) * 16);
 }
 
-// Scores of every block up to n_max for Q queries, at least 4 chains at a time where the blocks allow.
+// Scores of keys 0..n_max-1 (rounded up to whole blocks) for Q queries, at least 4 chains at a
+// time where the blocks allow.
 template <int Q, typename KvT>
 void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int n_max, float* s,
                   int stride) {
@@ -160,32 +126,32 @@ void group_scores(const float* const* q, int hd, float scale, const PagedHead<Kv
 // row loaded once, Q x NV accumulators kept in registers across keys; outputs stored unscaled.
 template <int NV, int Q, typename KvT>
 void group_values(const float* w, int stride, int n_min, const PagedHead<KvT>& kv, float* const* out) {
-  __m512 acc[Q][NV];
+  Vec16 acc[Q][NV];
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[i][v] = Vec16::zero();
   const int bs = kv.block_size;
   for (int j0 = 0; j0 < n_min; j0 += bs) {
     const KvT* row = v_row(kv, j0, 16 * NV);
-    if (bs == 16 && j0 + kAheadBlocks * 16 < n_min) prefetch_block(v_row(kv, j0 + kAheadBlocks * 16, 16 * NV), 16 * NV);
+    if (j0 + kAheadBlocks * 16 < n_min) prefetch_block(v_row(kv, j0 + kAheadBlocks * 16, 16 * NV), 16 * NV);
     const int m = std::min(bs, n_min - j0);
     for (int j = j0; j < j0 + m; ++j, row += 16 * NV) {
-      __m512 vv[NV];
+      Vec16 vv[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) vv[v] = load16(row + 16 * v);
+      for (int v = 0; v < NV; ++v) vv[v] = Vec16::load(row + 16 * v);
 #pragma GCC unroll 4
       for (int i = 0; i < Q; ++i) {
-        const __m512 wv = _mm512_set1_ps(w[size_t(i) * stride + j]);
+        const Vec16 wv = Vec16::set1(w[size_t(i) * stride + j]);
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(wv, vv[v], acc[i][v]);
+        for (int v = 0; v < NV; ++v) acc[i][v] = fmadd(wv, vv[v], acc[i][v]);
       }
     }
   }
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out[i] + 16 * v, acc[i][v]);
+    for (int v = 0; v < NV; ++v) acc[i][v].store(out[i] + 16 * v);
 }
 
 template <int NV, int Q, typename KvT>
@@ -221,7 +187,7 @@ void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, floa
 template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                   float* scores, int stride, float* const* out) {
-#if defined(__AVX512F__)
+#if defined(R3_VEC16)
   if (kv.block_size == 16 && nq >= 1 && nq <= kMaxGroup) {
     if (hd == 64) return attend_group_nv<4>(q, pos, nq, hd, scale, kv, scores, stride, out);
     if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
@@ -233,18 +199,21 @@ void attend_group(const float* const* q, const int* pos, int nq, int hd, float s
 template <typename KvT>
 void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out) {
   const int n = pos + 1;
-  scores_of(q, hd, pos, scale, kv, scores);
+  bool vector_scores = false, vector_values = false;
+#if defined(R3_VEC16)
+  vector_scores = kv.block_size == 16;
+  vector_values = vector_scores && hd % 16 == 0 && hd <= 128;
+  if (vector_scores) group_scores<1>(&q, hd, scale, kv, n, scores, 0);
+#endif
+  if (!vector_scores) scores_portable(q, hd, pos, scale, kv, scores);
   const float sum = softmax_weights(scores, n);  // weights replace the scores
-  bool done = false;
-#if defined(__AVX512F__)
-  if (hd % 16 == 0 && hd <= 128) {
+#if defined(R3_VEC16)
+  if (vector_values)
     [&]<int... I>(std::integer_sequence<int, I...>) {
       ((hd == 16 * (I + 1) ? group_values<I + 1, 1>(scores, 0, n, kv, &out) : void()), ...);
     }(std::make_integer_sequence<int, 8>{});
-    done = true;
-  }
 #endif
-  if (!done) {
+  if (!vector_values) {
     std::fill(out, out + hd, 0.f);
     weighted_values_tail(scores, 0, n, kv, hd, out);
   }
