@@ -1,6 +1,6 @@
 // exp(x) for x <= 0, the weights of every softmax the engine takes (attention, router, sampling)
-// and SiLU's sigmoid: a fixed Cephes-style polynomial whose scalar, AVX-512 and AVX2 versions
-// run the same operations in the same order, so all give the same bits (std::exp differs
+// and SiLU's sigmoid: a fixed Cephes-style polynomial whose scalar and Vec16 (AVX-512 or AVX2)
+// versions run the same operations in the same order, so all give the same bits (std::exp differs
 // between libm versions and has no vector twin).
 // Accuracy: within 2 ulp of exp for x in [-87, 0]; below -87 (weights under 1.7e-38 next to the
 // max's 1) the result is 0.
@@ -9,9 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "kernels/vec16.h"
 
 namespace r3::kernels {
 
@@ -36,35 +34,16 @@ inline float exp_nonpositive(float x) {
   return y * scale;
 }
 
-#if defined(__AVX512F__)
+#if defined(R3_VEC16)
 // exp_nonpositive on 16 lanes: the same operations in the same order as the scalar version.
-inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
-  __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  y = _mm512_add_ps(y, _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  y = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ), y);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-// exp_nonpositive on 8 lanes (AVX2+FMA): the same operations in the same order.
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
-  __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-  y = _mm256_add_ps(y, _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ), y);
+inline Vec16 exp_nonpositive(Vec16 x) {
+  const Vec16 n = round_nearest(x * Vec16::set1(kExpLog2e));
+  Vec16 r = fmadd(n, Vec16::set1(-kExpLn2Hi), x);
+  r = fmadd(n, Vec16::set1(-kExpLn2Lo), r);
+  Vec16 p = Vec16::set1(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = fmadd(p, r, Vec16::set1(kExpPoly[i]));
+  const Vec16 y = (fmadd(p, r * r, r) + Vec16::set1(1.f)) * pow2(n);
+  return select_ge(x, Vec16::set1(kExpMin), y, Vec16::zero());
 }
 #endif
 
@@ -72,14 +51,9 @@ inline __m256 exp_nonpositive8(__m256 x) {
 // numerators at temperature d). out may be x.
 inline void exp_below_max(const float* x, int n, float m, float d, float* out) {
   int i = 0;
-#if defined(__AVX512F__)
-  const __m512 mv = _mm512_set1_ps(m), dv = _mm512_set1_ps(d);
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(out + i, exp_nonpositive16(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv), dv)));
-#elif defined(__AVX2__) && defined(__FMA__)
-  const __m256 mv = _mm256_set1_ps(m), dv = _mm256_set1_ps(d);
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, exp_nonpositive8(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv), dv)));
+#if defined(R3_VEC16)
+  const Vec16 mv = Vec16::set1(m), dv = Vec16::set1(d);
+  for (; i + 16 <= n; i += 16) exp_nonpositive((Vec16::load(x + i) - mv) / dv).store(out + i);
 #endif
   for (; i < n; ++i) out[i] = exp_nonpositive((x[i] - m) / d);
 }

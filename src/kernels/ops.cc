@@ -48,23 +48,13 @@ void Rope::apply(float* h, int pos) const {
 // e / (1 + e) below, so the exponential never overflows.
 void silu_mul(const float* gate, const float* up, float* out, int n) {
   int i = 0;
-#if defined(__AVX512F__)
-  const __m512 one = _mm512_set1_ps(1.f);
+#if defined(R3_VEC16)
+  const Vec16 one = Vec16::set1(1.f), zero = Vec16::zero();
   for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), e, one);
-    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
-  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = exp_nonpositive8(_mm256_sub_ps(zero, _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
-    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
-    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    const Vec16 g = Vec16::load(gate + i);
+    const Vec16 e = exp_nonpositive(zero - abs(g));
+    const Vec16 sig = select_ge(g, zero, one, e) / (one + e);
+    (g * sig * Vec16::load(up + i)).store(out + i);
   }
 #endif
   for (; i < n; ++i) {

@@ -69,11 +69,58 @@ inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
 #endif
 }
 
-inline Vec16 operator*(Vec16 a, Vec16 b) {
+// Lane-wise arithmetic, each operation rounded once as its scalar counterpart.
 #if defined(__AVX512F__)
-  return {_mm512_mul_ps(a.v, b.v)};
+#define R3_VEC16_BINARY(op, fn) \
+  inline Vec16 operator op(Vec16 a, Vec16 b) { return {_mm512_##fn##_ps(a.v, b.v)}; }
 #else
-  return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
+#define R3_VEC16_BINARY(op, fn) \
+  inline Vec16 operator op(Vec16 a, Vec16 b) { return {_mm256_##fn##_ps(a.lo, b.lo), _mm256_##fn##_ps(a.hi, b.hi)}; }
+#endif
+R3_VEC16_BINARY(+, add)
+R3_VEC16_BINARY(-, sub)
+R3_VEC16_BINARY(*, mul)
+R3_VEC16_BINARY(/, div)
+#undef R3_VEC16_BINARY
+
+inline Vec16 abs(Vec16 a) {
+#if defined(__AVX512F__)
+  return {_mm512_abs_ps(a.v)};
+#else
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  return {_mm256_andnot_ps(sign, a.lo), _mm256_andnot_ps(sign, a.hi)};
+#endif
+}
+
+// To the nearest integer, ties to even (std::nearbyint under the default rounding mode).
+inline Vec16 round_nearest(Vec16 a) {
+  constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#if defined(__AVX512F__)
+  return {_mm512_roundscale_ps(a.v, kMode)};
+#else
+  return {_mm256_round_ps(a.lo, kMode), _mm256_round_ps(a.hi, kMode)};
+#endif
+}
+
+// 2^n for lanes holding integers n in [-126, 127] (the exponent field built directly).
+inline Vec16 pow2(Vec16 n) {
+#if defined(__AVX512F__)
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
+#else
+  auto half = [](__m256 x) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(x), _mm256_set1_epi32(127)), 23));
+  };
+  return {half(n.lo), half(n.hi)};
+#endif
+}
+
+// Per lane: a >= b (false where either is NaN) ? if_ge : otherwise.
+inline Vec16 select_ge(Vec16 a, Vec16 b, Vec16 if_ge, Vec16 otherwise) {
+#if defined(__AVX512F__)
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GE_OQ), otherwise.v, if_ge.v)};
+#else
+  return {_mm256_blendv_ps(otherwise.lo, if_ge.lo, _mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ)),
+          _mm256_blendv_ps(otherwise.hi, if_ge.hi, _mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ))};
 #endif
 }
 
