@@ -130,11 +130,11 @@ BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealT
 // Batch-32 decode attention of one layer as the engine runs it: 32 sequences of `ctx` keys, 16
 // kv heads of 64, (head, sequence) items on both cores; enough layers of distinct caches (>= 512
 // MB) that the KV streams from memory, as it does when a step's weights have evicted it. Args:
-// context length, then 0 for an fp32 cache or 1 for bf16.
+// context length, KV block size.
 template <typename KvT>
 void attention_decode(benchmark::State& state) {
-  constexpr int kSeqs = 32, kHeads = 16, kHd = 64, kBs = 16, kKvDim = kHeads * kHd;
-  const int ctx = int(state.range(0)), blocks_per_seq = (ctx + kBs - 1) / kBs;
+  constexpr int kSeqs = 32, kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
+  const int ctx = int(state.range(0)), kBs = int(state.range(1)), blocks_per_seq = (ctx + kBs - 1) / kBs;
   const size_t layer_elems = size_t(kSeqs) * blocks_per_seq * kBs * kKvDim;
   const int layers = int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
   std::vector<KvT, r3::kernels::CacheLineAllocator<KvT>> k(layer_elems * layers), v(k.size());  // as the engine
@@ -170,7 +170,7 @@ void attention_decode(benchmark::State& state) {
 }
 void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
 void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
-BENCHMARK(BM_AttentionDecodeF32)->Arg(32)->Arg(512)->Arg(4096)->UseRealTime();
-BENCHMARK(BM_AttentionDecodeBf16)->Arg(32)->Arg(512)->Arg(4096)->UseRealTime();
+BENCHMARK(BM_AttentionDecodeF32)->Args({32, 16})->Args({512, 16})->Args({4096, 16})->Args({4096, 64})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeBf16)->Args({32, 16})->Args({512, 16})->Args({4096, 16})->Args({4096, 32})->Args({4096, 64})->UseRealTime();
 
 }  // namespace

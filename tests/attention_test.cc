@@ -70,12 +70,12 @@ template <typename KvT>
 void expect_documented_order() {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
-  for (int bs : {16, 8, 5})
-    for (int hd : {48, 64, 40}) {  // 3 and 4 vectors of 16, and the portable tail path
+  for (int bs : {16, 32, 64, 8, 5})  // 1, 2 and 4 lane groups per block; the portable path
+    for (int hd : {48, 64, 40}) {   // 3 and 4 vectors of 16, and the portable tail path
       const int kv_heads = 2, kv_dim = hd * kv_heads, pos = 200;
       const int blocks = (pos + bs) / bs;
       std::vector<int> table(static_cast<size_t>(blocks));
-      for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;  // 7 is prime to every count here
+      for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 11 + 3) % blocks;  // 11 is prime to every count here
       std::shuffle(table.begin(), table.end(), rng);
       Cache<KvT> cache(bs, kv_dim, hd, table);
       const int head = 1;
@@ -87,7 +87,7 @@ void expect_documented_order() {
         }
       std::vector<float> q(static_cast<size_t>(hd));
       for (auto& x : q) x = nd(rng);
-      // 1, 2 and 8 full blocks at once on the vector path, plus partial blocks.
+      // Partial and full blocks, up to 4 lane groups at once on the vector path.
       for (int p : {0, 1, bs - 1, bs, 40, 16 * 11 + 4, pos}) {
         std::vector<float> scores(static_cast<size_t>(pos + bs + 1)), out(static_cast<size_t>(hd));
         attend(q.data(), hd, p, 0.125f, cache.head(head), scores.data(), out.data());
@@ -113,7 +113,7 @@ template <typename KvT>
 void expect_group_equals_one_at_a_time() {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0, 1);
-  for (int bs : {16, 8})
+  for (int bs : {16, 64, 8})
     for (int hd : {64, 128, 48}) {
       const int kv_dim = 2 * hd, max_pos = 300, blocks = (max_pos + bs) / bs;
       std::vector<int> table(static_cast<size_t>(blocks));

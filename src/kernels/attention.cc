@@ -66,40 +66,45 @@ void weighted_values_tail(const float* w, int from, int to, const PagedHead<KvT>
 }
 
 #if defined(R3_VEC16)
-// The vector path (AVX-512, or AVX2 as two halves: kernels/vec16.h), for blocks of 16 keys.
+// The vector path (AVX-512, or AVX2 as two halves: kernels/vec16.h), for block sizes that are
+// multiples of 16: a block's keys are scored 16 at a time (a lane group).
 
 // Blocks sit anywhere in the pool, so the hardware prefetcher restarts at every one: the loops
-// request the blocks a little ahead themselves, one head's K or V of a block (hd x 16 elements).
-constexpr int kAheadBlocks = 2;  // values
+// request one head's K or V of a block (head_dim x block_size elements) a little ahead themselves,
+// about 8 KiB of bf16 at head_dim 64.
+inline int ahead_blocks(int block_size) { return std::max(1, 64 / block_size); }
 
 template <typename KvT>
-inline void prefetch_block(const KvT* p, int hd) {
+inline void prefetch_block(const KvT* p, int hd, int block_size) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (size_t at = 0; at < size_t(hd) * 16 * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+  for (size_t at = 0; at < size_t(hd) * size_t(block_size) * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
 }
 
-// Scores of blocks [b0, b0 + B) for Q queries (all 16 lanes, also past the last key of a
-// partial block): each K vector loaded once feeds Q chains, and B blocks at once give Q x B
-// independent fma chains (one chain alone waits on fma latency). Prefetches the K blocks
-// kAhead further on and, past the last one, the values' first blocks.
-template <int Q, int B, int kAhead, typename KvT>
-inline void score_blocks(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int b0, int blocks,
-                         float* s, int stride) {
+// Scores of lane groups [g0, g0 + B) for Q queries (all 16 lanes, also past the last key of a
+// partial block): each K vector loaded once feeds Q chains, and B groups at once give Q x B
+// independent fma chains (one chain alone waits on fma latency). At each block's first group,
+// prefetches the K block `ahead` further on or, past the last block, the values' first blocks.
+template <int Q, int B, typename KvT>
+inline void score_groups(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int g0, int blocks,
+                         int ahead, float* s, int stride) {
+  const int bs = kv.block_size, per_block = bs / 16;
   const KvT* kt[B];
   Vec16 acc[B][Q];
 #pragma GCC unroll 4
   for (int i = 0; i < B; ++i) {
-    kt[i] = k_block(kv, b0 + i);
-    const int ahead = b0 + i + kAhead;
-    if (ahead < blocks) prefetch_block(k_block(kv, ahead), hd);
-    else if (ahead - blocks < std::min(kAhead, blocks)) prefetch_block(v_row(kv, (ahead - blocks) * 16, hd), hd);
+    const int g = g0 + i, b = g / per_block;
+    kt[i] = k_block(kv, b) + (g % per_block) * 16;
+    if (g % per_block == 0) {
+      if (b + ahead < blocks) prefetch_block(k_block(kv, b + ahead), hd, bs);
+      else if (b + ahead - blocks < std::min(ahead, blocks)) prefetch_block(v_row(kv, (b + ahead - blocks) * bs, hd), hd, bs);
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < Q; ++j) acc[i][j] = Vec16::zero();
   }
   for (int d = 0; d < hd; ++d) {
 #pragma GCC unroll 4
     for (int i = 0; i < B; ++i) {
-      const Vec16 k = Vec16::load(kt[i] + d * 16);
+      const Vec16 k = Vec16::load(kt[i] + d * bs);
 #pragma GCC unroll 4
       for (int j = 0; j < Q; ++j) acc[i][j] = fmadd(Vec16::set1(q[j][d]), k, acc[i][j]);
     }
@@ -107,19 +112,20 @@ inline void score_blocks(const float* const* q, int hd, float scale, const Paged
 #pragma GCC unroll 4
   for (int i = 0; i < B; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (b0 + i) * 16);
+    for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (g0 + i) * 16);
 }
 
-// Scores of keys 0..n_max-1 (rounded up to whole blocks) for Q queries, at least 4 chains at a
-// time where the blocks allow.
+// Scores of keys 0..n_max-1 (rounded up to whole lane groups) for Q queries, at least 4 chains
+// at a time where the groups allow.
 template <int Q, typename KvT>
 void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int n_max, float* s,
                   int stride) {
-  constexpr int B = Q >= 4 ? 1 : 4 / Q, kAhead = 4;
-  const int blocks = (n_max + 15) / 16;
-  int b = 0;
-  for (; b + B <= blocks; b += B) score_blocks<Q, B, kAhead>(q, hd, scale, kv, b, blocks, s, stride);
-  for (; b < blocks; ++b) score_blocks<Q, 1, kAhead>(q, hd, scale, kv, b, blocks, s, stride);
+  constexpr int B = Q >= 4 ? 1 : 4 / Q;
+  const int groups = (n_max + 15) / 16, blocks = (n_max + kv.block_size - 1) / kv.block_size;
+  const int ahead = ahead_blocks(kv.block_size);
+  int g = 0;
+  for (; g + B <= groups; g += B) score_groups<Q, B>(q, hd, scale, kv, g, blocks, ahead, s, stride);
+  for (; g < groups; ++g) score_groups<Q, 1>(q, hd, scale, kv, g, blocks, ahead, s, stride);
 }
 
 // out[i][d] = sum_j w_i[j] * v_j[d] over keys [0, n_min) in key order for Q queries, each V
@@ -134,7 +140,8 @@ void group_values(const float* w, int stride, int n_min, const PagedHead<KvT>& k
   const int bs = kv.block_size;
   for (int j0 = 0; j0 < n_min; j0 += bs) {
     const KvT* row = v_row(kv, j0, 16 * NV);
-    if (j0 + kAheadBlocks * 16 < n_min) prefetch_block(v_row(kv, j0 + kAheadBlocks * 16, 16 * NV), 16 * NV);
+    const int next = j0 + std::max(1, 32 / bs) * bs;  // half as far as the scores: V is read faster
+    if (next < n_min) prefetch_block(v_row(kv, next, 16 * NV), 16 * NV, bs);
     const int m = std::min(bs, n_min - j0);
     for (int j = j0; j < j0 + m; ++j, row += 16 * NV) {
       Vec16 vv[NV];
@@ -188,7 +195,7 @@ template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                   float* scores, int stride, float* const* out) {
 #if defined(R3_VEC16)
-  if (kv.block_size == 16 && nq >= 1 && nq <= kMaxGroup) {
+  if (kv.block_size % 16 == 0 && nq >= 1 && nq <= kMaxGroup) {
     if (hd == 64) return attend_group_nv<4>(q, pos, nq, hd, scale, kv, scores, stride, out);
     if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
   }
@@ -201,7 +208,7 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& 
   const int n = pos + 1;
   bool vector_scores = false, vector_values = false;
 #if defined(R3_VEC16)
-  vector_scores = kv.block_size == 16;
+  vector_scores = kv.block_size % 16 == 0;
   vector_values = vector_scores && hd % 16 == 0 && hd <= 128;
   if (vector_scores) group_scores<1>(&q, hd, scale, kv, n, scores, 0);
 #endif
