@@ -128,7 +128,7 @@ void BM_MoeLayer(benchmark::State& state) {
 BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealTime();
 
 // Batch-32 decode attention of one layer as the engine runs it: 32 sequences of `ctx` keys, 16
-// kv heads of 64, (head, sequence) items on both cores; enough layers of distinct caches (>= 512
+// kv heads of 64, one item per sequence (all its heads) on both cores; enough layers of distinct caches (>= 512
 // MB) that the KV streams from memory, as it does when a step's weights have evicted it. Args:
 // context length, KV block size.
 template <typename KvT>
@@ -153,15 +153,17 @@ void attention_decode(benchmark::State& state) {
   for (auto _ : state) {
     const KvT* kl = k.data() + size_t(layer) * layer_elems;
     const KvT* vl = v.data() + size_t(layer) * layer_elems;
-    pool().parallel_for_each(kSeqs * kHeads, [&](int64_t i) {
+    pool().parallel_for_each(kSeqs, [&](int64_t seq) {
       thread_local std::vector<float> scores;
       scores.resize(size_t(ctx) + kBs);
-      const int head = int(i / kSeqs), seq = int(i % kSeqs), pos = ctx - 1;
-      const r3::kernels::PagedHead<KvT> ph{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim,
-                                           int64_t(head) * kHd};
-      const float* qs[1] = {q.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
-      float* os[1] = {out.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
-      r3::kernels::attend_group(qs, &pos, 1, kHd, 0.125f, ph, scores.data(), ctx + kBs, os);
+      const int pos = ctx - 1;
+      for (int head = 0; head < kHeads; ++head) {
+        const r3::kernels::PagedHead<KvT> ph{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim,
+                                             int64_t(head) * kHd};
+        const float* qs[1] = {q.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
+        float* os[1] = {out.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
+        r3::kernels::attend_group(qs, &pos, 1, kHd, 0.125f, ph, scores.data(), ctx + kBs, os);
+      }
     });
     layer = (layer + 1) % layers;
     benchmark::DoNotOptimize(out.data());

@@ -152,23 +152,21 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   const KvT* k = k_layer<KvT>(layer);
   const KvT* v = v_layer<KvT>(layer);
   attn_groups_.clear();
+  bool single_tokens = true;
   for (int t = 0; t < T;) {
     const int seq = plan.tokens[size_t(t)].seq;
     int n = 1;
     while (seq >= 0 && n < kernels::kMaxGroup && t + n < T && plan.tokens[size_t(t + n)].seq == seq) ++n;
     attn_groups_.push_back({t, n});
+    single_tokens = single_tokens && n == 1;
     t += n;
   }
   const int G = int(attn_groups_.size());
   const int stride = rope_.max_pos() + block_size_;
-  // Items handed out dynamically (later positions have more keys), head-major: consecutive
-  // items on both cores read the same head's keys and values, which then stay in cache.
-  pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) {
+  auto attend_head = [&](int head, const AttentionGroup& g) {
     thread_local std::vector<float> scores;
     if (scores.size() < size_t(kernels::kMaxGroup) * size_t(stride))
       scores.resize(size_t(kernels::kMaxGroup) * size_t(stride));
-    const int head = int(i / G);
-    const AttentionGroup& g = attn_groups_[size_t(i % G)];
     const PlannedToken& first = plan.tokens[size_t(g.first)];
     if (first.seq < 0) {  // padding
       float* o = out + size_t(g.first) * qd + size_t(head) * hd;
@@ -187,7 +185,18 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
     const kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
                                      int64_t(kv_dim_), int64_t(head / group) * hd};
     kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
-  });
+  };
+  // Items handed out dynamically (later positions have more keys). A decode step's tokens share
+  // nothing, so an item is one token with all its heads: a block's heads are adjacent in the
+  // cache, and one core walks each block as one run (~20% faster than interleaving heads across
+  // cores, BM_AttentionDecode). Otherwise items are (head, group), head-major: consecutive items
+  // on both cores read the same head's keys and values, which then stay in L2 across a chunk.
+  if (single_tokens)
+    pool_->parallel_for_each(G, [&](int64_t i) {
+      for (int head = 0; head < nh; ++head) attend_head(head, attn_groups_[size_t(i)]);
+    });
+  else
+    pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });
 }
 
 namespace {
