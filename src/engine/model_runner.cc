@@ -139,9 +139,9 @@ void ModelRunner::write_kv(int layer, const PlannedToken& tok, const float* k, c
   }
 }
 
-// Attention of every real token over its request's keys 0..pos (kernels/attention.h), split
-// over (head, group) pairs; a group is up to kMaxGroup consecutive tokens of one request, which
-// share each load of K and V.
+// Attention of every real token over its request's keys 0..pos (kernels/attention.h), per
+// (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
+// load of K and V.
 template <typename KvT>
 void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
   const ModelConfig& c = config();
