@@ -7,17 +7,15 @@
 // f32 weights: element i is fused-multiply-added into lane i % 16, then the 16 lanes are summed
 // by a fixed pairwise tree.
 //
-// The AVX-512 paths and the portable paths compute exactly these, so a token's result is the
-// same bits with or without the instructions, and whatever the batch.
+// The vector paths (AVX-512, AVX2+FMA) and the portable paths compute exactly these, so a token's
+// result is the same bits with or without the instructions, and whatever the batch.
 #pragma once
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "kernels/vec16.h"
 
 namespace r3::kernels {
 
@@ -92,25 +90,12 @@ inline float reduce512(__m512 v) {
 
 // f32 dot in the order of dot_f32_portable, vectorised where the CPU has AVX-512 or AVX2+FMA.
 inline float dot_f32(const float* a, const float* b, int n) {
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
+#if defined(R3_VEC16)
+  Vec16 acc = Vec16::zero();
   int i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  if (i < n) {  // lanes past the end keep their sums untouched, as in the portable loop
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc, m);
-  }
-  return reduce512(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7 and 8-15
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
-  }
+  for (; i + 16 <= n; i += 16) acc = fmadd(Vec16::load(a + i), Vec16::load(b + i), acc);
   float lanes[16];
-  _mm256_storeu_ps(lanes, lo);
-  _mm256_storeu_ps(lanes + 8, hi);
+  acc.store(lanes);
   for (; i < n; ++i) lanes[i % 16] = std::fma(a[i], b[i], lanes[i % 16]);
   return reduce_lanes16(lanes);
 #else
