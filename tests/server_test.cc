@@ -433,7 +433,8 @@ TEST_F(ServerTest, Metrics) {
         "r3_prefix_cache_hit_rate ", "r3_preemptions_total ", "r3_route_bytes_returned_total ",
         "r3_capture_ring_waits_total ", "r3_routed_experts_gaps_total 0\n", "r3_step_latency_seconds_count ",
         "r3_step_latency_seconds_bucket{le=\"+Inf\"} ", "r3_expert_load_tokens_total{layer=\"1\",expert=\"7\"} ",
-        "r3_http_responses_total{endpoint=\"/generate\",code=\"200\"} "})
+        "r3_http_responses_total{endpoint=\"/generate\",code=\"200\"} ",
+        "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n"})
     EXPECT_NE(res->body.find(name), std::string::npos) << name;
   EXPECT_EQ(res->body.find("r3_route_bytes_returned_total 0\n"), std::string::npos);
 }

@@ -346,6 +346,8 @@ void Engine::rebalance_eplb() {
 
 EngineStats Engine::stats() const {
   EngineStats s;
+  s.block_size = cfg_.block_size;
+  s.kv_cache_dtype = cfg_.kv_cache_dtype;
   const SchedulerStats& ss = scheduler_->stats();
   s.steps = ss.steps;
   s.preemptions = ss.preemptions;

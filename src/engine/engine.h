@@ -64,6 +64,8 @@ struct EngineStats {
   uint64_t requests_finished = 0, requests_aborted = 0, weight_version = 0;
   uint64_t weight_bytes_read = 0;
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
+  int block_size = 0;
+  std::string kv_cache_dtype;     // as resolved: "bf16" or "fp32"
   uint64_t published_blocks = 0;  // full blocks entered in the prefix cache
   std::vector<std::vector<uint64_t>> expert_load;  // [L_moe][E] tokens per logical expert
   std::vector<std::vector<uint64_t>> physical_expert_load;  // [L_moe][E + redundant] (EPLB)

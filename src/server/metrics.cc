@@ -73,6 +73,9 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const 
         double(e.prefix_queried_tokens));
   w.one("r3_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start",
         e.prefix_queried_tokens ? double(e.prefix_hit_tokens) / double(e.prefix_queried_tokens) : 0.0);
+  w.metric("r3_cache_config_info", "gauge", "the KV cache configuration (value 1)");
+  w.sample("r3_cache_config_info", 1,
+           "block_size=\"" + std::to_string(e.block_size) + "\",cache_dtype=\"" + escape_label(e.kv_cache_dtype) + "\"");
   w.one("r3_kv_blocks_total", "gauge", "KV blocks in the pool", e.num_blocks);
   w.one("r3_kv_blocks_free", "gauge", "free KV blocks", e.free_blocks);
   w.one("r3_kv_cache_usage_ratio", "gauge", "fraction of KV blocks in use",
