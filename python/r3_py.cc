@@ -192,6 +192,8 @@ class LLM {
     d["weight_version"] = s.weight_version;
     d["free_blocks"] = s.free_blocks;
     d["num_blocks"] = s.num_blocks;
+    d["block_size"] = s.block_size;
+    d["kv_cache_dtype"] = s.kv_cache_dtype;
     d["expert_load"] = s.expert_load;
     d["moe_layers"] = s.moe_layers;
     return d;

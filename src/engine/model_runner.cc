@@ -126,8 +126,8 @@ inline void store_kv(float x, float* dst) { *dst = x; }
 inline void store_kv(float x, uint16_t* dst) { *dst = f32_to_bf16(x); }  // round to nearest even
 }  // namespace
 
-// A token's K (each element kv_dim lines apart: the transposed layout) and V (a run of head_dim
-// per kv head) into its block and slot.
+// A token's K (transposed: consecutive elements block_size apart, so about one cache line each)
+// and V (a run of head_dim per kv head) into its block and slot.
 template <typename KvT>
 void ModelRunner::write_kv(int layer, const PlannedToken& tok, const float* k, const float* v) {
   const size_t bs = size_t(block_size_), hd = size_t(config().head_dim), block = size_t(tok.block) * kv_dim_ * bs;
@@ -367,7 +367,7 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
     kernels::matmul_many(hx, qkv, pool_);
     weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
     // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
-    // transposed K write touches kv_dim cache lines per token, so it is worth splitting.
+    // transposed K write touches a cache line per one or two K elements, so it is worth splitting.
     pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         float* q = &q_[size_t(t) * qd];

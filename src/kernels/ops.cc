@@ -80,7 +80,7 @@ double sum_f64(const float* x, int n) {
   for (; i + 8 <= n; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(x + i)));
   double lanes[8];
   _mm512_storeu_pd(lanes, acc);
-#elif defined(__AVX2__)
+#elif defined(R3_VEC16)  // AVX2+FMA (kernels/vec16.h brings the intrinsics)
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3 and 4-7
   for (; i + 8 <= n; i += 8) {
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));

@@ -151,6 +151,8 @@ def test_kv_cache_dtype(model, llm):
     # An fp32 cache serves the same requests; greedy tokens agree with the bf16 default's except
     # where the cache rounding tips a near-tie, so only the shape is compared.
     fp32 = r3.LLM(model=model, kv_cache_dtype="fp32", **ENGINE)
+    assert fp32.stats()["kv_cache_dtype"] == "fp32"
+    assert llm.stats()["kv_cache_dtype"] == "bf16"  # auto, for this bf16 checkpoint
     sp = r3.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for engine in (fp32, llm):
         out = engine.generate([{"prompt_token_ids": prompt(20, 7)}], sp)[0].outputs[0]
