@@ -17,6 +17,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ using r3::RequestOutput;
 struct PySamplingParams {
   r3::SamplingParams p;
   std::optional<bool> return_routed_experts;
+  // None (vLLM's default): every request draws a fresh random seed, so the samples of one
+  // batch differ. A fixed seed makes a request reproducible.
+  std::optional<uint64_t> seed;
 };
 
 struct CompletionOutput {
@@ -117,13 +121,13 @@ class LLM {
     std::vector<r3::SamplingParams> sp;
     auto resolve = [&](const PySamplingParams& s) {
       r3::SamplingParams p = s.p;
+      p.seed = s.seed ? *s.seed : fresh_seeds_();
       p.return_routed_experts = s.return_routed_experts.value_or(engine_->config().enable_return_routed_experts);
       return p;
     };
-    if (params.is_none()) {
-      sp.push_back(resolve(PySamplingParams{}));
-    } else if (py::isinstance<PySamplingParams>(params)) {
-      sp.push_back(resolve(params.cast<PySamplingParams>()));
+    if (params.is_none() || py::isinstance<PySamplingParams>(params)) {
+      const PySamplingParams one = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
+      for (size_t i = 0; i < ps.size(); ++i) sp.push_back(resolve(one));
     } else {
       for (auto item : py::list(params)) sp.push_back(resolve(item.cast<PySamplingParams>()));
       if (sp.size() != ps.size()) throw r3::Error("give one SamplingParams or one per prompt");
@@ -190,6 +194,8 @@ class LLM {
     d["requests_finished"] = s.requests_finished;
     d["requests_aborted"] = s.requests_aborted;
     d["weight_version"] = s.weight_version;
+    d["running"] = s.running;
+    d["waiting"] = s.waiting;
     d["free_blocks"] = s.free_blocks;
     d["num_blocks"] = s.num_blocks;
     d["block_size"] = s.block_size;
@@ -215,6 +221,7 @@ class LLM {
  private:
   std::mutex mu_;
   std::unique_ptr<r3::Engine> engine_;
+  std::mt19937_64 fresh_seeds_{std::random_device{}()};
 };
 
 }  // namespace
@@ -232,7 +239,7 @@ PYBIND11_MODULE(r3, m) {
              s.p.temperature = temperature;
              s.p.top_p = top_p;
              s.p.top_k = top_k;
-             s.p.seed = seed.value_or(0);
+             s.seed = seed;
              s.p.stop_token_ids = std::move(stop_token_ids);
              s.p.ignore_eos = ignore_eos;
              s.p.logprobs = true;
@@ -252,8 +259,7 @@ PYBIND11_MODULE(r3, m) {
                     [](PySamplingParams& s, float v) { s.p.top_p = v; })
       .def_property("top_k", [](const PySamplingParams& s) { return s.p.top_k; },
                     [](PySamplingParams& s, int v) { s.p.top_k = v; })
-      .def_property("seed", [](const PySamplingParams& s) { return s.p.seed; },
-                    [](PySamplingParams& s, uint64_t v) { s.p.seed = v; })
+      .def_readwrite("seed", &PySamplingParams::seed)
       .def_property("stop_token_ids", [](const PySamplingParams& s) { return s.p.stop_token_ids; },
                     [](PySamplingParams& s, std::vector<int> v) { s.p.stop_token_ids = std::move(v); })
       .def_property("ignore_eos", [](const PySamplingParams& s) { return s.p.ignore_eos; },
@@ -264,7 +270,7 @@ PYBIND11_MODULE(r3, m) {
       .def("__repr__", [](const PySamplingParams& s) {
         return "SamplingParams(max_tokens=" + std::to_string(s.p.max_tokens) +
                ", temperature=" + std::to_string(s.p.temperature) + ", top_p=" + std::to_string(s.p.top_p) +
-               ", top_k=" + std::to_string(s.p.top_k) + ", seed=" + std::to_string(s.p.seed) + ")";
+               ", top_k=" + std::to_string(s.p.top_k) + ", seed=" + (s.seed ? std::to_string(*s.seed) : std::string("None")) + ")";
       });
 
   py::class_<CompletionOutput>(m, "CompletionOutput")

@@ -23,7 +23,7 @@ trap cleanup EXIT
 
 "$R3" make-model --arch olmoe --preset tiny --out "$WORK/model" >/dev/null
 KEY=e2e-$RANDOM$RANDOM
-"$R3" serve --model "$WORK/model" --port 0 --api-key "$KEY" --threads 1 --num-kv-blocks 256 \
+"$R3" serve --model "$WORK/model" --port 0 --api-key "$KEY" --threads 1 --num-kv-blocks 256 --enable-return-routed-experts \
   2>"$WORK/server.log" &
 SERVER_PID=$!
 PORT=

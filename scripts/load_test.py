@@ -41,7 +41,8 @@ work = tempfile.mkdtemp(prefix="r3_load_")
 model = os.path.join(work, "model")
 subprocess.run([f"{build}/r3", "make-model", "--arch", "olmoe", "--preset", "tiny", "--out", model], check=True)
 server = subprocess.Popen([f"{build}/r3", "serve", "--model", model, "--port", "0", "--threads", "2",
-                           "--num-kv-blocks", "512", "--max-num-seqs", "32"], stderr=subprocess.PIPE, text=True)
+                           "--num-kv-blocks", "512", "--max-num-seqs", "32",
+                           "--enable-return-routed-experts"], stderr=subprocess.PIPE, text=True)
 port = None
 for line in server.stderr:
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)

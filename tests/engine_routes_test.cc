@@ -297,6 +297,36 @@ TEST(EngineRoutes, AbortMidGeneration) {
   EXPECT_FALSE(e.abort(a));  // already finished
 }
 
+// An aborted request honours routed_experts_start: its rows begin at the asked position and
+// equal the solo run's rows there.
+TEST(EngineRoutes, AbortKeepsRoutedExpertsStart) {
+  const std::string model = test_model("mixtral");
+  Engine e(routes_config(model));
+  SamplingParams p = greedy(30);
+  p.routed_experts_start = 6;
+  uint64_t a = e.add_request({1, 2, 3, 4, 5, 6, 7, 8}, p);
+  std::optional<RequestOutput> done;
+  for (int steps = 0; e.has_unfinished(); ++steps) {
+    if (steps == 6) EXPECT_TRUE(e.abort(a));
+    for (auto& o : e.step())
+      if (o.finished) done = o;
+  }
+  ASSERT_TRUE(done && done->routed_experts);
+  EXPECT_EQ(done->finish_reason, "abort");
+  const RouteArray& got = *done->routed_experts;
+  EXPECT_EQ(got.start, 6);
+  const int S = int(8 + done->token_ids.size());
+  EXPECT_GE(got.rows, S - 2 - 6);
+  EXPECT_LE(got.rows, S - 1 - 6);
+  Engine solo(solo_config(model));
+  SamplingParams full = greedy(30);
+  full.return_routed_experts = true;
+  const RouteArray want = *solo.generate({{1, 2, 3, 4, 5, 6, 7, 8}}, {full})[0].routed_experts;
+  for (int r = 0; r < got.rows; ++r)
+    for (int i = 0; i < got.layers * got.k; ++i)
+      ASSERT_EQ(got.row(r)[i], want.row(r + 6)[i]) << "row " << r;
+}
+
 // EPLB: routes and outputs identical on and off, logical ids only; replicas really ran.
 TEST(EngineRoutes, EplbIdenticalAndLogical) {
   const std::string model = test_model("olmoe");

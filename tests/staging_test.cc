@@ -255,16 +255,15 @@ TEST(StagingCall, BadRowsStrictThrowLenientMinusOne) {
     EXPECT_TRUE(contains(msg, c.what)) << msg;
     EXPECT_TRUE(contains(msg, "expected 23 rows, found 23")) << msg;
 
-    StagedCall s = stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Lenient, kE, 5);
+    // Lenient drops the whole call's routes (filler row included), not only the bad row.
+    StagedCall s = stage_call(r, 7, 24, Filler::Arange, StagePolicy::Lenient, kE, 5);
     EXPECT_FALSE(s.ok);
     EXPECT_EQ(s.bad_rows, 1);
+    EXPECT_EQ(s.filler_rows, 0);
     EXPECT_TRUE(contains(s.warning, "call 5") && contains(s.warning, c.what)) << s.warning;
-    for (int p = 7; p < 23; ++p) {
-      if (p == 10)
-        EXPECT_TRUE(row_is_minus_one(s.rows, p - 7));
-      else
-        EXPECT_TRUE(row_is_gt(s.rows, p - 7, p)) << p;
-    }
+    EXPECT_TRUE(contains(s.warning, "routes dropped")) << s.warning;
+    ASSERT_EQ(s.rows.rows, 17);
+    for (int p = 7; p < 24; ++p) EXPECT_TRUE(row_is_minus_one(s.rows, p - 7)) << p;
   }
 }
 
@@ -275,13 +274,38 @@ TEST(StagingCall, BadRowBeforePrevLenIsNotThisCallsConcern) {
   EXPECT_TRUE(s.ok);
 }
 
-TEST(StagingCall, AllMinusOneEngineRowIsAccepted) {
+// An engine row that is all -1 is a missing route: strict fails the call, lenient drops it.
+TEST(StagingCall, AllMinusOneEngineRowFailsStrictDropsLenient) {
   RouteArray r = engine_reply(24, 0);
   for (int l = 0; l < kL; ++l)
     for (int j = 0; j < kK; ++j) r.at(12, l, j) = -1;
-  StagedCall s = stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, kE, 2);
-  EXPECT_TRUE(s.ok);
-  EXPECT_TRUE(row_is_minus_one(s.rows, 12 - 7));
+  std::string msg = error_of([&] { stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, kE, 2); });
+  EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "position 12") && contains(msg, "all -1")) << msg;
+  StagedCall s = stage_call(r, 7, 24, Filler::Arange, StagePolicy::Lenient, kE, 2);
+  EXPECT_FALSE(s.ok);
+  for (int p = 7; p < 24; ++p) EXPECT_TRUE(row_is_minus_one(s.rows, p - 7)) << p;
+}
+
+// The boundary row is repaired from the next call's reply when that row is valid, even when
+// another row of the next call is bad (that call stays dropped under lenient).
+TEST(StagingTwoCall, BoundaryRepairedDespiteABadRowElsewhereInTheNextCall) {
+  RouteArray r1 = engine_reply(7, 0);
+  RouteArray r2 = engine_reply(24, 0);
+  r2.at(15, 0, 0) = -1;  // partly -1 at position 15, far from the boundary (position 6)
+  StagedCall c1 = stage_call(r1, 0, 7, Filler::MinusOne, StagePolicy::Lenient, kE, 1);
+  StagedCall c2 = stage_call(r2, 7, 24, Filler::MinusOne, StagePolicy::Lenient, kE, 2);
+  EXPECT_TRUE(c1.ok);
+  EXPECT_FALSE(c2.ok);
+  AssembleReport rep;
+  RouteArray all = assemble_rollout({c1, c2}, {r1, r2}, true, &rep);
+  EXPECT_EQ(rep.repaired_boundary_rows, 1);
+  for (int p = 0; p < 7; ++p) EXPECT_TRUE(row_is_gt(all, p, p)) << p;
+  for (int p = 7; p < 24; ++p) EXPECT_TRUE(row_is_minus_one(all, p)) << p;
+  // A bad boundary row itself is never used.
+  r2.at(6, 1, 1) = -1;
+  RouteArray none = assemble_rollout({c1, c2}, {r1, r2}, true, &rep);
+  EXPECT_EQ(rep.repaired_boundary_rows, 0);
+  EXPECT_TRUE(row_is_minus_one(none, 6));
 }
 
 TEST(StagingCall, DeltaStartAfterPrevLenIsMissingRows) {

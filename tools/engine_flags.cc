@@ -18,7 +18,8 @@ void add_engine_flags(Args& a) {
       .flag("overlap-scheduler", false, "plan step N+1 while step N computes")
       .opt("decode-buckets", "", "pad pure-decode steps to these sizes, e.g. 1,2,4,8,16,32")
       .opt("threads", "0", "compute threads (0 = all cores)")
-      .flag("enable-return-routed-experts", true, "capture routes so requests can ask for them")
+      .flag("enable-return-routed-experts", false,
+            "capture routes so requests can ask for them (asking an engine without it is an error)")
       .opt("eplb-redundant-experts", "0", "physical replicas of the most loaded experts per layer");
 }
 

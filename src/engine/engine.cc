@@ -198,7 +198,7 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
     const int S = r->num_tokens();
     RouteArray routes;
     if (reason == "abort") {
-      routes = routes_->assemble_computed(r->id, S);
+      routes = routes_->assemble_computed(r->id, S, r->params.routed_experts_start);
     } else {
       uint64_t gaps = 0;
       routes = routes_->assemble(r->id, S, r->params.routed_experts_start, &gaps);
@@ -305,7 +305,21 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
   if (params.size() != prompts.size() && params.size() != 1)
     throw Error("generate: give one SamplingParams or one per prompt");
   std::vector<uint64_t> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
+  try {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
+  } catch (const Error& e) {
+    // One bad prompt refuses the whole call: the ones already queued are withdrawn, so nothing
+    // of this call lingers into the next one.
+    for (uint64_t id : ids) abort(id);
+    auto withdrawn = [&] {
+      for (uint64_t id : ids)
+        if (requests_.count(id)) return false;
+      return in_flight_ < 0;
+    };
+    while (!withdrawn()) step();
+    throw Error("prompt " + std::to_string(ids.size()) + ": " + e.what());
+  }
   std::map<uint64_t, RequestOutput> done;
   while (done.size() < ids.size()) {
     for (auto& o : step())

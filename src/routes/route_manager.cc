@@ -89,14 +89,18 @@ RouteArray RouteManager::assemble(uint64_t id, int seq_len, int start, uint64_t*
   return out;
 }
 
-RouteArray RouteManager::assemble_computed(uint64_t id, int seq_len) {
+RouteArray RouteManager::assemble_computed(uint64_t id, int seq_len, int start) {
   auto it = stores_.find(id);
   if (it == stores_.end()) throw Error("no route store for request " + std::to_string(id));
   const Store& st = it->second;
   int n = 0;
   while (n < seq_len - 1 && size_t(n) < st.written.size() && st.written[size_t(n)]) ++n;
-  RouteArray out(n, layers_, k_);
-  std::memcpy(out.data.data(), st.rows.data(), out.data.size() * sizeof(int16_t));
+  const int rows = std::max(0, n - start);
+  RouteArray out(rows, layers_, k_);
+  out.start = start;
+  if (rows)
+    std::memcpy(out.data.data(), st.rows.data() + size_t(start) * size_t(row_size()),
+                out.data.size() * sizeof(int16_t));
   stats_.route_bytes_returned += out.data.size() * sizeof(int16_t);
   return out;
 }

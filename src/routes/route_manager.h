@@ -35,8 +35,9 @@ class RouteManager {
 
   // Rows [start, seq_len - 1). Missing rows stay -1 and are counted in gaps (returned in *gaps).
   RouteArray assemble(uint64_t request_id, int seq_len, int start, uint64_t* gaps);
-  // Rows [0, n) where n is the first position never written (aborted requests).
-  RouteArray assemble_computed(uint64_t request_id, int seq_len);
+  // Rows [start, n) where n is the first position never written (aborted requests); empty when
+  // the request stopped before reaching start.
+  RouteArray assemble_computed(uint64_t request_id, int seq_len, int start);
   // Refit with a prefix-cache flush: no cached route survives.
   void invalidate_all();
 

@@ -119,6 +119,7 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
     out.rows.start = prev_len;
     if (int(routes.moe_layers.size()) == L) out.rows.moe_layers = routes.moe_layers;
     out.ok = false;
+    out.reply_well_formed = false;
     out.bad_rows = new_rows;
     out.warning = where + problem + "; routes dropped, " + std::to_string(new_rows) +
                   " rows set to -1";
@@ -133,7 +134,9 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
   std::vector<std::string> row_problems;
   for (int p = prev_len; p < T - 1; ++p) {
     const int16_t* src = routes.row(p - N);
-    std::string why = check_row(src, L, K, num_experts, nullptr);
+    bool all_minus_one = false;
+    std::string why = check_row(src, L, K, num_experts, &all_minus_one);
+    if (why.empty() && all_minus_one) why = "row is all -1 (the engine has no route for this token)";
     if (!why.empty()) {
       std::ostringstream o;
       o << "route row for position " << p << ": " << why << "; expected " << routes.rows
@@ -152,10 +155,14 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
     out.filler_rows = 1;
   }
   if (!row_problems.empty()) {
+    // Lenient drops the whole call: a reply with a bad row is not trusted anywhere.
+    std::fill(out.rows.data.begin(), out.rows.data.end(), int16_t(-1));
+    out.filler_rows = 0;
     out.ok = false;
     out.bad_rows = int(row_problems.size());
     std::ostringstream o;
-    o << where << row_problems.size() << " bad route row(s) set to -1: " << row_problems[0];
+    o << where << row_problems.size() << " bad or missing route row(s), routes dropped, "
+      << new_rows << " rows set to -1: " << row_problems[0];
     for (size_t i = 1; i < row_problems.size() && i < 3; ++i) o << " | " << row_problems[i];
     if (row_problems.size() > 3) o << " | ...";
     out.warning = o.str();
@@ -242,7 +249,7 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
       const RouteArray& eng = engine_routes[i];
       const int p = next.prev_len - 1;  // the previous call's last token
       if (prev.total_len - prev.prev_len < 1) continue;  // previous call holds no row for p
-      if (!next.ok) continue;                              // its routes were not trusted
+      if (!next.reply_well_formed) continue;  // its rows cannot be located by position
       if (eng.layers != L || eng.k != K) continue;
       if (eng.data.size() != size_t(eng.rows) * row_size) continue;
       if (p < eng.start || p >= eng.start + eng.rows) continue;  // reply does not cover p

@@ -19,6 +19,7 @@ struct StagedCall {
   int prev_len = 0, total_len = 0;
   int filler_rows = 0;       // rows holding filler
   bool ok = true;            // false under lenient policy when routes were bad (rows are -1)
+  bool reply_well_formed = true;  // false when the reply's shape, row count or start was wrong
   std::string warning;       // why, under lenient
   int call_index = 0;        // as passed to stage_call (names the call in later errors)
   int bad_rows = 0;          // lenient: kept rows that were bad or missing and became -1
@@ -28,15 +29,15 @@ struct StagedCall {
 // routes: the engine's rows for this call. If routes.start == 0 it must hold T-1 rows; a delta
 // reply (routes.start == N) holds rows [N, T-1). One filler row is appended for the last token,
 // then rows [prev_len, T) are kept. Strict: any problem (wrong row count or shape, ids out of
-// [0, num_experts), partly -1 rows, duplicates) throws r3::Error naming `call_index` and the
-// expected and found row counts. Lenient: the call is kept, bad rows become -1 and `warning` says why.
+// [0, num_experts), partly -1 rows, duplicates, an engine row that is all -1) throws r3::Error
+// naming `call_index` and the expected and found row counts. Lenient: the whole call's routes
+// are dropped (every row of the call -1, filler row included, `ok` false, `warning` says why)
+// and the rollout is kept.
 //
-// Details: only the rows this call keeps (positions [prev_len, T-1)) are checked row by row; an
-// engine row that is entirely -1 is accepted as "missing, the trainer's router decides" under
-// both policies (only partly -1 rows are bad). A delta start after prev_len leaves kept
-// positions without a route and counts as a row-count problem. Under lenient, a whole-call
-// problem (row count, shape, start) makes every row of the call -1, filler row included, with
-// the shape [T - prev_len, L, K] taken from `routes` (0 x 0 when routes has none).
+// Details: only the rows this call keeps (positions [prev_len, T-1)) are checked row by row. A
+// delta start after prev_len leaves kept positions without a route and counts as a row-count
+// problem. A dropped call has the shape [T - prev_len, L, K] taken from `routes` (0 x 0 when
+// routes has none).
 // Bad arguments (T < 1, prev_len outside [0, T], num_experts < 1) throw under either policy.
 StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler filler,
                       StagePolicy policy, int num_experts, int call_index = 0);
@@ -52,9 +53,9 @@ struct AssembleReport {
 // raw engine reply of call i (needed for repair); pass an empty vector to disable repair.
 //
 // Details: calls must be contiguous (call i+1's prev_len == call i's total_len) or r3::Error is
-// thrown naming the call. A row is repaired only from a call that staged ok, whose engine reply
-// has the rollout's [L, K] and a fully valid (not -1) row for that position; engine_routes[0]
-// is never read. A failed lenient call whose rows have no shape is laid out as -1 rows.
+// thrown naming the call. A row is repaired from a well-formed engine reply of the rollout's
+// [L, K] whose row for that position is fully valid (not -1), even when other rows of that call
+// were bad (the call itself then stays dropped); engine_routes[0] is never read. A failed lenient call whose rows have no shape is laid out as -1 rows.
 RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
                             const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
                             AssembleReport* report = nullptr);

@@ -81,7 +81,7 @@ def test_delta_start_and_routes_off(llm):
 
 def start_server(r3_bin, model):
     proc = subprocess.Popen([r3_bin, "serve", "--model", model, "--port", "0", "--threads", "1",
-                             "--num-kv-blocks", "128"], stderr=subprocess.PIPE, text=True)
+                             "--num-kv-blocks", "128", "--enable-return-routed-experts"], stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert m, line
@@ -176,3 +176,28 @@ def test_gil_released_while_generating(llm):
     t.join()
     # With the GIL held for the whole generate this thread could not run while it did.
     assert elapsed > 0.01 and ticks > 1000, (elapsed, ticks)
+
+
+def test_unseeded_samples_differ_and_seeded_repeat(llm):
+    # vLLM's default: no seed means a fresh random seed per request, so a temperature-1 batch of
+    # one prompt gives different samples; a fixed seed repeats exactly.
+    p = {"prompt_token_ids": prompt(12, 7)}
+    outs = llm.generate([p] * 6, r3.SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True))
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) > 1
+    assert r3.SamplingParams().seed is None
+    sp = r3.SamplingParams(max_tokens=12, temperature=1.0, seed=11, ignore_eos=True)
+    a, b = llm.generate([p], sp)[0], llm.generate([p], sp)[0]
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_bad_prompt_in_a_batch_leaves_the_llm_usable(llm):
+    # One out-of-vocabulary prompt refuses the whole call; the valid prompts queued before it are
+    # withdrawn, so the next call answers exactly its own prompts.
+    vocab = llm.model_config["vocab_size"]
+    good = {"prompt_token_ids": prompt(8, 3)}
+    with pytest.raises(r3.Error, match="vocabulary"):
+        llm.generate([good, good, {"prompt_token_ids": [1, vocab + 5]}], r3.SamplingParams(max_tokens=4))
+    for _ in range(2):
+        outs = llm.generate([good], r3.SamplingParams(max_tokens=4, seed=1, ignore_eos=True))
+        assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 4
+    assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
