@@ -2,6 +2,7 @@
 // layout and dtype, make_model determinism, F16 widening, dtype conversions, and one test per
 // malformed input (each error must name the file and the tensor or key, and nothing may crash).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -89,6 +91,20 @@ RawFile raw_read(const std::string& path) {
 
 void raw_write(const std::string& path, const RawFile& r) {
   write_bytes(path, safetensors_bytes(r.header.dump(), r.buffer));
+}
+
+// Removes a tensor's entry and its bytes, moving the later tensors down (a well-formed file
+// without that tensor).
+void drop_tensor(RawFile& r, const std::string& name) {
+  ASSERT_TRUE(r.header.contains(name));
+  const uint64_t b = r.header[name]["data_offsets"][0], e = r.header[name]["data_offsets"][1];
+  r.header.erase(name);
+  r.buffer.erase(size_t(b), size_t(e - b));
+  for (auto& [n, entry] : r.header.items()) {
+    if (n == "__metadata__") continue;
+    auto& off = entry["data_offsets"];
+    if (off[0].get<uint64_t>() >= e) off = {off[0].get<uint64_t>() - (e - b), off[1].get<uint64_t>() - (e - b)};
+  }
 }
 
 struct RawTensor {
@@ -541,14 +557,15 @@ TEST(CheckpointErrors, MalformedConfigJson) {
 TEST(CheckpointErrors, MissingTensor) {
   Corrupt c;
   const std::string victim = "model.layers.1.mlp.experts.3.up_proj.weight";
-  c.edit([&](RawFile& r) {
-    ASSERT_TRUE(r.header.contains(victim));
-    r.header.erase(victim);
-  });
+  c.edit([&](RawFile& r) { drop_tensor(r, victim); });
   EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.dir, "missing tensor", "\"" + victim + "\"");
+  // Only the entry gone, its bytes left: the offsets no longer tile the data buffer.
+  Corrupt c3;
+  c3.edit([&](RawFile& r) { r.header.erase(victim); });
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c3.dir), c3.st, "gap before it");
   // lm_head is required unless the embeddings are tied.
   Corrupt c2;
-  c2.edit([&](RawFile& r) { r.header.erase("lm_head.weight"); });
+  c2.edit([&](RawFile& r) { drop_tensor(r, "lm_head.weight"); });
   EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), "missing tensor", "\"lm_head.weight\"");
 }
 
@@ -669,9 +686,7 @@ TEST(CheckpointErrors, OverlappingDataOffsets) {
     r.header["model.layers.0.post_attention_layernorm.weight"]["data_offsets"] =
         r.header["model.layers.0.input_layernorm.weight"]["data_offsets"];
   });
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "overlap",
-                        "\"model.layers.0.input_layernorm.weight\"",
-                        "\"model.layers.0.post_attention_layernorm.weight\"");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "overlaps the tensor before it");
   // Partial overlap: shift a tensor by half its size into its neighbour.
   Corrupt c2;
   c2.edit([&](RawFile& r) {
@@ -679,8 +694,7 @@ TEST(CheckpointErrors, OverlappingDataOffsets) {
     uint64_t b = e[0], en = e[1];
     e = {b - 64, en - 64};
   });
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "overlap",
-                        "\"model.layers.0.post_attention_layernorm.weight\"");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "overlaps the tensor before it");
 }
 
 TEST(CheckpointErrors, OverlapHiddenBehindEmptyTensor) {
@@ -692,10 +706,15 @@ TEST(CheckpointErrors, OverlapHiddenBehindEmptyTensor) {
             {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}},
             {"c", {{"dtype", "F32"}, {"shape", {16}}, {"data_offsets", {128, 192}}}}};
   write_bytes(p, safetensors_bytes(h.dump(), std::string(256, '\0')));
-  EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "overlap", "\"a\"", "\"c\"");
-  // Empty tensors themselves overlap nothing.
+  EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "overlaps the tensor before it");
+  // An empty tensor sits where the tiling has reached (as the reference reader requires); one
+  // inside another tensor's range is refused like any other overlap.
+  json inside = {{"a", {{"dtype", "F32"}, {"shape", {64}}, {"data_offsets", {0, 256}}}},
+                 {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}}};
+  write_bytes(p, safetensors_bytes(inside.dump(), std::string(256, '\0')));
+  EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "\"e\"", "overlaps");
   json ok = {{"a", {{"dtype", "F32"}, {"shape", {64}}, {"data_offsets", {0, 256}}}},
-             {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}}};
+             {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {256, 256}}}}};
   write_bytes(p, safetensors_bytes(ok.dump(), std::string(256, '\0')));
   SafetensorsFile f(p);
   EXPECT_EQ(f.tensors().size(), 2u);
@@ -724,15 +743,17 @@ TEST(CheckpointErrors, MalformedSafetensorsHeader) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(s[size_t(i)])) << (8 * i);
   const std::string buffer = s.substr(8 + n);
-  for (std::string header : {std::string("{\"a\": {\"dtype\": "), std::string("not json at all"),
-                             std::string(""), std::string("{\"a\": 1,}"), std::string("\xff\xfe\xfd")}) {
+  for (std::string header : {std::string("{\"a\": {\"dtype\": "), std::string("{\"a\": 1,}"),
+                             std::string("{\"a\": 1}\0\0\0", 11), std::string("{}\t"), std::string("{}\n  ")}) {
     write_bytes(c.st, safetensors_bytes(header, buffer));
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "malformed JSON header");
   }
-  // Valid JSON of the wrong shape.
-  for (std::string header : {std::string("[1, 2, 3]"), std::string("\"x\""), std::string("42")}) {
+  // Anything but '{' first: other JSON values, a byte-order mark, leading spaces, nothing.
+  for (std::string header : {std::string("[1, 2, 3]"), std::string("\"x\""), std::string("42"),
+                             std::string("not json at all"), std::string(""), std::string("\xff\xfe\xfd"),
+                             std::string("\xef\xbb\xbf{}"), std::string(" {}")}) {
     write_bytes(c.st, safetensors_bytes(header, buffer));
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "not a JSON object");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "must begin with '{'");
   }
   for (json entry : {json(1), json::object(), json{{"dtype", "F32"}, {"shape", {4}}},
                      json{{"dtype", "F32"}, {"data_offsets", {0, 16}}}}) {
@@ -804,7 +825,8 @@ TEST(CheckpointErrors, IndexPointsAtWrongShard) {
                                                                  : "model-00001-of-00002.safetensors";
   j["weight_map"][name] = other;
   write_bytes(s.index, j.dump());
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), file_in(s.dir, other), "\"" + name + "\"", "not in the shard");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), file_in(s.dir, real), "\"" + name + "\"",
+                        "listed in the index under " + other);
   // A tensor the index lists that no shard holds.
   Sharded s2;
   j = s2.read_index();
@@ -1044,6 +1066,157 @@ TEST(DTypeF16, MatchesCompilerConversion) {
   }
 }
 #endif
+
+// ------------------------------------------------------------------ fail closed (issue: refuse what r3 lacks)
+
+// The tiny model's config.json with one key set (or erased, for a null value).
+void set_config_key(const std::string& dir, const std::string& key, const json& value) {
+  const std::string cfg = file_in(dir, "config.json");
+  json j = json::parse(read_bytes(cfg));
+  if (value.is_null()) j.erase(key);
+  else j[key] = value;
+  write_bytes(cfg, j.dump());
+}
+
+TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
+  struct Case {
+    std::string arch, key;
+    json value;
+  };
+  const Case cases[] = {
+      {"qwen3_moe", "attention_bias", true},
+      {"olmoe", "attention_bias", true},
+      {"qwen3_moe", "use_sliding_window", true},  // with the config's sliding_window below
+      {"mixtral", "sliding_window", 64},
+      {"olmoe", "quantization_config", json{{"quant_method", "fp8"}}},
+      {"olmoe", "hidden_act", "gelu"},
+      {"mixtral", "rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}}},
+      {"olmoe", "partial_rotary_factor", 0.5},
+      {"qwen3_moe", "layer_types", json::array({"sliding_attention"})},
+      {"olmoe", "mlp_bias", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.arch + " " + c.key);
+    Corrupt k(c.arch);
+    if (c.key == "use_sliding_window") set_config_key(k.dir, "sliding_window", 32);
+    set_config_key(k.dir, c.key, c.value);
+    const std::string named = c.key == "use_sliding_window" ? "sliding_window" : c.key;
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(k.dir), "config.json", "\"" + named + "\"", "not implemented");
+  }
+  // Neutral values load: a window no shorter than the context, default rope scaling, silu,
+  // attention_bias false, a rotary factor of 1.
+  for (auto [arch, key, value] : std::vector<std::tuple<std::string, std::string, json>>{
+           {"mixtral", "sliding_window", 1 << 20}, {"mixtral", "sliding_window", nullptr},
+           {"qwen3_moe", "sliding_window", 64}, {"olmoe", "rope_scaling", json{{"rope_type", "default"}}},
+           {"olmoe", "hidden_act", "silu"}, {"olmoe", "attention_bias", false},
+           {"olmoe", "partial_rotary_factor", 1.0}}) {
+    SCOPED_TRACE(arch + " " + key);
+    Corrupt k(arch);
+    set_config_key(k.dir, key, value);
+    EXPECT_NO_THROW(Checkpoint::open(k.dir));
+  }
+}
+
+TEST(CheckpointFailClosed, ConfigValuesAreRangeChecked) {
+  for (auto [key, value] : std::vector<std::pair<std::string, json>>{
+           {"max_position_embeddings", -1}, {"max_position_embeddings", 1 << 28},
+           {"max_position_embeddings", 2147483647}, {"max_position_embeddings", 1 << 25},
+           {"rope_theta", 0}, {"rope_theta", -10000}, {"rope_theta", 1e300}, {"rms_norm_eps", -1e-6},
+           {"rms_norm_eps", 0}, {"vocab_size", 1 << 30}, {"num_hidden_layers", 100000},
+           {"head_dim", 1 << 20}, {"intermediate_size", 1 << 30}, {"eos_token_id", 1 << 20},
+           {"num_key_value_heads", 8}, {"clip_qkv", -1.0}}) {
+    SCOPED_TRACE(key + " = " + value.dump());
+    Corrupt k("olmoe");
+    set_config_key(k.dir, key, value);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(k.dir), "config.json", key);
+  }
+}
+
+TEST(CheckpointFailClosed, EveryStoredTensorMustBeUsed) {
+  // A bias r3 does not apply, and a tensor of an unknown layer, are refused by name.
+  for (std::string extra : {"model.layers.0.self_attn.q_proj.bias", "model.layers.9.mlp.gate.weight",
+                            "model.mtp.0.weight"}) {
+    Corrupt c;
+    c.edit([&](RawFile& r) {
+      const uint64_t end = r.buffer.size();
+      r.header[extra] = {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {end, end + 16}}};
+      r.buffer += std::string(16, '\0');
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + extra + "\"", "not used by r3");
+  }
+  // RoPE inverse frequencies of old exports are known and ignored.
+  Corrupt ok;
+  ok.edit([&](RawFile& r) {
+    const uint64_t end = r.buffer.size();
+    r.header["model.layers.0.self_attn.rotary_emb.inv_freq"] = {{"dtype", "F32"}, {"shape", {4}},
+                                                                {"data_offsets", {end, end + 16}}};
+    r.buffer += std::string(16, '\0');
+  });
+  EXPECT_NO_THROW(Checkpoint::open(ok.dir));
+}
+
+TEST(CheckpointFailClosed, TiedEmbeddingsWithADifferentLmHeadAreRefused) {
+  Corrupt c;
+  set_config_key(c.dir, "tie_word_embeddings", true);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"lm_head.weight\"", "tie_word_embeddings");
+  // The same matrix stored twice is fine; without lm_head the embedding is used.
+  c.edit([&](RawFile& r) {
+    auto e = r.header["model.embed_tokens.weight"]["data_offsets"];
+    auto h = r.header["lm_head.weight"]["data_offsets"];
+    r.buffer.replace(size_t(h[0].get<uint64_t>()), size_t(h[1].get<uint64_t>() - h[0].get<uint64_t>()),
+                     r.buffer.substr(size_t(e[0].get<uint64_t>()), size_t(e[1].get<uint64_t>() - e[0].get<uint64_t>())));
+  });
+  auto ck = Checkpoint::open(c.dir);
+  EXPECT_EQ(ck->weights().lm_head.data, ck->weights().embed.data);
+}
+
+TEST(CheckpointFailClosed, OnlyRegularFilesAreRead) {
+  // A FIFO would block the loader forever and /dev/zero never ends: both are refused at once.
+  Corrupt c;
+  const std::string cfg = file_in(c.dir, "config.json");
+  fs::remove(cfg);
+  ASSERT_EQ(::mkfifo(cfg.c_str(), 0600), 0);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg, "not a regular file");
+  Corrupt z;
+  fs::remove(z.st);
+  fs::create_symlink("/dev/zero", z.st);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(z.dir), z.st, "not a regular file");
+  Corrupt f;
+  fs::remove(f.st);
+  ASSERT_EQ(::mkfifo(f.st.c_str(), 0600), 0);
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(f.dir), f.st, "not a regular file");
+}
+
+TEST(CheckpointFailClosed, HeaderLengthOffByAFewBytesIsRefused) {
+  for (int delta : {-3, -1, 1, 3}) {
+    SCOPED_TRACE(delta);
+    Corrupt c;
+    std::string s = read_bytes(c.st);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(s[size_t(i)])) << (8 * i);
+    n = uint64_t(int64_t(n) + delta);
+    for (int i = 0; i < 8; ++i) s[size_t(i)] = char(uint8_t(n >> (8 * i)));
+    write_bytes(c.st, s);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st);
+  }
+}
+
+TEST(CheckpointFailClosed, TensorsAtOddOffsetsAreReadAligned) {
+  // A header of odd length puts the data at an odd file offset; r3's copies are aligned and
+  // hold the same values.
+  TmpDir d("odd");
+  const std::string p = d / "x.safetensors";
+  const float vals[4] = {1.5f, -2.f, 3.25f, 0.f};
+  const std::string buf(reinterpret_cast<const char*>(vals), 16);
+  std::string header = json{{"x", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}}}}.dump();
+  if (header.size() % 2 == 0) header += ' ';
+  write_bytes(p, safetensors_bytes(header, buf));
+  ASSERT_EQ(read_bytes(p).size() % 2, 1u);
+  SafetensorsFile f(p);
+  const TensorView& x = f.tensors().at("x");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.data) % 64, 0u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(x.at(i), vals[i]);
+}
 
 }  // namespace
 }  // namespace r3

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 
 #include "routes/route_array.h"
 #include "test_models.h"
@@ -95,6 +96,23 @@ TEST(Cli, GenerateLogprobsRoundTripExactly) {
     const double x = v.get<double>();
     EXPECT_EQ(double(float(x)), x);  // printed floats parse back to the same float
   }
+}
+
+// Lines without a seed draw a fresh one each (a temperature-1 batch of one prompt differs);
+// seeded lines repeat exactly.
+TEST(Cli, GenerateUnseededLinesDiffer) {
+  const std::string model = test_model("olmoe");
+  fs::path d = temp_dir("seeds");
+  {
+    std::ofstream in(d / "in.jsonl");
+    for (int i = 0; i < 6; ++i) in << R"({"prompt_token_ids":[3,4,5],"max_tokens":12,"ignore_eos":true})" << "\n";
+  }
+  CliRun a = run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " + (d / "a.jsonl").string());
+  ASSERT_EQ(a.code, 0) << a.out;
+  std::ifstream fa(d / "a.jsonl");
+  std::set<std::string> distinct;
+  for (std::string line; std::getline(fa, line);) distinct.insert(nlohmann::json::parse(line)["token_ids"].dump());
+  EXPECT_GT(distinct.size(), 1u);
 }
 
 TEST(Cli, BadInputLinesNameTheirLine) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -24,7 +25,8 @@ int cmd_generate(int argc, char** argv) {
          "Runs every prompt of a JSONL file through the engine and writes one JSON line per prompt,\n"
          "in input order. Input lines: {\"prompt_token_ids\":[...], \"max_tokens\":N, \"temperature\":T,\n"
          "\"top_p\":P, \"top_k\":K, \"seed\":S, \"stop_token_ids\":[...], \"ignore_eos\":B,\n"
-         "\"return_routed_experts\":true, \"routed_experts_start\":N}. Output lines: index,\n"
+         "\"return_routed_experts\":true, \"routed_experts_start\":N}; a line without a seed gets a\n"
+         "random one. Route capture is on when a line asks for routes. Output lines: index,\n"
          "prompt_token_ids, token_ids, logprobs, finish_reason, weight_versions, routed_experts.");
   add_engine_flags(a);
   a.opt("input", "", "prompts, one JSON object per line (required)")
@@ -41,11 +43,15 @@ int cmd_generate(int argc, char** argv) {
   std::string line;
   int lineno = 0;
   bool any_routes = false;
+  std::mt19937_64 fresh_seeds{std::random_device{}()};
   while (std::getline(in, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      reqs.push_back(parse_request_json(json::parse(line)));
+      const json j = json::parse(line);
+      reqs.push_back(parse_request_json(j));
+      // No seed: a fresh random one, so temperature > 0 lines differ (as vLLM and SGLang do).
+      if (!j.contains("seed") || j["seed"].is_null()) reqs.back().params.seed = fresh_seeds();
     } catch (const json::exception& e) {
       throw Error(a.str("input") + ":" + std::to_string(lineno) + ": malformed JSON: " + e.what());
     } catch (const Error& e) {

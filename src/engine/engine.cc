@@ -334,13 +334,14 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
 void Engine::update_weights(const std::string& dir, bool flush) { update_weights(Checkpoint::open(dir), flush); }
 
 void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
-  const ModelConfig& a = model_config();
-  const ModelConfig& b = ckpt->config();
-  if (a.arch != b.arch || a.hidden_size != b.hidden_size || a.num_layers != b.num_layers ||
-      a.num_experts != b.num_experts || a.top_k != b.top_k || a.vocab_size != b.vocab_size ||
-      a.num_heads != b.num_heads || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
-      a.layer_is_moe != b.layer_is_moe || a.moe_intermediate_size != b.moe_intermediate_size)
-    throw Error("update_weights: " + ckpt->dir() + " has a different architecture or shape than the served model");
+  // The engine's buffers, tables (RoPE) and admission limits come from the served model's
+  // description: a refit may change weights only. A refused refit leaves the old weights serving.
+  const std::vector<std::string> diffs = ckpt_->differences(*ckpt);
+  if (!diffs.empty()) {
+    std::string msg = "update_weights: " + ckpt->dir() + " describes a different model than the one served (";
+    for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+    throw Error(msg + "); start a new engine for it");
+  }
   drain();
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);

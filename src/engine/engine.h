@@ -95,8 +95,9 @@ class Engine {
   // Runs until every given request finished; outputs in input order.
   std::vector<RequestOutput> generate(const std::vector<std::vector<int>>& prompts,
                                       const std::vector<SamplingParams>& params);
-  // RL refit: new weights (same architecture and shapes); the version counter increases. With
-  // flush, the prefix cache and its routes are dropped in the same step.
+  // RL refit: new weights for the same model description (every config key and tensor dtype
+  // equal, else r3::Error naming the differences and the old weights keep serving); the version
+  // counter increases. With flush, the prefix cache and its routes are dropped in the same step.
   void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
   void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
   uint64_t weight_version() const { return weight_version_; }

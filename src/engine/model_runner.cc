@@ -25,8 +25,10 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       max_tokens_(max_step_tokens),
       max_seqs_(std::min(max_seqs, max_step_tokens)),
       pool_(pool),
+      // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
+      // score scratch) stop there even when the model allows far longer contexts.
       rope_(ckpt_->config().head_dim, ckpt_->config().rope_theta,
-            ckpt_->config().max_position_embeddings) {
+            int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))) {
   const ModelConfig& c = config();
   kv_dim_ = size_t(c.num_kv_heads) * size_t(c.head_dim);
   if (kv_dtype != DType::BF16 && kv_dtype != DType::F32) throw Error("the KV cache holds bf16 or fp32");

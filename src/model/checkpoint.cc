@@ -1,11 +1,12 @@
 #include "model/checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/file_read.h"
+#include "core/json_limits.h"
 
 namespace r3 {
 
@@ -42,12 +43,9 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
     json idx;
     try {
-      idx = json::parse(ss.str());
+      idx = parse_json_bounded(read_text_file(index_path.string(), 64u << 20, "index"), index_path.string(), 8);
     } catch (const json::exception& e) {
       throw Error(index_path.string() + ": malformed JSON: " + e.what());
     }
@@ -56,7 +54,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     for (auto& [name, file] : idx["weight_map"].items()) {
       if (!file.is_string()) throw Error(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
       std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
+      if (f.empty() || f.find('/') != std::string::npos || f.find("..") != std::string::npos)
         throw Error(index_path.string() + ": shard name \"" + f + "\" must be a plain file name");
       weight_map[name] = f;
       if (std::find(shard_names.begin(), shard_names.end(), f) == shard_names.end())
@@ -73,12 +71,18 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     }
     ck->files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
   }
+  // Each tensor lives in exactly one shard, the one the index names for it.
   for (auto& f : ck->files_)
     for (auto& [name, t] : f->tensors()) {
-      auto it = weight_map.find(name);
-      if (!weight_map.empty() && it != weight_map.end() &&
-          fs::path(f->path()).filename().string() != it->second)
-        continue;  // the index says this name lives elsewhere
+      const std::string shard = fs::path(f->path()).filename().string();
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(name);
+        if (it == weight_map.end())
+          throw Error(f->path() + ": tensor \"" + name + "\" is not listed in model.safetensors.index.json");
+        if (it->second != shard)
+          throw Error(f->path() + ": tensor \"" + name + "\" is listed in the index under " + it->second);
+      }
+      if (ck->index_.count(name)) throw Error(f->path() + ": tensor \"" + name + "\" appears twice");
       ck->index_[name] = &t;
     }
   for (auto& [name, file] : weight_map)
@@ -106,6 +110,7 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
     if (v.nbytes() != t.bytes.size())
       throw Error("<memory>: tensor \"" + t.name + "\" has " + std::to_string(t.bytes.size()) +
                   " bytes, its shape needs " + std::to_string(v.nbytes()));
+    if (ck->index_.count(t.name)) throw Error("<memory>: tensor \"" + t.name + "\" appears twice");
     ck->memory_views_.push_back(std::move(v));
     ck->index_[t.name] = &ck->memory_views_.back();
   }
@@ -116,6 +121,7 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
 const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape) {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");
+  used_.insert(name);
   const TensorView& t = *it->second;
   if (t.shape != shape) {
     TensorView want;
@@ -139,10 +145,20 @@ void Checkpoint::load_weights() {
   const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
   weights_.embed = require("model.embed_tokens.weight", {V, H});
   weights_.final_norm = require("model.norm.weight", {H});
-  if (c.tie_word_embeddings && !index_.count("lm_head.weight"))
+  if (c.tie_word_embeddings) {
+    // Tied: the output projection is the embedding (transformers ties them whatever the file
+    // holds). A stored lm_head is accepted only when it is that same matrix.
     weights_.lm_head = weights_.embed;
-  else
+    if (index_.count("lm_head.weight")) {
+      const TensorView& head = require("lm_head.weight", {V, H});
+      if (head.dtype != weights_.embed.dtype ||
+          std::memcmp(head.data, weights_.embed.data, head.nbytes()) != 0)
+        throw Error(head.file + ": tensor \"lm_head.weight\" differs from model.embed_tokens.weight but "
+                    "tie_word_embeddings is true");
+    }
+  } else {
     weights_.lm_head = require("lm_head.weight", {V, H});
+  }
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights L;
     std::string p = layer_prefix(i);
@@ -174,6 +190,32 @@ void Checkpoint::load_weights() {
     }
     weights_.layers.push_back(std::move(L));
   }
+  // Every stored tensor must be one r3 computes with: anything else (biases, a shared expert,
+  // extra layers) belongs to a model r3 would silently compute differently.
+  for (auto& [name, t] : index_) {
+    if (used_.count(name) || knowingly_unused(name)) continue;
+    throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
+                " (a feature r3 does not implement, or a different architecture)");
+  }
+}
+
+// Tensors that carry nothing r3 needs: RoPE inverse frequencies that old exports stored
+// (r3 computes them from rope_theta).
+bool knowingly_unused(const std::string& name) {
+  static const std::string inv_freq = ".self_attn.rotary_emb.inv_freq";
+  return name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+}
+
+std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const {
+  std::vector<std::string> out = config_differences(config(), other.config());
+  if (!out.empty()) return out;
+  for (auto& [name, t] : index_) {
+    auto it = other.index_.find(name);
+    if (it == other.index_.end()) continue;  // tied lm_head stored or not: the config decides
+    if (t->dtype != it->second->dtype)
+      out.push_back("tensor " + name + ": " + dtype_name(t->dtype) + " -> " + dtype_name(it->second->dtype));
+  }
+  return out;
 }
 
 }  // namespace r3

@@ -1,9 +1,10 @@
 // A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
-// model.safetensors.index.json. Tensors stay memory-mapped; F16 ones are widened to F32 once,
-// since the kernels read F32 or BF16.
+// model.safetensors.index.json. Tensors are read into memory the checkpoint owns (files rewritten
+// afterwards change nothing); F16 ones are widened to F32 once, since the kernels read F32 or BF16.
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
+  // What differs between this checkpoint and `other` that a served engine depends on: config
+  // keys (config_differences) and tensor dtypes. Empty when `other` can replace this one.
+  std::vector<std::string> differences(const Checkpoint& other) const;
 
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);
@@ -53,6 +57,7 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+  std::set<std::string> used_;  // names load_weights read
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32
   std::vector<std::vector<float>> owned_;
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
@@ -65,5 +70,7 @@ std::string layer_prefix(int layer);
 std::string router_name(const ModelConfig& c, int layer);
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
 std::string dense_name(int layer, const char* which);
+// Stored tensors r3 has no use for and may ignore (RoPE inv_freq buffers of old exports).
+bool knowingly_unused(const std::string& name);
 
 }  // namespace r3

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_read.h"
+#include "core/json_limits.h"
 
 namespace r3 {
 
@@ -77,12 +78,36 @@ struct Reader {
   }
 };
 
+// Keys that change the model in ways r3 does not implement: refused by name whenever present with
+// a value other than the neutral one. The keys of the three architectures' Hugging Face config
+// classes are all either read below (and refused where r3 lacks the feature: attention_bias,
+// sliding windows, rope_scaling types, hidden_act) or without effect on inference outputs
+// (initializer_range, use_cache, router_aux_loss_coef, router_jitter_noise, ...). Keys that no
+// such class reads cannot change the model and are ignored, as transformers ignores them.
+const char* const kUnimplemented[] = {
+    "quantization_config", "pretraining_tp", "partial_rotary_factor", "rope_parameters",
+    "layer_types", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+    "num_nextn_predict_layers", "attention_sink", "mlp_bias", "qk_layernorm", "logits_scaling",
+    "embedding_multiplier", "residual_multiplier", "attention_multiplier"};
+
+// Upper bounds that keep every derived size far from overflow and from exhausting memory before
+// an error can be given. They are well above every released MoE model.
+constexpr int kMaxVocab = 1 << 22, kMaxHidden = 1 << 16, kMaxLayers = 1 << 10, kMaxHeads = 1 << 10,
+              kMaxHeadDim = 1 << 11, kMaxExperts = 32767, kMaxIntermediate = 1 << 18,
+              kMaxPositions = 1 << 24;
+
+void require_range(const std::string& path, const char* key, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    throw Error(path + ": key \"" + key + "\" is " + std::to_string(v) + ", outside [" + std::to_string(lo) +
+                ", " + std::to_string(hi) + "]");
+}
+
 }  // namespace
 
 ModelConfig parse_config(const std::string& text, const std::string& path) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json_bounded(text, path, 16);
   } catch (const json::exception& e) {
     throw Error(path + ": malformed JSON: " + e.what());
   }
@@ -90,11 +115,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   Reader r{j, path};
   ModelConfig c;
   std::string arch;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+  if (j.contains("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
       j["architectures"][0].is_string())
     arch = j["architectures"][0].get<std::string>();
   else
-    throw Error(path + ": missing \"architectures\" (a list naming the model class)");
+    throw Error(path + ": \"architectures\" must be a list naming one model class");
   c.architecture = arch;
   if (arch == "MixtralForCausalLM") c.arch = Arch::Mixtral;
   else if (arch == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3Moe;
@@ -102,6 +127,12 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else
     throw Error(path + ": unknown architecture \"" + arch +
                 "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM)");
+
+  for (const char* key : kUnimplemented)
+    if (j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
+        !(j[key].is_number() && j[key].get<double>() == 1.0 &&
+          (std::string(key) == "partial_rotary_factor" || std::string(key) == "pretraining_tp")))
+      throw Error(path + ": key \"" + key + "\" = " + j[key].dump() + " is not implemented by r3");
 
   c.vocab_size = r.req_int("vocab_size");
   c.hidden_size = r.req_int("hidden_size");
@@ -116,11 +147,45 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 4096);
   c.eos_token_id = r.token_id("eos_token_id");
   c.bos_token_id = r.token_id("bos_token_id");
-  if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0)
+  require_range(path, "vocab_size", c.vocab_size, 1, kMaxVocab);
+  require_range(path, "hidden_size", c.hidden_size, 1, kMaxHidden);
+  require_range(path, "num_hidden_layers", c.num_layers, 1, kMaxLayers);
+  require_range(path, "num_attention_heads", c.num_heads, 1, kMaxHeads);
+  require_range(path, "num_key_value_heads", c.num_kv_heads, 1, c.num_heads);
+  require_range(path, "head_dim", c.head_dim, 2, kMaxHeadDim);
+  require_range(path, "max_position_embeddings", c.max_position_embeddings, 2, kMaxPositions);
+  if (c.num_heads % c.num_kv_heads != 0)
     throw Error(path + ": num_attention_heads must be a multiple of num_key_value_heads");
-  if (c.head_dim <= 0 || c.head_dim % 2) throw Error(path + ": head_dim must be positive and even");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw Error(path + ": rope_scaling is not supported by r3 yet");
+  if (c.head_dim % 2) throw Error(path + ": head_dim must be even");
+  // NaN fails every comparison, so these are written to reject it too.
+  if (!(c.rope_theta > 1.f && c.rope_theta < 1e12f))
+    throw Error(path + ": key \"rope_theta\" must be a finite number above 1");
+  if (!(c.rms_norm_eps > 0.f && c.rms_norm_eps < 1.f))
+    throw Error(path + ": key \"rms_norm_eps\" must be in (0, 1)");
+  for (int id : {c.eos_token_id, c.bos_token_id})
+    if (id < -1 || id >= c.vocab_size)
+      throw Error(path + ": eos_token_id / bos_token_id " + std::to_string(id) + " is outside the vocabulary");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    throw Error(path + ": key \"hidden_act\" = " + j["hidden_act"].dump() +
+                " is not implemented by r3 (only \"silu\")");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    const bool neutral = rs.is_object() && rs.size() <= 2 &&
+                         ((rs.contains("rope_type") && rs["rope_type"] == "default") ||
+                          (rs.contains("type") && rs["type"] == "default"));
+    if (!neutral)
+      throw Error(path + ": key \"rope_scaling\" = " + rs.dump() + " is not implemented by r3");
+  }
+  if (r.opt_bool("attention_bias", false))
+    throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 (no q/k/v/o biases)");
+  // A sliding window at least as long as the context changes nothing; a shorter one would.
+  const bool window_used = c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false);
+  if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    const int w = r.opt_int("sliding_window", 0);
+    if (w < c.max_position_embeddings)
+      throw Error(path + ": key \"sliding_window\" = " + std::to_string(w) +
+                  " is not implemented by r3 (sliding-window attention)");
+  }
 
   c.layer_is_moe.assign(size_t(c.num_layers), true);
   switch (c.arch) {
@@ -143,7 +208,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         if (!j["mlp_only_layers"].is_array()) throw Error(path + ": mlp_only_layers must be a list");
         for (auto& v : j["mlp_only_layers"]) {
           if (!fits_int(v)) throw Error(path + ": mlp_only_layers must hold integers");
-          mlp_only.push_back(v.get<int>());
+          const int layer = v.get<int>();
+          if (layer < 0 || layer >= c.num_layers)
+            throw Error(path + ": mlp_only_layers names layer " + std::to_string(layer) +
+                        " of a model with " + std::to_string(c.num_layers));
+          mlp_only.push_back(layer);
         }
       }
       for (int i = 0; i < c.num_layers; ++i) {
@@ -164,22 +233,64 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       if (j.contains("clip_qkv") && !j["clip_qkv"].is_null()) {
         if (!j["clip_qkv"].is_number()) throw Error(path + ": clip_qkv must be a number or null");
         c.clip_qkv = j["clip_qkv"].get<float>();
+        if (!(*c.clip_qkv > 0.f && *c.clip_qkv < 1e30f))
+          throw Error(path + ": key \"clip_qkv\" must be a positive finite number");
       }
       break;
   }
+  require_range(path, c.arch == Arch::Mixtral ? "num_local_experts" : "num_experts", c.num_experts, 0,
+                kMaxExperts);
+  require_range(path, c.arch == Arch::Qwen3Moe ? "moe_intermediate_size" : "intermediate_size",
+                c.moe_intermediate_size, 1, kMaxIntermediate);
+  if (c.intermediate_size)
+    require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
   if (c.num_experts > 0 && c.top_k > c.num_experts)
     throw Error(path + ": num_experts_per_tok exceeds the number of experts");
   if (c.num_moe_layers() == 0) throw Error(path + ": the model has no MoE layer");
-  if (c.num_experts > 32767) throw Error(path + ": more than 32767 experts do not fit int16 routes");
   return c;
 }
 
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> out;
+  auto cmp = [&](const char* key, const auto& x, const auto& y, auto show) {
+    if (!(x == y)) out.push_back(std::string(key) + ": " + show(x) + " -> " + show(y));
+  };
+  auto num = [](auto v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  auto opt = [&](const std::optional<float>& v) { return v ? num(*v) : std::string("null"); };
+  auto layers = [](const std::vector<bool>& v) {
+    std::string s;
+    for (bool m : v) s += m ? 'M' : 'D';
+    return s;
+  };
+  cmp("architectures", a.architecture, b.architecture, [](const std::string& v) { return v; });
+  cmp("vocab_size", a.vocab_size, b.vocab_size, num);
+  cmp("hidden_size", a.hidden_size, b.hidden_size, num);
+  cmp("num_hidden_layers", a.num_layers, b.num_layers, num);
+  cmp("num_attention_heads", a.num_heads, b.num_heads, num);
+  cmp("num_key_value_heads", a.num_kv_heads, b.num_kv_heads, num);
+  cmp("head_dim", a.head_dim, b.head_dim, num);
+  cmp("num_experts", a.num_experts, b.num_experts, num);
+  cmp("num_experts_per_tok", a.top_k, b.top_k, num);
+  cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size, num);
+  cmp("intermediate_size", a.intermediate_size, b.intermediate_size, num);
+  cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
+  cmp("clip_qkv", a.clip_qkv, b.clip_qkv, opt);
+  cmp("rope_theta", a.rope_theta, b.rope_theta, num);
+  cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
+  cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);
+  cmp("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings, num);
+  cmp("eos_token_id", a.eos_token_id, b.eos_token_id, num);
+  cmp("bos_token_id", a.bos_token_id, b.bos_token_id, num);
+  cmp("layers (M = MoE, D = dense)", a.layer_is_moe, b.layer_is_moe, layers);
+  return out;
+}
+
 ModelConfig load_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open config.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path);
+  return parse_config(read_text_file(path, 16u << 20, "config.json"), path);
 }
 
 }  // namespace r3

@@ -34,10 +34,14 @@ struct ModelConfig {
   int num_moe_layers() const;
 };
 
-// Throws r3::Error naming `path` and the key for malformed JSON, unknown architectures and
-// missing or invalid keys.
+// Throws r3::Error naming `path` and the key for malformed JSON, unknown architectures, missing
+// or out-of-range keys, and keys whose feature r3 does not implement (biases, sliding windows,
+// rope scaling types, quantization, other activations).
 ModelConfig parse_config(const std::string& json_text, const std::string& path);
 ModelConfig load_config(const std::string& path);
 std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe"
+// The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
+// the two describe the same model. A refit is refused unless this is empty.
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace r3

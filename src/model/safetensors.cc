@@ -1,16 +1,13 @@
 #include "model/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_read.h"
+#include "core/json_limits.h"
 
 namespace r3 {
 
@@ -44,6 +41,7 @@ std::string TensorView::shape_str() const {
 }
 
 static constexpr uint64_t kMaxHeader = 100u << 20;
+static constexpr uint64_t kMaxFile = uint64_t(1) << 42;  // 4 TiB: past any checkpoint shard
 
 static DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "F32") return DType::F32;
@@ -52,117 +50,129 @@ static DType parse_dtype(const std::string& s, const std::string& where) {
   throw Error(where + ": unsupported dtype \"" + s + "\" (r3 reads F32, BF16, F16)");
 }
 
+static uint64_t round_up64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
+
+void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(64)); }
+
+// The format, strictly (huggingface/safetensors): u64 little-endian N; N bytes of a JSON object
+// that begins with '{' and may be padded at the end with spaces (0x20) only; then the data
+// buffer, which the tensors' [begin, end) offsets must tile exactly: sorted, contiguous, from 0
+// to the buffer's end. Every tensor is copied into memory r3 owns (64-byte aligned), so nothing
+// done to the file afterwards reaches a running engine.
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error(path + ": cannot open safetensors file");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(path + ": cannot stat");
-  }
-  map_size_ = size_t(st.st_size);
-  if (map_size_ < 8) {
-    ::close(fd);
-    throw Error(path + ": truncated file (" + std::to_string(map_size_) +
+  RegularFile file(path, kMaxFile, "safetensors file");
+  const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
+  const uint64_t file_size = file.size();
+  if (file_size < 8)
+    throw Error(path + ": truncated file (" + std::to_string(file_size) +
                 " bytes, shorter than the 8-byte header length)");
-  }
-  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw Error(path + ": mmap failed");
-  }
+  uint8_t len[8];
+  file.read_at(0, len, 8, deadline);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  if (n > kMaxHeader)
+    throw Error(path + ": header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  if (n > file_size - 8)
+    throw Error(path + ": header length " + std::to_string(n) + " runs past the end of the file (" +
+                std::to_string(file_size) + " bytes)");
+  std::string text(size_t(n), '\0');
+  file.read_at(8, text.data(), text.size(), deadline);
+  if (text.empty() || text[0] != '{')
+    throw Error(path + ": the header must begin with '{' (found " +
+                (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
+  size_t json_end = text.size();
+  while (json_end > 0 && text[json_end - 1] == ' ') --json_end;  // the only padding allowed
+  if (text[json_end - 1] != '}')
+    throw Error(path + ": malformed JSON header: the object must end with '}' followed only by spaces");
+  json header;
   try {
-    const uint8_t* base = static_cast<const uint8_t*>(map_);
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
-    if (n > kMaxHeader) throw Error(path + ": header length " + std::to_string(n) +
-                                    " exceeds the 100 MB limit");
-    if (8 + n > map_size_)
-      throw Error(path + ": header length " + std::to_string(n) + " runs past the end of the file (" +
-                  std::to_string(map_size_) + " bytes)");
-    json header;
-    try {
-      header = json::parse(base + 8, base + 8 + n);
-    } catch (const json::exception& e) {
-      throw Error(path + ": malformed JSON header: " + e.what());
-    }
-    if (!header.is_object()) throw Error(path + ": header is not a JSON object");
-    const uint8_t* buffer = base + 8 + n;
-    const uint64_t buffer_size = map_size_ - 8 - n;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    std::vector<std::string> range_names;
-    for (auto& [name, entry] : header.items()) {
-      std::string where = path + ": tensor \"" + name + "\"";
-      if (name == "__metadata__") {
-        if (!entry.is_object()) throw Error(path + ": __metadata__ is not an object");
-        for (auto& [k, v] : entry.items())
-          if (v.is_string()) metadata_[k] = v.get<std::string>();
-        continue;
-      }
-      if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-          !entry.contains("data_offsets"))
-        throw Error(where + ": entry needs dtype, shape and data_offsets");
-      if (!entry["dtype"].is_string()) throw Error(where + ": dtype is not a string");
-      TensorView t;
-      t.name = name;
-      t.file = path;
-      t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
-      if (!entry["shape"].is_array()) throw Error(where + ": shape is not an array");
-      uint64_t total_bytes = dtype_size(t.dtype);
-      bool too_large = false;
-      for (auto& d : entry["shape"]) {
-        if (!d.is_number_unsigned()) throw Error(where + ": shape holds a non-integer or negative");
-        uint64_t du = d.get<uint64_t>();
-        // numel() and nbytes() must not overflow (a wrapped product could pass the span check).
-        if (du > uint64_t(INT64_MAX) || __builtin_mul_overflow(total_bytes, du, &total_bytes) ||
-            total_bytes > uint64_t(INT64_MAX))
-          too_large = true;
-        t.shape.push_back(int64_t(du > uint64_t(INT64_MAX) ? INT64_MAX : du));
-      }
-      if (too_large) throw Error(where + ": shape " + entry["shape"].dump() + " is too large");
-      auto& off = entry["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-          !off[1].is_number_unsigned())
-        throw Error(where + ": data_offsets must be [begin, end]");
-      uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-      if (b > e || e > buffer_size)
-        throw Error(where + ": data offsets [" + std::to_string(b) + ", " + std::to_string(e) +
-                    ") out of range of the " + std::to_string(buffer_size) +
-                    "-byte data buffer (truncated file?)");
-      if (e - b != t.nbytes())
-        throw Error(where + ": data offsets span " + std::to_string(e - b) + " bytes but shape " +
-                    t.shape_str() + " of " + dtype_name(t.dtype) + " needs " +
-                    std::to_string(t.nbytes()));
-      t.data = buffer + b;
-      ranges.push_back({b, e});
-      range_names.push_back(name);
-      tensors_[name] = std::move(t);
-    }
-    std::vector<size_t> order(ranges.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-    // Compare each range with the furthest-reaching non-empty one before it (an empty range
-    // sorted in between must not hide an overlap).
-    size_t reach = SIZE_MAX;
-    for (size_t i = 0; i < order.size(); ++i) {
-      auto& cur = ranges[order[i]];
-      if (cur.first == cur.second) continue;
-      if (reach != SIZE_MAX && cur.first < ranges[reach].second)
-        throw Error(path + ": data offsets of tensors \"" + range_names[reach] + "\" and \"" +
-                    range_names[order[i]] + "\" overlap");
-      if (reach == SIZE_MAX || cur.second > ranges[reach].second) reach = order[i];
-    }
-  } catch (...) {
-    ::munmap(map_, map_size_);
-    map_ = nullptr;
-    throw;
+    header = parse_json_bounded(std::string_view(text).substr(0, json_end), path + ": header", 8);
+  } catch (const json::exception& e) {
+    throw Error(path + ": malformed JSON header: " + e.what());
   }
+  if (!header.is_object()) throw Error(path + ": header is not a JSON object");
+  const uint64_t buffer_size = file_size - 8 - n;
+
+  struct Entry {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Entry> entries;
+  for (auto& [name, entry] : header.items()) {
+    std::string where = path + ": tensor \"" + name + "\"";
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw Error(path + ": __metadata__ is not an object");
+      for (auto& [k, v] : entry.items()) {
+        if (!v.is_string()) throw Error(path + ": __metadata__ value of \"" + k + "\" is not a string");
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets") || entry.size() != 3)
+      throw Error(where + ": entry must hold exactly dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) throw Error(where + ": dtype is not a string");
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
+    if (!entry["shape"].is_array()) throw Error(where + ": shape is not an array");
+    uint64_t total_bytes = dtype_size(t.dtype);
+    for (auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) throw Error(where + ": shape holds a non-integer or negative");
+      const uint64_t du = d.get<uint64_t>();
+      // numel() and nbytes() must not overflow (a wrapped product could pass the span check).
+      if (du > uint64_t(INT64_MAX) || __builtin_mul_overflow(total_bytes, du, &total_bytes) ||
+          total_bytes > uint64_t(INT64_MAX))
+        throw Error(where + ": shape " + entry["shape"].dump() + " is too large");
+      t.shape.push_back(int64_t(du));
+    }
+    auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw Error(where + ": data_offsets must be [begin, end]");
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > buffer_size)
+      throw Error(where + ": data offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                  ") out of range of the " + std::to_string(buffer_size) +
+                  "-byte data buffer (truncated file or wrong header length?)");
+    if (e - b != t.nbytes())
+      throw Error(where + ": data offsets span " + std::to_string(e - b) + " bytes but shape " +
+                  t.shape_str() + " of " + dtype_name(t.dtype) + " needs " + std::to_string(t.nbytes()));
+    entries.push_back({b, e, name});
+    tensors_[name] = std::move(t);
+  }
+  // The offsets must tile the data buffer: no gap, no overlap, nothing after the last tensor.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (const Entry& en : entries) {
+    if (en.begin != covered)
+      throw Error(path + ": tensor \"" + en.name + "\" starts at byte " + std::to_string(en.begin) +
+                  " of the data buffer, expected " + std::to_string(covered) +
+                  (en.begin < covered ? " (overlaps the tensor before it)" : " (a gap before it)"));
+    covered = en.end;
+  }
+  if (covered != buffer_size)
+    throw Error(path + ": the tensors cover " + std::to_string(covered) + " bytes of the " +
+                std::to_string(buffer_size) + "-byte data buffer (wrong header length or trailing bytes)");
+
+  // Copy every tensor into owned, 64-byte aligned memory (each tensor at an aligned offset, so
+  // a file that packs tensors at odd offsets is read without misaligned access).
+  uint64_t owned = 0;
+  for (const Entry& en : entries) owned += round_up64(en.end - en.begin);
+  data_.reset(static_cast<uint8_t*>(::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
+  uint64_t at = 0;
+  for (const Entry& en : entries) {
+    TensorView& t = tensors_[en.name];
+    file.read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin), deadline);
+    t.data = data_.get() + at;
+    at += round_up64(en.end - en.begin);
+  }
+  owned_bytes_ = owned;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {

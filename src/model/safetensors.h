@@ -1,4 +1,5 @@
-// safetensors files: a memory-mapped reader that validates everything it is handed, and a writer.
+// safetensors files: a reader that validates everything it is handed and copies the tensors into
+// memory it owns, and a writer.
 // Format: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
 // data_offsets}}, then the data buffer (offsets relative to its start).
 #pragma once
@@ -12,7 +13,7 @@
 
 namespace r3 {
 
-// A read-only view of one tensor inside a mapped file (or an owned buffer).
+// A read-only view of one tensor in memory owned by a SafetensorsFile or a Checkpoint.
 struct TensorView {
   std::string name, file;
   DType dtype = DType::F32;
@@ -32,7 +33,8 @@ struct TensorView {
 
 class SafetensorsFile {
  public:
-  // Throws r3::Error naming the file (and tensor) for every malformed input.
+  // Throws r3::Error naming the file (and tensor) for every malformed input, a path that is not
+  // a regular file, and a read that outlasts kCheckpointReadLimit.
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -43,9 +45,12 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
+  std::unique_ptr<uint8_t, AlignedFree> data_;  // every tensor, each at a 64-byte aligned offset
+  uint64_t owned_bytes_ = 0;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -89,8 +89,11 @@ void EngineLoop::abort(const std::vector<uint64_t>& ids) {
 
 uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache) {
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  // Read and validate the checkpoint on the calling (HTTP) thread: generation goes on meanwhile,
+  // and a slow or bad path never stalls the engine loop.
+  std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
   return call([&]() -> uint64_t {
-    engine_->update_weights(dir, flush_cache);
+    engine_->update_weights(ckpt, flush_cache);
     kick_ = true;
     weight_version_ = engine_->weight_version();
     return engine_->weight_version();
