@@ -140,6 +140,7 @@ class LLM {
     }
     std::vector<PyRequestOutput> res;
     for (auto& o : outs) {
+      if (!o.error.empty()) throw r3::Error("request " + std::to_string(o.request_id) + ": " + o.error);
       if (!o.routes_error.empty())
         throw r3::Error("request " + std::to_string(o.request_id) + ": routes are incomplete (" + o.routes_error + ")");
       PyRequestOutput r;

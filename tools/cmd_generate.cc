@@ -102,6 +102,10 @@ int cmd_generate(int argc, char** argv) {
   int errors = 0;
   for (size_t i = 0; i < done.size(); ++i) {
     *out << output_to_json(*done[i], int64_t(i)).dump() << "\n";
+    if (!done[i]->error.empty()) {
+      std::fprintf(stderr, "request %zu: %s\n", i, done[i]->error.c_str());
+      ++errors;
+    }
     if (!done[i]->routes_error.empty()) {
       std::fprintf(stderr, "request %zu: %s\n", i, done[i]->routes_error.c_str());
       ++errors;

@@ -194,7 +194,9 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
   r->finish_reason = reason;
   scheduler_->remove(r);
   RequestOutput o = make_output(*r);
-  if (r->params.return_routed_experts) {
+  if (r->params.return_routed_experts && reason == "error") {
+    routes_->close(r->id);  // a failed request returns no routes, not partial ones
+  } else if (r->params.return_routed_experts) {
     const int S = r->num_tokens();
     RouteArray routes;
     if (reason == "abort") {
@@ -208,7 +210,7 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
     o.routed_experts = std::move(routes);
     routes_->close(r->id);
   }
-  if (reason == "abort") ++aborted_count_; else ++finished_;
+  if (reason == "abort" || reason == "error") ++aborted_count_; else ++finished_;
   out.push_back(std::move(o));
   requests_.erase(r->id);
 }
@@ -247,6 +249,13 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     publish_full_blocks(r, s.start_pos + s.num_tokens);
     const SeqResult& sr = res.seqs[i];
     if (!sr.sampled) continue;
+    if (sr.sample.nonfinite) {
+      const int pos = s.start_pos + s.num_tokens - 1;
+      finish(r, "error", out);
+      out.back().error = "non-finite logits at position " + std::to_string(pos) +
+                         " (NaN or infinite values in the weights or activations); nothing was sampled";
+      continue;
+    }
     --r->pending;
     r->output.push_back(sr.sample.token);
     r->logprobs.push_back(sr.sample.logprob);

@@ -51,6 +51,9 @@ struct RequestOutput {
   std::string finish_reason;
   std::optional<RouteArray> routed_experts;  // [S-1 - start, L_moe, K]
   std::string routes_error;                  // set when routes could not be complete
+  // Set when the request failed (finish_reason "error"): no token was sampled from bad values
+  // and no routes are returned.
+  std::string error;
   int num_cached_tokens = 0;
   int num_preemptions = 0;
 };

@@ -85,6 +85,7 @@ json output_to_json(const RequestOutput& o, int64_t index) {
   j["weight_versions"] = o.weight_versions;
   if (o.routed_experts) j["routed_experts"] = routes_to_json(*o.routed_experts);
   if (!o.routes_error.empty()) j["routes_error"] = o.routes_error;
+  if (!o.error.empty()) j["error"] = o.error;
   return j;
 }
 

@@ -35,6 +35,8 @@ Sample sample_token(const float* logits, int V, const SamplerParams& p, int posi
   kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
   const double z = kernels::sum_f64(scratch.data(), V);
   const float log_z = float(std::log(z)) + m;
+  // A NaN or infinite logit makes z or m non-finite: fail closed rather than sample from it.
+  if (!std::isfinite(log_z)) return {0, 0.f, true};
   if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z};
 
   // Candidates: all ids in id order (plain sampling needs no sort), or, with top_k / top_p, the

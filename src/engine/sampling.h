@@ -37,6 +37,7 @@ struct SamplingParams {
 struct Sample {
   int token = 0;
   float logprob = 0.f;  // log-softmax of the raw logits at the sampled token
+  bool nonfinite = false;  // a logit was NaN or infinite: nothing was sampled
 };
 
 // logits: [V]. scratch: at least V floats + V ints of working memory held by the caller.

@@ -104,6 +104,11 @@ struct CompletionStream {
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i] || done[i]) continue;
       const RequestOutput& o = *outs[i];
+      if (o.finished && !o.error.empty()) {
+        loop->abort(ids);
+        return close_with(out + sse(error_body("choice " + std::to_string(i) + ": " + o.error,
+                                               "model_error", "", 500)));
+      }
       if (o.finished && !o.routes_error.empty()) {
         loop->abort(ids);
         return close_with(out + sse(error_body("choice " + std::to_string(i) + ": routes are incomplete (" +
@@ -208,6 +213,8 @@ struct Server::Impl {
     }
     std::vector<RequestOutput> r;
     for (size_t i = 0; i < got.size(); ++i) {
+      if (!got[i]->error.empty())
+        throw ApiError(500, "request " + std::to_string(i) + ": " + got[i]->error, "model_error");
       if (!got[i]->routes_error.empty())
         throw ApiError(500,
                        "request " + std::to_string(i) + ": routes are incomplete (" + got[i]->routes_error +

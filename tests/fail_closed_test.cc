@@ -1,0 +1,178 @@
+// The engine fails closed: a refit that changes anything the engine's buffers or tables depend
+// on is refused (the old weights keep serving), files rewritten under a running engine change
+// nothing, and a non-finite logit fails its request instead of being sampled from.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "model/safetensors.h"
+#include "test_models.h"
+
+namespace r3 {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::test_model;
+
+std::string copy_model(const std::string& src, const std::string& name) {
+  const fs::path dst = fs::temp_directory_path() / ("r3_fail_closed_" + std::to_string(getpid())) / name;
+  fs::remove_all(dst);
+  fs::create_directories(dst.parent_path());
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst.string();
+}
+
+void set_config_key(const std::string& dir, const std::string& key, const json& value) {
+  const fs::path cfg = fs::path(dir) / "config.json";
+  std::ifstream in(cfg);
+  json j = json::parse(in);
+  j[key] = value;
+  std::ofstream(cfg, std::ios::trunc) << j.dump();
+}
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.max_tokens = n;
+  p.temperature = 0.f;
+  p.ignore_eos = true;
+  p.return_routed_experts = true;
+  return p;
+}
+
+EngineConfig config_for(const std::string& model) {
+  EngineConfig c;
+  c.model = model;
+  c.num_kv_blocks = 64;
+  c.threads = 1;
+  c.enable_return_routed_experts = true;
+  return c;
+}
+
+// Each config key in turn: the refit is refused naming the key, the weight version stays, and
+// the engine answers exactly as before.
+TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
+  for (const std::string arch : {"qwen3_moe", "olmoe", "mixtral"}) {
+    const std::string served = test_model(arch, "small");
+    Engine e(config_for(served));
+    const RequestOutput before = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+    json cfg;
+    {
+      std::ifstream in(fs::path(served) / "config.json");
+      cfg = json::parse(in);
+    }
+    std::vector<std::pair<std::string, json>> changes = {
+        {"rope_theta", cfg.value("rope_theta", 10000.0) * 2},
+        {"max_position_embeddings", cfg["max_position_embeddings"].get<int>() * 8},
+        {"rms_norm_eps", 1e-3},
+        {"eos_token_id", 7},
+        {"bos_token_id", 9},
+        {"num_experts_per_tok", 1},
+        {"intermediate_size", cfg.value("intermediate_size", 64) * 2},
+    };
+    if (arch != "mixtral") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
+    if (arch == "olmoe") changes.push_back({"clip_qkv", 3.0});
+    if (arch == "qwen3_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
+    for (auto& [key, value] : changes) {
+      SCOPED_TRACE(arch + " " + key + " = " + value.dump());
+      const std::string dir = copy_model(served, "refit_" + arch);
+      set_config_key(dir, key, value);
+      try {
+        e.update_weights(dir, true);
+        ADD_FAILURE() << "refit accepted";
+      } catch (const Error& err) {
+        // Either the description differs (named) or the new checkpoint does not even load.
+        EXPECT_FALSE(std::string(err.what()).empty());
+      }
+      EXPECT_EQ(e.weight_version(), 0u);
+      const RequestOutput after = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+      EXPECT_EQ(after.token_ids, before.token_ids);
+      EXPECT_EQ(after.logprobs, before.logprobs);
+      EXPECT_EQ(after.routed_experts->data, before.routed_experts->data);
+    }
+  }
+}
+
+TEST(FailClosedRefit, RefusalNamesTheKeyAndSameDescriptionIsAccepted) {
+  const std::string served = test_model("olmoe", "tiny");
+  Engine e(config_for(served));
+  const std::string dir = copy_model(served, "refit_named");
+  set_config_key(dir, "rope_theta", 20000.0);
+  try {
+    e.update_weights(dir, true);
+    ADD_FAILURE() << "refit accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("rope_theta"), std::string::npos) << err.what();
+  }
+  // Other weights, same description: accepted, and the engine then equals a fresh one on them.
+  const std::string other = test_model("olmoe", "tiny", 7);
+  e.update_weights(other, true);
+  EXPECT_EQ(e.weight_version(), 1u);
+  Engine fresh(config_for(other));
+  EXPECT_EQ(e.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids, fresh.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids);
+}
+
+// The engine computes from its own copy: truncating or rewriting the files under it (as a
+// trainer saving in place does) changes nothing until a refit.
+TEST(FailClosedWeights, FilesRewrittenUnderARunningEngineChangeNothing) {
+  const std::string dir = copy_model(test_model("mixtral", "tiny"), "rewrite");
+  Engine e(config_for(dir));
+  const RequestOutput before = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+  const fs::path st = fs::path(dir) / "model.safetensors";
+  const auto size = fs::file_size(st);
+  fs::resize_file(st, 0);  // a mapping of this file would now fault with SIGBUS
+  EXPECT_EQ(e.generate({{3, 4, 5, 6}}, {greedy(6)})[0].token_ids, before.token_ids);
+  std::ofstream(st, std::ios::binary | std::ios::trunc) << std::string(size, '\x7f');  // same size, new bytes
+  const RequestOutput after = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+  EXPECT_EQ(after.token_ids, before.token_ids);
+  EXPECT_EQ(after.logprobs, before.logprobs);
+}
+
+// One embedding row of NaN: requests whose prompt holds that token fail with a clear error and
+// no routes; the others in the same steps are untouched (equal to their solo runs).
+TEST(FailClosedValues, NonFiniteLogitsFailTheRequestNotTheBatch) {
+  const std::string dir = copy_model(test_model("olmoe", "tiny"), "nan");
+  const fs::path st = fs::path(dir) / "model.safetensors";
+  {
+    SafetensorsFile f(st.string());
+    std::vector<TensorToWrite> out;
+    for (auto& [name, t] : f.tensors()) {
+      TensorToWrite w{name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
+      std::memcpy(w.bytes.data(), t.data, t.nbytes());
+      if (name == "model.embed_tokens.weight") {
+        const size_t row = size_t(t.shape[1]) * dtype_size(t.dtype);
+        for (size_t i = 0; i < row; i += 2) {  // bf16 NaN
+          w.bytes[row * 7 + i] = 0xc0;
+          w.bytes[row * 7 + i + 1] = 0x7f;
+        }
+      }
+      out.push_back(std::move(w));
+    }
+    write_safetensors(st.string(), out);
+  }
+  EngineConfig c = config_for(dir);
+  c.max_num_seqs = 4;
+  Engine e(c);
+  const uint64_t bad = e.add_request({3, 7, 5}, greedy(4));
+  const uint64_t good = e.add_request({3, 4, 5}, greedy(4));
+  std::map<uint64_t, RequestOutput> done;
+  while (e.has_unfinished())
+    for (auto& o : e.step())
+      if (o.finished) done[o.request_id] = o;
+  EXPECT_EQ(done[bad].finish_reason, "error");
+  EXPECT_NE(done[bad].error.find("non-finite logits"), std::string::npos) << done[bad].error;
+  EXPECT_TRUE(done[bad].token_ids.empty());
+  EXPECT_FALSE(done[bad].routed_experts.has_value());
+  Engine solo(testing::solo_config(dir));
+  EXPECT_EQ(done[good].token_ids, solo.generate({{3, 4, 5}}, {greedy(4)})[0].token_ids);
+  EXPECT_EQ(done[good].finish_reason, "length");
+  EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
+}
+
+}  // namespace
+}  // namespace r3
