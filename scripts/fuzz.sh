@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# libFuzzer run over r3's request parsers (src/server/request_fuzz.h: the /v1/completions and
-# /generate bodies, and `r3 generate` JSONL lines), with ASan and UBSan.
+# libFuzzer runs over r3's parsers of outside bytes, with ASan and UBSan. Two targets:
+#   request     the /v1/completions and /generate bodies and `r3 generate` JSONL lines
+#               (src/server/request_fuzz.h)
+#   checkpoint  the safetensors reader and the config.json parser (src/model/checkpoint_fuzz.h)
 #
-#   scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]     (SECONDS defaults to 60)
+#   scripts/fuzz.sh [request|checkpoint] [SECONDS] [extra libFuzzer flags...]
+#   (target defaults to request, SECONDS to 60)
 #
-# Builds build-fuzz/request_parser_fuzz with Debian's clang++ (only the parser sources, compiled
+# Builds build-fuzz/<target>_fuzz with Debian's clang++ (only the parser sources, compiled
 # directly: no cpp-httplib, no CMake), then fuzzes for SECONDS starting from the seeds in
-# fuzz/corpus/. New inputs go to build-fuzz/corpus/ (kept between runs), findings to
-# build-fuzz/artifacts/; the exit status is non-zero when libFuzzer found something. Reproduce
-# one with: build-fuzz/request_parser_fuzz build-fuzz/artifacts/crash-...
+# fuzz/corpus/ (request) or fuzz/corpus-checkpoint/ (checkpoint). New inputs go to
+# build-fuzz/corpus-<target>/ (kept between runs), findings to build-fuzz/artifacts/; the exit
+# status is non-zero when libFuzzer found something. Reproduce one with:
+# build-fuzz/<target>_fuzz build-fuzz/artifacts/crash-...
 # Longer runs: see "Fuzzing" in src/server/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TARGET=request
+case "${1:-}" in request|checkpoint) TARGET=$1; shift ;; esac
 SECS=${1:-60}
 [ $# -gt 0 ] && shift
 CXX=${FUZZ_CXX:-clang++}
 OUT=build-fuzz
-BIN=$OUT/request_parser_fuzz
-SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
-      src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
-      src/routes/route_array.cc)
+if [ "$TARGET" = request ]; then
+  BIN=$OUT/request_parser_fuzz
+  SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
+        src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
+        src/routes/route_array.cc src/core/json_limits.cc)
+  SEEDS=fuzz/corpus
+  MAXLEN=4096
+else
+  BIN=$OUT/checkpoint_fuzz
+  SRCS=(fuzz/checkpoint_fuzz.cc src/model/checkpoint_fuzz.cc src/model/safetensors.cc
+        src/model/config.cc src/core/file_read.cc src/core/json_limits.cc)
+  SEEDS=fuzz/corpus-checkpoint
+  MAXLEN=8192
+fi
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang)" >&2; exit 2; }
-mkdir -p "$OUT/obj" "$OUT/corpus" "$OUT/artifacts"
+mkdir -p "$OUT/obj" "$OUT/corpus-$TARGET" "$OUT/artifacts"
 
 # Rebuild an object when it is missing or older than its source or any header it included.
 stale() {
@@ -110,6 +126,8 @@ cat > "$OUT/request.dict" <<'DICT'
 DICT
 
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-echo "fuzz.sh: fuzzing for ${SECS}s"
-exec "$BIN" -max_total_time="$SECS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-  -dict="$OUT/request.dict" -artifact_prefix="$OUT/artifacts/" "$@" "$OUT/corpus" fuzz/corpus
+echo "fuzz.sh: fuzzing $TARGET for ${SECS}s"
+DICT=()
+[ "$TARGET" = request ] && DICT=(-dict="$OUT/request.dict")
+exec "$BIN" -max_total_time="$SECS" -max_len=$MAXLEN -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  "${DICT[@]}" -artifact_prefix="$OUT/artifacts/$TARGET-" "$@" "$OUT/corpus-$TARGET" "$SEEDS"

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "core/error.h"
+#include "core/json_limits.h"
 #include "server/api_error.h"
 
 namespace r3::server {
@@ -9,8 +11,11 @@ namespace r3::server {
 json parse_body(const std::string& body) {
   json j;
   try {
-    j = json::parse(body);
+    // Nesting is bounded before parsing: a deep document costs memory far beyond its size.
+    j = parse_json_bounded(body, "request body", kMaxJsonDepth);
   } catch (const json::exception& e) {
+    throw bad_request(std::string("malformed JSON body: ") + e.what());
+  } catch (const Error& e) {
     throw bad_request(std::string("malformed JSON body: ") + e.what());
   }
   if (!j.is_object()) throw bad_request("the request body must be a JSON object");
