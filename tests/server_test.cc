@@ -570,6 +570,124 @@ TEST(ServerRestricted, ApiKeyNoCaptureAndBodyLimit) {
   EXPECT_EQ(again->status, 200);
 }
 
+// Raw HTTP over a loopback socket: what the client wrote, and everything the server answered
+// until it closed the connection or `stop_at` appeared.
+std::string raw_exchange(int port, const std::string& request, const std::string& stop_at = "\r\n\r\n{") {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "";
+  size_t off = 0;
+  while (off < request.size()) {
+    ssize_t n = send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may close early: that is the point
+    off += size_t(n);
+  }
+  std::string got;
+  char buf[4096];
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+    const size_t at = got.find(stop_at);
+    if (at != std::string::npos && got.find('}', at) != std::string::npos) break;
+  }
+  close(fd);
+  return got;
+}
+
+// A chunked body carries no length up front: it is still capped at --max-body-bytes (413), and
+// the API key is checked before any of it is read (401).
+TEST(ServerBounds, ChunkedBodiesAreCappedAndAuthComesFirst) {
+  server::ServerOptions o;
+  o.max_body_bytes = 4096;
+  o.api_key = "k";
+  Running s(server_engine_config(test_model("olmoe")), o);
+  std::string chunks;
+  for (int i = 0; i < 64; ++i) chunks += "400\r\n" + std::string(1024, ' ') + "\r\n";  // 64 KiB of spaces
+  chunks += "0\r\n\r\n";
+  const std::string head = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Transfer-Encoding: chunked\r\n";
+  const std::string big = raw_exchange(s.port, head + "Authorization: Bearer k\r\n\r\n" + chunks);
+  EXPECT_NE(big.find(" 413 "), std::string::npos) << big.substr(0, 200);
+  EXPECT_NE(big.find("request_too_large"), std::string::npos) << big.substr(0, 400);
+  const std::string anon = raw_exchange(s.port, head + "\r\n" + chunks);
+  EXPECT_NE(anon.find(" 401 "), std::string::npos) << anon.substr(0, 200);
+  // A small chunked body is read whole and served.
+  const std::string body = R"({"input_ids":[5,6],"sampling_params":{"max_new_tokens":2}})";
+  char len[16];
+  std::snprintf(len, sizeof len, "%zx", body.size());
+  const std::string ok = raw_exchange(s.port, head + "Authorization: Bearer k\r\n\r\n" + std::string(len) + "\r\n" +
+                                                  body + "\r\n0\r\n\r\n");
+  EXPECT_NE(ok.find(" 200 "), std::string::npos) << ok.substr(0, 300);
+  auto cli = s.client();
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+// A deeply nested body is refused before it is parsed (its memory would be far beyond its size).
+TEST(ServerBounds, DeeplyNestedJsonIsRefused) {
+  Running s(server_engine_config(test_model("olmoe")));
+  auto cli = s.client();
+  const std::string deep = "{\"input_ids\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto r = cli.Post("/generate", deep, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("nested deeper"), std::string::npos) << r->body.substr(0, 300);
+}
+
+// SIGTERM's path: requests in flight finish normally, new ones get 503, /health says 503, and
+// what outlives the grace period is aborted (its caller gets the abort reply, not an error).
+TEST(ServerBounds, GracefulShutdownDrainsInFlightRequests) {
+  Running s(server_engine_config(test_model("olmoe")));
+  json finished, cut;
+  std::thread a([&] {
+    auto cli = s.client();
+    auto r = cli.Post("/generate", json{{"input_ids", prompt_of(8, 1)},
+                                        {"sampling_params", {{"max_new_tokens", 40}, {"ignore_eos", true}}}}.dump(),
+                      "application/json");
+    if (r) finished = json::parse(r->body, nullptr, false);
+  });
+  auto cli = s.client();
+  for (int i = 0; i < 500; ++i) {  // wait until it runs
+    auto m = cli.Get("/metrics");
+    if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::thread stopper([&] { s.srv->shutdown(std::chrono::seconds(60)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  a.join();
+  stopper.join();
+  ASSERT_TRUE(finished.is_object()) << finished.dump();
+  EXPECT_EQ(finished["meta_info"]["finish_reason"]["type"], "length") << finished.dump();
+  EXPECT_EQ(finished["output_ids"].size(), 40u);
+
+  // Grace 0: a long request is aborted, its caller answered with finish reason abort.
+  Running s2(server_engine_config(test_model("olmoe")));
+  std::thread b([&] {
+    auto c2 = s2.client();
+    auto r = c2.Post("/generate", json{{"input_ids", prompt_of(8, 2)},
+                                       {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}}.dump(),
+                     "application/json");
+    if (r) cut = json::parse(r->body, nullptr, false);
+  });
+  auto c2 = s2.client();
+  for (int i = 0; i < 500; ++i) {
+    auto m = c2.Get("/metrics");
+    if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(s2.srv->shutdown(std::chrono::milliseconds(0)), 1u);
+  b.join();
+  ASSERT_TRUE(cut.is_object()) << cut.dump();
+  EXPECT_EQ(cut["meta_info"]["finish_reason"]["type"], "abort") << cut.dump();
+}
+
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.
 TEST(ServerRefit, UpdateWeightsFromDisk) {
   const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);

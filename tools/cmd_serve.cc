@@ -19,7 +19,8 @@ int cmd_serve(int argc, char** argv) {
          "streaming, \"return_routed_experts\"), POST /generate (SGLang style), POST /update_weights,\n"
          "POST /abort, GET /health, GET /v1/models, GET /metrics (Prometheus). Binds 127.0.0.1 unless\n"
          "--host says otherwise; with --api-key every endpoint but /health needs\n"
-         "\"Authorization: Bearer KEY\". Stops on SIGINT/SIGTERM.");
+         "\"Authorization: Bearer KEY\". On SIGINT/SIGTERM it stops admitting requests, lets those in\n"
+         "flight finish (--shutdown-grace-seconds), then exits.");
   add_engine_flags(a);
   a.opt("host", "127.0.0.1", "address to bind (0.0.0.0 = every interface)")
       .opt("port", "8000", "TCP port (0 = any free port, printed at start)")
@@ -27,6 +28,8 @@ int cmd_serve(int argc, char** argv) {
       .opt("max-body-bytes", std::to_string(16u << 20), "larger request bodies get 413")
       .opt("http-threads", "128", "HTTP connections served at once")
       .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
+      .opt("shutdown-grace-seconds", "30", "on SIGTERM/SIGINT: requests in flight may finish for this long, then are aborted")
+      .opt("health-stall-seconds", "120", "/health answers 503 while one engine step has run longer than this")
       .flag("log-requests", false, "one line per HTTP request on stderr");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig cfg = engine_config_from(a);
@@ -44,6 +47,10 @@ int cmd_serve(int argc, char** argv) {
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
   o.model_name = a.str("served-model-name");
   o.log_requests = a.on("log-requests");
+  const double grace = a.number("shutdown-grace-seconds");
+  if (!(grace >= 0)) throw Error("--shutdown-grace-seconds must be >= 0");
+  o.stall_seconds = a.number("health-stall-seconds");
+  if (!(o.stall_seconds > 0)) throw Error("--health-stall-seconds must be positive");
 
   // Every thread (engine, HTTP) inherits this mask; one thread waits for the signals.
   sigset_t sigs;
@@ -61,6 +68,11 @@ int cmd_serve(int argc, char** argv) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
+    if (sig == SIGTERM || sig == SIGINT) {
+      std::fprintf(stderr, "r3 serve: stopping: finishing requests in flight (up to %.0f s)\n", grace);
+      const size_t aborted = srv.shutdown(std::chrono::milliseconds(int64_t(grace * 1000)));
+      if (aborted) std::fprintf(stderr, "r3 serve: %zu requests aborted at the end of the grace period\n", aborted);
+    }
     srv.stop();
   });
   srv.listen();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -43,6 +44,7 @@ std::string EngineLoop::failure() const {
 std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid) {
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
   return call([&]() -> std::vector<uint64_t> {
+    if (draining_) throw ApiError(503, "server shutting down: not accepting new requests", "server_error");
     if (rids_.count(rid)) throw bad_request("request id \"" + rid + "\" is already in flight", "rid");
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -100,6 +102,40 @@ uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache) {
   });
 }
 
+double EngineLoop::seconds_in_step() const {
+  const int64_t t0 = step_started_ns_.load();
+  if (t0 == 0) return 0.0;
+  return double(std::chrono::steady_clock::now().time_since_epoch().count() - t0) * 1e-9;
+}
+
+size_t EngineLoop::drain(std::chrono::milliseconds grace) {
+  try {
+    call([&] { draining_ = true; });
+  } catch (const ApiError&) {
+    return 0;  // already shut down
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  auto in_flight = [&] {
+    try {
+      return call([&] { return targets_.size(); });
+    } catch (const ApiError&) {
+      return size_t(0);
+    }
+  };
+  while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  size_t aborted = 0;
+  try {
+    aborted = abort_all();
+  } catch (const ApiError&) {
+  }
+  // Let the aborts reach their callers (each gets its "abort" reply) before the loop ends.
+  const auto abort_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (in_flight() > 0 && std::chrono::steady_clock::now() < abort_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return aborted;
+}
+
 LoopStats EngineLoop::stats() {
   return call([&]() -> LoopStats {
     LoopStats s;
@@ -130,6 +166,11 @@ void EngineLoop::fail_all(const std::string& why) {
 
 void EngineLoop::step_once() {
   const auto t0 = std::chrono::steady_clock::now();
+  step_started_ns_ = t0.time_since_epoch().count();
+  struct Clear {
+    std::atomic<int64_t>& v;
+    ~Clear() { v = 0; }
+  } clear{step_started_ns_};
   std::vector<RequestOutput> outs = engine_->step();
   latency_.add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   for (auto& o : outs) {

@@ -4,6 +4,7 @@
 // otherwise it sleeps on the queue.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -84,6 +85,13 @@ class EngineLoop {
   LoopStats stats();
   // Empty while the engine is healthy; the error that stopped it otherwise.
   std::string failure() const;
+  // Seconds the step now running has been running (0 when the loop is between steps): a step
+  // that never ends (a hung kernel, a deadlock) shows here while /health reports it.
+  double seconds_in_step() const;
+  // Graceful stop: new submissions get 503 at once; requests in flight run to completion until
+  // `grace` has passed, then the rest are aborted (their callers get an "abort" reply). Returns
+  // how many were aborted. The loop keeps running; shutdown() ends it.
+  size_t drain(std::chrono::milliseconds grace);
   uint64_t weight_version() const { return weight_version_.load(); }
 
  private:
@@ -121,7 +129,9 @@ class EngineLoop {
   std::condition_variable cv_;
   std::deque<std::function<void()>> commands_;
   bool stop_ = false;
+  bool draining_ = false;  // refuse new submissions (graceful stop under way)
   std::string failure_;
+  std::atomic<int64_t> step_started_ns_{0};  // steady clock at the start of the running step, 0 = none
   std::atomic<uint64_t> weight_version_{0};
   std::thread thread_;
 };

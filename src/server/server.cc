@@ -141,7 +141,7 @@ struct Server::Impl {
   std::thread bg;
   int port = -1;
   socket_t listen_fd = -1;
-  std::atomic<bool> stopped{false};
+  std::atomic<bool> stopped{false}, draining{false};
   std::mutex stop_mu;
   int64_t started = int64_t(std::time(nullptr));
   std::atomic<uint64_t> next_id{0};
@@ -175,6 +175,50 @@ struct Server::Impl {
         fn(req, res);
       } catch (const ApiError& e) {
         send_error(res, e);
+      } catch (const Error& e) {
+        send_error(res, bad_request(e.what()));
+      } catch (const std::exception& e) {
+        send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
+      }
+    };
+  }
+
+  [[noreturn]] void throw_too_large() const {
+    throw ApiError(413, "request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (--max-body-bytes)",
+                   "request_too_large");
+  }
+
+  // A POST endpoint: the API key is checked before a byte of the body is read, and the body is
+  // read here, capped at --max-body-bytes whatever its transfer encoding (chunked bodies carry
+  // no length to check up front) and within a time limit, so a slow sender cannot hold a
+  // connection slot indefinitely.
+  httplib::Server::HandlerWithContentReader post(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      try {
+        if (!authorized(req))
+          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
+        const size_t declared = size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
+        if (declared > opts.max_body_bytes) throw_too_large();
+        std::string body;
+        bool too_large = false, too_slow = false;
+        const auto deadline = Clock::now() + std::chrono::seconds(opts.body_timeout_seconds);
+        const bool read_all = reader([&](const char* data, size_t len) {
+          if (body.size() + len > opts.max_body_bytes) return !(too_large = true);
+          if (Clock::now() > deadline) return !(too_slow = true);
+          body.append(data, len);
+          return true;
+        });
+        if (too_large) throw_too_large();
+        if (too_slow)
+          throw ApiError(408, "request body took longer than " + std::to_string(opts.body_timeout_seconds) +
+                                  " s to arrive", "invalid_request_error");
+        if (!read_all) throw ApiError(400, "the request body could not be read (connection closed or malformed)");
+        httplib::Request full = req;
+        full.body = std::move(body);
+        fn(full, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+        if (e.status() == 413 || e.status() == 408) res.set_header("Connection", "close");
       } catch (const Error& e) {
         send_error(res, bad_request(e.what()));
       } catch (const std::exception& e) {
@@ -333,6 +377,10 @@ struct Server::Impl {
     const int threads = std::max(1, opts.http_threads);
     http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     http.set_keep_alive_max_count(1000);
+    // Idle and slow connections give their thread back: keep-alive ends after 5 s idle, a read
+    // (headers, body) waits at most read_timeout_seconds.
+    http.set_keep_alive_timeout(5);
+    http.set_read_timeout(opts.read_timeout_seconds, 0);
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
                                                                       httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
@@ -363,14 +411,18 @@ struct Server::Impl {
 
     using R = const httplib::Request&;
     using W = httplib::Response&;
-    http.Post("/v1/completions", wrap(true, [this](R q, W s) { completions(q, s); }));
-    http.Post("/generate", wrap(true, [this](R q, W s) { generate(q, s); }));
-    http.Post("/update_weights", wrap(true, [this](R q, W s) { update_weights(q, s); }));
-    http.Post("/update_weights_from_disk", wrap(true, [this](R q, W s) { update_weights(q, s); }));
-    http.Post("/abort", wrap(true, [this](R q, W s) { abort(q, s); }));
-    http.Post("/abort_request", wrap(true, [this](R q, W s) { abort(q, s); }));
+    http.Post("/v1/completions", post([this](R q, W s) { completions(q, s); }));
+    http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
+    http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
+    http.Post("/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
+    http.Post("/abort", post([this](R q, W s) { abort(q, s); }));
+    http.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
     http.Get("/health", wrap(false, [this](R, W s) {
       if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+      if (const double t = loop->seconds_in_step(); t > opts.stall_seconds)
+        throw ApiError(503, "the engine loop is stalled: one step has run for " + std::to_string(int(t)) + " s",
+                       "server_error");
+      if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
       send_json(s, 200, {{"status", "ok"}});
     }));
     http.Get("/v1/models", wrap(true, [this](R, W s) {
@@ -430,6 +482,13 @@ int Server::start() {
   impl_->bg = std::thread([this] { impl_->http.listen_after_bind(); });
   while (!impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return p;
+}
+
+size_t Server::shutdown(std::chrono::milliseconds grace) {
+  impl_->draining = true;
+  const size_t aborted = impl_->loop->drain(grace);
+  stop();
+  return aborted;
 }
 
 void Server::stop() {

@@ -7,6 +7,7 @@
 // HTTP threads parse and validate, then hand requests to the EngineLoop thread, which alone
 // touches the engine. Every error is a 4xx/5xx JSON reply; the server keeps serving.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -23,6 +24,9 @@ struct ServerOptions {
   int http_threads = 128;              // concurrent HTTP connections served
   std::string model_name;              // reported by /v1/models; default: the model path
   bool log_requests = false;           // one line per request on stderr
+  int read_timeout_seconds = 10;       // one read of a request (headers, a body chunk)
+  int body_timeout_seconds = 60;       // a whole request body
+  double stall_seconds = 120;          // /health says 503 while one engine step runs longer
 };
 
 class Server {
@@ -41,6 +45,10 @@ class Server {
   int start();
   // Stops serving: pending calls get 503, the engine loop ends. Idempotent, any thread.
   void stop();
+  // Graceful stop (SIGTERM): new requests get 503, requests in flight finish until `grace` has
+  // passed and are aborted after it (their callers get the abort reply), then stop(). Returns
+  // how many were aborted.
+  size_t shutdown(std::chrono::milliseconds grace);
   int port() const;
 
  private:
