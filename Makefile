@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: setup configure build test unit variants pytest e2e demo bench format clean
+.PHONY: setup configure build test unit variants pytest e2e demo bench format clean asan tsan
 
 setup:
 	@scripts/setup.sh
@@ -46,8 +46,24 @@ demo: build
 bench: build
 	scripts/bench.sh $(BUILD)
 
+# Sanitizers, by hand (too slow for `make test` on 2 cores): the whole GoogleTest suite under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the engine, server and route tests under
+# ThreadSanitizer. Any report fails the run.
+asan: setup
+	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DR3_PYTHON=OFF \
+	  -DCMAKE_CXX_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+	cmake --build $(BUILD)-asan -j $(JOBS) --target r3_tests
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(BUILD)-asan/r3_tests --gtest_brief=1
+
+TSAN_TESTS ?= *Engine*:*Server*:FailClosed*:Smoke*
+tsan: setup
+	cmake -S . -B $(BUILD)-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DR3_PYTHON=OFF \
+	  -DCMAKE_CXX_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=thread"
+	cmake --build $(BUILD)-tsan -j $(JOBS) --target r3_tests
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(BUILD)-tsan/r3_tests --gtest_brief=1 --gtest_filter='$(TSAN_TESTS)'
+
 format:
 	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'tools/*.cc' 'tests/*.cc' 'bench/*.cc')
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-portable $(BUILD)-avx2
+	rm -rf $(BUILD) $(BUILD)-portable $(BUILD)-avx2 $(BUILD)-asan $(BUILD)-tsan

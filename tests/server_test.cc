@@ -688,6 +688,81 @@ TEST(ServerBounds, GracefulShutdownDrainsInFlightRequests) {
   EXPECT_EQ(cut["meta_info"]["finish_reason"]["type"], "abort") << cut.dump();
 }
 
+// Idle clients holding every HTTP thread of the main port: the control port still answers
+// /health, /metrics and /abort at once, and the main port frees its slots after the read timeout.
+TEST(ServerBounds, ControlPortAnswersWhileSlowClientsHoldEveryConnection) {
+  server::ServerOptions o;
+  o.control_port = 0;
+  o.read_timeout_seconds = 1;
+  o.http_threads = 4;
+  EngineConfig c = server_engine_config(test_model("olmoe"));
+  o.port = 0;
+  server::Server srv(c, o);
+  const int port = srv.start();
+  ASSERT_GT(srv.control_port(), 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 12; ++i) {  // connect and send half a request line, then nothing
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(send(fd, "GET /hea", 8, MSG_NOSIGNAL), 8);
+    idle.push_back(fd);
+  }
+  httplib::Client ctl("127.0.0.1", srv.control_port());
+  ctl.set_read_timeout(1, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = ctl.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  auto ab = ctl.Post("/abort", R"({"rid":"nothing"})", "application/json");
+  ASSERT_TRUE(ab);
+  EXPECT_EQ(ab->status, 200);
+  auto m = ctl.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("r3_requests_running"), std::string::npos);
+  EXPECT_FALSE(ctl.Get("/v1/models") && ctl.Get("/v1/models")->status == 200);  // control serves control only
+  // The main port gets its threads back once the slow clients time out.
+  httplib::Client main_cli("127.0.0.1", port);
+  main_cli.set_read_timeout(10, 0);
+  main_cli.set_connection_timeout(10, 0);
+  auto mh = main_cli.Get("/health");
+  ASSERT_TRUE(mh);
+  EXPECT_EQ(mh->status, 200);
+  for (int fd : idle) close(fd);
+  srv.stop();
+}
+
+// A step that runs longer than the stall limit turns /health to 503 while it runs.
+TEST(ServerBounds, HealthReportsAStalledEngineStep) {
+  server::ServerOptions o;
+  o.stall_seconds = 1e-9;  // every step in progress counts as stalled
+  o.control_port = 0;
+  Running s(server_engine_config(test_model("olmoe")), o);
+  std::atomic<bool> done{false};
+  std::thread gen([&] {
+    auto cli = s.client();
+    cli.Post("/generate", json{{"input_ids", prompt_of(8, 4)},
+                               {"sampling_params", {{"max_new_tokens", 600}, {"ignore_eos", true}}}}.dump(),
+             "application/json");
+    done = true;
+  });
+  httplib::Client ctl("127.0.0.1", s.srv->control_port());
+  bool stalled = false;
+  while (!done && !stalled) {
+    auto h = ctl.Get("/health");
+    stalled = h && h->status == 503 && h->body.find("stalled") != std::string::npos;
+  }
+  gen.join();
+  EXPECT_TRUE(stalled);
+  auto h = ctl.Get("/health");  // idle again: no step runs
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.
 TEST(ServerRefit, UpdateWeightsFromDisk) {
   const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);

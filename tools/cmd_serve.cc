@@ -27,6 +27,7 @@ int cmd_serve(int argc, char** argv) {
       .opt("api-key", "", "require \"Authorization: Bearer KEY\" (the R3_API_KEY variable also sets it)")
       .opt("max-body-bytes", std::to_string(16u << 20), "larger request bodies get 413")
       .opt("http-threads", "128", "HTTP connections served at once")
+      .opt("control-port", "-1", "also serve /health, /metrics and /abort on this port, with threads of their own (-1 = off, 0 = any free port)")
       .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
       .opt("shutdown-grace-seconds", "30", "on SIGTERM/SIGINT: requests in flight may finish for this long, then are aborted")
       .opt("health-stall-seconds", "120", "/health answers 503 while one engine step has run longer than this")
@@ -46,6 +47,8 @@ int cmd_serve(int argc, char** argv) {
   o.http_threads = int(a.integer("http-threads"));
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
   o.model_name = a.str("served-model-name");
+  o.control_port = int(a.integer("control-port"));
+  if (o.control_port < -1 || o.control_port > 65535) throw Error("--control-port must be -1 (off) or in [0, 65535]");
   o.log_requests = a.on("log-requests");
   const double grace = a.number("shutdown-grace-seconds");
   if (!(grace >= 0)) throw Error("--shutdown-grace-seconds must be >= 0");
@@ -64,6 +67,9 @@ int cmd_serve(int argc, char** argv) {
   const int port = srv.bind();
   std::fprintf(stderr, "r3 serve: %s on http://%s:%d%s\n", o.model_name.empty() ? cfg.model.c_str() : o.model_name.c_str(),
                o.host.c_str(), port, o.api_key.empty() ? "" : " (API key required)");
+  if (srv.control_port() >= 0)
+    std::fprintf(stderr, "r3 serve: control endpoints (/health, /metrics, /abort) on http://%s:%d\n", o.host.c_str(),
+                 srv.control_port());
   std::fflush(stderr);
   std::thread waiter([&] {
     int sig = 0;

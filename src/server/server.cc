@@ -137,10 +137,10 @@ struct Server::Impl {
   ServerOptions opts;
   EngineConfig engine_cfg;
   std::unique_ptr<EngineLoop> loop;
-  httplib::Server http;
-  std::thread bg;
-  int port = -1;
-  socket_t listen_fd = -1;
+  httplib::Server http, control;  // control: /health, /metrics, /abort (ServerOptions::control_port)
+  std::thread bg, control_bg;
+  int port = -1, control_port = -1;
+  socket_t listen_fd = -1, control_fd = -1;
   std::atomic<bool> stopped{false}, draining{false};
   std::mutex stop_mu;
   int64_t started = int64_t(std::time(nullptr));
@@ -365,24 +365,24 @@ struct Server::Impl {
     send_json(res, 200, {{"success", true}, {"aborted", loop->abort_rid(rid)}});
   }
 
-  void routes() {
+  // What both listeners share: socket options, body and time limits, error replies, counters.
+  void configure(httplib::Server& srv, int threads, socket_t* fd_out) {
     // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
     // server silently share the port. The fd is kept to raise the listen backlog after bind.
-    http.set_socket_options([this](socket_t sock) {
+    srv.set_socket_options([fd_out](socket_t sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
-      listen_fd = sock;
+      *fd_out = sock;
     });
-    http.set_payload_max_length(opts.max_body_bytes);
-    const int threads = std::max(1, opts.http_threads);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    http.set_keep_alive_max_count(1000);
+    srv.set_payload_max_length(opts.max_body_bytes);
+    srv.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    srv.set_keep_alive_max_count(1000);
     // Idle and slow connections give their thread back: keep-alive ends after 5 s idle, a read
     // (headers, body) waits at most read_timeout_seconds.
-    http.set_keep_alive_timeout(5);
-    http.set_read_timeout(opts.read_timeout_seconds, 0);
-    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
-                                                                      httplib::Response& res) {
+    srv.set_keep_alive_timeout(5);
+    srv.set_read_timeout(opts.read_timeout_seconds, 0);
+    srv.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
+                                                                     httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       std::string msg;
       if (res.status == 404) msg = "no such endpoint (or wrong method)";
@@ -392,10 +392,10 @@ struct Server::Impl {
       send_json(res, res.status, error_body(msg, status_type(res.status), "", res.status));
       return httplib::Server::HandlerResponse::Handled;
     }));
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
       send_json(res, 500, error_body("internal error", "server_error", "", 500));
     });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    srv.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       static const char* known[] = {"/v1/completions", "/generate", "/update_weights", "/update_weights_from_disk",
                                     "/abort", "/abort_request", "/health", "/v1/models", "/metrics"};
       std::string ep = "other";
@@ -408,38 +408,52 @@ struct Server::Impl {
       if (opts.log_requests)
         std::fprintf(stderr, "r3 serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
     });
+  }
 
+  void health(httplib::Response& res) {
+    if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+    if (const double t = loop->seconds_in_step(); t > opts.stall_seconds)
+      throw ApiError(503, "the engine loop is stalled: one step has run for " + std::to_string(int(t)) + " s",
+                     "server_error");
+    if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
+    send_json(res, 200, {{"status", "ok"}});
+  }
+
+  void metrics(httplib::Response& res) {
+    LoopStats st = loop->stats();
+    HttpCounters c;
+    {
+      std::lock_guard<std::mutex> lk(counters_mu);
+      c = counters;
+    }
+    res.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
+  }
+
+  void routes() {
     using R = const httplib::Request&;
     using W = httplib::Response&;
+    configure(http, std::max(1, opts.http_threads), &listen_fd);
     http.Post("/v1/completions", post([this](R q, W s) { completions(q, s); }));
     http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
     http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/abort", post([this](R q, W s) { abort(q, s); }));
     http.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
-    http.Get("/health", wrap(false, [this](R, W s) {
-      if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
-      if (const double t = loop->seconds_in_step(); t > opts.stall_seconds)
-        throw ApiError(503, "the engine loop is stalled: one step has run for " + std::to_string(int(t)) + " s",
-                       "server_error");
-      if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
-      send_json(s, 200, {{"status", "ok"}});
-    }));
+    http.Get("/health", wrap(false, [this](R, W s) { health(s); }));
     http.Get("/v1/models", wrap(true, [this](R, W s) {
       json m = {{"id", opts.model_name},         {"object", "model"},
                 {"created", started},            {"owned_by", "r3"},
                 {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
       send_json(s, 200, {{"object", "list"}, {"data", json::array({m})}});
     }));
-    http.Get("/metrics", wrap(true, [this](R, W s) {
-      LoopStats st = loop->stats();
-      HttpCounters c;
-      {
-        std::lock_guard<std::mutex> lk(counters_mu);
-        c = counters;
-      }
-      s.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
-    }));
+    http.Get("/metrics", wrap(true, [this](R, W s) { metrics(s); }));
+    // The control listener: its own threads, so /health and /abort answer even while clients
+    // hold every connection slot of the main port.
+    configure(control, 4, &control_fd);
+    control.Get("/health", wrap(false, [this](R, W s) { health(s); }));
+    control.Get("/metrics", wrap(true, [this](R, W s) { metrics(s); }));
+    control.Post("/abort", post([this](R q, W s) { abort(q, s); }));
+    control.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
   }
 };
 
@@ -454,6 +468,7 @@ Server::Server(EngineConfig engine, ServerOptions opts) : impl_(std::make_unique
 Server::~Server() {
   stop();
   if (impl_->bg.joinable()) impl_->bg.join();
+  if (impl_->control_bg.joinable()) impl_->control_bg.join();
 }
 
 int Server::bind() {
@@ -468,6 +483,14 @@ int Server::bind() {
   // httplib listens with a backlog of 5: a burst of connections would wait for SYN retries
   // (1 s). Listening again on the bound socket raises the backlog.
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
+  if (o.control_port >= 0) {
+    if (o.control_port == 0) impl_->control_port = impl_->control.bind_to_any_port(o.host);
+    else if (impl_->control.bind_to_port(o.host, o.control_port)) impl_->control_port = o.control_port;
+    if (impl_->control_port < 0)
+      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.control_port) + " (--control-port)");
+    impl_->control_bg = std::thread([this] { impl_->control.listen_after_bind(); });
+    while (!impl_->control.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return impl_->port;
 }
 
@@ -496,8 +519,10 @@ void Server::stop() {
   if (impl_->stopped.exchange(true)) return;
   impl_->loop->shutdown();  // waiting calls answer 503 now, so the HTTP threads can finish
   impl_->http.stop();
+  impl_->control.stop();
 }
 
 int Server::port() const { return impl_->port; }
+int Server::control_port() const { return impl_->control_port; }
 
 }  // namespace r3::server

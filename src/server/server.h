@@ -4,6 +4,7 @@
 //   POST /update_weights   refit from a checkpoint directory (also /update_weights_from_disk)
 //   POST /abort            abort by "rid" / "request_id" (also /abort_request)
 //   GET  /health, /v1/models, /metrics
+//   and, with ServerOptions::control_port, GET /health, /metrics and POST /abort on a second port
 // HTTP threads parse and validate, then hand requests to the EngineLoop thread, which alone
 // touches the engine. Every error is a 4xx/5xx JSON reply; the server keeps serving.
 #pragma once
@@ -19,6 +20,9 @@ namespace r3::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                     // 0 = any free port (see Server::port())
+  // A second listener for /health, /metrics and /abort with threads of its own, so they answer
+  // while slow or idle clients hold every slot of the main port. -1 = none, 0 = any free port.
+  int control_port = -1;
   std::string api_key;                 // non-empty: every endpoint but /health needs "Bearer KEY"
   size_t max_body_bytes = 16u << 20;   // larger bodies get 413
   int http_threads = 128;              // concurrent HTTP connections served
@@ -50,6 +54,7 @@ class Server {
   // how many were aborted.
   size_t shutdown(std::chrono::milliseconds grace);
   int port() const;
+  int control_port() const;  // -1 without a control listener
 
  private:
   struct Impl;
