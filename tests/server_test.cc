@@ -3,6 +3,7 @@
 // bit for bit with the same request run alone through an Engine (the solo run).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -761,6 +762,30 @@ TEST(ServerBounds, HealthReportsAStalledEngineStep) {
   auto h = ctl.Get("/health");  // idle again: no step runs
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
+}
+
+// A refit from a path that would block (a FIFO shard) is refused at once; generation goes on.
+TEST(ServerRefit, BlockingPathIsRefusedWithoutStallingGeneration) {
+  Running s(server_engine_config(test_model("olmoe")));
+  const std::string dir = (std::filesystem::temp_directory_path() / ("r3_fifo_refit_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(test_model("olmoe"), dir, std::filesystem::copy_options::recursive);
+  const std::string shard = dir + "/model.safetensors";
+  std::filesystem::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  auto cli = s.client();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = cli.Post("/update_weights", json{{"model_path", dir}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("not a regular file"), std::string::npos) << r->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  auto g = cli.Post("/generate", json{{"input_ids", prompt_of(5, 2)}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 200);
+  EXPECT_EQ(json::parse(g->body)["meta_info"]["weight_version"], 0);
+  std::filesystem::remove_all(dir);
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.

@@ -44,7 +44,7 @@ int cmd_align(int argc, char** argv) {
       .opt("top-k", "0", "engine top-k sampling (0 = off)")
       .flag("ignore-eos", true, "keep generating past eos, so every turn has --max-tokens tokens")
       .opt("filler", "minus_one", "filler row of each call's last token: minus_one | arange")
-      .opt("policy", "strict", "bad or missing routes: strict (drop the rollout) | lenient (-1 rows)")
+      .opt("policy", "strict", "bad or missing routes: strict (drop the rollout) | lenient (drop the call's routes: -1 rows)")
       .flag("repair-boundaries", true, "overwrite a turn's last filler row with the next call's real route")
       .opt("seed", "0", "seed of the random rollouts and of the sampling")
       .opt("trainer-threads", "0", "threads for the trainer forwards (0 = all cores)")

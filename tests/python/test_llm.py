@@ -130,6 +130,25 @@ def test_update_weights(model, make_model):
         llm.update_weights("/no/such/checkpoint")
 
 
+def test_refit_with_another_description_is_refused(model, tmp_path):
+    # Same tensors, rope_theta doubled: the refit names the key and the old weights keep serving.
+    import shutil
+    llm = r3.LLM(model=model, **ENGINE)
+    p = [{"prompt_token_ids": prompt(12, 9)}]
+    sp = r3.SamplingParams(max_tokens=6, seed=4, ignore_eos=True)
+    before = llm.generate(p, sp)[0].outputs[0]
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["rope_theta"] = cfg.get("rope_theta", 10000.0) * 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(r3.Error, match="rope_theta"):
+        llm.update_weights(str(other))
+    assert llm.weight_version == 0
+    after = llm.generate(p, sp)[0].outputs[0]
+    assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+
+
 def test_errors(model, llm):
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate(["some text"])
@@ -201,3 +220,33 @@ def test_bad_prompt_in_a_batch_leaves_the_llm_usable(llm):
         outs = llm.generate([good], r3.SamplingParams(max_tokens=4, seed=1, ignore_eos=True))
         assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 4
     assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+
+
+def test_sigterm_drains_requests_in_flight(model, r3_bin):
+    # `r3 serve` on SIGTERM: the request in flight finishes normally (not an error), new ones are
+    # refused, and the process exits 0.
+    proc, port = start_server(r3_bin, model)
+    result = {}
+
+    def call():
+        body = {"input_ids": prompt(10, 6), "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            result["reply"] = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        except Exception as e:  # noqa: BLE001 - recorded and asserted below
+            result["error"] = repr(e)
+
+    t = threading.Thread(target=call)
+    t.start()
+    for _ in range(500):  # wait until it runs
+        m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        if "\nr3_requests_running 1" in m:
+            break
+        time.sleep(0.005)
+    proc.terminate()
+    t.join(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    assert "reply" in result, result
+    assert result["reply"]["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(result["reply"]["output_ids"]) == 300
