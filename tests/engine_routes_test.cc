@@ -15,15 +15,6 @@
 namespace r3::testing {
 namespace {
 
-SamplingParams greedy(int max_tokens, bool routes = true) {
-  SamplingParams p;
-  p.max_tokens = max_tokens;
-  p.temperature = 0.f;
-  p.ignore_eos = true;
-  p.return_routed_experts = routes;
-  return p;
-}
-
 EngineConfig routes_config(const std::string& model) {
   EngineConfig c;
   c.model = model;

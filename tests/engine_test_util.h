@@ -53,6 +53,16 @@ inline Workload make_workload(uint64_t seed, int n, int vocab, double abort_frac
   return w;
 }
 
+// Greedy, ignoring EOS, routes asked for unless `routes` is false.
+inline SamplingParams greedy(int max_tokens, bool routes = true) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.temperature = 0.f;
+  p.ignore_eos = true;
+  p.return_routed_experts = routes;
+  return p;
+}
+
 inline EngineConfig solo_config(const std::string& model, const std::string& kv_cache_dtype = "auto") {
   EngineConfig c;
   c.model = model;

@@ -18,6 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using testing::greedy;
 using testing::test_model;
 
 std::string copy_model(const std::string& src, const std::string& name) {
@@ -34,15 +35,6 @@ void set_config_key(const std::string& dir, const std::string& key, const json& 
   json j = json::parse(in);
   j[key] = value;
   std::ofstream(cfg, std::ios::trunc) << j.dump();
-}
-
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.max_tokens = n;
-  p.temperature = 0.f;
-  p.ignore_eos = true;
-  p.return_routed_experts = true;
-  return p;
 }
 
 EngineConfig config_for(const std::string& model) {

@@ -642,49 +642,68 @@ TEST(ServerBounds, DeeplyNestedJsonIsRefused) {
   EXPECT_NE(r->body.find("nested deeper"), std::string::npos) << r->body.substr(0, 300);
 }
 
+// A /generate call of n new tokens on its own thread; reply() waits for its JSON reply.
+struct BackgroundGenerate {
+  json result;
+  std::thread t;
+  BackgroundGenerate(const Running& s, int n, int salt) {
+    t = std::thread([this, &s, n, salt] {
+      auto cli = s.client();
+      auto r = cli.Post("/generate", json{{"input_ids", prompt_of(8, salt)},
+                                          {"sampling_params", {{"max_new_tokens", n}, {"ignore_eos", true}}}}.dump(),
+                        "application/json");
+      if (r) result = json::parse(r->body, nullptr, false);
+    });
+  }
+  const json& reply() {
+    t.join();
+    return result;
+  }
+};
+
+void wait_until_running(const Running& s) {
+  auto cli = s.client();
+  for (int i = 0; i < 1000; ++i) {
+    auto m = cli.Get("/metrics");
+    if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "the request never started running";
+}
+
 // SIGTERM's path: requests in flight finish normally, new ones get 503, /health says 503, and
 // what outlives the grace period is aborted (its caller gets the abort reply, not an error).
 TEST(ServerBounds, GracefulShutdownDrainsInFlightRequests) {
-  Running s(server_engine_config(test_model("olmoe")));
-  json finished, cut;
-  std::thread a([&] {
-    auto cli = s.client();
-    auto r = cli.Post("/generate", json{{"input_ids", prompt_of(8, 1)},
-                                        {"sampling_params", {{"max_new_tokens", 40}, {"ignore_eos", true}}}}.dump(),
-                      "application/json");
-    if (r) finished = json::parse(r->body, nullptr, false);
-  });
-  auto cli = s.client();
-  for (int i = 0; i < 500; ++i) {  // wait until it runs
-    auto m = cli.Get("/metrics");
-    if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // The small preset decodes 2000 tokens in about a second: long enough to drain under test.
+  server::ServerOptions o;
+  o.control_port = 0;
+  Running s(server_engine_config(test_model("olmoe", "small")), o);
+  BackgroundGenerate a(s, 2000, 1);
+  wait_until_running(s);
   std::thread stopper([&] { s.srv->shutdown(std::chrono::seconds(60)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  a.join();
+  httplib::Client ctl("127.0.0.1", s.srv->control_port());
+  bool refused = false, unhealthy = false;
+  for (int i = 0; i < 2000 && !(refused && unhealthy); ++i) {
+    auto h = ctl.Get("/health");
+    unhealthy = unhealthy || (h && h->status == 503);
+    auto cli = s.client();
+    auto g = cli.Post("/generate", R"({"input_ids":[5,6],"sampling_params":{"max_new_tokens":1}})", "application/json");
+    refused = refused || (g && g->status == 503 && g->body.find("shutting down") != std::string::npos);
+  }
+  const json& finished = a.reply();
   stopper.join();
+  EXPECT_TRUE(refused) << "a new request was admitted while draining";
+  EXPECT_TRUE(unhealthy) << "/health said ok while draining";
   ASSERT_TRUE(finished.is_object()) << finished.dump();
   EXPECT_EQ(finished["meta_info"]["finish_reason"]["type"], "length") << finished.dump();
-  EXPECT_EQ(finished["output_ids"].size(), 40u);
+  EXPECT_EQ(finished["output_ids"].size(), 2000u);
 
   // Grace 0: a long request is aborted, its caller answered with finish reason abort.
-  Running s2(server_engine_config(test_model("olmoe")));
-  std::thread b([&] {
-    auto c2 = s2.client();
-    auto r = c2.Post("/generate", json{{"input_ids", prompt_of(8, 2)},
-                                       {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}}.dump(),
-                     "application/json");
-    if (r) cut = json::parse(r->body, nullptr, false);
-  });
-  auto c2 = s2.client();
-  for (int i = 0; i < 500; ++i) {
-    auto m = c2.Get("/metrics");
-    if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  Running s2(server_engine_config(test_model("olmoe", "small")));
+  BackgroundGenerate b(s2, 2000, 2);
+  wait_until_running(s2);
   EXPECT_EQ(s2.srv->shutdown(std::chrono::milliseconds(0)), 1u);
-  b.join();
+  const json& cut = b.reply();
   ASSERT_TRUE(cut.is_object()) << cut.dump();
   EXPECT_EQ(cut["meta_info"]["finish_reason"]["type"], "abort") << cut.dump();
 }
@@ -742,12 +761,12 @@ TEST(ServerBounds, HealthReportsAStalledEngineStep) {
   server::ServerOptions o;
   o.stall_seconds = 1e-9;  // every step in progress counts as stalled
   o.control_port = 0;
-  Running s(server_engine_config(test_model("olmoe")), o);
+  Running s(server_engine_config(test_model("olmoe", "small")), o);
   std::atomic<bool> done{false};
   std::thread gen([&] {
     auto cli = s.client();
     cli.Post("/generate", json{{"input_ids", prompt_of(8, 4)},
-                               {"sampling_params", {{"max_new_tokens", 600}, {"ignore_eos", true}}}}.dump(),
+                               {"sampling_params", {{"max_new_tokens", 1000}, {"ignore_eos", true}}}}.dump(),
              "application/json");
     done = true;
   });

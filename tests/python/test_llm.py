@@ -222,14 +222,17 @@ def test_bad_prompt_in_a_batch_leaves_the_llm_usable(llm):
     assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
 
 
-def test_sigterm_drains_requests_in_flight(model, r3_bin):
-    # `r3 serve` on SIGTERM: the request in flight finishes normally (not an error), new ones are
-    # refused, and the process exits 0.
-    proc, port = start_server(r3_bin, model)
+def test_sigterm_drains_requests_in_flight(r3_bin, tmp_path):
+    # `r3 serve` on SIGTERM: the request in flight finishes normally (not an error) and the
+    # process exits 0. The small preset decodes 2000 tokens in about a second.
+    small = str(tmp_path / "small")
+    subprocess.run([r3_bin, "make-model", "--arch", "olmoe", "--preset", "small", "--out", small], check=True,
+                   stdout=subprocess.DEVNULL)
+    proc, port = start_server(r3_bin, small)
     result = {}
 
     def call():
-        body = {"input_ids": prompt(10, 6), "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+        body = {"input_ids": prompt(10, 6), "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
         req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
@@ -244,9 +247,10 @@ def test_sigterm_drains_requests_in_flight(model, r3_bin):
         if "\nr3_requests_running 1" in m:
             break
         time.sleep(0.005)
+    assert "\nr3_requests_running 1" in m
     proc.terminate()
     t.join(timeout=60)
     assert proc.wait(timeout=60) == 0
     assert "reply" in result, result
     assert result["reply"]["meta_info"]["finish_reason"]["type"] == "length"
-    assert len(result["reply"]["output_ids"]) == 300
+    assert len(result["reply"]["output_ids"]) == 2000
