@@ -3,6 +3,7 @@
 // bit for bit with the same request run alone through an Engine (the solo run).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <fstream>
 #include <sys/stat.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -173,7 +174,7 @@ TEST_F(ServerTest, GenerateEqualsSoloRun) {
   expect_matches_solo(from_generate(r, prompt), s, false, p, "/generate");
   EXPECT_EQ(r["meta_info"]["prompt_tokens"], 70);
   EXPECT_EQ(r["meta_info"]["completion_tokens"], r["output_ids"].size());
-  EXPECT_EQ(r["meta_info"]["weight_version"], 0);
+  EXPECT_EQ(r["meta_info"]["weight_version"], "0");
   EXPECT_EQ(r["text"], "");
   const json& re = r["meta_info"]["routed_experts"];
   EXPECT_EQ(re["dtype"], "int16");
@@ -487,7 +488,7 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"stop": "x"}})", 400, "sampling_params.stop"},
       {"/generate", R"({"input_ids": [1, 2], "rid": {"a": 1}})", 400, "rid"},
       {"/update_weights", R"({})", 400, "model_path"},
-      {"/update_weights", R"({"model_path": "/no/such/dir"})", 400, "model_path"},
+      {"/update_weights", R"({"model_path": "/no/such/dir", "bogus": 1})", 400, "bogus"},
       {"/abort", R"({})", 400, "rid"},
       {"/no_such_endpoint", R"({})", 404, ""},
   };
@@ -801,14 +802,183 @@ TEST(ServerRefit, BlockingPathIsRefusedWithoutStallingGeneration) {
   auto r = cli.Post("/update_weights", json{{"model_path", dir}}.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["success"], false);
   EXPECT_NE(r->body.find("not a regular file"), std::string::npos) << r->body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   auto g = cli.Post("/generate", json{{"input_ids", prompt_of(5, 2)}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump(),
                     "application/json");
   ASSERT_TRUE(g);
   EXPECT_EQ(g->status, 200);
-  EXPECT_EQ(json::parse(g->body)["meta_info"]["weight_version"], 0);
+  EXPECT_EQ(json::parse(g->body)["meta_info"]["weight_version"], "0");
   std::filesystem::remove_all(dir);
+}
+
+// SGLang's control plane as slime drives it around a weight sync: health_generate until 200,
+// pause → flush_cache → update_weights_from_disk with a string version → continue →
+// get_weight_version; replies equal a solo run on the new weights.
+TEST(ServerControl, SlimeWeightSyncSequence) {
+  const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);
+  Running s(server_engine_config(m0));
+  auto cli = s.client();
+  auto h = cli.Get("/health_generate");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto info = cli.Get("/get_server_info");
+  ASSERT_TRUE(info);
+  json si = json::parse(info->body);
+  EXPECT_EQ(si["model_path"], m0);
+  EXPECT_EQ(si["max_running_requests"], 8);
+  EXPECT_EQ(si["internal_states"].size(), 1u);
+  EXPECT_EQ(json::parse(cli.Get("/server_info")->body)["model_path"], m0);
+  json mi = json::parse(cli.Get("/get_model_info")->body);
+  EXPECT_EQ(mi["model_path"], m0);
+  EXPECT_EQ(mi["is_generation"], true);
+  EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "0");
+
+  for (const char* mode : {"abort", "in_place", "retract"}) {
+    SCOPED_TRACE(mode);
+    auto p = cli.Post("/pause_generation", json{{"mode", mode}}.dump(), "application/json");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->status, 200) << p->body;
+    EXPECT_EQ(json::parse(p->body)["status"], "ok");
+    auto f = cli.Get("/flush_cache");
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->status, 200) << f->body;  // nothing runs: flushed
+    auto c = cli.Post("/continue_generation", "{}", "application/json");
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->status, 200);
+  }
+  auto bad = cli.Post("/pause_generation", R"({"mode":"sideways"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+
+  ASSERT_EQ(cli.Post("/pause_generation", "{}", "application/json")->status, 200);  // mode abort
+  ASSERT_EQ(cli.Post("/flush_cache", "", "text/plain")->status, 200);
+  auto u = cli.Post("/update_weights_from_disk", json{{"model_path", m1}, {"weight_version", "v7"}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(u);
+  ASSERT_EQ(u->status, 200) << u->body;
+  json uj = json::parse(u->body);
+  EXPECT_EQ(uj["success"], true);
+  EXPECT_EQ(uj["num_paused_requests"], 0);
+  EXPECT_NE(uj["message"].get<std::string>().find("v7"), std::string::npos);
+  ASSERT_EQ(cli.Post("/continue_generation", "{}", "application/json")->status, 200);
+  EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "v7");
+
+  json req = {{"input_ids", prompt_of(12, 5)},
+              {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.0}, {"ignore_eos", true}}},
+              {"return_routed_experts", true}};
+  auto g = cli.Post("/generate", req.dump(), "application/json");
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->status, 200);
+  json gj = json::parse(g->body);
+  EXPECT_EQ(gj["meta_info"]["weight_version"], "v7");
+  EngineConfig sc = testing::solo_config(m1);
+  Engine solo(sc);
+  SamplingParams p = testing::greedy(6);
+  const RequestOutput want = solo.generate({prompt_of(12, 5)}, {p})[0];
+  EXPECT_EQ(gj["output_ids"].get<std::vector<int>>(), want.token_ids);
+  // A failed refit keeps the old weights and label: 400 {"success": false}.
+  auto f = cli.Post("/update_weights_from_disk", json{{"model_path", "/no/such"}, {"weight_version", "v8"}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->status, 400);
+  EXPECT_EQ(json::parse(f->body)["success"], false);
+  EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "v7");
+  auto v = cli.Post("/update_weight_version", R"({"new_version":"v9"})", "application/json");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(json::parse(v->body)["new_version"], "v9");
+  EXPECT_EQ(json::parse(cli.Get("/weight_version")->body)["weight_version"], "v9");
+  json loads = json::parse(cli.Get("/v1/loads")->body);
+  EXPECT_EQ(loads["loads"][0]["num_running_reqs"], 0);
+  EXPECT_EQ(loads["loads"][0]["num_waiting_reqs"], 0);
+}
+
+// Pause modes with a request in flight: in_place keeps it (flush refused while it waits), and
+// after continue it ends as its solo run; retract frees its KV and it still ends as its solo run;
+// abort ends it with finish reason abort.
+TEST(ServerControl, PauseModesWithARequestInFlight) {
+  const std::string model = test_model("olmoe", "small");
+  EngineConfig sc = testing::solo_config(model);
+  sc.num_kv_blocks = 128;
+  Engine solo(sc);
+  const RequestOutput want = solo.generate({prompt_of(8, 3)}, {testing::greedy(1500, false)})[0];
+  for (const char* mode : {"in_place", "retract", "abort"}) {
+    SCOPED_TRACE(mode);
+    Running s(server_engine_config(model));
+    json reply;
+    std::thread t([&] {
+      auto c = s.client();
+      auto r = c.Post("/generate", json{{"input_ids", prompt_of(8, 3)},
+                                        {"sampling_params", {{"max_new_tokens", 1500}, {"temperature", 0.0},
+                                                             {"ignore_eos", true}}}}.dump(),
+                      "application/json");
+      if (r) reply = json::parse(r->body, nullptr, false);
+    });
+    auto cli = s.client();
+    for (int i = 0; i < 1000; ++i) {
+      auto m = cli.Get("/metrics");
+      if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(cli.Post("/pause_generation", json{{"mode", mode}}.dump(), "application/json")->status, 200);
+    json l = json::parse(cli.Get("/v1/loads")->body)["loads"][0];
+    auto f = cli.Get("/flush_cache");
+    ASSERT_TRUE(f);
+    if (std::string(mode) == "abort") {
+      EXPECT_EQ(l["num_running_reqs"].get<int>() + l["num_waiting_reqs"].get<int>(), 0);
+      EXPECT_EQ(f->status, 200);
+    } else {
+      EXPECT_EQ(f->status, 400) << f->body;  // the request still holds or awaits its KV
+      if (std::string(mode) == "retract") EXPECT_EQ(l["num_waiting_reqs"], 1);
+      else EXPECT_EQ(l["num_running_reqs"], 1);
+    }
+    // Paused: health_generate cannot get a token (its request waits), so it answers 503 fast here.
+    ASSERT_EQ(cli.Post("/continue_generation", "{}", "application/json")->status, 200);
+    t.join();
+    ASSERT_TRUE(reply.is_object()) << reply.dump();
+    if (std::string(mode) == "abort") {
+      EXPECT_EQ(reply["meta_info"]["finish_reason"]["type"], "abort");
+    } else {
+      EXPECT_EQ(reply["meta_info"]["finish_reason"]["type"], "length");
+      EXPECT_EQ(reply["output_ids"].get<std::vector<int>>(), want.token_ids);
+    }
+  }
+}
+
+// release_memory_occupation gives the KV cache and the packed weights back to the OS (RSS drops),
+// refuses while requests run, and resume rebuilds them: replies equal those before.
+TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
+  auto rss = [] {
+    std::ifstream f("/proc/self/statm");
+    long pages = 0, resident = 0;
+    f >> pages >> resident;
+    return resident * sysconf(_SC_PAGESIZE);
+  };
+  EngineConfig c = server_engine_config(test_model("olmoe", "small"));
+  c.num_kv_blocks = 4096;  // a KV cache large enough to see
+  Running s(c);
+  auto cli = s.client();
+  json req = {{"input_ids", prompt_of(10, 8)},
+              {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}}};
+  const json before = json::parse(cli.Post("/generate", req.dump(), "application/json")->body);
+  const long rss0 = rss();
+  auto r = cli.Post("/release_memory_occupation", "{}", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const long rss1 = rss();
+  std::printf("[ release_memory_occupation ] RSS %.1f MB -> %.1f MB\n", rss0 / 1e6, rss1 / 1e6);
+  EXPECT_LT(rss1, rss0 - (16l << 20)) << "RSS did not drop";
+  json info = json::parse(cli.Get("/get_server_info")->body);
+  EXPECT_EQ(info["internal_states"][0]["memory_released"], true);
+  auto bad = cli.Post("/resume_memory_occupation", R"({"tags":["gpu_magic"]})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  ASSERT_EQ(cli.Post("/resume_memory_occupation", R"({"tags":["kv_cache","weights"]})", "application/json")->status,
+            200);
+  const json after = json::parse(cli.Post("/generate", req.dump(), "application/json")->body);
+  EXPECT_EQ(after["output_ids"], before["output_ids"]);
+  EXPECT_EQ(after["meta_info"]["output_token_logprobs"], before["meta_info"]["output_token_logprobs"]);
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.
@@ -827,14 +997,14 @@ TEST(ServerRefit, UpdateWeightsFromDisk) {
   auto u = cli.Post("/update_weights", json{{"model_path", m1}, {"flush_cache", true}}.dump(), "application/json");
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 200) << u->body;
-  EXPECT_EQ(json::parse(u->body)["weight_version"], 1);
+  EXPECT_EQ(json::parse(u->body)["weight_version"], "1");  // the counter, without a label
   EXPECT_EQ(json::parse(u->body)["success"], true);
 
   auto r1 = cli.Post("/generate", req.dump(), "application/json");
   ASSERT_TRUE(r1);
   ASSERT_EQ(r1->status, 200);
   json j1 = json::parse(r1->body);
-  EXPECT_EQ(j1["meta_info"]["weight_version"], 1);
+  EXPECT_EQ(j1["meta_info"]["weight_version"], "1");
   SamplingParams p;
   p.max_tokens = 8;
   p.seed = 3;

@@ -361,6 +361,36 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   }
 }
 
+bool Engine::reset_prefix_cache() {
+  if (has_unfinished()) return false;
+  drain();
+  kv_->flush();
+  if (routes_) routes_->invalidate_all();
+  return true;
+}
+
+int Engine::retract_all() {
+  drain();
+  return scheduler_->retract_all();
+}
+
+void Engine::release_memory(bool kv_cache, bool weights) {
+  if (has_unfinished())
+    throw Error("release_memory_occupation: requests are running or waiting (pause with mode abort, or wait)");
+  drain();
+  if (kv_cache) {
+    runner_->release_kv_cache();
+    kv_->flush();  // the cached blocks' contents are gone
+    if (routes_) routes_->invalidate_all();
+  }
+  if (weights) runner_->release_packed_weights();
+}
+
+void Engine::resume_memory(bool kv_cache, bool weights) {
+  if (kv_cache) runner_->restore_kv_cache();
+  if (weights) runner_->restore_packed_weights();
+}
+
 void Engine::rebalance_eplb() {
   if (cfg_.eplb_redundant_experts <= 0) throw Error("rebalance_eplb: the engine was started without EPLB");
   drain();

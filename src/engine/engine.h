@@ -108,6 +108,17 @@ class Engine {
   // statistics (the most loaded experts get the replicas). Between steps; routes and outputs
   // do not change.
   void rebalance_eplb();
+  // Drops the prefix cache (and its routes). Refused (false) while any request is unfinished,
+  // as SGLang's flush_cache is: their KV would still be in use.
+  bool reset_prefix_cache();
+  // Preempts every running request: their KV is freed and recomputed when they run again
+  // (outputs and routes stay bit-identical by batch invariance). Returns how many.
+  int retract_all();
+  // Gives the KV cache and/or the packed weights back to the operating system (the engine must
+  // be idle: r3::Error otherwise) and rebuilds them; no step may run in between (step() throws).
+  void release_memory(bool kv_cache, bool weights);
+  void resume_memory(bool kv_cache, bool weights);
+  bool memory_released() const { return runner_->memory_released(); }
 
   EngineStats stats() const;
 

@@ -34,9 +34,8 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   if (kv_dtype != DType::BF16 && kv_dtype != DType::F32) throw Error("the KV cache holds bf16 or fp32");
   kv_dtype_ = kv_dtype;
   kv_layer_elems_ = size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;  // + the padding scratch block
-  const size_t kv_bytes = size_t(c.num_layers) * kv_layer_elems_ * dtype_size(kv_dtype);
-  k_cache_.assign(kv_bytes, std::byte{0});
-  v_cache_.assign(kv_bytes, std::byte{0});
+  kv_bytes_ = size_t(c.num_layers) * kv_layer_elems_ * dtype_size(kv_dtype);
+  restore_kv_cache();
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
   const size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
@@ -75,7 +74,26 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
   pack_weights();
 }
 
+void ModelRunner::release_kv_cache() {
+  // swap with empty vectors: clear() would keep the capacity (and the pages).
+  decltype(k_cache_)().swap(k_cache_);
+  decltype(v_cache_)().swap(v_cache_);
+}
+
+void ModelRunner::restore_kv_cache() {
+  if (!k_cache_.empty()) return;  // never released: its contents stay
+  k_cache_.assign(kv_bytes_, std::byte{0});
+  v_cache_.assign(kv_bytes_, std::byte{0});
+}
+
+void ModelRunner::release_packed_weights() {
+  std::vector<kernels::PackedBf16>().swap(packed_);
+  weights_ = ModelWeights();
+  packed_released_ = true;
+}
+
 void ModelRunner::pack_weights() {
+  packed_released_ = false;
   weights_ = ckpt_->weights();
   std::vector<TensorView*> mats = {&weights_.lm_head};
   for (LayerWeights& L : weights_.layers) {
@@ -336,6 +354,7 @@ void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) 
 }
 
 void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
+  if (memory_released()) throw Error("the engine's memory is released: resume it before generating");
   const ModelConfig& c = config();
   const ModelWeights& W = weights_;
   const int T = int(plan.tokens.size());

@@ -31,6 +31,16 @@ class ModelRunner {
   // without route capture).
   void forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result);
   void set_weights(std::shared_ptr<Checkpoint> ckpt);
+  // Memory given back to the operating system while the engine is idle (RL trainer and engine
+  // on one machine): the KV cache, and the packed weights (rebuilt from the checkpoint). No
+  // forward may run until the matching restore.
+  void release_kv_cache();
+  void restore_kv_cache();
+  void release_packed_weights();
+  void restore_packed_weights() {
+    if (packed_released_) pack_weights();
+  }
+  bool memory_released() const { return k_cache_.empty() || packed_released_; }
   void set_eplb(EplbMap map) { eplb_ = std::move(map); }
   const EplbMap& eplb() const { return eplb_; }
   // Tokens routed to each logical expert, per MoE layer (a by-product of the forward).
@@ -56,6 +66,8 @@ class ModelRunner {
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (packed bf16)
   std::vector<kernels::PackedBf16> packed_;   // storage behind TensorView::packed
+  bool packed_released_ = false;
+  size_t kv_bytes_ = 0;                          // of each of k_cache_ and v_cache_
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;

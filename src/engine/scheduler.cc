@@ -29,6 +29,14 @@ bool Scheduler::done_scheduling(const Request& r) {
   return int(r.output.size()) + r.pending >= r.params.max_tokens;
 }
 
+int Scheduler::retract_all() {
+  // Latest arrival first: each goes to the front of the waiting queue, so the earliest ends first.
+  std::vector<Request*> running = running_;
+  std::sort(running.begin(), running.end(), [](Request* a, Request* b) { return a->arrival > b->arrival; });
+  for (Request* r : running) preempt(r);
+  return int(running.size());
+}
+
 void Scheduler::preempt(Request* r) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   release_blocks(r);

@@ -35,6 +35,9 @@ class Scheduler {
   void add(Request* r);
   // Drops a request from the queues and releases its blocks.
   void remove(Request* r);
+  // Preempts every running request (KV released, recomputed when scheduled again, earliest
+  // arrival first); returns how many.
+  int retract_all();
   // Plans the next step into `plan` (cleared first; its capacity is reused); no tokens when
   // there is nothing to run.
   void schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version);

@@ -11,6 +11,7 @@ namespace r3::server {
 
 EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
   engine_ = std::make_unique<Engine>(cfg_);
+  weight_label_ = "0";
   model_ = engine_->model_config();
   thread_ = std::thread([this] { run(); });
 }
@@ -89,16 +90,69 @@ void EngineLoop::abort(const std::vector<uint64_t>& ids) {
   }
 }
 
-uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache) {
+uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label,
+                                    bool abort_all) {
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
   // Read and validate the checkpoint on the calling (HTTP) thread: generation goes on meanwhile,
   // and a slow or bad path never stalls the engine loop.
   std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
-  return call([&]() -> uint64_t {
+  const uint64_t v = call([&]() -> uint64_t {
+    if (abort_all)
+      for (auto& [id, t] : targets_) engine_->abort(id);
     engine_->update_weights(ckpt, flush_cache);
     kick_ = true;
     weight_version_ = engine_->weight_version();
     return engine_->weight_version();
+  });
+  set_weight_label(label ? *label : std::to_string(v));
+  return v;
+}
+
+std::string EngineLoop::weight_label() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return weight_label_;
+}
+
+void EngineLoop::set_weight_label(const std::string& label) {
+  std::lock_guard<std::mutex> lk(mu_);
+  weight_label_ = label;
+}
+
+void EngineLoop::pause_generation(const std::string& mode) {
+  if (mode != "abort" && mode != "in_place" && mode != "retract")
+    throw ApiError(400, "\"mode\" must be \"abort\", \"in_place\" or \"retract\", got \"" + mode + "\"",
+                   "invalid_request_error", "mode");
+  call([&] {
+    paused_ = true;
+    if (mode == "retract") engine_->retract_all();
+    if (mode == "abort") {
+      for (auto& [id, t] : targets_) engine_->abort(id);
+      // Deliver the aborts now: the loop does not step while paused. Aborted requests finish
+      // at the start of the next step (with overlap, after the one in flight).
+      for (int i = 0; i < 4 && engine_->has_unfinished(); ++i) step_once();
+    }
+  });
+}
+
+void EngineLoop::continue_generation() {
+  call([&] { paused_ = false; });
+}
+
+bool EngineLoop::flush_cache() {
+  return call([&] { return engine_->reset_prefix_cache(); });
+}
+
+void EngineLoop::release_memory(bool kv_cache, bool weights) {
+  call([&] {
+    engine_->release_memory(kv_cache, weights);
+    released_ = engine_->memory_released();
+  });
+}
+
+void EngineLoop::resume_memory(bool kv_cache, bool weights) {
+  call([&] {
+    engine_->resume_memory(kv_cache, weights);
+    released_ = engine_->memory_released();
   });
 }
 
@@ -194,7 +248,7 @@ void EngineLoop::run() {
     }
     for (auto& c : cmds) c();  // exceptions stay inside each packaged task
     try {
-      if (failure().empty() && (engine_->has_unfinished() || kick_)) {
+      if (failure().empty() && !paused_ && !released_ && (engine_->has_unfinished() || kick_)) {
         kick_ = false;
         step_once();
       }
@@ -205,7 +259,7 @@ void EngineLoop::run() {
       }
       fail_all(std::string("the engine failed: ") + e.what());
     }
-    busy = failure().empty() && (engine_->has_unfinished() || kick_);
+    busy = failure().empty() && !paused_ && !released_ && (engine_->has_unfinished() || kick_);
   }
   // Shutdown: answer every pending command and call.
   std::deque<std::function<void()>> cmds;

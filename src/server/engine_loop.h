@@ -10,6 +10,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "core/error.h"
+#include "server/api_error.h"
 #include "server/channel.h"
 
 namespace r3::server {
@@ -80,8 +83,28 @@ class EngineLoop {
   size_t abort_rid(const std::string& rid);
   size_t abort_all();
   void abort(const std::vector<uint64_t>& ids);
-  // Refit from a checkpoint directory; returns the new weight version (throws r3::Error).
-  uint64_t update_weights(const std::string& dir, bool flush_cache);
+  // Refit from a checkpoint directory (read here, on the caller's thread); `label` becomes the
+  // weight version label (default: the refit counter in decimal). With abort_all, requests in
+  // flight are aborted first. Returns the new counter (throws r3::Error).
+  uint64_t update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label = {},
+                          bool abort_all = false);
+  // The weight version label SGLang clients compare (a string); set by refits.
+  std::string weight_label() const;
+  void set_weight_label(const std::string& label);
+
+  // SGLang's control plane. pause: "abort" ends every request (finish reason abort), "in_place"
+  // keeps them (and their KV) waiting, "retract" frees their KV (recomputed on continue); in
+  // every mode no step runs (new requests queue) until continue_generation().
+  void pause_generation(const std::string& mode);
+  void continue_generation();
+  bool paused() const { return paused_.load(); }
+  // Drops the prefix cache; false (nothing done) while requests are running or waiting.
+  bool flush_cache();
+  // Gives memory back to the OS (engine idle, else r3::Error) and rebuilds it; no step runs
+  // while anything is released.
+  void release_memory(bool kv_cache, bool weights);
+  void resume_memory(bool kv_cache, bool weights);
+  bool memory_released() const { return released_.load(); }
   LoopStats stats();
   // Empty while the engine is healthy; the error that stopped it otherwise.
   std::string failure() const;
@@ -107,7 +130,20 @@ class EngineLoop {
     auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
     auto fut = task->get_future();
     post([task] { (*task)(); });
-    return fut.get();
+    // An exception is rethrown as a deep copy owned by this thread: the original (and its
+    // message, which runtime_error's copies share) lives in the shared state, which the loop
+    // thread may free last, through reference counts ThreadSanitizer cannot see in libstdc++.
+    try {
+      return fut.get();
+    } catch (const SubmitError& e) {
+      throw SubmitError(e.index, std::string(e.what()));
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), std::string(e.what()), std::string(e.type()), std::string(e.param()));
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(e.what()));
+    }
   }
   void post(std::function<void()> cmd);
   void run();
@@ -130,6 +166,9 @@ class EngineLoop {
   std::deque<std::function<void()>> commands_;
   bool stop_ = false;
   bool draining_ = false;  // refuse new submissions (graceful stop under way)
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> released_{false};  // memory given back: no step may run
+  std::string weight_label_;  // under mu_
   std::string failure_;
   std::atomic<int64_t> step_started_ns_{0};  // steady clock at the start of the running step, 0 = none
   std::atomic<uint64_t> weight_version_{0};

@@ -98,7 +98,7 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
 }
 
 json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
-                    uint64_t current_weight_version) {
+                    const std::string& weight_version) {
   json fr;
   if (o.finish_reason == "stop") {
     fr = {{"type", "stop"}, {"matched", o.token_ids.empty() ? json(nullptr) : json(o.token_ids.back())}};
@@ -112,7 +112,7 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
                {"prompt_tokens", o.prompt_token_ids.size()},
                {"completion_tokens", o.token_ids.size()},
                {"cached_tokens", o.num_cached_tokens},
-               {"weight_version", o.weight_versions.empty() ? current_weight_version : o.weight_versions.back()},
+               {"weight_version", weight_version},
                {"weight_versions", o.weight_versions}};
   if (req.return_logprob) {
     json lps = json::array();

@@ -3,7 +3,7 @@
 // a batch) has "output_ids", "text" ("" : no tokenizer) and "meta_info" with "finish_reason"
 // ({"type": "stop"|"length"|"abort", ...}), "prompt_tokens", "completion_tokens",
 // "cached_tokens", "output_token_logprobs" ([[logprob, token_id, null], ...]), "routed_experts"
-// (DESIGN.md transport), "weight_version" (of the last generated token) and "weight_versions".
+// (DESIGN.md transport), "weight_version" (the label, a string) and "weight_versions" (the refit counter of each token).
 #pragma once
 #include <functional>
 #include <optional>
@@ -26,7 +26,8 @@ struct GenerateRequest {
 // seeds() gives a seed for a request without "sampling_params.seed" / "sampling_seed".
 GenerateRequest parse_generate_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds);
 
+// weight_version: the server's current weight version label (SGLang's string).
 nlohmann::json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
-                              uint64_t current_weight_version);
+                              const std::string& weight_version);
 
 }  // namespace r3::server

@@ -320,7 +320,7 @@ struct Server::Impl {
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
     submit(std::move(g.jobs), ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
     std::vector<RequestOutput> outs = wait_all(*ch);
-    const uint64_t v = loop->weight_version();
+    const std::string v = loop->weight_label();
     if (!g.batch) {
       send_json(res, 200, generate_reply(outs[0], rid, g, v));
       return;
@@ -330,21 +330,206 @@ struct Server::Impl {
     send_json(res, 200, arr);
   }
 
+  // SGLang's update_weights_from_disk: 200 {"success": true, ...} or 400 {"success": false,
+  // "message"}; the old weights keep serving after a failure.
   void update_weights(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
+    refuse_unknown_fields(body, {"model_path", "load_format", "flush_cache", "weight_version", "abort_all_requests",
+                                 "torch_empty_cache", "keep_pause", "is_async", "recapture_cuda_graph", "token_step"});
     auto path = opt_string(body, "model_path", "model_path");
     if (!path || path->empty()) throw bad_request("missing \"model_path\" (a checkpoint directory)", "model_path");
+    if (auto f = opt_string(body, "load_format", "load_format"); f && *f != "auto" && *f != "safetensors")
+      throw bad_request("\"load_format\" \"" + *f + "\" is not supported (r3 reads safetensors)", "load_format");
+    if (opt_bool(body, "is_async", "is_async").value_or(false))
+      throw bad_request("\"is_async\" is not supported: r3 loads the checkpoint before it replies", "is_async");
     const bool flush = opt_bool(body, "flush_cache", "flush_cache").value_or(true);
-    uint64_t v = 0;
-    try {
-      v = loop->update_weights(*path, flush);
-    } catch (const Error& e) {
-      throw bad_request(e.what(), "model_path");
+    const bool abort_all = opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false);
+    std::optional<std::string> label;
+    if (body.contains("weight_version") && !body["weight_version"].is_null()) {
+      const json& w = body["weight_version"];
+      if (!w.is_string() && !w.is_number_integer()) throw bad_request("\"weight_version\" must be a string", "weight_version");
+      label = w.is_string() ? w.get<std::string>() : w.dump();
     }
+    try {
+      loop->update_weights(*path, flush, label, abort_all);
+    } catch (const Error& e) {
+      send_json(res, 400, {{"success", false}, {"message", e.what()}, {"num_paused_requests", 0}});
+      return;
+    }
+    const std::string v = loop->weight_label();
     send_json(res, 200,
               {{"success", true},
-               {"message", "weights loaded from " + *path + (flush ? " (prefix cache flushed)" : "")},
+               {"message", "Succeeded to update model weights from " + *path + (flush ? " (prefix cache flushed)." : ".") +
+                               " Weight version updated to " + v + "."},
+               {"num_paused_requests", 0},
                {"weight_version", v}});
+  }
+
+  // Fields outside `known` are refused by name (a client's option must not be silently ignored).
+  static void refuse_unknown_fields(const json& body, std::initializer_list<const char*> known) {
+    for (auto& [k, v] : body.items()) {
+      bool ok = false;
+      for (const char* n : known) ok = ok || k == n;
+      if (!ok) throw bad_request("unknown field \"" + k + "\"", k);
+    }
+  }
+
+  void pause_generation(const httplib::Request& hreq, httplib::Response& res) {
+    json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
+    refuse_unknown_fields(body, {"mode"});
+    loop->pause_generation(opt_string(body, "mode", "mode").value_or("abort"));
+    send_json(res, 200, {{"message", "Generation paused successfully."}, {"status", "ok"}});
+  }
+
+  void continue_generation(const httplib::Request& hreq, httplib::Response& res) {
+    json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
+    refuse_unknown_fields(body, {"torch_empty_cache"});  // a GPU allocator call: nothing to do on a CPU
+    loop->continue_generation();
+    send_json(res, 200, {{"message", "Generation continued successfully."}, {"status", "ok"}});
+  }
+
+  // Plain text, as SGLang answers: 200 when flushed, 400 while requests run or wait.
+  void flush_cache(httplib::Response& res) {
+    const bool ok = loop->flush_cache();
+    res.status = ok ? 200 : 400;
+    res.set_content(ok ? "Cache flushed.\n"
+                       : "Cache not flushed: requests are running or waiting (flush_cache needs an idle engine).\n",
+                    "text/plain");
+  }
+
+  // A real one-token generation through the engine loop, answered within a time limit.
+  void health_generate(httplib::Response& res) {
+    if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+    if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
+    Job j;
+    j.prompt = {0};
+    j.params.max_tokens = 1;
+    j.params.temperature = 0.f;
+    j.params.ignore_eos = true;
+    auto ch = std::make_shared<Channel>(1, false);
+    const std::string rid = fresh_id("HEALTH_CHECK");
+    std::vector<Job> jobs;
+    jobs.push_back(std::move(j));
+    const std::vector<uint64_t> ids = loop->submit(std::move(jobs), ch, rid);
+    const auto deadline = Clock::now() + std::chrono::duration<double>(opts.health_generate_timeout_seconds);
+    std::vector<std::optional<RequestOutput>> outs;
+    uint64_t seen = 0;
+    while (Clock::now() < deadline) {
+      if (std::string f = ch->failure(); !f.empty()) throw ApiError(503, f, "server_error");
+      if (ch->take(seen, std::chrono::milliseconds(100), outs) && outs[0] && outs[0]->finished) {
+        res.status = 200;
+        return;
+      }
+    }
+    loop->abort(ids);
+    throw ApiError(503, "health_generate: no token within " + std::to_string(int(opts.health_generate_timeout_seconds)) +
+                            " s (engine paused, stalled or overloaded)", "server_error");
+  }
+
+  json server_info() {
+    const EngineConfig& c = engine_cfg;
+    const LoopStats st = loop->stats();
+    const ModelConfig& m = loop->model_config();
+    json args = {{"model_path", c.model},
+                 {"served_model_name", opts.model_name},
+                 {"host", opts.host},
+                 {"port", port},
+                 {"tp_size", 1},
+                 {"dp_size", 1},
+                 {"max_running_requests", c.max_num_seqs},
+                 {"chunked_prefill_size", c.max_num_batched_tokens},
+                 {"page_size", st.engine.block_size},
+                 {"disable_radix_cache", !c.enable_prefix_caching},
+                 {"kv_cache_dtype", st.engine.kv_cache_dtype},
+                 {"enable_return_routed_experts", c.enable_return_routed_experts},
+                 {"enable_overlap_schedule", c.overlap_scheduler},
+                 {"ep_num_redundant_experts", c.eplb_redundant_experts},
+                 {"context_length", m.max_position_embeddings},
+                 {"weight_version", loop->weight_label()}};
+    json out = args;
+    out["status"] = "ready";
+    out["max_total_num_tokens"] = int64_t(st.engine.num_blocks) * st.engine.block_size;
+    out["max_req_input_len"] = m.max_position_embeddings - 1;
+    json state = args;
+    state["paused"] = loop->paused();
+    state["memory_released"] = loop->memory_released();
+    state["num_running_reqs"] = st.engine.running;
+    state["num_waiting_reqs"] = st.engine.waiting;
+    state["weight_version_counter"] = st.engine.weight_version;
+    out["internal_states"] = json::array({state});
+    out["version"] = "r3";
+    return out;
+  }
+
+  json model_info() {
+    const ModelConfig& m = loop->model_config();
+    return {{"model_path", engine_cfg.model},
+            {"tokenizer_path", nullptr},
+            {"is_generation", true},
+            {"preferred_sampling_params", nullptr},
+            {"weight_version", loop->weight_label()},
+            {"has_image_understanding", false},
+            {"has_audio_understanding", false},
+            {"model_type", arch_short_name(m.arch)},
+            {"architectures", json::array({m.architecture})}};
+  }
+
+  // SGLang's /v1/loads: one data-parallel rank.
+  json loads() {
+    const LoopStats st = loop->stats();
+    const EngineStats& e = st.engine;
+    const int64_t total = int64_t(e.num_blocks) * e.block_size;
+    const int64_t used = int64_t(e.num_blocks - e.free_blocks) * e.block_size;
+    const double usage = total ? double(used) / double(total) : 0.0;
+    const double hit = e.prefix_queried_tokens ? double(e.prefix_hit_tokens) / double(e.prefix_queried_tokens) : 0.0;
+    json load = {{"dp_rank", 0},
+                 {"num_running_reqs", e.running},
+                 {"num_waiting_reqs", e.waiting},
+                 {"num_total_reqs", e.running + e.waiting},
+                 {"num_used_tokens", used},
+                 {"num_total_tokens", total},
+                 {"max_total_num_tokens", total},
+                 {"max_running_requests", engine_cfg.max_num_seqs},
+                 {"token_usage", usage},
+                 {"cache_hit_rate", hit},
+                 {"utilization", double(e.running) / double(std::max(1, engine_cfg.max_num_seqs))}};
+    char ts[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    return {{"timestamp", ts},
+            {"version", "r3"},
+            {"dp_rank_count", 1},
+            {"loads", json::array({load})},
+            {"aggregate",
+             {{"total_running_reqs", e.running},
+              {"total_waiting_reqs", e.waiting},
+              {"total_reqs", e.running + e.waiting},
+              {"total_used_tokens", used},
+              {"total_tokens", total},
+              {"avg_token_usage", usage}}}};
+  }
+
+  // tags: "kv_cache", "weights" (SGLang's "cuda_graph" has nothing to free on a CPU); none = all.
+  void memory_occupation(const httplib::Request& hreq, httplib::Response& res, bool release) {
+    json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
+    refuse_unknown_fields(body, {"tags"});
+    bool kv = true, weights = true;
+    if (body.contains("tags") && !body["tags"].is_null()) {
+      if (!body["tags"].is_array()) throw bad_request("\"tags\" must be a list", "tags");
+      if (!body["tags"].empty()) kv = weights = false;
+      for (auto& t : body["tags"]) {
+        const std::string tag = t.is_string() ? t.get<std::string>() : t.dump();
+        if (tag == "kv_cache") kv = true;
+        else if (tag == "weights") weights = true;
+        else if (tag != "cuda_graph")
+          throw bad_request("unknown tag \"" + tag + "\" (kv_cache, weights, cuda_graph)", "tags");
+      }
+    }
+    if (release) loop->release_memory(kv, weights);
+    else loop->resume_memory(kv, weights);
+    send_json(res, 200, {{"success", true},
+                         {"message", std::string(release ? "released" : "resumed") + (kv ? " kv_cache" : "") +
+                                         (weights ? " weights" : "")}});
   }
 
   void abort(const httplib::Request& hreq, httplib::Response& res) {
@@ -436,6 +621,31 @@ struct Server::Impl {
     http.Post("/v1/completions", post([this](R q, W s) { completions(q, s); }));
     http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
     http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
+    http.Post("/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
+    http.Post("/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
+    http.Get("/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
+    http.Post("/flush_cache", post([this](R, W s) { flush_cache(s); }));
+    http.Get("/health_generate", wrap(false, [this](R, W s) { health_generate(s); }));
+    for (const char* p : {"/get_server_info", "/server_info"})
+      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, server_info()); }));
+    for (const char* p : {"/get_model_info", "/model_info"})
+      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, model_info()); }));
+    for (const char* p : {"/get_weight_version", "/weight_version"})
+      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }));
+    http.Post("/update_weight_version", post([this](R q, W s) {
+      json body = parse_body(q.body);
+      refuse_unknown_fields(body, {"new_version", "abort_all_requests"});
+      auto v = opt_string(body, "new_version", "new_version");
+      if (!v) throw bad_request("missing \"new_version\"", "new_version");
+      if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false)) loop->abort_all();
+      loop->set_weight_label(*v);
+      send_json(s, 200, {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
+    }));
+    http.Get("/v1/loads", wrap(true, [this](R, W s) { send_json(s, 200, loads()); }));
+    for (bool release : {true, false}) {
+      const char* p = release ? "/release_memory_occupation" : "/resume_memory_occupation";
+      http.Post(p, post([this, release](R q, W s) { memory_occupation(q, s, release); }));
+    }
     http.Post("/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/abort", post([this](R q, W s) { abort(q, s); }));
     http.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
@@ -462,6 +672,7 @@ Server::Server(EngineConfig engine, ServerOptions opts) : impl_(std::make_unique
   impl_->engine_cfg = engine;
   if (impl_->opts.model_name.empty()) impl_->opts.model_name = engine.model;
   impl_->loop = std::make_unique<EngineLoop>(std::move(engine));
+  impl_->loop->set_weight_label(impl_->opts.weight_version);
   impl_->routes();
 }
 

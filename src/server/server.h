@@ -31,6 +31,8 @@ struct ServerOptions {
   int read_timeout_seconds = 10;       // one read of a request (headers, a body chunk)
   int body_timeout_seconds = 60;       // a whole request body
   double stall_seconds = 120;          // /health says 503 while one engine step runs longer
+  double health_generate_timeout_seconds = 20;  // /health_generate's one-token generation (SGLang: 20)
+  std::string weight_version = "0";    // the initial weight version label
 };
 
 class Server {
