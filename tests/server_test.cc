@@ -187,6 +187,15 @@ TEST_F(ServerTest, GenerateEqualsSoloRun) {
   r = post("/generate", body);
   expect_matches_solo(from_generate(r, prompt), s, false, p, "/generate delta");
   EXPECT_EQ(r["meta_info"]["routed_experts"]["start"], 50);
+  EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], 50);
+  // SGLang's name for the same delta, and null for options a client leaves unset.
+  body.erase("routed_experts_start");
+  body["routed_experts_start_len"] = 50;
+  body["lora_path"] = nullptr;
+  body["image_data"] = nullptr;
+  json r2 = post("/generate", body);
+  EXPECT_EQ(r2["meta_info"]["routed_experts"], r["meta_info"]["routed_experts"]);
+  EXPECT_EQ(r2["meta_info"]["routed_experts_start_len"], 50);
 
   // A batch of input_ids answers with a list.
   json batch = {{"input_ids", {prompt_of(5, 2), prompt_of(9, 3)}},
@@ -490,6 +499,17 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/update_weights", R"({})", 400, "model_path"},
       {"/update_weights", R"({"model_path": "/no/such/dir", "bogus": 1})", 400, "bogus"},
       {"/abort", R"({})", 400, "rid"},
+      {"/generate", R"({"input_ids": [1], "image_data": "x.png"})", 400, "image_data"},
+      {"/generate", R"({"input_ids": [1], "lora_path": "adapter"})", 400, "lora_path"},
+      {"/generate", R"({"input_ids": [1], "sampling_params": {"custom_params": {"a": 1}}})", 400,
+       "sampling_params.custom_params"},
+      {"/generate", R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", 400, "sampling_params.min_p"},
+      {"/generate", R"({"input_ids": [1], "top_logprobs_num": 5})", 400, "top_logprobs_num"},
+      {"/generate", R"({"input_ids": [1], "logprob_start_len": 0})", 400, "logprob_start_len"},
+      {"/generate", R"({"input_ids": [1], "return_routed_experts": true, "routed_experts_start_len": 0,
+                       "routed_experts_start": 0})", 400, "routed_experts_start"},
+      {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 1})", 400, "prompt_logprobs"},
+      {"/v1/completions", R"({"prompt": [1], "guided_json": {}})", 400, "guided_json"},
       {"/no_such_endpoint", R"({})", 404, ""},
   };
   auto cli = server_->client();

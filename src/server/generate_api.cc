@@ -48,6 +48,19 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t stop_i
 }  // namespace
 
 GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds) {
+  // SGLang's GenerateReqInput fields r3 reads or checks; any other (image_data, lora_path,
+  // return_hidden_states, ...) is refused by name.
+  refuse_unknown_fields(b, "", {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
+                                "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                                "return_routed_experts", "routed_experts_start", "routed_experts_start_len",
+                                "routed_experts_format", "sampling_seed", "log_metrics"});
+  if (auto v = opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, INT32_MAX); v && *v > 0)
+    throw bad_request("\"top_logprobs_num\" is not supported by r3 yet (only the sampled token's logprob)",
+                      "top_logprobs_num");
+  if (auto v = opt_int(b, "logprob_start_len", "logprob_start_len", -1, INT32_MAX); v && *v != -1)
+    throw bad_request("\"logprob_start_len\" is not supported by r3 yet (no input token logprobs)", "logprob_start_len");
+  if (auto v = opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs"); v && *v)
+    throw bad_request("r3 has no tokenizer: \"return_text_in_logprobs\" cannot be served", "return_text_in_logprobs");
   if (b.contains("text") && !b["text"].is_null())
     throw bad_request("r3 has no tokenizer; send token ids in \"input_ids\"", "text");
   if (!b.contains("input_ids") || b["input_ids"].is_null()) throw bad_request("missing \"input_ids\"", "input_ids");
@@ -71,6 +84,13 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   const json& sp = b.contains("sampling_params") && !b["sampling_params"].is_null() ? b["sampling_params"] : kEmpty;
   if (!sp.is_object()) throw bad_request("\"sampling_params\" must be an object", "sampling_params");
   reject_unsupported(sp);
+  refuse_unknown_fields(sp, "sampling_params.",
+                        {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos",
+                         "stop", "stop_token_ids", "seed", "sampling_seed", "n", "frequency_penalty",
+                         "presence_penalty", "repetition_penalty", "regex", "json_schema", "ebnf", "structural_tag",
+                         "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval"});
+  if (auto v = opt_number(sp, "min_p", "sampling_params.min_p"); v && *v != 0.0)
+    throw bad_request("\"sampling_params.min_p\" is not supported by r3", "sampling_params.min_p");
   SamplingParams p;
   const std::string pre = "sampling_params.";
   p.max_tokens = int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 1, INT32_MAX).value_or(128));
@@ -82,9 +102,16 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
   p.logprobs = true;
   p.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
-  p.routed_experts_start = int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
+  // SGLang's name is routed_experts_start_len; r3's routed_experts_start means the same.
+  const char* start_key = b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()
+                              ? "routed_experts_start_len"
+                              : "routed_experts_start";
+  if (std::string(start_key) == "routed_experts_start_len" && b.contains("routed_experts_start") &&
+      !b["routed_experts_start"].is_null())
+    throw bad_request("give one of \"routed_experts_start_len\" and \"routed_experts_start\"", "routed_experts_start");
+  p.routed_experts_start = int(opt_int(b, start_key, start_key, 0, INT32_MAX).value_or(0));
   if (!p.return_routed_experts && p.routed_experts_start)
-    throw bad_request("\"routed_experts_start\" needs \"return_routed_experts\": true", "routed_experts_start");
+    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true", start_key);
   std::optional<uint64_t> seed = opt_seed(sp, "seed", pre + "seed");
   if (!seed) seed = opt_seed(sp, "sampling_seed", pre + "sampling_seed");
   if (!seed) seed = opt_seed(b, "sampling_seed", "sampling_seed");
@@ -121,6 +148,7 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
     meta["output_token_logprobs"] = lps;
   }
   meta["routed_experts"] = o.routed_experts ? routes_to_json(*o.routed_experts) : json(nullptr);
+  if (o.routed_experts) meta["routed_experts_start_len"] = o.routed_experts->start;
   return {{"text", ""}, {"output_ids", o.token_ids}, {"meta_info", meta}};
 }
 

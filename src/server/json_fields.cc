@@ -24,6 +24,15 @@ json parse_body(const std::string& body) {
 
 static bool given(const json& j, const std::string& key) { return j.contains(key) && !j[key].is_null(); }
 
+void refuse_unknown_fields(const json& obj, const std::string& prefix, std::initializer_list<const char*> known) {
+  for (auto& [k, v] : obj.items()) {
+    if (v.is_null()) continue;
+    bool ok = false;
+    for (const char* n : known) ok = ok || k == n;
+    if (!ok) throw bad_request("unknown field \"" + prefix + k + "\" (r3 does not implement it)", prefix + k);
+  }
+}
+
 std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param, int64_t lo,
                                int64_t hi) {
   if (!given(j, key)) return std::nullopt;

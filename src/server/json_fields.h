@@ -22,6 +22,9 @@ std::optional<double> opt_number(const json& j, const std::string& key, const st
 std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param);
 std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param);
 std::optional<std::string> opt_string(const json& j, const std::string& key, const std::string& param);
+// A field outside `known` with a non-null value is a 400 naming it (prefix + key): an option a
+// client relies on must never be silently ignored. null counts as absent.
+void refuse_unknown_fields(const json& obj, const std::string& prefix, std::initializer_list<const char*> known);
 
 // A list of token ids (int32 range; the engine checks them against the vocabulary).
 std::vector<int> token_id_list(const json& v, const std::string& param);

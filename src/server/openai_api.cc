@@ -67,6 +67,12 @@ json stop_reason(const RequestOutput& o) {
 }  // namespace
 
 CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds) {
+  // OpenAI's and vLLM's completion fields r3 reads or checks; any other is refused by name.
+  refuse_unknown_fields(b, "", {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "best_of",
+                                "stream", "stream_options", "logprobs", "echo", "suffix", "stop", "stop_token_ids",
+                                "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                                "user", "ignore_eos", "return_token_ids", "request_id", "return_routed_experts",
+                                "routed_experts_start", "routed_experts_format"});
   reject_unsupported(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
   CompletionRequest r;

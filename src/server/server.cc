@@ -334,7 +334,7 @@ struct Server::Impl {
   // "message"}; the old weights keep serving after a failure.
   void update_weights(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
-    refuse_unknown_fields(body, {"model_path", "load_format", "flush_cache", "weight_version", "abort_all_requests",
+    refuse_unknown_fields(body, "", {"model_path", "load_format", "flush_cache", "weight_version", "abort_all_requests",
                                  "torch_empty_cache", "keep_pause", "is_async", "recapture_cuda_graph", "token_step"});
     auto path = opt_string(body, "model_path", "model_path");
     if (!path || path->empty()) throw bad_request("missing \"model_path\" (a checkpoint directory)", "model_path");
@@ -365,25 +365,16 @@ struct Server::Impl {
                {"weight_version", v}});
   }
 
-  // Fields outside `known` are refused by name (a client's option must not be silently ignored).
-  static void refuse_unknown_fields(const json& body, std::initializer_list<const char*> known) {
-    for (auto& [k, v] : body.items()) {
-      bool ok = false;
-      for (const char* n : known) ok = ok || k == n;
-      if (!ok) throw bad_request("unknown field \"" + k + "\"", k);
-    }
-  }
-
   void pause_generation(const httplib::Request& hreq, httplib::Response& res) {
     json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
-    refuse_unknown_fields(body, {"mode"});
+    refuse_unknown_fields(body, "", {"mode"});
     loop->pause_generation(opt_string(body, "mode", "mode").value_or("abort"));
     send_json(res, 200, {{"message", "Generation paused successfully."}, {"status", "ok"}});
   }
 
   void continue_generation(const httplib::Request& hreq, httplib::Response& res) {
     json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
-    refuse_unknown_fields(body, {"torch_empty_cache"});  // a GPU allocator call: nothing to do on a CPU
+    refuse_unknown_fields(body, "", {"torch_empty_cache"});  // a GPU allocator call: nothing to do on a CPU
     loop->continue_generation();
     send_json(res, 200, {{"message", "Generation continued successfully."}, {"status", "ok"}});
   }
@@ -512,7 +503,7 @@ struct Server::Impl {
   // tags: "kv_cache", "weights" (SGLang's "cuda_graph" has nothing to free on a CPU); none = all.
   void memory_occupation(const httplib::Request& hreq, httplib::Response& res, bool release) {
     json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
-    refuse_unknown_fields(body, {"tags"});
+    refuse_unknown_fields(body, "", {"tags"});
     bool kv = true, weights = true;
     if (body.contains("tags") && !body["tags"].is_null()) {
       if (!body["tags"].is_array()) throw bad_request("\"tags\" must be a list", "tags");
@@ -634,7 +625,7 @@ struct Server::Impl {
       http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }));
     http.Post("/update_weight_version", post([this](R q, W s) {
       json body = parse_body(q.body);
-      refuse_unknown_fields(body, {"new_version", "abort_all_requests"});
+      refuse_unknown_fields(body, "", {"new_version", "abort_all_requests"});
       auto v = opt_string(body, "new_version", "new_version");
       if (!v) throw bad_request("missing \"new_version\"", "new_version");
       if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false)) loop->abort_all();
