@@ -27,7 +27,8 @@ if [ "$TARGET" = request ]; then
   BIN=$OUT/request_parser_fuzz
   SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
         src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
-        src/routes/route_array.cc src/core/json_limits.cc)
+        src/routes/route_array.cc src/core/json_limits.cc src/server/route_reply.cc src/routes/route_formats.cc
+        src/staging/staging.cc)
   SEEDS=fuzz/corpus
   MAXLEN=4096
 else

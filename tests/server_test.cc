@@ -21,6 +21,9 @@
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "routes/route_array.h"
+#include "routes/route_formats.h"
+#include "staging/staging.h"
+#include "model/config.h"
 #include "server/server.h"
 #include "test_models.h"
 
@@ -96,6 +99,42 @@ Engine* ServerTest::solo_ = nullptr;
 
 std::vector<int> ids_of(const json& j) { return j.get<std::vector<int>>(); }
 
+// The routes a reply object carries, whatever its routed_experts_format, back in r3's form: the
+// way each peer's clients decode them (slime: base64 -> int32 -> [rows, num_layers, K]; vLLM:
+// np.load of the base64 .npy parts; NeMo-RL: the envelope). The test model's config gives the
+// layer layout.
+std::optional<RouteArray> decode_routes(const json& obj, size_t prompt_len, const std::string& model) {
+  if (!obj.contains("routed_experts") || obj["routed_experts"].is_null()) return std::nullopt;
+  const ModelConfig c = load_config(model + "/config.json");
+  const std::string fmt = obj.value("routed_experts_format", "r3");
+  const int start = obj.value("routed_experts_start_len", 0);
+  RouteArray r;
+  if (fmt == "r3") {
+    r = routes_from_json(obj["routed_experts"]);
+  } else if (fmt == "sglang") {
+    r = decode_sglang_routes(obj["routed_experts"].get<std::string>(), c.num_layers, c.top_k, c.moe_layers(), start);
+  } else if (fmt == "nrlre1") {
+    r = decode_envelope(obj["routed_experts"].get<std::string>());
+    r.start = start;
+    r.moe_layers = c.moe_layers();
+  } else if (fmt == "vllm") {
+    auto npy = [](const json& s) {
+      const std::vector<uint8_t> b = base64_decode(s.get<std::string>());
+      return parse_npy(std::string(b.begin(), b.end()));
+    };
+    const RouteArray prompt = npy(obj["prompt_routed_experts"]), out = npy(obj["routed_experts"]);
+    EXPECT_EQ(prompt.layers, out.layers);
+    r = RouteArray(prompt.rows + out.rows, out.layers, out.k);
+    std::copy(prompt.data.begin(), prompt.data.end(), r.data.begin());
+    std::copy(out.data.begin(), out.data.end(), r.data.begin() + ptrdiff_t(prompt.data.size()));
+    r.start = int(prompt_len) - prompt.rows;
+    r.moe_layers = c.moe_layers();
+  } else {
+    ADD_FAILURE() << "unknown routed_experts_format " << fmt;
+  }
+  return r;
+}
+
 // A /v1/completions choice as a RequestOutput (for expect_matches_solo).
 RequestOutput from_choice(const json& c, const std::vector<int>& prompt) {
   RequestOutput o;
@@ -104,7 +143,7 @@ RequestOutput from_choice(const json& c, const std::vector<int>& prompt) {
   if (c["logprobs"].is_object())
     for (const auto& v : c["logprobs"]["token_logprobs"]) o.logprobs.push_back(float(v.get<double>()));
   o.finish_reason = c["finish_reason"].get<std::string>();
-  if (c.contains("routed_experts")) o.routed_experts = routes_from_json(c["routed_experts"]);
+  o.routed_experts = decode_routes(c, prompt.size(), test_model("olmoe"));  // every model here has its layout
   return o;
 }
 
@@ -115,7 +154,7 @@ RequestOutput from_generate(const json& r, const std::vector<int>& prompt) {
   o.token_ids = ids_of(r["output_ids"]);
   for (const auto& v : r["meta_info"]["output_token_logprobs"]) o.logprobs.push_back(float(v[0].get<double>()));
   o.finish_reason = r["meta_info"]["finish_reason"]["type"].get<std::string>();
-  if (!r["meta_info"]["routed_experts"].is_null()) o.routed_experts = routes_from_json(r["meta_info"]["routed_experts"]);
+  o.routed_experts = decode_routes(r["meta_info"], prompt.size(), test_model("olmoe"));
   return o;
 }
 
@@ -176,17 +215,17 @@ TEST_F(ServerTest, GenerateEqualsSoloRun) {
   EXPECT_EQ(r["meta_info"]["completion_tokens"], r["output_ids"].size());
   EXPECT_EQ(r["meta_info"]["weight_version"], "0");
   EXPECT_EQ(r["text"], "");
-  const json& re = r["meta_info"]["routed_experts"];
-  EXPECT_EQ(re["dtype"], "int16");
-  EXPECT_EQ(re["shape"][1], 2);  // L_moe of the tiny OLMoE
-  EXPECT_EQ(re["shape"][2], 2);  // K
+  // SGLang's format by default: base64 of int32 [S-1, num_hidden_layers, K].
+  EXPECT_EQ(r["meta_info"]["routed_experts_format"], "sglang");
+  const std::vector<uint8_t> raw = base64_decode(r["meta_info"]["routed_experts"].get<std::string>());
+  EXPECT_EQ(raw.size(), (prompt.size() + r["output_ids"].size() - 1) * 2 * 2 * 4);  // 2 layers, K = 2
 
   // Delta start: only rows [N, S-1).
   body["routed_experts_start"] = 50;
   p.routed_experts_start = 50;
   r = post("/generate", body);
   expect_matches_solo(from_generate(r, prompt), s, false, p, "/generate delta");
-  EXPECT_EQ(r["meta_info"]["routed_experts"]["start"], 50);
+  EXPECT_EQ(decode_routes(r["meta_info"], prompt.size(), *model_)->rows, int(prompt.size() + r["output_ids"].size()) - 1 - 50);
   EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], 50);
   // SGLang's name for the same delta, and null for options a client leaves unset.
   body.erase("routed_experts_start");
@@ -273,7 +312,8 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
     if (!c["finish_reason"].is_null()) {
       ++finishes;
       m["finish_reason"] = c["finish_reason"];
-      m["routed_experts"] = c["routed_experts"];
+      for (const char* k : {"routed_experts", "prompt_routed_experts", "routed_experts_format"})
+        if (c.contains(k)) m[k] = c[k];
     } else {
       EXPECT_FALSE(c.contains("routed_experts"));
     }
@@ -328,7 +368,8 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
             for (const auto& l : ch["logprobs"]["token_logprobs"]) choice["logprobs"]["token_logprobs"].push_back(l);
             if (!ch["finish_reason"].is_null()) {
               choice["finish_reason"] = ch["finish_reason"];
-              choice["routed_experts"] = ch["routed_experts"];
+              for (const char* k : {"routed_experts", "prompt_routed_experts", "routed_experts_format"})
+                if (ch.contains(k)) choice[k] = ch[k];
             }
           }
         EXPECT_TRUE(done);
@@ -999,6 +1040,60 @@ TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
   const json after = json::parse(cli.Post("/generate", req.dump(), "application/json")->body);
   EXPECT_EQ(after["output_ids"], before["output_ids"]);
   EXPECT_EQ(after["meta_info"]["output_token_logprobs"], before["meta_info"]["output_token_logprobs"]);
+}
+
+// The four wire formats carry the same routes on both endpoints, on a model with a dense first
+// layer: sglang's layer axis is every decoder layer (the dense one all 0, as SGLang leaves it),
+// the others hold the MoE layers only; vllm splits prompt and generated rows.
+TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
+  const std::string model = test_model("qwen3_moe", "small");
+  const ModelConfig c = load_config(model + "/config.json");
+  ASSERT_FALSE(c.layer_is_moe[0]);
+  Running s(server_engine_config(model));
+  auto cli = s.client();
+  const std::vector<int> prompt = prompt_of(11, 6);
+  Engine solo(testing::solo_config(model));
+  const RequestOutput want = solo.generate({prompt}, {testing::greedy(5)})[0];
+  const int start = 3;
+  for (const char* fmt : {"r3", "sglang", "vllm", "nrlre1"}) {
+    SCOPED_TRACE(fmt);
+    json g = json::parse(cli.Post("/generate",
+                                  json{{"input_ids", prompt},
+                                       {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}},
+                                       {"return_routed_experts", true},
+                                       {"routed_experts_start_len", start},
+                                       {"routed_experts_format", fmt}}.dump(),
+                                  "application/json")->body);
+    json cmp = json::parse(cli.Post("/v1/completions",
+                                    json{{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true},
+                                         {"return_routed_experts", true}, {"routed_experts_start", start},
+                                         {"routed_experts_format", fmt}}.dump(),
+                                    "application/json")->body);
+    json choice = cmp["choices"][0];
+    choice["routed_experts_start_len"] = start;
+    for (const json* obj : {&g["meta_info"], &choice}) {
+      ASSERT_EQ((*obj)["routed_experts_format"], fmt) << obj->dump().substr(0, 300);
+      const std::optional<RouteArray> got = decode_routes(*obj, prompt.size(), model);
+      ASSERT_TRUE(got);
+      ASSERT_EQ(got->rows, int(prompt.size()) + 5 - 1 - start);
+      ASSERT_EQ(got->layers, c.num_moe_layers());
+      for (int r = 0; r < got->rows; ++r)
+        for (int i = 0; i < got->layers * got->k; ++i)
+          ASSERT_EQ(got->row(r)[i], want.routed_experts->row(r + start)[i]) << "row " << r;
+    }
+    if (std::string(fmt) == "sglang") {
+      const std::vector<uint8_t> raw = base64_decode(g["meta_info"]["routed_experts"].get<std::string>());
+      const size_t row = size_t(c.num_layers) * size_t(c.top_k) * 4;
+      ASSERT_EQ(raw.size(), size_t(int(prompt.size()) + 5 - 1 - start) * row);
+      for (size_t r = 0; r * row < raw.size(); ++r)
+        for (size_t b = 0; b < size_t(c.top_k) * 4; ++b) ASSERT_EQ(raw[r * row + b], 0) << "dense layer 0, row " << r;
+    }
+    if (std::string(fmt) == "vllm") EXPECT_EQ(cmp["prompt_routed_experts"], cmp["choices"][0]["prompt_routed_experts"]);
+  }
+  auto bad = cli.Post("/generate", R"({"input_ids":[1],"routed_experts_format":"protobuf"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "routed_experts_format");
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.

@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "engine_flags.h"
+#include "routes/route_formats.h"
 #include "server/server.h"
 
 namespace r3::cli {
@@ -29,6 +30,7 @@ int cmd_serve(int argc, char** argv) {
       .opt("http-threads", "128", "HTTP connections served at once")
       .opt("control-port", "-1", "also serve /health, /metrics and /abort on this port, with threads of their own (-1 = off, 0 = any free port)")
       .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
+      .opt("routed-experts-format", "", "route wire format when a request names none: sglang, vllm, r3 or nrlre1 (default: sglang on /generate, vllm on /v1/completions)")
       .opt("weight-version", "0", "initial weight version label (a string; refits set it, SGLang's weight_version)")
       .opt("shutdown-grace-seconds", "30", "on SIGTERM/SIGINT: requests in flight may finish for this long, then are aborted")
       .opt("health-stall-seconds", "120", "/health answers 503 while one engine step has run longer than this")
@@ -49,6 +51,8 @@ int cmd_serve(int argc, char** argv) {
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
   o.model_name = a.str("served-model-name");
   o.weight_version = a.str("weight-version");
+  o.routed_experts_format = a.str("routed-experts-format");
+  if (!o.routed_experts_format.empty()) (void)parse_route_format(o.routed_experts_format);  // fails early on a typo
   o.control_port = int(a.integer("control-port"));
   if (o.control_port < -1 || o.control_port > 65535) throw Error("--control-port must be -1 (off) or in [0, 65535]");
   o.log_requests = a.on("log-requests");

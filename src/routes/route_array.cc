@@ -283,7 +283,7 @@ struct NpyHeaderParser {
 
 }  // namespace
 
-void write_npy(const std::string& path, const RouteArray& r) {
+std::string npy_bytes(const RouteArray& r, const std::string& path) {
   const size_t n = size_t(r.rows) * size_t(r.layers) * size_t(r.k);
   if (r.rows < 0 || r.layers < 0 || r.k < 0 || r.data.size() != n)
     throw Error(path + ": cannot write .npy: data holds " + std::to_string(r.data.size()) +
@@ -308,6 +308,11 @@ void write_npy(const std::string& path, const RouteArray& r) {
     out.push_back(char(u & 0xff));
     out.push_back(char(u >> 8));
   }
+  return out;
+}
+
+void write_npy(const std::string& path, const RouteArray& r) {
+  const std::string out = npy_bytes(r, path);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw Error(path + ": cannot open for writing");
   f.write(out.data(), std::streamsize(out.size()));
@@ -320,6 +325,10 @@ RouteArray read_npy(const std::string& path) {
   if (!f) throw Error(path + ": cannot open .npy file");
   std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) throw Error(path + ": read failed");
+  return parse_npy(buf, path);
+}
+
+RouteArray parse_npy(const std::string& buf, const std::string& path) {
   if (buf.size() < 10 || buf.compare(0, 6, kNpyMagic, 6) != 0)
     throw Error(path + ": not an .npy file (bad magic)");
   const unsigned major = uint8_t(buf[6]);

@@ -33,8 +33,10 @@ std::vector<uint8_t> base64_decode(const std::string& s);
 nlohmann::json routes_to_json(const RouteArray& r);
 RouteArray routes_from_json(const nlohmann::json& j);  // throws r3::Error naming the bad field
 
-// .npy (format 1.0, '<i2', C order).
+// .npy (format 1.0, '<i2', C order). `path` names the source in errors.
+std::string npy_bytes(const RouteArray& r, const std::string& path = "<npy>");
 void write_npy(const std::string& path, const RouteArray& r);
 RouteArray read_npy(const std::string& path);  // accepts <i1, <i2, <i4 of rank 3
+RouteArray parse_npy(const std::string& bytes, const std::string& path = "<npy>");
 
 }  // namespace r3

@@ -79,6 +79,7 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     else throw bad_request("\"rid\" must be a string", "rid");
   }
   r.return_logprob = opt_bool(b, "return_logprob", "return_logprob").value_or(true);
+  r.routes_format = opt_route_format(b);
 
   static const json kEmpty = json::object();
   const json& sp = b.contains("sampling_params") && !b["sampling_params"].is_null() ? b["sampling_params"] : kEmpty;
@@ -147,7 +148,8 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
       lps.push_back({i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr), o.token_ids[i], nullptr});
     meta["output_token_logprobs"] = lps;
   }
-  meta["routed_experts"] = o.routed_experts ? routes_to_json(*o.routed_experts) : json(nullptr);
+  meta["routed_experts"] = nullptr;
+  put_routes(meta, o, req.routes);
   if (o.routed_experts) meta["routed_experts_start_len"] = o.routed_experts->start;
   return {{"text", ""}, {"output_ids", o.token_ids}, {"meta_info", meta}};
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/engine_loop.h"
+#include "server/route_reply.h"
 
 namespace r3::server {
 
@@ -21,6 +22,8 @@ struct GenerateRequest {
   bool batch = false;         // input_ids was a list of lists: reply with a list
   std::optional<std::string> rid;
   bool return_logprob = true;
+  std::optional<RouteFormat> routes_format;  // as asked ("routed_experts_format")
+  RouteReply routes;                          // as answered (the server resolves the default)
 };
 
 // seeds() gives a seed for a request without "sampling_params.seed" / "sampling_seed".

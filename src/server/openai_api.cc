@@ -107,6 +107,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null())
     base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
   base.logprobs = true;
+  r.routes_format = opt_route_format(b);
   base.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   base.routed_experts_start =
       int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
@@ -131,7 +132,7 @@ json completion_choice(const RequestOutput& o, size_t index, const CompletionReq
   c["stop_reason"] = stop_reason(o);
   c["logprobs"] = req.logprobs ? logprobs_json(o, 0) : json(nullptr);
   if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
-  if (o.routed_experts) c["routed_experts"] = routes_to_json(*o.routed_experts);
+  put_routes(c, o, req.routes);
   return c;
 }
 
@@ -150,7 +151,7 @@ json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, 
     c["finish_reason"] = o.finish_reason;
     c["stop_reason"] = stop_reason(o);
     if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
-    if (o.routed_experts) c["routed_experts"] = routes_to_json(*o.routed_experts);
+    put_routes(c, o, req.routes);
   } else {
     c["finish_reason"] = nullptr;
   }

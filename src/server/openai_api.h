@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "server/engine_loop.h"
+#include "server/route_reply.h"
 
 namespace r3::server {
 
@@ -23,6 +24,8 @@ struct CompletionRequest {
   bool return_token_ids = false;  // also return each choice's prompt_token_ids
   std::optional<std::string> request_id;  // the client's id for the call (for /abort)
   std::vector<size_t> prompt_lens;
+  std::optional<RouteFormat> routes_format;  // as asked ("routed_experts_format")
+  RouteReply routes;                          // as answered (the server resolves the default)
 };
 
 // seeds() gives a fresh seed for every choice when the request has none; with "seed" given,

@@ -183,6 +183,13 @@ struct Server::Impl {
     };
   }
 
+  RouteReply route_reply(std::optional<RouteFormat> asked, RouteFormat endpoint_default) const {
+    RouteFormat f = endpoint_default;
+    if (asked) f = *asked;
+    else if (!opts.routed_experts_format.empty()) f = parse_route_format(opts.routed_experts_format);
+    return {f, loop->model_config().num_layers};
+  }
+
   [[noreturn]] void throw_too_large() const {
     throw ApiError(413, "request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (--max-body-bytes)",
                    "request_too_large");
@@ -273,6 +280,7 @@ struct Server::Impl {
     json body = parse_body(hreq.body);
     auto st = std::make_shared<CompletionStream>();
     st->req = parse_completion_request(body, [this] { return fresh_seed(); });
+    st->req.routes = route_reply(st->req.routes_format, RouteFormat::Vllm);
     st->id = st->req.request_id ? *st->req.request_id : fresh_id("cmpl");
     st->model = opts.model_name;
     st->created = int64_t(std::time(nullptr));
@@ -288,9 +296,13 @@ struct Server::Impl {
         cs.push_back(completion_choice(outs[i], i, st->req));
         ntok.push_back(outs[i].token_ids.size());
       }
-      send_json(res, 200,
-                {{"id", st->id}, {"object", "text_completion"}, {"created", st->created}, {"model", st->model},
-                 {"choices", cs}, {"usage", completion_usage(st->req, ntok)}});
+      json reply = {{"id", st->id},     {"object", "text_completion"}, {"created", st->created},
+                    {"model", st->model}, {"choices", cs}, {"usage", completion_usage(st->req, ntok)}};
+      // vLLM puts the prompt's routes at the top level: there when the call has one prompt (each
+      // choice also carries its own, so batches keep them apart).
+      if (st->req.num_prompts == 1 && !cs.empty() && cs[0].contains("prompt_routed_experts"))
+        reply["prompt_routed_experts"] = cs[0]["prompt_routed_experts"];
+      send_json(res, 200, reply);
       return;
     }
     st->sent.assign(choices, 0);
@@ -316,6 +328,7 @@ struct Server::Impl {
   void generate(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
     GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); });
+    g.routes = route_reply(g.routes_format, RouteFormat::Sglang);
     const std::string rid = g.rid ? *g.rid : fresh_id("gen");
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
     submit(std::move(g.jobs), ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);

@@ -67,6 +67,7 @@ test("non-streamed /v1/completions returns token ids and routes equal to the sol
       seed: 1234,
       logprobs: 1,
       return_routed_experts: true,
+      routed_experts_format: "r3",
     })
     .withResponse();
   assert.equal(response.status, 200);
@@ -86,7 +87,7 @@ test("non-streamed /v1/completions returns token ids and routes equal to the sol
 
   // The same request read from the raw HTTP response: the extension fields are in the JSON.
   const raw = await client.completions
-    .create({ model: modelDir, prompt: prompts[1], max_tokens: 5, temperature: 0, return_routed_experts: true })
+    .create({ model: modelDir, prompt: prompts[1], max_tokens: 5, temperature: 0, return_routed_experts: true, routed_experts_format: "r3" })
     .asResponse();
   const body = await raw.json();
   checkRoutes(body.choices[0].routed_experts, prompts[1].length, body.choices[0].token_ids.length);
@@ -103,6 +104,7 @@ test("streamed /v1/completions: deltas add up to the solo run, routes in the fin
     stream_options: { include_usage: true },
     ignore_eos: true,
     return_routed_experts: true,
+    routed_experts_format: "r3",
   });
   const tokens = [];
   let routes = null, finish = null, usage = null, chunks = 0;

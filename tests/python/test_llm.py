@@ -100,8 +100,13 @@ def test_routes_equal_the_http_path(llm, model, r3_bin):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    re_json = reply["meta_info"]["routed_experts"]
-    http_routes = np.frombuffer(base64.b64decode(re_json["data"]), dtype="<i2").reshape(re_json["shape"])
+    # Decoded the way slime decodes SGLang's routes: base64 -> int32 -> [len(tokens)-1, num_layers, topk]
+    # (every layer of the tiny OLMoE is an MoE layer, so the layer axes agree).
+    assert reply["meta_info"]["routed_experts_format"] == "sglang"
+    tokens = p + reply["output_ids"]
+    cfg = llm.model_config
+    http_routes = np.frombuffer(base64.b64decode(reply["meta_info"]["routed_experts"]), dtype=np.int32).reshape(
+        len(tokens) - 1, cfg["num_layers"], cfg["top_k"])
     out = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=10, temperature=1.0, seed=77))[0]
     c = out.outputs[0]
     assert reply["output_ids"] == c.token_ids

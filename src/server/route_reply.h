@@ -1,0 +1,24 @@
+// Routes in a reply, in the wire format the request (or the server default) chose
+// (routes/route_formats.h): "routed_experts" holds them, and for the vllm format the prompt part
+// goes to "prompt_routed_experts" as vLLM splits them.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "engine/engine.h"
+#include "routes/route_formats.h"
+
+namespace r3::server {
+
+struct RouteReply {
+  RouteFormat format = RouteFormat::R3;
+  int num_hidden_layers = 0;  // the sglang format's layer axis
+};
+
+// "routed_experts_format" of a request body (null or absent: none; a bad name is a 400).
+std::optional<RouteFormat> opt_route_format(const nlohmann::json& body);
+
+// Writes o's routes (if any) into obj.
+void put_routes(nlohmann::json& obj, const RequestOutput& o, const RouteReply& how);
+
+}  // namespace r3::server
