@@ -170,6 +170,50 @@ class LLM {
     engine_->update_weights(path, flush_cache);
   }
 
+  // named: a dict {name: array} or a list of (name, array). Arrays: anything with the buffer
+  // protocol, C-contiguous; float32 -> F32, float16 -> F16, 16-bit integers -> the bits of BF16
+  // (numpy has no bfloat16: send `tensor.view(torch.int16).numpy()`).
+  size_t update_weights_from_tensors(const py::object& named, bool flush_cache, bool finished) {
+    std::vector<r3::TensorToWrite> tensors;
+    auto add = [&](const py::handle& name, const py::handle& arr) {
+      py::buffer_info info = py::reinterpret_borrow<py::buffer>(arr).request();
+      r3::TensorToWrite t;
+      t.name = name.cast<std::string>();
+      const std::string f = info.format;
+      if (f == "f" && info.itemsize == 4) t.dtype = r3::DType::F32;
+      else if (f == "e" && info.itemsize == 2) t.dtype = r3::DType::F16;
+      else if ((f == "H" || f == "h") && info.itemsize == 2) t.dtype = r3::DType::BF16;
+      else
+        throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" + f +
+                        "' (give float32, float16, or int16/uint16 holding bf16 bits)");
+      py::ssize_t expect = info.itemsize;
+      for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+        if (info.strides[size_t(i)] != expect)
+          throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" is not C-contiguous");
+        expect *= info.shape[size_t(i)];
+        t.shape.insert(t.shape.begin(), int64_t(info.shape[size_t(i)]));
+      }
+      const auto* p = static_cast<const uint8_t*>(info.ptr);
+      t.bytes.assign(p, p + size_t(info.size * info.itemsize));
+      tensors.push_back(std::move(t));
+    };
+    if (py::isinstance<py::dict>(named)) {
+      for (auto [k, v] : py::reinterpret_borrow<py::dict>(named)) add(k, v);
+    } else {
+      for (auto item : py::list(named)) {
+        py::tuple pair = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+        if (pair.size() != 2) throw r3::Error("update_weights_from_tensors: give (name, array) pairs or a dict");
+        add(pair[0], pair[1]);
+      }
+    }
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(mu_);
+    engine_->stage_weights(std::move(tensors));
+    const size_t n = engine_->staged_weight_tensors();
+    if (finished) engine_->commit_staged_weights(flush_cache);
+    return n;
+  }
+
   uint64_t weight_version() {
     std::lock_guard<std::mutex> lk(mu_);
     return engine_->weight_version();
@@ -301,6 +345,12 @@ PYBIND11_MODULE(r3, m) {
            "Runs every prompt to completion; outputs in input order.")
       .def("update_weights", &LLM::update_weights, py::arg("path"), py::arg("flush_cache") = true,
            "Refit from a checkpoint directory (same architecture and shapes).")
+      .def("update_weights_from_tensors", &LLM::update_weights_from_tensors, py::arg("named_tensors"),
+           py::arg("flush_cache") = true, py::arg("finished") = true,
+           "In-memory refit: {name: array} (or (name, array) pairs) in Hugging Face names; a subset may be sent "
+           "in buckets with finished=False, the last bucket with finished=True applies them all (the version "
+           "goes up once). Every tensor's name, shape and dtype is checked first; a refused bucket changes "
+           "nothing. Returns the number of tensors staged (or applied).")
       .def_property_readonly("weight_version", &LLM::weight_version)
       .def("stats", &LLM::stats)
       .def_property_readonly("model_config", &LLM::model_config);

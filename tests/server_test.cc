@@ -24,6 +24,7 @@
 #include "routes/route_formats.h"
 #include "staging/staging.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 #include "server/server.h"
 #include "test_models.h"
 
@@ -1094,6 +1095,53 @@ TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["error"]["param"], "routed_experts_format");
+}
+
+// Weights over HTTP as safetensors bytes, in two buckets: the first stages, the second (finished)
+// applies both with a string version; a malformed or mismatched bucket is a 400 that changes
+// nothing.
+TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
+  const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);
+  Running s(server_engine_config(m0));
+  auto cli = s.client();
+  SafetensorsFile f(m1 + "/model.safetensors");
+  std::vector<TensorToWrite> halves[2];
+  size_t i = 0;
+  for (auto& [name, t] : f.tensors()) {
+    TensorToWrite w{name, t.dtype, t.shape, {}};
+    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+    halves[i++ % 2].push_back(std::move(w));
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() / ("r3_wsync_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  std::string bodies[2];
+  for (int h = 0; h < 2; ++h) {
+    write_safetensors(dir + "/b.safetensors", halves[h]);
+    std::ifstream in(dir + "/b.safetensors", std::ios::binary);
+    bodies[h].assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto bad = cli.Post("/update_weights_from_tensor", "not safetensors", "application/octet-stream");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["success"], false);
+  auto r1 = cli.Post("/update_weights_from_tensor?finished=false", bodies[0], "application/octet-stream");
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200) << r1->body;
+  EXPECT_EQ(json::parse(r1->body)["weight_version"], "0");  // staged only
+  auto r2 = cli.Post("/update_weights_from_tensor?finished=true&weight_version=step-1", bodies[1],
+                     "application/octet-stream");
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200) << r2->body;
+  EXPECT_EQ(json::parse(r2->body)["num_tensors"], f.tensors().size());
+  EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "step-1");
+  const std::vector<int> prompt = prompt_of(9, 4);
+  json g = json::parse(cli.Post("/generate", json{{"input_ids", prompt},
+                                                  {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0},
+                                                                       {"ignore_eos", true}}}}.dump(),
+                                "application/json")->body);
+  Engine solo1(testing::solo_config(m1));
+  EXPECT_EQ(g["output_ids"].get<std::vector<int>>(), solo1.generate({prompt}, {testing::greedy(5, false)})[0].token_ids);
+  std::filesystem::remove_all(dir);
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.

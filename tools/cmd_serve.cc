@@ -27,6 +27,7 @@ int cmd_serve(int argc, char** argv) {
       .opt("port", "8000", "TCP port (0 = any free port, printed at start)")
       .opt("api-key", "", "require \"Authorization: Bearer KEY\" (the R3_API_KEY variable also sets it)")
       .opt("max-body-bytes", std::to_string(16u << 20), "larger request bodies get 413")
+      .opt("max-weights-body-bytes", std::to_string(size_t(4) << 30), "larger /update_weights_from_tensor bodies get 413 (send buckets)")
       .opt("http-threads", "128", "HTTP connections served at once")
       .opt("control-port", "-1", "also serve /health, /metrics and /abort on this port, with threads of their own (-1 = off, 0 = any free port)")
       .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
@@ -47,6 +48,9 @@ int cmd_serve(int argc, char** argv) {
   const int64_t body = a.integer("max-body-bytes");
   if (body <= 0) throw Error("--max-body-bytes must be positive");
   o.max_body_bytes = size_t(body);
+  const int64_t wbody = a.integer("max-weights-body-bytes");
+  if (wbody <= 0) throw Error("--max-weights-body-bytes must be positive");
+  o.max_weights_body_bytes = size_t(wbody);
   o.http_threads = int(a.integer("http-threads"));
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
   o.model_name = a.str("served-model-name");

@@ -361,6 +361,30 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   }
 }
 
+void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
+  ckpt_->check_update(tensors);
+  for (TensorToWrite& t : tensors) {
+    std::string name = t.name;
+    staged_[name] = std::move(t);
+  }
+}
+
+void Engine::commit_staged_weights(bool flush) {
+  if (staged_.empty()) throw Error("update_weights_from_tensors: no tensors were staged");
+  std::vector<TensorToWrite> all;
+  all.reserve(staged_.size());
+  for (auto& [name, t] : staged_) all.push_back(std::move(t));
+  staged_.clear();
+  drain();
+  ckpt_->apply_update(all);
+  runner_->set_weights(ckpt_);
+  ++weight_version_;
+  if (flush) {
+    kv_->flush();
+    if (routes_) routes_->invalidate_all();
+  }
+}
+
 bool Engine::reset_prefix_cache() {
   if (has_unfinished()) return false;
   drain();

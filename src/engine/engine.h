@@ -104,6 +104,13 @@ class Engine {
   void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
   void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
   uint64_t weight_version() const { return weight_version_; }
+  // In-memory refit in buckets (a trainer sending its weights by Hugging Face name): each bucket
+  // is checked against the served model (name, shape, dtype; a refused bucket stages nothing)
+  // and kept; commit applies every staged tensor between steps (unsent tensors keep their
+  // values), repacks, and the version goes up. With flush, the prefix cache is dropped.
+  void stage_weights(std::vector<TensorToWrite> tensors);
+  void commit_staged_weights(bool flush_prefix_cache);
+  size_t staged_weight_tensors() const { return staged_.size(); }
   // EPLB: rebuilds the logical -> physical placement from the engine's own expert-load
   // statistics (the most loaded experts get the replicas). Between steps; routes and outputs
   // do not change.
@@ -150,6 +157,7 @@ class Engine {
   std::unique_ptr<RouteManager> routes_;
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<uint64_t> aborted_;
+  std::map<std::string, TensorToWrite> staged_;  // stage_weights, by name
   StepPlan plans_[2];
   StepResult results_[2];
   Job jobs_[2];

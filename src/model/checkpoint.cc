@@ -206,6 +206,36 @@ bool knowingly_unused(const std::string& name) {
   return name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
 }
 
+void Checkpoint::check_update(const std::vector<TensorToWrite>& tensors) const {
+  for (const TensorToWrite& t : tensors) {
+    auto it = index_.find(t.name);
+    if (it == index_.end()) throw Error("weight update: tensor \"" + t.name + "\" is not in the served model");
+    const TensorView& have = *it->second;
+    TensorView got;
+    got.shape = t.shape;
+    got.dtype = t.dtype;
+    if (have.shape != t.shape || have.dtype != t.dtype)
+      throw Error("weight update: tensor \"" + t.name + "\" is " + dtype_name(t.dtype) + " " + got.shape_str() +
+                  ", the served model's is " + dtype_name(have.dtype) + " " + have.shape_str());
+    if (t.bytes.size() != have.nbytes())
+      throw Error("weight update: tensor \"" + t.name + "\" has " + std::to_string(t.bytes.size()) +
+                  " bytes, its shape needs " + std::to_string(have.nbytes()));
+  }
+}
+
+void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors) {
+  check_update(tensors);
+  // The views point into memory this checkpoint owns (its files' copies or memory_), so writing
+  // through them is writing our own buffers.
+  for (const TensorToWrite& t : tensors)
+    std::memcpy(const_cast<void*>(index_.at(t.name)->data), t.bytes.data(), t.bytes.size());
+  widened_.clear();
+  owned_.clear();
+  used_.clear();
+  weights_.layers.clear();
+  load_weights();
+}
+
 std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const {
   std::vector<std::string> out = config_differences(config(), other.config());
   if (!out.empty()) return out;

@@ -49,6 +49,12 @@ class Checkpoint {
   // What differs between this checkpoint and `other` that a served engine depends on: config
   // keys (config_differences) and tensor dtypes. Empty when `other` can replace this one.
   std::vector<std::string> differences(const Checkpoint& other) const;
+  // In-memory weight updates (a trainer's tensors by Hugging Face name). check_update throws
+  // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype;
+  // apply_update copies the bytes into place (call it only while nothing reads the weights) and
+  // rebuilds the derived views (F16 widening, tied lm_head check).
+  void check_update(const std::vector<TensorToWrite>& tensors) const;
+  void apply_update(const std::vector<TensorToWrite>& tensors);
 
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);

@@ -1,6 +1,7 @@
 #include "model/safetensors.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -62,12 +63,26 @@ void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator del
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   RegularFile file(path, kMaxFile, "safetensors file");
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
-  const uint64_t file_size = file.size();
+  parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); });
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view bytes, const std::string& name) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = name;
+  f->parse(bytes.size(), [&](uint64_t offset, void* dst, size_t n) {
+    if (offset > bytes.size() || n > bytes.size() - offset) throw Error(name + ": read past the end");
+    std::memcpy(dst, bytes.data() + offset, n);
+  });
+  return f;
+}
+
+void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at) {
+  const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
                 " bytes, shorter than the 8-byte header length)");
   uint8_t len[8];
-  file.read_at(0, len, 8, deadline);
+  read_at(0, len, 8);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
   if (n > kMaxHeader)
@@ -76,7 +91,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw Error(path + ": header length " + std::to_string(n) + " runs past the end of the file (" +
                 std::to_string(file_size) + " bytes)");
   std::string text(size_t(n), '\0');
-  file.read_at(8, text.data(), text.size(), deadline);
+  read_at(8, text.data(), text.size());
   if (text.empty() || text[0] != '{')
     throw Error(path + ": the header must begin with '{' (found " +
                 (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
@@ -165,7 +180,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   uint64_t at = 0;
   for (const Entry& en : entries) {
     TensorView& t = tensors_[en.name];
-    file.read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin), deadline);
+    read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
     t.data = data_.get() + at;
     at += round_up64(en.end - en.begin);
   }

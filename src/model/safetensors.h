@@ -4,6 +4,8 @@
 // data_offsets}}, then the data buffer (offsets relative to its start).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +38,9 @@ class SafetensorsFile {
   // Throws r3::Error naming the file (and tensor) for every malformed input, a path that is not
   // a regular file, and a read that outlasts kCheckpointReadLimit.
   explicit SafetensorsFile(const std::string& path);
+  // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
+  // in errors.
+  static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& name);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -45,6 +50,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
+  SafetensorsFile() = default;
+  void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at);
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "model/safetensors.h"
 #include "server/api_error.h"
 
 namespace r3::server {
@@ -106,6 +107,33 @@ uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, co
   });
   set_weight_label(label ? *label : std::to_string(v));
   return v;
+}
+
+std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string_view bytes, bool flush_cache,
+                                                                    const std::optional<std::string>& label,
+                                                                    bool finished, bool abort_all) {
+  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  std::unique_ptr<SafetensorsFile> f = SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
+  std::vector<TensorToWrite> tensors;
+  for (auto& [name, t] : f->tensors()) {
+    TensorToWrite w{name, t.dtype, t.shape, {}};
+    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+    tensors.push_back(std::move(w));
+  }
+  f.reset();
+  auto [n, v] = call([&]() -> std::pair<size_t, uint64_t> {
+    engine_->stage_weights(std::move(tensors));
+    const size_t staged = engine_->staged_weight_tensors();
+    if (!finished) return {staged, engine_->weight_version()};
+    if (abort_all)
+      for (auto& [id, t] : targets_) engine_->abort(id);
+    engine_->commit_staged_weights(flush_cache);
+    kick_ = true;
+    weight_version_ = engine_->weight_version();
+    return {staged, engine_->weight_version()};
+  });
+  if (finished) set_weight_label(label ? *label : std::to_string(v));
+  return {n, v};
 }
 
 std::string EngineLoop::weight_label() const {

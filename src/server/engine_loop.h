@@ -88,6 +88,12 @@ class EngineLoop {
   // flight are aborted first. Returns the new counter (throws r3::Error).
   uint64_t update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label = {},
                           bool abort_all = false);
+  // In-memory refit from safetensors bytes (parsed and checked on the calling thread): the
+  // tensors are staged; with `finished` every staged tensor is applied between two steps and the
+  // counter (and label) move on. Returns {tensors staged so far or applied, the counter}.
+  std::pair<size_t, uint64_t> update_weights_from_tensors(std::string_view safetensors_bytes, bool flush_cache,
+                                                          const std::optional<std::string>& label, bool finished,
+                                                          bool abort_all);
   // The weight version label SGLang clients compare (a string); set by refits.
   std::string weight_label() const;
   void set_weight_label(const std::string& label);

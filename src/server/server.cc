@@ -190,8 +190,9 @@ struct Server::Impl {
     return {f, loop->model_config().num_layers};
   }
 
-  [[noreturn]] void throw_too_large() const {
-    throw ApiError(413, "request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (--max-body-bytes)",
+  [[noreturn]] void throw_too_large(size_t cap) const {
+    throw ApiError(413, "request body is larger than " + std::to_string(cap) + " bytes (" +
+                            (cap == opts.max_body_bytes ? "--max-body-bytes" : "--max-weights-body-bytes") + ")",
                    "request_too_large");
   }
 
@@ -199,23 +200,26 @@ struct Server::Impl {
   // read here, capped at --max-body-bytes whatever its transfer encoding (chunked bodies carry
   // no length to check up front) and within a time limit, so a slow sender cannot hold a
   // connection slot indefinitely.
-  httplib::Server::HandlerWithContentReader post(std::function<void(const httplib::Request&, httplib::Response&)> fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+  httplib::Server::HandlerWithContentReader post(std::function<void(const httplib::Request&, httplib::Response&)> fn,
+                                                 size_t max_body = 0) {
+    return [this, fn, max_body](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+      const size_t cap = max_body ? max_body : opts.max_body_bytes;
       try {
         if (!authorized(req))
           throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
         const size_t declared = size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
-        if (declared > opts.max_body_bytes) throw_too_large();
+        if (declared > cap) throw_too_large(cap);
         std::string body;
         bool too_large = false, too_slow = false;
         const auto deadline = Clock::now() + std::chrono::seconds(opts.body_timeout_seconds);
         const bool read_all = reader([&](const char* data, size_t len) {
-          if (body.size() + len > opts.max_body_bytes) return !(too_large = true);
+          if (body.size() + len > cap) return !(too_large = true);
           if (Clock::now() > deadline) return !(too_slow = true);
           body.append(data, len);
           return true;
         });
-        if (too_large) throw_too_large();
+        if (too_large) throw_too_large(cap);
         if (too_slow)
           throw ApiError(408, "request body took longer than " + std::to_string(opts.body_timeout_seconds) +
                                   " s to arrive", "invalid_request_error");
@@ -376,6 +380,38 @@ struct Server::Impl {
                                " Weight version updated to " + v + "."},
                {"num_paused_requests", 0},
                {"weight_version", v}});
+  }
+
+  // The body is a safetensors file of tensors by Hugging Face name; options come as query
+  // parameters (flush_cache, weight_version, finished, abort_all_requests). finished=false stages
+  // a bucket; the bucket that says finished applies everything staged.
+  void update_weights_from_tensor(const httplib::Request& hreq, httplib::Response& res) {
+    for (auto& [k, v] : hreq.params)
+      if (k != "flush_cache" && k != "weight_version" && k != "finished" && k != "abort_all_requests")
+        throw bad_request("unknown query parameter \"" + k + "\"", k);
+    auto flag = [&](const char* k, bool dflt) {
+      if (!hreq.has_param(k)) return dflt;
+      const std::string v = hreq.get_param_value(k);
+      if (v == "true" || v == "1") return true;
+      if (v == "false" || v == "0") return false;
+      throw bad_request(std::string("query parameter \"") + k + "\" must be true or false", k);
+    };
+    const bool flush = flag("flush_cache", true), finished = flag("finished", true);
+    const bool abort_all = flag("abort_all_requests", false);
+    std::optional<std::string> label;
+    if (hreq.has_param("weight_version")) label = hreq.get_param_value("weight_version");
+    try {
+      auto [n, v] = loop->update_weights_from_tensors(hreq.body, flush, label, finished, abort_all);
+      send_json(res, 200,
+                {{"success", true},
+                 {"message", finished ? "applied " + std::to_string(n) + " tensors; weight version " + loop->weight_label()
+                                      : "staged " + std::to_string(n) + " tensors; send finished=true to apply"},
+                 {"num_tensors", n},
+                 {"finished", finished},
+                 {"weight_version", loop->weight_label()}});
+    } catch (const Error& e) {
+      send_json(res, 400, {{"success", false}, {"message", e.what()}});
+    }
   }
 
   void pause_generation(const httplib::Request& hreq, httplib::Response& res) {
@@ -626,6 +662,8 @@ struct Server::Impl {
     http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
     http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
+    http.Post("/update_weights_from_tensor",
+              post([this](R q, W s) { update_weights_from_tensor(q, s); }, opts.max_weights_body_bytes));
     http.Post("/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
     http.Get("/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
     http.Post("/flush_cache", post([this](R, W s) { flush_cache(s); }));

@@ -25,6 +25,7 @@ struct ServerOptions {
   int control_port = -1;
   std::string api_key;                 // non-empty: every endpoint but /health needs "Bearer KEY"
   size_t max_body_bytes = 16u << 20;   // larger bodies get 413
+  size_t max_weights_body_bytes = size_t(4) << 30;  // /update_weights_from_tensor (a bucket of weights)
   int http_threads = 128;              // concurrent HTTP connections served
   std::string model_name;              // reported by /v1/models; default: the model path
   bool log_requests = false;           // one line per request on stderr

@@ -259,3 +259,43 @@ def test_sigterm_drains_requests_in_flight(r3_bin, tmp_path):
     assert "reply" in result, result
     assert result["reply"]["meta_info"]["finish_reason"]["type"] == "length"
     assert len(result["reply"]["output_ids"]) == 2000
+
+
+def read_safetensors(path):
+    # An independent reader: header JSON, then numpy views (bf16 as uint16 bits).
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[b:end], dtype=dt[e["dtype"]]).reshape(e["shape"])
+    return out
+
+
+def test_update_weights_from_tensors_in_buckets(model, make_model):
+    m1 = make_model("olmoe", seed=1)
+    llm = r3.LLM(model=model, enable_return_routed_experts=True, **ENGINE)
+    tensors = read_safetensors(os.path.join(m1, "model.safetensors"))
+    names = sorted(tensors)
+    p = [{"prompt_token_ids": prompt(15, 3)}]
+    sp = r3.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = llm.generate(p, sp)[0].outputs[0]
+    assert llm.update_weights_from_tensors({k: tensors[k] for k in names[::2]}, finished=False) == len(names[::2])
+    assert llm.weight_version == 0
+    assert llm.generate(p, sp)[0].outputs[0].token_ids == before.token_ids  # staged, not applied
+    assert llm.update_weights_from_tensors([(k, tensors[k]) for k in names[1::2]]) == len(names)
+    assert llm.weight_version == 1
+    got = llm.generate(p, sp)[0].outputs[0]
+    fresh = r3.LLM(model=m1, enable_return_routed_experts=True, **ENGINE).generate(p, sp)[0].outputs[0]
+    assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
+    assert np.array_equal(got.routed_experts, fresh.routed_experts)
+    with pytest.raises(r3.Error, match="not in the served model"):
+        llm.update_weights_from_tensors({"no.such.weight": np.zeros(4, np.float32)})
+    with pytest.raises(r3.Error, match="buffer format"):
+        llm.update_weights_from_tensors({names[0]: np.zeros(4, np.float64)})
+    assert llm.weight_version == 1

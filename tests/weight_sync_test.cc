@@ -1,0 +1,135 @@
+// In-memory weight sync: a trainer's tensors by Hugging Face name, sent in buckets, applied at
+// once between steps; the engine then equals a fresh engine on those weights. Every bucket is
+// checked first (name, shape, dtype) and a refused one changes nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "model/safetensors.h"
+#include "test_models.h"
+
+namespace r3 {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::greedy;
+using testing::test_model;
+
+std::vector<TensorToWrite> tensors_of(const std::string& dir) {
+  SafetensorsFile f((fs::path(dir) / "model.safetensors").string());
+  std::vector<TensorToWrite> out;
+  for (auto& [name, t] : f.tensors()) {
+    TensorToWrite w{name, t.dtype, t.shape, {}};
+    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+EngineConfig config_for(const std::string& model) {
+  EngineConfig c;
+  c.model = model;
+  c.num_kv_blocks = 64;
+  c.threads = 1;
+  c.enable_return_routed_experts = true;
+  return c;
+}
+
+TEST(WeightSync, BucketsApplyAtOnceAndEqualAFreshEngine) {
+  const std::string a = test_model("olmoe", "tiny", 0), b = test_model("olmoe", "tiny", 7);
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap);
+    EngineConfig c = config_for(a);
+    c.overlap_scheduler = overlap;
+    Engine e(c);
+    const RequestOutput before = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+    std::vector<TensorToWrite> all = tensors_of(b);
+    const size_t third = all.size() / 3;
+    std::vector<TensorToWrite> b1(all.begin(), all.begin() + ptrdiff_t(third)),
+        b2(all.begin() + ptrdiff_t(third), all.begin() + ptrdiff_t(2 * third)),
+        b3(all.begin() + ptrdiff_t(2 * third), all.end());
+    e.stage_weights(b1);
+    e.stage_weights(b2);
+    // Staged, not applied: the engine still serves the old weights at the old version.
+    const RequestOutput mid = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+    EXPECT_EQ(mid.token_ids, before.token_ids);
+    EXPECT_EQ(mid.routed_experts->data, before.routed_experts->data);
+    EXPECT_EQ(e.weight_version(), 0u);
+    e.stage_weights(b3);
+    EXPECT_EQ(e.staged_weight_tensors(), all.size());
+    e.commit_staged_weights(true);
+    EXPECT_EQ(e.weight_version(), 1u);
+    EXPECT_EQ(e.staged_weight_tensors(), 0u);
+    Engine fresh(config_for(b));
+    const RequestOutput want = fresh.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+    const RequestOutput got = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
+    EXPECT_EQ(got.token_ids, want.token_ids);
+    EXPECT_EQ(got.logprobs, want.logprobs);
+    EXPECT_EQ(got.routed_experts->data, want.routed_experts->data);
+  }
+}
+
+TEST(WeightSync, ARefusedBucketChangesNothing) {
+  const std::string a = test_model("olmoe", "tiny", 0), b = test_model("olmoe", "tiny", 7);
+  Engine e(config_for(a));
+  const RequestOutput before = e.generate({{3, 4, 5}}, {greedy(5)})[0];
+  std::vector<TensorToWrite> good = tensors_of(b);
+  auto expect_refused = [&](std::vector<TensorToWrite> bucket, const std::string& needle) {
+    const size_t staged = e.staged_weight_tensors();
+    try {
+      e.stage_weights(std::move(bucket));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(needle), std::string::npos) << err.what();
+    }
+    EXPECT_EQ(e.staged_weight_tensors(), staged);
+  };
+  std::vector<TensorToWrite> bucket = {good[0], good[1]};
+  bucket[1].name = "model.layers.0.self_attn.q_proj.bias";
+  expect_refused(bucket, "not in the served model");
+  bucket = {good[0]};
+  bucket[0].shape.push_back(1);
+  expect_refused(bucket, "the served model's is");
+  bucket = {good[0]};
+  bucket[0].dtype = bucket[0].dtype == DType::F32 ? DType::BF16 : DType::F32;
+  expect_refused(bucket, "the served model's is");
+  bucket = {good[0]};
+  bucket[0].bytes.pop_back();
+  expect_refused(bucket, "bytes");
+  EXPECT_THROW(e.commit_staged_weights(true), Error);  // nothing staged
+  const RequestOutput after = e.generate({{3, 4, 5}}, {greedy(5)})[0];
+  EXPECT_EQ(after.token_ids, before.token_ids);
+  EXPECT_EQ(after.logprobs, before.logprobs);
+  EXPECT_EQ(e.weight_version(), 0u);
+}
+
+// A subset: tensors not sent keep their values (here only the final norm changes).
+TEST(WeightSync, UnsentTensorsKeepTheirValues) {
+  const std::string a = test_model("mixtral", "tiny", 0), b = test_model("mixtral", "tiny", 3);
+  Engine e(config_for(a));
+  std::vector<TensorToWrite> mixed = tensors_of(a), from_b = tensors_of(b);
+  std::vector<TensorToWrite> one;
+  for (size_t i = 0; i < mixed.size(); ++i)
+    if (mixed[i].name == "model.norm.weight") {
+      mixed[i] = from_b[i];
+      one.push_back(from_b[i]);
+    }
+  ASSERT_EQ(one.size(), 1u);
+  e.stage_weights(one);
+  e.commit_staged_weights(true);
+  const std::string dir = (fs::temp_directory_path() / ("r3_weight_sync_" + std::to_string(getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(a) / "config.json", fs::path(dir) / "config.json");
+  write_safetensors(dir + "/model.safetensors", mixed);
+  Engine want(config_for(dir));
+  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids, want.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids);
+  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs, want.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace r3
