@@ -23,6 +23,8 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "server/channel.h"
+#include "server/engine_loop.h"
 
 namespace py = pybind11;
 
@@ -68,6 +70,70 @@ py::object routes_to_numpy(const r3::RouteArray& r) {
   return a;
 }
 
+// An engine output as vLLM's RequestOutput (one CompletionOutput); a failed request raises.
+PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id) {
+  if (!o.error.empty()) throw r3::Error("request " + request_id + ": " + o.error);
+  if (!o.routes_error.empty())
+    throw r3::Error("request " + request_id + ": routes are incomplete (" + o.routes_error + ")");
+  PyRequestOutput r;
+  r.request_id = request_id;
+  r.prompt_token_ids = std::move(o.prompt_token_ids);
+  r.num_cached_tokens = o.num_cached_tokens;
+  r.finished = o.finished;
+  CompletionOutput c;
+  c.token_ids = std::move(o.token_ids);
+  c.logprobs = std::move(o.logprobs);
+  for (float f : c.logprobs) c.cumulative_logprob += double(f);
+  c.finish_reason = o.finish_reason;
+  c.weight_versions = std::move(o.weight_versions);
+  if (o.routed_experts) {
+    c.routed_experts = routes_to_numpy(*o.routed_experts);
+    c.routed_experts_start = o.routed_experts->start;
+    c.moe_layers = o.routed_experts->moe_layers;
+  }
+  r.outputs.push_back(std::move(c));
+  return r;
+}
+
+// named: a dict {name: array} or a list of (name, array). Arrays: anything with the buffer
+// protocol, C-contiguous; float32 -> F32, float16 -> F16, 16-bit integers -> the bits of BF16
+// (numpy has no bfloat16: send `tensor.view(torch.int16).numpy()`).
+std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
+  std::vector<r3::TensorToWrite> tensors;
+  auto add = [&](const py::handle& name, const py::handle& arr) {
+    py::buffer_info info = py::reinterpret_borrow<py::buffer>(arr).request();
+    r3::TensorToWrite t;
+    t.name = name.cast<std::string>();
+    const std::string f = info.format;
+    if (f == "f" && info.itemsize == 4) t.dtype = r3::DType::F32;
+    else if (f == "e" && info.itemsize == 2) t.dtype = r3::DType::F16;
+    else if ((f == "H" || f == "h") && info.itemsize == 2) t.dtype = r3::DType::BF16;
+    else
+      throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" + f +
+                      "' (give float32, float16, or int16/uint16 holding bf16 bits)");
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+      if (info.strides[size_t(i)] != expect)
+        throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" is not C-contiguous");
+      expect *= info.shape[size_t(i)];
+      t.shape.insert(t.shape.begin(), int64_t(info.shape[size_t(i)]));
+    }
+    const auto* p = static_cast<const uint8_t*>(info.ptr);
+    t.bytes.assign(p, p + size_t(info.size * info.itemsize));
+    tensors.push_back(std::move(t));
+  };
+  if (py::isinstance<py::dict>(named)) {
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(named)) add(k, v);
+  } else {
+    for (auto item : py::list(named)) {
+      py::tuple pair = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+      if (pair.size() != 2) throw r3::Error("update_weights_from_tensors: give (name, array) pairs or a dict");
+      add(pair[0], pair[1]);
+    }
+  }
+  return tensors;
+}
+
 std::vector<int> prompt_of(const py::handle& item) {
   if (py::isinstance<py::str>(item)) throw r3::Error("r3 has no tokenizer; pass {\"prompt_token_ids\": [...]}");
   if (py::isinstance<py::dict>(item)) {
@@ -83,6 +149,13 @@ std::vector<int> prompt_of(const py::handle& item) {
 class LLM {
  public:
   explicit LLM(const std::string& model, bool enable_routes, const py::kwargs& kw) {
+    EngineConfig c = engine_config(model, enable_routes, kw, "LLM");
+    py::gil_scoped_release nogil;
+    engine_ = std::make_unique<r3::Engine>(c);
+  }
+
+  static EngineConfig engine_config(const std::string& model, bool enable_routes, const py::kwargs& kw,
+                                    const char* who) {
     EngineConfig c;
     c.model = model;
     c.enable_return_routed_experts = enable_routes;
@@ -99,10 +172,9 @@ class LLM {
       else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
       else if (key == "threads") c.threads = v.cast<int>();
       else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
-      else throw py::type_error("LLM() got an unknown engine argument '" + key + "'");
+      else throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");
     }
-    py::gil_scoped_release nogil;
-    engine_ = std::make_unique<r3::Engine>(c);
+    return c;
   }
 
   std::vector<PyRequestOutput> generate(const py::object& prompts, const py::object& params) {
@@ -139,28 +211,7 @@ class LLM {
       outs = engine_->generate(ps, sp);
     }
     std::vector<PyRequestOutput> res;
-    for (auto& o : outs) {
-      if (!o.error.empty()) throw r3::Error("request " + std::to_string(o.request_id) + ": " + o.error);
-      if (!o.routes_error.empty())
-        throw r3::Error("request " + std::to_string(o.request_id) + ": routes are incomplete (" + o.routes_error + ")");
-      PyRequestOutput r;
-      r.request_id = std::to_string(o.request_id);
-      r.prompt_token_ids = std::move(o.prompt_token_ids);
-      r.num_cached_tokens = o.num_cached_tokens;
-      CompletionOutput c;
-      c.token_ids = std::move(o.token_ids);
-      c.logprobs = std::move(o.logprobs);
-      for (float f : c.logprobs) c.cumulative_logprob += double(f);
-      c.finish_reason = o.finish_reason;
-      c.weight_versions = std::move(o.weight_versions);
-      if (o.routed_experts) {
-        c.routed_experts = routes_to_numpy(*o.routed_experts);
-        c.routed_experts_start = o.routed_experts->start;
-        c.moe_layers = o.routed_experts->moe_layers;
-      }
-      r.outputs.push_back(std::move(c));
-      res.push_back(std::move(r));
-    }
+    for (auto& o : outs) res.push_back(to_python(std::move(o), std::to_string(o.request_id)));
     return res;
   }
 
@@ -170,42 +221,8 @@ class LLM {
     engine_->update_weights(path, flush_cache);
   }
 
-  // named: a dict {name: array} or a list of (name, array). Arrays: anything with the buffer
-  // protocol, C-contiguous; float32 -> F32, float16 -> F16, 16-bit integers -> the bits of BF16
-  // (numpy has no bfloat16: send `tensor.view(torch.int16).numpy()`).
   size_t update_weights_from_tensors(const py::object& named, bool flush_cache, bool finished) {
-    std::vector<r3::TensorToWrite> tensors;
-    auto add = [&](const py::handle& name, const py::handle& arr) {
-      py::buffer_info info = py::reinterpret_borrow<py::buffer>(arr).request();
-      r3::TensorToWrite t;
-      t.name = name.cast<std::string>();
-      const std::string f = info.format;
-      if (f == "f" && info.itemsize == 4) t.dtype = r3::DType::F32;
-      else if (f == "e" && info.itemsize == 2) t.dtype = r3::DType::F16;
-      else if ((f == "H" || f == "h") && info.itemsize == 2) t.dtype = r3::DType::BF16;
-      else
-        throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" + f +
-                        "' (give float32, float16, or int16/uint16 holding bf16 bits)");
-      py::ssize_t expect = info.itemsize;
-      for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
-        if (info.strides[size_t(i)] != expect)
-          throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" is not C-contiguous");
-        expect *= info.shape[size_t(i)];
-        t.shape.insert(t.shape.begin(), int64_t(info.shape[size_t(i)]));
-      }
-      const auto* p = static_cast<const uint8_t*>(info.ptr);
-      t.bytes.assign(p, p + size_t(info.size * info.itemsize));
-      tensors.push_back(std::move(t));
-    };
-    if (py::isinstance<py::dict>(named)) {
-      for (auto [k, v] : py::reinterpret_borrow<py::dict>(named)) add(k, v);
-    } else {
-      for (auto item : py::list(named)) {
-        py::tuple pair = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-        if (pair.size() != 2) throw r3::Error("update_weights_from_tensors: give (name, array) pairs or a dict");
-        add(pair[0], pair[1]);
-      }
-    }
+    std::vector<r3::TensorToWrite> tensors = tensors_from_python(named);
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lk(mu_);
     engine_->stage_weights(std::move(tensors));
@@ -269,9 +286,113 @@ class LLM {
   std::mt19937_64 fresh_seeds_{std::random_device{}()};
 };
 
+// One request's stream of cumulative outputs (AsyncLLM.generate reads it from a worker thread).
+class PyStream {
+ public:
+  PyStream(std::shared_ptr<r3::server::Channel> ch, std::string request_id)
+      : ch_(std::move(ch)), request_id_(std::move(request_id)) {}
+  // The newest output, or None when nothing new came within timeout_s (GIL released meanwhile).
+  py::object next(double timeout_s) {
+    std::vector<std::optional<RequestOutput>> outs;
+    bool got = false;
+    std::string failure;
+    {
+      py::gil_scoped_release nogil;
+      got = ch_->take(seen_, std::chrono::milliseconds(int64_t(timeout_s * 1000)), outs);
+      failure = ch_->failure();
+    }
+    if (!failure.empty()) throw r3::Error("request " + request_id_ + ": " + failure);
+    if (!got || outs.empty() || !outs[0]) return py::none();
+    return py::cast(to_python(std::move(*outs[0]), request_id_));
+  }
+
+ private:
+  std::shared_ptr<r3::server::Channel> ch_;
+  std::string request_id_;
+  uint64_t seen_ = 0;
+};
+
+// The engine behind r3.AsyncLLM: its own loop thread (r3::server::EngineLoop, as `r3 serve`
+// uses), so requests are added, aborted and streamed while others run.
+class AsyncEngine {
+ public:
+  AsyncEngine(const std::string& model, bool enable_routes, const py::kwargs& kw) {
+    EngineConfig c = LLM::engine_config(model, enable_routes, kw, "AsyncLLM");
+    py::gil_scoped_release nogil;
+    loop_ = std::make_unique<r3::server::EngineLoop>(c);
+  }
+  ~AsyncEngine() {
+    py::gil_scoped_release nogil;
+    loop_.reset();
+  }
+
+  PyStream submit(const py::object& prompt, const py::object& params, const std::string& request_id) {
+    PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
+    r3::server::Job j{prompt_of(prompt), sp.p};
+    j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
+    j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
+    auto ch = std::make_shared<r3::server::Channel>(1, true);
+    std::vector<r3::server::Job> jobs;
+    jobs.push_back(std::move(j));
+    {
+      py::gil_scoped_release nogil;
+      try {
+        loop_->submit(std::move(jobs), ch, request_id);
+      } catch (const r3::server::SubmitError& e) {
+        throw r3::Error(e.what());
+      } catch (const r3::server::ApiError& e) {
+        throw r3::Error(e.what());
+      }
+    }
+    return PyStream(ch, request_id);
+  }
+
+  // The rest release the GIL while the loop thread does the work.
+  size_t abort(const std::string& request_id) { return nogil([&] { return loop_->abort_rid(request_id); }); }
+  void pause_generation(const std::string& mode) { nogil([&] { loop_->pause_generation(mode); return 0; }); }
+  void continue_generation() { nogil([&] { loop_->continue_generation(); return 0; }); }
+  bool reset_prefix_cache() { return nogil([&] { return loop_->flush_cache(); }); }
+  void sleep(int level) {
+    if (level != 1 && level != 2) throw r3::Error("sleep: level must be 1 or 2");
+    nogil([&] { loop_->release_memory(true, true); return 0; });
+  }
+  void wake_up(const std::optional<std::vector<std::string>>& tags) {
+    bool kv = !tags, weights = !tags;
+    for (const std::string& t : tags.value_or(std::vector<std::string>{})) {
+      if (t == "kv_cache") kv = true;
+      else if (t == "weights") weights = true;
+      else throw r3::Error("wake_up: unknown tag \"" + t + "\" (kv_cache, weights)");
+    }
+    nogil([&] { loop_->resume_memory(kv, weights); return 0; });
+  }
+  uint64_t update_weights(const std::string& path, bool flush_cache, const std::optional<std::string>& version) {
+    return nogil([&] { return loop_->update_weights(path, flush_cache, version); });
+  }
+  size_t update_weights_from_tensors(const py::object& named, bool flush_cache, const std::optional<std::string>& version,
+                                     bool finished) {
+    std::vector<r3::TensorToWrite> tensors = tensors_from_python(named);
+    return nogil([&] { return loop_->update_weights_from_tensors(std::move(tensors), flush_cache, version, finished, false).first; });
+  }
+  std::string get_weight_version() { return loop_->weight_label(); }
+  bool is_paused() { return loop_->paused(); }
+
+ private:
+  template <class F>
+  auto nogil(F f) -> decltype(f()) {
+    py::gil_scoped_release release;
+    try {
+      return f();
+    } catch (const r3::server::ApiError& e) {
+      throw r3::Error(e.what());
+    }
+  }
+  std::unique_ptr<r3::server::EngineLoop> loop_;
+  std::mt19937_64 fresh_seeds_{std::random_device{}()};
+};
+
 }  // namespace
 
-PYBIND11_MODULE(r3, m) {
+PYBIND11_MODULE(_r3, m) {
   m.doc() = "r3: MoE inference with Rollout Routing Replay (routes of every token, per MoE layer)";
   py::register_exception<r3::Error>(m, "Error", PyExc_ValueError);
 
@@ -354,4 +475,22 @@ PYBIND11_MODULE(r3, m) {
       .def_property_readonly("weight_version", &LLM::weight_version)
       .def("stats", &LLM::stats)
       .def_property_readonly("model_config", &LLM::model_config);
+
+  py::class_<PyStream>(m, "_Stream").def("next", &PyStream::next, py::arg("timeout_s"));
+  py::class_<AsyncEngine>(m, "_AsyncEngine")
+      .def(py::init<const std::string&, bool, const py::kwargs&>(), py::arg("model"),
+           py::arg("enable_return_routed_experts") = false)
+      .def("submit", &AsyncEngine::submit, py::arg("prompt"), py::arg("sampling_params"), py::arg("request_id"))
+      .def("abort", &AsyncEngine::abort, py::arg("request_id"))
+      .def("pause_generation", &AsyncEngine::pause_generation, py::arg("mode"))
+      .def("continue_generation", &AsyncEngine::continue_generation)
+      .def("reset_prefix_cache", &AsyncEngine::reset_prefix_cache)
+      .def("sleep", &AsyncEngine::sleep, py::arg("level"))
+      .def("wake_up", &AsyncEngine::wake_up, py::arg("tags"))
+      .def("update_weights", &AsyncEngine::update_weights, py::arg("path"), py::arg("flush_cache"),
+           py::arg("weight_version"))
+      .def("update_weights_from_tensors", &AsyncEngine::update_weights_from_tensors, py::arg("named_tensors"),
+           py::arg("flush_cache"), py::arg("weight_version"), py::arg("finished"))
+      .def("get_weight_version", &AsyncEngine::get_weight_version)
+      .def("is_paused", &AsyncEngine::is_paused);
 }

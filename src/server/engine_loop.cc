@@ -121,6 +121,14 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string_
     tensors.push_back(std::move(w));
   }
   f.reset();
+  return update_weights_from_tensors(std::move(tensors), flush_cache, label, finished, abort_all);
+}
+
+std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::vector<TensorToWrite> tensors,
+                                                                    bool flush_cache,
+                                                                    const std::optional<std::string>& label,
+                                                                    bool finished, bool abort_all) {
+  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
   auto [n, v] = call([&]() -> std::pair<size_t, uint64_t> {
     engine_->stage_weights(std::move(tensors));
     const size_t staged = engine_->staged_weight_tensors();

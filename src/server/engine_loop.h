@@ -94,6 +94,9 @@ class EngineLoop {
   std::pair<size_t, uint64_t> update_weights_from_tensors(std::string_view safetensors_bytes, bool flush_cache,
                                                           const std::optional<std::string>& label, bool finished,
                                                           bool abort_all);
+  std::pair<size_t, uint64_t> update_weights_from_tensors(std::vector<TensorToWrite> tensors, bool flush_cache,
+                                                          const std::optional<std::string>& label, bool finished,
+                                                          bool abort_all);
   // The weight version label SGLang clients compare (a string); set by refits.
   std::string weight_label() const;
   void set_weight_label(const std::string& label);

@@ -1,0 +1,92 @@
+# r3.AsyncLLM driven as verl drives vLLM's AsyncLLM: concurrent streamed requests with ids, an
+# abort, pause / continue, prefix-cache reset, weights pushed from tensors with a version label.
+import asyncio
+import json
+import os
+
+import numpy as np
+import pytest
+
+import r3
+
+ENGINE = dict(num_kv_blocks=128, threads=1, max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def prompt(n, salt):
+    return [3 + (i * 37 + salt * 101) % 500 for i in range(n)]
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+    return {k: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=dt[e["dtype"]]).reshape(e["shape"])
+            for k, e in header.items() if k != "__metadata__"}
+
+
+async def collect(engine, p, sp, rid):
+    outs = []
+    async for out in engine.generate({"prompt_token_ids": p}, sp, request_id=rid):
+        outs.append(out)
+    return outs
+
+
+def test_async_llm_like_verl(make_model):
+    m0, m1 = make_model("olmoe"), make_model("olmoe", seed=1)
+    sync0 = r3.LLM(model=m0, enable_return_routed_experts=True, **ENGINE)
+    sync1 = r3.LLM(model=m1, enable_return_routed_experts=True, **ENGINE)
+    sp = r3.SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    prompts = [prompt(10 + 5 * i, i) for i in range(5)]
+
+    async def main():
+        engine = r3.AsyncLLM(m0, enable_return_routed_experts=True, **ENGINE)
+        long_sp = r3.SamplingParams(max_tokens=2000, temperature=1.0, seed=1, ignore_eos=True)
+        victim = asyncio.ensure_future(collect(engine, prompt(8, 9), long_sp, "victim"))
+        runs = await asyncio.gather(*[collect(engine, p, sp, f"req-{i}") for i, p in enumerate(prompts)])
+        assert await engine.abort("victim") == 1
+        cut = await victim
+        assert cut[-1].finished and cut[-1].outputs[0].finish_reason == "abort"
+        assert len(cut[-1].outputs[0].token_ids) < 2000
+        for i, outs in enumerate(runs):
+            final = outs[-1]
+            assert final.finished and final.request_id == f"req-{i}"
+            # Cumulative outputs: each one extends the one before.
+            for a, b in zip(outs, outs[1:]):
+                assert b.outputs[0].token_ids[:len(a.outputs[0].token_ids)] == a.outputs[0].token_ids
+            want = sync0.generate([{"prompt_token_ids": prompts[i]}], sp)[0].outputs[0]
+            assert final.outputs[0].token_ids == want.token_ids and final.outputs[0].logprobs == want.logprobs
+            assert np.array_equal(final.outputs[0].routed_experts, want.routed_experts)
+
+        # Weight sync, verl style: pause, push the new weights in two buckets, reset, continue.
+        await engine.pause_generation("abort")
+        tensors = read_safetensors(os.path.join(m1, "model.safetensors"))
+        names = sorted(tensors)
+        await engine.update_weights_from_tensors({k: tensors[k] for k in names[::2]}, finished=False)
+        assert await engine.get_weight_version() == "0"
+        await engine.update_weights_from_tensors({k: tensors[k] for k in names[1::2]}, weight_version="step-1")
+        assert await engine.reset_prefix_cache()
+        await engine.continue_generation()
+        assert await engine.get_weight_version() == "step-1"
+        after = await collect(engine, prompts[0], sp, "after")
+        want = sync1.generate([{"prompt_token_ids": prompts[0]}], sp)[0].outputs[0]
+        assert after[-1].outputs[0].token_ids == want.token_ids
+        assert after[-1].outputs[0].weight_versions == [1] * len(want.token_ids)
+
+        # sleep / wake_up, then a refit from disk with a label.
+        await engine.sleep(1)
+        await engine.wake_up(None)
+        await engine.update_weights(m0, weight_version="back")
+        again = await collect(engine, prompts[1], sp, "again")
+        want0 = sync0.generate([{"prompt_token_ids": prompts[1]}], sp)[0].outputs[0]
+        assert again[-1].outputs[0].token_ids == want0.token_ids
+        assert await engine.get_weight_version() == "back"
+        with pytest.raises(r3.Error, match="already in flight"):
+            gen1 = collect(engine, prompt(8, 1), long_sp, "dup")
+            gen2 = collect(engine, prompt(8, 2), long_sp, "dup")
+            await asyncio.gather(gen1, gen2)
+        await engine.abort("dup")
+        engine.shutdown()
+
+    asyncio.run(main())
