@@ -102,7 +102,13 @@ TEST(Sampling, LargeVocabularyLogprobsAndTemperature) {
 
 TEST(Sampling, ValidateNamesTheParameter) {
   SamplingParams p;
-  p.max_tokens = 0;
+  p.max_tokens = -1;
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.prompt_logprobs_start = -2;
   EXPECT_THROW(p.validate(10), Error);
   p = {};
   p.temperature = -1;

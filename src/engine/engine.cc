@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "routes/capturable.h"
@@ -138,6 +139,11 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
   if (params.return_routed_experts && !cfg_.enable_return_routed_experts)
     throw Error("return_routed_experts was requested but the engine was not started with "
                 "enable_return_routed_experts");
+  if (params.prompt_logprobs_start > int64_t(prompt.size()))
+    throw Error("prompt_logprobs_start " + std::to_string(params.prompt_logprobs_start) + " is past the prompt (" +
+                std::to_string(prompt.size()) + " tokens)");
+  if (params.max_tokens == 0 && prompt.size() < 2 && params.return_routed_experts)
+    throw Error("max_tokens 0 with a one-token prompt has no route row to return");
   if (params.routed_experts_start > total - 1)
     throw Error("routed_experts_start " + std::to_string(params.routed_experts_start) +
                 " is past the last route row (" + std::to_string(total - 2) + ")");
@@ -151,6 +157,11 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
   r->logprobs.reserve(size_t(r->params.max_tokens));
   r->versions.reserve(size_t(r->params.max_tokens));
   r->blocks.reserve(size_t(blocks));
+  if (r->params.top_logprobs > 0) r->top.reserve(size_t(r->params.max_tokens));
+  if (r->params.prompt_logprobs_start >= 0) {
+    r->prompt_logprobs.assign(r->prompt.size(), std::numeric_limits<float>::quiet_NaN());
+    if (r->params.top_logprobs > 0) r->prompt_top.assign(r->prompt.size(), TopLogprobs{});
+  }
   r->block_hashes.reserve(size_t(blocks));
   if (r->params.return_routed_experts) routes_->open(r->id, int(total));
   prompt_tokens_ += r->prompt.size();
@@ -186,6 +197,13 @@ RequestOutput Engine::make_output(const Request& r) {
   o.finish_reason = r.finish_reason;
   o.num_preemptions = r.num_preemptions;
   o.num_cached_tokens = r.prefix_hit_tokens;
+  o.top_logprobs = r.top;
+  o.prompt_logprobs_start = r.params.prompt_logprobs_start;
+  if (r.params.prompt_logprobs_start >= 0 && r.status == RequestStatus::Finished) {
+    const size_t from = size_t(r.params.prompt_logprobs_start);
+    o.prompt_logprobs.assign(r.prompt_logprobs.begin() + ptrdiff_t(from), r.prompt_logprobs.end());
+    if (!r.prompt_top.empty()) o.prompt_top_logprobs.assign(r.prompt_top.begin() + ptrdiff_t(from), r.prompt_top.end());
+  }
   return o;
 }
 
@@ -247,6 +265,25 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     // Publish blocks this step filled, so later requests can hit them (their routes are
     // committed above, before any hit can be planned).
     publish_full_blocks(r, s.start_pos + s.num_tokens);
+    bool failed = false;
+    for (int j = 0; j < s.score_count && !failed; ++j) {
+      const ScoreTarget& t = plan.scores[size_t(s.score_offset + j)];
+      const ScoreResult& sc = res.scores[size_t(s.score_offset + j)];
+      if (sc.nonfinite) {
+        finish(r, "error", out);
+        out.back().error = "non-finite logits at position " + std::to_string(t.position - 1) +
+                           " (NaN or infinite values in the weights or activations)";
+        failed = true;
+        break;
+      }
+      r->prompt_logprobs[size_t(t.position)] = sc.logprob;  // recompute rewrites the same bits
+      if (!r->prompt_top.empty()) r->prompt_top[size_t(t.position)] = sc.top;
+    }
+    if (failed) continue;
+    if (r->params.max_tokens == 0 && s.start_pos + s.num_tokens == int(r->prompt.size())) {
+      finish(r, "length", out);  // prompt only: scored and routed, nothing sampled
+      continue;
+    }
     const SeqResult& sr = res.seqs[i];
     if (!sr.sampled) continue;
     if (sr.sample.nonfinite) {
@@ -259,6 +296,7 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     --r->pending;
     r->output.push_back(sr.sample.token);
     r->logprobs.push_back(sr.sample.logprob);
+    if (r->params.top_logprobs > 0) r->top.push_back(sr.sample.top);
     r->versions.push_back(plan.weight_version);
     ++generated_tokens_;
     const int tok = sr.sample.token;

@@ -47,6 +47,13 @@ struct RequestOutput {
   std::vector<int> prompt_token_ids, token_ids;
   std::vector<float> logprobs;
   std::vector<uint64_t> weight_versions;  // per generated token
+  // Scoring: the top alternatives of each generated token (top_logprobs > 0), and from
+  // prompt_logprobs_start on each prompt token's logprob given the tokens before it (position
+  // 0 has none: NaN) with its top alternatives.
+  std::vector<TopLogprobs> top_logprobs;
+  int prompt_logprobs_start = -1;
+  std::vector<float> prompt_logprobs;
+  std::vector<TopLogprobs> prompt_top_logprobs;
   bool finished = false;
   std::string finish_reason;
   std::optional<RouteArray> routed_experts;  // [S-1 - start, L_moe, K]

@@ -74,6 +74,34 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
   pack_weights();
 }
 
+// Prompt scoring: final norm and lm_head on the scored rows, max_seqs rows at a time (the
+// logits buffer's capacity), then each row's log-softmax at its target and its top tokens.
+void ModelRunner::score_prompt_tokens(const StepPlan& plan, StepResult& result) {
+  const ModelConfig& c = config();
+  const int H = c.hidden_size, V = c.vocab_size;
+  result.scores.resize(plan.scores.size());
+  for (size_t b = 0; b < plan.scores.size(); b += size_t(max_seqs_)) {
+    const int R = int(std::min(plan.scores.size() - b, size_t(max_seqs_)));
+    for (int i = 0; i < R; ++i)
+      rms_norm(&x_[size_t(plan.scores[b + size_t(i)].token_index) * size_t(H)], weights_.final_norm, 0, H,
+               c.rms_norm_eps, &h_[size_t(i) * size_t(H)]);
+    round_to_bf16(h_.data(), int64_t(R) * H, hb_.data());
+    matmul({h_.data(), hb_.data(), R}, weights_.lm_head, logits_.data(), pool_);
+    pool_->parallel_for_each(R, [&](int64_t i) {
+      thread_local std::vector<float> scratch;
+      const ScoreTarget& t = plan.scores[b + size_t(i)];
+      const float* row = logits_.data() + size_t(i) * size_t(V);
+      ScoreResult& out = result.scores[b + size_t(i)];
+      const float log_z = log_normalizer(row, V, scratch);
+      out.nonfinite = !std::isfinite(log_z);
+      out.logprob = row[t.target] - log_z;
+      out.top.n = 0;
+      const int k = plan.seqs[size_t(t.seq)].sampler.top_logprobs;
+      if (k > 0 && !out.nonfinite) top_logprobs(row, V, log_z, k, out.top);
+    });
+  }
+}
+
 void ModelRunner::release_kv_cache() {
   // swap with empty vectors: clear() would keep the capacity (and the pages).
   decltype(k_cache_)().swap(k_cache_);
@@ -460,6 +488,7 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
                                                  ps.start_pos + ps.num_tokens, scratch, order);
     result.seqs[size_t(s)].sampled = true;
   });
+  score_prompt_tokens(plan, result);
   last_samples_.clear();
   for (int i = 0; i < S; ++i) {
     const SeqResult& r = result.seqs[size_t(sampled_seq[size_t(i)])];

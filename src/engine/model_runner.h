@@ -56,6 +56,7 @@ class ModelRunner {
   // Both read the post-attention norm in h_ / hb_.
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
+  void score_prompt_tokens(const StepPlan& plan, StepResult& result);
   void add_and_norm(const float* add, const TensorView& norm, int T);
   void pack_weights();  // weights_ = the checkpoint's views, bf16 matrices repacked
   template <typename KvT>

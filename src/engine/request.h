@@ -21,6 +21,10 @@ struct Request {
   std::vector<int> output;              // sampled tokens
   std::vector<float> logprobs;          // of each sampled token
   std::vector<uint64_t> versions;       // weight version that produced each sampled token
+  std::vector<TopLogprobs> top;         // of each sampled token, when top_logprobs > 0
+  // Scoring (prompt_logprobs_start >= 0): per prompt position, NaN until scored.
+  std::vector<float> prompt_logprobs;
+  std::vector<TopLogprobs> prompt_top;
 
   // KV state.
   std::vector<int> blocks;              // block table

@@ -12,7 +12,7 @@
 namespace r3 {
 
 void SamplingParams::validate(int vocab_size) const {
-  if (max_tokens < 1) throw Error("max_tokens must be >= 1");
+  if (max_tokens < 0) throw Error("max_tokens must be >= 0");
   if (!(temperature >= 0.f) || !std::isfinite(temperature)) throw Error("temperature must be >= 0");
   if (!(top_p > 0.f && top_p <= 1.f)) throw Error("top_p must be in (0, 1]");
   if (top_k < -1) throw Error("top_k must be -1, 0 (off) or positive");
@@ -21,10 +21,56 @@ void SamplingParams::validate(int vocab_size) const {
       throw Error("stop_token_ids holds " + std::to_string(t) + ", outside the vocabulary [0, " +
                   std::to_string(vocab_size) + ")");
   if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
+    throw Error("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+  if (prompt_logprobs_start < -1) throw Error("prompt_logprobs_start must be -1 (none) or >= 0");
 }
+
+float log_normalizer(const float* logits, int V, std::vector<float>& scratch) {
+  float m = logits[0];
+  for (int i = 1; i < V; ++i)
+    if (logits[i] > m) m = logits[i];
+  scratch.resize(size_t(V));
+  kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
+  return float(std::log(kernels::sum_f64(scratch.data(), V))) + m;
+}
+
+void top_logprobs(const float* logits, int V, float log_z, int k, TopLogprobs& out) {
+  k = std::min({k, V, kMaxTopLogprobs});
+  out.n = 0;
+  // Insertion into a sorted list of at most k: one pass over the vocabulary.
+  for (int t = 0; t < V; ++t) {
+    const float l = logits[t];
+    if (out.n == k && !(l > logits[out.ids[k - 1]])) continue;  // ties keep the lower id
+    int at = out.n < k ? out.n++ : k - 1;
+    while (at > 0 && l > logits[out.ids[at - 1]]) {
+      out.ids[at] = out.ids[at - 1];
+      --at;
+    }
+    out.ids[at] = t;
+  }
+  for (int i = 0; i < out.n; ++i) out.logprobs[i] = logits[out.ids[i]] - log_z;
+}
+
+namespace {
+
+Sample draw(const float* logits, int V, const SamplerParams& p, int position, std::vector<float>& scratch,
+            std::vector<int>& order, float& log_z_out);
+
+}  // namespace
 
 Sample sample_token(const float* logits, int V, const SamplerParams& p, int position,
                     std::vector<float>& scratch, std::vector<int>& order) {
+  float log_z = 0.f;
+  Sample s = draw(logits, V, p, position, scratch, order, log_z);
+  if (!s.nonfinite && p.top_logprobs > 0) top_logprobs(logits, V, log_z, p.top_logprobs, s.top);
+  return s;
+}
+
+namespace {
+
+Sample draw(const float* logits, int V, const SamplerParams& p, int position, std::vector<float>& scratch,
+            std::vector<int>& order, float& log_z_out) {
   // log-softmax of the raw logits, for the reported logprob: numerators exp(l - max) (exp.h),
   // summed in double in a fixed order.
   float m = logits[0];
@@ -35,6 +81,7 @@ Sample sample_token(const float* logits, int V, const SamplerParams& p, int posi
   kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
   const double z = kernels::sum_f64(scratch.data(), V);
   const float log_z = float(std::log(z)) + m;
+  log_z_out = log_z;
   // A NaN or infinite logit makes z or m non-finite: fail closed rather than sample from it.
   if (!std::isfinite(log_z)) return {0, 0.f, true};
   if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z};
@@ -91,5 +138,7 @@ Sample sample_token(const float* logits, int V, const SamplerParams& p, int posi
   }
   return {pick, logits[pick] - log_z};
 }
+
+}  // namespace
 
 }  // namespace r3

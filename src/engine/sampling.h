@@ -15,6 +15,18 @@ struct SamplerParams {
   float top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
+  int top_logprobs = 0;        // alternatives reported per scored position
+  int prompt_logprobs_start = -1;  // score prompt tokens from this position (-1: none)
+};
+
+constexpr int kMaxTopLogprobs = 20;  // as OpenAI's and vLLM's limit
+
+// The k most likely tokens of one position: descending logprob, ties to the lower id. Fixed
+// capacity, so results carry no heap memory.
+struct TopLogprobs {
+  int n = 0;
+  int ids[kMaxTopLogprobs];
+  float logprobs[kMaxTopLogprobs];
 };
 
 struct SamplingParams {
@@ -28,17 +40,32 @@ struct SamplingParams {
   bool logprobs = true;
   bool return_routed_experts = false;
   int routed_experts_start = 0;  // delta: return rows [start, S-1)
+  // Scoring: the top_logprobs most likely tokens at every generated (and scored prompt)
+  // position, up to kMaxTopLogprobs; and the logprob of every prompt token at positions
+  // [max(1, prompt_logprobs_start), P) given the tokens before it (-1: none). max_tokens 0 runs
+  // the prompt only (prefill-only scoring, routes for its P-1 rows).
+  int top_logprobs = 0;
+  int prompt_logprobs_start = -1;
 
   // Throws r3::Error naming the bad parameter.
   void validate(int vocab_size) const;
-  operator SamplerParams() const { return {temperature, top_p, top_k, seed}; }
+  operator SamplerParams() const {
+    return {temperature, top_p, top_k, seed, top_logprobs, prompt_logprobs_start};
+  }
 };
 
 struct Sample {
   int token = 0;
   float logprob = 0.f;  // log-softmax of the raw logits at the sampled token
   bool nonfinite = false;  // a logit was NaN or infinite: nothing was sampled
+  TopLogprobs top;      // the top_logprobs alternatives (n = 0 when not asked)
 };
+
+// log of the softmax normaliser of logits[0, V), in the order sample_token uses (so a token's
+// logprob is logits[t] - log_normalizer, the same bits everywhere); non-finite when a logit is.
+float log_normalizer(const float* logits, int V, std::vector<float>& scratch);
+// The k best tokens of logits (k <= kMaxTopLogprobs), their logprobs logits[t] - log_z.
+void top_logprobs(const float* logits, int V, float log_z, int k, TopLogprobs& out);
 
 // logits: [V]. scratch: at least V floats + V ints of working memory held by the caller.
 Sample sample_token(const float* logits, int V, const SamplerParams& p, int position,

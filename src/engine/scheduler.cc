@@ -26,6 +26,7 @@ void Scheduler::remove(Request* r) {
 }
 
 bool Scheduler::done_scheduling(const Request& r) {
+  if (r.params.max_tokens == 0) return r.num_computed >= int(r.prompt.size());  // prompt only
   return int(r.output.size()) + r.pending >= r.params.max_tokens;
 }
 
@@ -64,7 +65,8 @@ void Scheduler::admit_prefix(Request* r) {
   r->prefix_hit_tokens = 0;
   r->hit_generations.clear();
   r->first_step_done = false;
-  if (!cfg_.enable_prefix_caching) return;
+  // Scored prompt tokens need their logits, which a prefix hit would skip.
+  if (!cfg_.enable_prefix_caching || r->params.prompt_logprobs_start >= 0) return;
   std::vector<int> toks(size_t(r->num_tokens()));
   for (int i = 0; i < r->num_tokens(); ++i) toks[size_t(i)] = r->token(i);
   std::vector<int> hit = pool_->lookup_prefix(toks);
@@ -113,11 +115,20 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     plan.tokens.push_back(t);
   }
   s.first_token_pending = plan.tokens[size_t(s.first_token)].token < 0;
+  if (r->params.prompt_logprobs_start >= 0) {
+    const int P = int(r->prompt.size()), from = std::max(r->params.prompt_logprobs_start, 1);
+    s.score_offset = int(plan.scores.size());
+    for (int i = 0; i < n; ++i) {
+      const int p = s.start_pos + i + 1;  // this token's logits predict position p
+      if (p >= from && p < P) plan.scores.push_back({int(plan.seqs.size()), s.first_token + i, r->prompt[size_t(p)], p});
+    }
+    s.score_count = int(plan.scores.size()) - s.score_offset;
+  }
   r->num_computed += n;
-  if (r->num_computed == known + r->pending) {
+  if (r->num_computed == known + r->pending && r->params.max_tokens > 0) {
     s.sample = true;
     ++r->pending;
-  } else {
+  } else if (r->num_computed < known + r->pending) {
     ++stats_.chunked_prefills;
   }
   plan.any_routes |= s.wants_routes;

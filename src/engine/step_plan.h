@@ -24,6 +24,17 @@ struct PlannedSeq {
   bool wants_routes = false;
   int prefix_hit_tokens = 0;  // rows [0, hit) copied from the SharedRouteCache
   int hit_offset = 0;         // StepPlan::hit_generations[hit_offset + i]: generation of hit block i
+  // Prompt scoring: StepPlan::scores[score_offset, score_offset + score_count).
+  int score_offset = 0, score_count = 0;
+};
+
+// A prompt token scored in this step: the logits at plan token `token_index` (position p - 1)
+// give the logprob of `target`, the prompt token at position p.
+struct ScoreTarget {
+  int seq = 0;          // index into StepPlan::seqs
+  int token_index = 0;  // into StepPlan::tokens
+  int target = 0;
+  int position = 0;
 };
 
 struct PlannedToken {
@@ -43,6 +54,7 @@ struct StepPlan {
   std::vector<PlannedToken> tokens;
   std::vector<int> block_tables;          // every sequence's block table, back to back
   std::vector<uint64_t> hit_generations;  // generations of prefix-hit blocks, back to back
+  std::vector<ScoreTarget> scores;        // prompt tokens scored this step
   int num_padding = 0;
   bool any_routes = false;
 
@@ -53,6 +65,7 @@ struct StepPlan {
     tokens.clear();
     block_tables.clear();
     hit_generations.clear();
+    scores.clear();
     num_padding = 0;
     any_routes = false;
   }
@@ -65,9 +78,16 @@ struct SeqResult {
   Sample sample;
 };
 
+struct ScoreResult {
+  float logprob = 0.f;
+  bool nonfinite = false;
+  TopLogprobs top;
+};
+
 struct StepResult {
   uint64_t iter = 0;
-  std::vector<SeqResult> seqs;  // parallel to StepPlan::seqs
+  std::vector<SeqResult> seqs;      // parallel to StepPlan::seqs
+  std::vector<ScoreResult> scores;  // parallel to StepPlan::scores
 };
 
 }  // namespace r3
