@@ -546,8 +546,8 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/generate", R"({"input_ids": [1], "sampling_params": {"custom_params": {"a": 1}}})", 400,
        "sampling_params.custom_params"},
       {"/generate", R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", 400, "sampling_params.min_p"},
-      {"/generate", R"({"input_ids": [1], "top_logprobs_num": 5})", 400, "top_logprobs_num"},
-      {"/generate", R"({"input_ids": [1], "logprob_start_len": 0})", 400, "logprob_start_len"},
+      {"/generate", R"({"input_ids": [1], "top_logprobs_num": 21})", 400, "top_logprobs_num"},
+      {"/generate", R"({"input_ids": [1], "logprob_start_len": -2})", 400, "logprob_start_len"},
       {"/generate", R"({"input_ids": [1], "return_routed_experts": true, "routed_experts_start_len": 0,
                        "routed_experts_start": 0})", 400, "routed_experts_start"},
       {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 1})", 400, "prompt_logprobs"},
@@ -1142,6 +1142,44 @@ TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   Engine solo1(testing::solo_config(m1));
   EXPECT_EQ(g["output_ids"].get<std::vector<int>>(), solo1.generate({prompt}, {testing::greedy(5, false)})[0].token_ids);
   std::filesystem::remove_all(dir);
+}
+
+// AReaL's scoring call: the whole sequence as input_ids, max_new_tokens 1 (or 0), return_logprob
+// with logprob_start_len 0; input_token_logprobs[i] is the logprob of token i given the tokens
+// before it — the same bits as when the engine generated that token.
+TEST(ServerScoring, ArealScoringCall) {
+  const std::string model = test_model("olmoe", "small");
+  Running s(server_engine_config(model));
+  auto cli = s.client();
+  const std::vector<int> a = prompt_of(9, 3);
+  json gen = json::parse(cli.Post("/generate", json{{"input_ids", a},
+                                                    {"sampling_params", {{"max_new_tokens", 10}, {"temperature", 0.0},
+                                                                         {"ignore_eos", true}}},
+                                                    {"top_logprobs_num", 3}}.dump(),
+                                  "application/json")->body);
+  std::vector<int> seq = a;
+  for (auto& t : gen["output_ids"]) seq.push_back(t.get<int>());
+  ASSERT_EQ(gen["meta_info"]["output_top_logprobs"].size(), 10u);
+  EXPECT_EQ(gen["meta_info"]["output_top_logprobs"][0][0][1], gen["output_ids"][0]);  // greedy = best
+  for (int max_new : {1, 0}) {
+    SCOPED_TRACE(max_new);
+    json sc = json::parse(cli.Post("/generate", json{{"input_ids", seq},
+                                                     {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.0}}},
+                                                     {"return_logprob", true},
+                                                     {"logprob_start_len", 0},
+                                                     {"return_routed_experts", true}}.dump(),
+                                   "application/json")->body);
+    const json& in = sc["meta_info"]["input_token_logprobs"];
+    ASSERT_EQ(in.size(), seq.size()) << sc.dump().substr(0, 400);
+    EXPECT_TRUE(in[0][0].is_null());
+    for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(in[i][1], seq[i]);
+    for (size_t i = 0; i < 10; ++i)
+      EXPECT_EQ(in[a.size() + i][0].get<double>(), gen["meta_info"]["output_token_logprobs"][i][0].get<double>()) << i;
+    EXPECT_EQ(sc["output_ids"].size(), size_t(max_new));
+    const std::optional<RouteArray> routes = decode_routes(sc["meta_info"], seq.size(), model);
+    ASSERT_TRUE(routes);
+    EXPECT_EQ(routes->rows, int(seq.size()) + max_new - 1);
+  }
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.

@@ -1,5 +1,7 @@
 #include "server/generate_api.h"
 
+#include <cmath>
+
 #include "server/api_error.h"
 #include "server/json_fields.h"
 
@@ -54,11 +56,6 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
                                 "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
                                 "return_routed_experts", "routed_experts_start", "routed_experts_start_len",
                                 "routed_experts_format", "sampling_seed", "log_metrics"});
-  if (auto v = opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, INT32_MAX); v && *v > 0)
-    throw bad_request("\"top_logprobs_num\" is not supported by r3 yet (only the sampled token's logprob)",
-                      "top_logprobs_num");
-  if (auto v = opt_int(b, "logprob_start_len", "logprob_start_len", -1, INT32_MAX); v && *v != -1)
-    throw bad_request("\"logprob_start_len\" is not supported by r3 yet (no input token logprobs)", "logprob_start_len");
   if (auto v = opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs"); v && *v)
     throw bad_request("r3 has no tokenizer: \"return_text_in_logprobs\" cannot be served", "return_text_in_logprobs");
   if (b.contains("text") && !b["text"].is_null())
@@ -94,7 +91,8 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     throw bad_request("\"sampling_params.min_p\" is not supported by r3", "sampling_params.min_p");
   SamplingParams p;
   const std::string pre = "sampling_params.";
-  p.max_tokens = int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 1, INT32_MAX).value_or(128));
+  // 0: prefill only (scoring: input_token_logprobs and routes, nothing generated).
+  p.max_tokens = int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 0, INT32_MAX).value_or(128));
   p.temperature = float(opt_number(sp, "temperature", pre + "temperature").value_or(1.0));
   p.top_p = float(opt_number(sp, "top_p", pre + "top_p").value_or(1.0));
   p.top_k = int(opt_int(sp, "top_k", pre + "top_k", -1, INT32_MAX).value_or(-1));
@@ -102,6 +100,12 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   if (sp.contains("stop_token_ids") && !sp["stop_token_ids"].is_null())
     p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
   p.logprobs = true;
+  // SGLang's scoring fields: logprob_start_len -1 (default) = output tokens only, N = input
+  // tokens from position N as well; top_logprobs_num = alternatives per position.
+  if (r.return_logprob) {
+    p.prompt_logprobs_start = int(opt_int(b, "logprob_start_len", "logprob_start_len", -1, INT32_MAX).value_or(-1));
+    p.top_logprobs = int(opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, kMaxTopLogprobs).value_or(0));
+  }
   p.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   // SGLang's name is routed_experts_start_len; r3's routed_experts_start means the same.
   const char* start_key = b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()
@@ -143,10 +147,34 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
                {"weight_version", weight_version},
                {"weight_versions", o.weight_versions}};
   if (req.return_logprob) {
+    // SGLang's shapes: [logprob, token_id, text] per position (text null: no tokenizer), and
+    // per position a list of such triples for the top alternatives.
+    auto triple = [](float lp, int id) { return json::array({std::isnan(lp) ? json(nullptr) : json(double(lp)), id, nullptr}); };
+    auto tops = [&](const TopLogprobs& t) {
+      json a = json::array();
+      for (int j = 0; j < t.n; ++j) a.push_back(triple(t.logprobs[j], t.ids[j]));
+      return a;
+    };
     json lps = json::array();
     for (size_t i = 0; i < o.token_ids.size(); ++i)
-      lps.push_back({i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr), o.token_ids[i], nullptr});
+      lps.push_back(triple(i < o.logprobs.size() ? o.logprobs[i] : NAN, o.token_ids[i]));
     meta["output_token_logprobs"] = lps;
+    if (!o.top_logprobs.empty()) {
+      json t = json::array();
+      for (const TopLogprobs& x : o.top_logprobs) t.push_back(tops(x));
+      meta["output_top_logprobs"] = t;
+    }
+    if (o.prompt_logprobs_start >= 0) {
+      json in = json::array(), in_top = json::array();
+      for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
+        const size_t pos = size_t(o.prompt_logprobs_start) + i;
+        in.push_back(triple(o.prompt_logprobs[i], o.prompt_token_ids[pos]));
+        if (!o.prompt_top_logprobs.empty())
+          in_top.push_back(pos == 0 ? json(nullptr) : tops(o.prompt_top_logprobs[i]));
+      }
+      meta["input_token_logprobs"] = in;
+      if (!o.prompt_top_logprobs.empty()) meta["input_top_logprobs"] = in_top;
+    }
   }
   meta["routed_experts"] = nullptr;
   put_routes(meta, o, req.routes);
