@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "routes/route_formats.h"
 #include "server/channel.h"
 #include "server/engine_loop.h"
 
@@ -36,6 +37,9 @@ using r3::RequestOutput;
 // SamplingParams with return_routed_experts left open (None = as the LLM was started).
 struct PySamplingParams {
   r3::SamplingParams p;
+  int n = 1;                     // samples per prompt (seed + j, or fresh seeds)
+  std::optional<int> logprobs;   // vLLM: top alternatives per generated token
+  std::optional<int> prompt_logprobs;  // vLLM: score the prompt, with this many alternatives
   std::optional<bool> return_routed_experts;
   // None (vLLM's default): every request draws a fresh random seed, so the samples of one
   // batch differ. A fixed seed makes a request reproducible.
@@ -53,6 +57,7 @@ struct CompletionOutput {
   py::object routed_experts = py::none();  // numpy int16 [rows, L_moe, K] or None
   int routed_experts_start = 0;
   std::vector<int> moe_layers;
+  py::object top_logprobs = py::none();    // SamplingParams(logprobs=k): [{token_id: logprob}] per token
 };
 
 struct PyRequestOutput {
@@ -61,6 +66,11 @@ struct PyRequestOutput {
   std::vector<CompletionOutput> outputs;
   bool finished = true;
   int num_cached_tokens = 0;
+  // SamplingParams(prompt_logprobs=k): vLLM's list, one entry per prompt position: None for
+  // position 0, else {token_id: logprob} holding the prompt token and the k best alternatives.
+  py::object prompt_logprobs = py::none();
+  // The prompt part of the routes (rows [start, P)), as vLLM's RequestOutput.prompt_routed_experts.
+  py::object prompt_routed_experts = py::none();
   py::object routed_experts() const { return outputs.empty() ? py::none() : outputs[0].routed_experts; }
 };
 
@@ -80,13 +90,45 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id) {
   r.prompt_token_ids = std::move(o.prompt_token_ids);
   r.num_cached_tokens = o.num_cached_tokens;
   r.finished = o.finished;
+  auto top_dict = [](const r3::TopLogprobs& t, py::dict d) {
+    for (int j = 0; j < t.n; ++j) d[py::int_(t.ids[j])] = t.logprobs[j];
+    return d;
+  };
+  if (o.prompt_logprobs_start >= 0) {
+    py::list pl;
+    for (int p = 0; p < o.prompt_logprobs_start; ++p) pl.append(py::none());
+    for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
+      const size_t pos = size_t(o.prompt_logprobs_start) + i;
+      if (pos == 0) {
+        pl.append(py::none());
+        continue;
+      }
+      py::dict d;
+      if (!o.prompt_top_logprobs.empty()) top_dict(o.prompt_top_logprobs[i], d);
+      d[py::int_(r.prompt_token_ids[pos])] = o.prompt_logprobs[i];
+      pl.append(d);
+    }
+    r.prompt_logprobs = pl;
+  }
   CompletionOutput c;
+  if (!o.top_logprobs.empty()) {
+    py::list tl;
+    for (size_t i = 0; i < o.top_logprobs.size(); ++i) {
+      py::dict d;
+      top_dict(o.top_logprobs[i], d);
+      d[py::int_(o.token_ids[i])] = o.logprobs[i];
+      tl.append(d);
+    }
+    c.top_logprobs = tl;
+  }
   c.token_ids = std::move(o.token_ids);
   c.logprobs = std::move(o.logprobs);
   for (float f : c.logprobs) c.cumulative_logprob += double(f);
   c.finish_reason = o.finish_reason;
   c.weight_versions = std::move(o.weight_versions);
   if (o.routed_experts) {
+    const int P = int(r.prompt_token_ids.size());
+    r.prompt_routed_experts = routes_to_numpy(r3::route_rows(*o.routed_experts, o.routed_experts->start, P));
     c.routed_experts = routes_to_numpy(*o.routed_experts);
     c.routed_experts_start = o.routed_experts->start;
     c.moe_layers = o.routed_experts->moe_layers;
@@ -190,28 +232,41 @@ class LLM {
       else
         for (auto item : l) ps.push_back(prompt_of(item));
     }
-    std::vector<r3::SamplingParams> sp;
-    auto resolve = [&](const PySamplingParams& s) {
-      r3::SamplingParams p = s.p;
-      p.seed = s.seed ? *s.seed : fresh_seeds_();
-      p.return_routed_experts = s.return_routed_experts.value_or(engine_->config().enable_return_routed_experts);
-      return p;
-    };
+    std::vector<PySamplingParams> per_prompt;
     if (params.is_none() || py::isinstance<PySamplingParams>(params)) {
       const PySamplingParams one = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
-      for (size_t i = 0; i < ps.size(); ++i) sp.push_back(resolve(one));
+      per_prompt.assign(ps.size(), one);
     } else {
-      for (auto item : py::list(params)) sp.push_back(resolve(item.cast<PySamplingParams>()));
-      if (sp.size() != ps.size()) throw r3::Error("give one SamplingParams or one per prompt");
+      for (auto item : py::list(params)) per_prompt.push_back(item.cast<PySamplingParams>());
+      if (per_prompt.size() != ps.size()) throw r3::Error("give one SamplingParams or one per prompt");
     }
+    // n samples of a prompt are n engine requests: seeds seed + j, or fresh ones.
+    std::vector<std::vector<int>> requests;
+    std::vector<r3::SamplingParams> sp;
+    for (size_t i = 0; i < ps.size(); ++i)
+      for (int j = 0; j < per_prompt[i].n; ++j) {
+        r3::SamplingParams p = per_prompt[i].p;
+        p.seed = per_prompt[i].seed ? *per_prompt[i].seed + uint64_t(j) : fresh_seeds_();
+        p.return_routed_experts =
+            per_prompt[i].return_routed_experts.value_or(engine_->config().enable_return_routed_experts);
+        requests.push_back(ps[i]);
+        sp.push_back(p);
+      }
     std::vector<RequestOutput> outs;
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> lk(mu_);
-      outs = engine_->generate(ps, sp);
+      outs = engine_->generate(requests, sp);
     }
     std::vector<PyRequestOutput> res;
-    for (auto& o : outs) res.push_back(to_python(std::move(o), std::to_string(o.request_id)));
+    size_t k = 0;
+    for (size_t i = 0; i < ps.size(); ++i)
+      for (int j = 0; j < per_prompt[i].n; ++j, ++k) {
+        PyRequestOutput r = to_python(std::move(outs[k]), std::to_string(outs[k].request_id));
+        r.outputs[0].index = j;
+        if (j == 0) res.push_back(std::move(r));
+        else res.back().outputs.push_back(std::move(r.outputs[0]));
+      }
     return res;
   }
 
@@ -399,8 +454,14 @@ PYBIND11_MODULE(_r3, m) {
   py::class_<PySamplingParams>(m, "SamplingParams")
       .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, std::optional<uint64_t> seed,
                        std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
-                       int routed_experts_start) {
+                       int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs) {
              PySamplingParams s;
+             if (n < 1) throw r3::Error("n must be >= 1");
+             s.n = n;
+             s.logprobs = logprobs;
+             s.prompt_logprobs = prompt_logprobs;
+             s.p.top_logprobs = std::max(logprobs.value_or(0), prompt_logprobs.value_or(0));
+             s.p.prompt_logprobs_start = prompt_logprobs ? 0 : -1;
              s.p.max_tokens = max_tokens;
              s.p.temperature = temperature;
              s.p.top_p = top_p;
@@ -416,7 +477,8 @@ PYBIND11_MODULE(_r3, m) {
            py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f,
            py::arg("top_k") = 0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int>{},
            py::arg("ignore_eos") = false, py::arg("return_routed_experts") = py::none(),
-           py::arg("routed_experts_start") = 0)
+           py::arg("routed_experts_start") = 0, py::arg("n") = 1, py::arg("logprobs") = py::none(),
+           py::arg("prompt_logprobs") = py::none())
       .def_property("max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },
                     [](PySamplingParams& s, int v) { s.p.max_tokens = v; })
       .def_property("temperature", [](const PySamplingParams& s) { return s.p.temperature; },
@@ -449,7 +511,8 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("weight_versions", &CompletionOutput::weight_versions)
       .def_readonly("routed_experts", &CompletionOutput::routed_experts)
       .def_readonly("routed_experts_start", &CompletionOutput::routed_experts_start)
-      .def_readonly("moe_layers", &CompletionOutput::moe_layers);
+      .def_readonly("moe_layers", &CompletionOutput::moe_layers)
+      .def_readonly("top_logprobs", &CompletionOutput::top_logprobs);
 
   py::class_<PyRequestOutput>(m, "RequestOutput")
       .def_readonly("request_id", &PyRequestOutput::request_id)
@@ -457,6 +520,8 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("outputs", &PyRequestOutput::outputs)
       .def_readonly("finished", &PyRequestOutput::finished)
       .def_readonly("num_cached_tokens", &PyRequestOutput::num_cached_tokens)
+      .def_readonly("prompt_logprobs", &PyRequestOutput::prompt_logprobs)
+      .def_readonly("prompt_routed_experts", &PyRequestOutput::prompt_routed_experts)
       .def_property_readonly("routed_experts", &PyRequestOutput::routed_experts);
 
   py::class_<LLM>(m, "LLM")

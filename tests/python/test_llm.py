@@ -299,3 +299,32 @@ def test_update_weights_from_tensors_in_buckets(model, make_model):
     with pytest.raises(r3.Error, match="buffer format"):
         llm.update_weights_from_tensors({names[0]: np.zeros(4, np.float64)})
     assert llm.weight_version == 1
+
+
+def test_vllm_sampling_options_n_logprobs_prompt_logprobs(llm):
+    # n samples per prompt (seed + j), logprobs=k (top alternatives per generated token, the
+    # sampled one included), prompt_logprobs=k (vLLM's list: None, then {id: logprob} per
+    # position) and the prompt part of the routes.
+    p = prompt(14, 2)
+    sp = r3.SamplingParams(max_tokens=6, temperature=1.0, seed=40, n=3, logprobs=2, prompt_logprobs=1, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": p}], sp)
+    assert len(out) == 1 and [c.index for c in out[0].outputs] == [0, 1, 2]
+    for j, c in enumerate(out[0].outputs):
+        one = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, temperature=1.0, seed=40 + j,
+                                                                       ignore_eos=True))[0].outputs[0]
+        assert c.token_ids == one.token_ids and c.logprobs == one.logprobs
+        assert len(c.top_logprobs) == 6
+        for t, lp, d in zip(c.token_ids, c.logprobs, c.top_logprobs):
+            assert d[t] == lp and 2 <= len(d) <= 3 and all(v <= 0 for v in d.values())
+    pl = out[0].prompt_logprobs
+    assert len(pl) == len(p) and pl[0] is None
+    assert all(p[i] in pl[i] for i in range(1, len(p)))
+    cfg = llm.model_config
+    assert out[0].prompt_routed_experts.shape == (len(p), len(cfg["moe_layers"]), cfg["top_k"])
+    assert np.array_equal(out[0].prompt_routed_experts, out[0].outputs[0].routed_experts[:len(p)])
+    # Scoring a sequence: its prompt logprobs are the logprobs it was generated with.
+    g = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
+    seq = p + g.outputs[0].token_ids
+    sc = llm.generate([{"prompt_token_ids": seq}], r3.SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    assert sc.outputs[0].token_ids == []
+    assert [sc.prompt_logprobs[len(p) + i][t] for i, t in enumerate(g.outputs[0].token_ids)] == g.outputs[0].logprobs
