@@ -513,7 +513,7 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/v1/completions", R"({"prompt": [1, 99999999999]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt": [[1, 2], [3, 600]]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt": [1, 2], "max_tokens": "8"})", 400, "max_tokens"},
-      {"/v1/completions", R"({"prompt": [1, 2], "max_tokens": 0})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": [1, 2], "max_tokens": -1})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": [1, 2], "max_tokens": 5000})", 400, "prompt"},
       {"/v1/completions", big, 400, "prompt"},  // fits the model, not the 128-block KV pool
       {"/v1/completions", R"({"prompt": [1, 2], "temperature": "hot"})", 400, "temperature"},
@@ -524,7 +524,7 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/v1/completions", R"({"prompt": [1, 2], "seed": -3})", 400, "seed"},
       {"/v1/completions", R"({"prompt": [1, 2], "stop": ["\n"]})", 400, "stop"},
       {"/v1/completions", R"({"prompt": [1, 2], "stop_token_ids": [9999]})", 400, "stop_token_ids"},
-      {"/v1/completions", R"({"prompt": [1, 2], "logprobs": 5})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt": [1, 2], "logprobs": 21})", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": [1, 2], "echo": true})", 400, "echo"},
       {"/v1/completions", R"({"prompt": [1, 2], "return_routed_experts": 1})", 400, "return_routed_experts"},
       {"/v1/completions", R"({"prompt": [1, 2], "routed_experts_start": 3})", 400, "routed_experts_start"},
@@ -550,7 +550,7 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/generate", R"({"input_ids": [1], "logprob_start_len": -2})", 400, "logprob_start_len"},
       {"/generate", R"({"input_ids": [1], "return_routed_experts": true, "routed_experts_start_len": 0,
                        "routed_experts_start": 0})", 400, "routed_experts_start"},
-      {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 1})", 400, "prompt_logprobs"},
+      {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 21})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"prompt": [1], "guided_json": {}})", 400, "guided_json"},
       {"/no_such_endpoint", R"({})", 404, ""},
   };
@@ -1180,6 +1180,32 @@ TEST(ServerScoring, ArealScoringCall) {
     ASSERT_TRUE(routes);
     EXPECT_EQ(routes->rows, int(seq.size()) + max_new - 1);
   }
+}
+
+// vLLM's scoring on /v1/completions: logprobs k (top alternatives as "token_id:N") and
+// prompt_logprobs (one entry per prompt position), max_tokens 0.
+TEST(ServerScoring, CompletionsLogprobsAndPromptLogprobs) {
+  Running s(server_engine_config(test_model("olmoe")));
+  auto cli = s.client();
+  const std::vector<int> a = prompt_of(7, 5);
+  json g = json::parse(cli.Post("/v1/completions", json{{"prompt", a}, {"max_tokens", 6}, {"temperature", 0.0},
+                                                       {"ignore_eos", true}, {"logprobs", 3}}.dump(),
+                                "application/json")->body);
+  const json& lp = g["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);  // greedy: best
+  }
+  std::vector<int> seq = a;
+  for (auto& t : g["choices"][0]["token_ids"]) seq.push_back(t.get<int>());
+  json sc = json::parse(cli.Post("/v1/completions", json{{"prompt", seq}, {"max_tokens", 0}, {"prompt_logprobs", 0}}.dump(),
+                                 "application/json")->body);
+  const json& pl = sc["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), seq.size()) << sc.dump().substr(0, 300);
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(pl[a.size() + i][std::to_string(seq[a.size() + i])]["logprob"], lp["token_logprobs"][i]) << i;
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.

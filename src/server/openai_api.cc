@@ -32,14 +32,51 @@ void reject_unsupported(const json& b) {
   }
 }
 
+// Tokens are named "token_id:N" (vLLM's return_tokens_as_token_ids form: r3 has no tokenizer).
+std::string token_name(int id) { return "token_id:" + std::to_string(id); }
+
 json logprobs_json(const RequestOutput& o, size_t from) {
-  json tokens = json::array(), lps = json::array(), offs = json::array();
+  json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
   for (size_t i = from; i < o.token_ids.size(); ++i) {
-    tokens.push_back("token_id:" + std::to_string(o.token_ids[i]));
+    tokens.push_back(token_name(o.token_ids[i]));
     lps.push_back(i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr));
     offs.push_back(0);
+    if (i < o.top_logprobs.size()) {
+      json d = json::object();
+      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_name(o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
+      tops.push_back(d);
+    }
   }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", nullptr}, {"text_offset", offs}};
+  return {{"tokens", tokens},
+          {"token_logprobs", lps},
+          {"top_logprobs", o.top_logprobs.empty() ? json(nullptr) : tops},
+          {"text_offset", offs}};
+}
+
+// vLLM's prompt_logprobs: one entry per prompt position, null for position 0, else
+// {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the top alternatives
+// (rank: 1-based among the alternatives; null for a prompt token outside them).
+json prompt_logprobs_json(const RequestOutput& o) {
+  json out = json::array();
+  if (o.prompt_logprobs_start < 0) return nullptr;
+  for (int p = 0; p < o.prompt_logprobs_start; ++p) out.push_back(nullptr);
+  for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
+    const size_t pos = size_t(o.prompt_logprobs_start) + i;
+    if (pos == 0) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json d = json::object();
+    if (i < o.prompt_top_logprobs.size())
+      for (int j = 0; j < o.prompt_top_logprobs[i].n; ++j)
+        d[std::to_string(o.prompt_top_logprobs[i].ids[j])] = {
+            {"logprob", double(o.prompt_top_logprobs[i].logprobs[j])}, {"rank", j + 1}, {"decoded_token", nullptr}};
+    const std::string id = std::to_string(o.prompt_token_ids[pos]);
+    if (!d.contains(id))
+      d[id] = {{"logprob", double(o.prompt_logprobs[i])}, {"rank", nullptr}, {"decoded_token", nullptr}};
+    out.push_back(d);
+  }
+  return out;
 }
 
 // Every choice gets its own copy of its prompt and of stop_token_ids, so a small body could
@@ -72,7 +109,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
                                 "stream", "stream_options", "logprobs", "echo", "suffix", "stop", "stop_token_ids",
                                 "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                                 "user", "ignore_eos", "return_token_ids", "request_id", "return_routed_experts",
-                                "routed_experts_start", "routed_experts_format"});
+                                "routed_experts_start", "routed_experts_format", "prompt_logprobs"});
   reject_unsupported(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
   CompletionRequest r;
@@ -88,9 +125,8 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
     if (lp.is_boolean()) {
       r.logprobs = lp.get<bool>();
     } else {
-      const int64_t k = *opt_int(b, "logprobs", "logprobs", 0, 20);
-      if (k > 1)
-        throw bad_request("r3 returns only the sampled token's logprob: \"logprobs\" must be 0 or 1", "logprobs");
+      // OpenAI's int: the sampled token's logprob plus the k best alternatives per position.
+      r.top_logprobs = int(*opt_int(b, "logprobs", "logprobs", 0, kMaxTopLogprobs));
       r.logprobs = true;
     }
   }
@@ -99,7 +135,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   if (r.request_id && r.request_id->empty()) throw bad_request("\"request_id\" must not be empty", "request_id");
 
   SamplingParams base;
-  base.max_tokens = int(opt_int(b, "max_tokens", "max_tokens", 1, INT32_MAX).value_or(16));
+  base.max_tokens = int(opt_int(b, "max_tokens", "max_tokens", 0, INT32_MAX).value_or(16));
   base.temperature = float(opt_number(b, "temperature", "temperature").value_or(1.0));
   base.top_p = float(opt_number(b, "top_p", "top_p").value_or(1.0));
   base.top_k = int(opt_int(b, "top_k", "top_k", -1, INT32_MAX).value_or(0));
@@ -107,6 +143,12 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null())
     base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
   base.logprobs = true;
+  base.top_logprobs = r.top_logprobs;
+  if (auto k = opt_int(b, "prompt_logprobs", "prompt_logprobs", 0, kMaxTopLogprobs)) {
+    base.prompt_logprobs_start = 0;
+    base.top_logprobs = std::max(base.top_logprobs, int(*k));
+    r.prompt_logprobs = true;
+  }
   r.routes_format = opt_route_format(b);
   base.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   base.routed_experts_start =
@@ -131,6 +173,7 @@ json completion_choice(const RequestOutput& o, size_t index, const CompletionReq
   json c = {{"index", index}, {"text", ""}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
   c["stop_reason"] = stop_reason(o);
   c["logprobs"] = req.logprobs ? logprobs_json(o, 0) : json(nullptr);
+  if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o);
   if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
   put_routes(c, o, req.routes);
   return c;

@@ -21,6 +21,8 @@ struct CompletionRequest {
   size_t num_prompts = 0, n = 1;
   bool stream = false;
   bool logprobs = false;          // return the sampled tokens' logprobs
+  int top_logprobs = 0;           // "logprobs": k, the k best alternatives per position
+  bool prompt_logprobs = false;   // vLLM's "prompt_logprobs": k
   bool return_token_ids = false;  // also return each choice's prompt_token_ids
   std::optional<std::string> request_id;  // the client's id for the call (for /abort)
   std::vector<size_t> prompt_lens;

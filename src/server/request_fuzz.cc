@@ -55,12 +55,12 @@ void fuzz_request_parsers(const uint8_t* data, size_t size) {
       check(r.num_prompts > 0 && r.n >= 1 && r.n <= 256, "completion: prompt and choice counts");
       check(r.jobs.size() == r.num_prompts * r.n, "completion: one job per prompt and sample");
       check(r.prompt_lens.size() == r.num_prompts, "completion: one length per prompt");
-      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 1, "completion: job fields");
+      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 0, "completion: job fields");
     });
     expect_parser_errors([&] {
       const GenerateRequest r = parse_generate_request(b, seeds);
       check(!r.jobs.empty() && (r.batch || r.jobs.size() == 1), "generate: job count");
-      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 1, "generate: job fields");
+      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 0, "generate: job fields");
     });
   });
 
