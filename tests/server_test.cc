@@ -1208,6 +1208,45 @@ TEST(ServerScoring, CompletionsLogprobsAndPromptLogprobs) {
     EXPECT_EQ(pl[a.size() + i][std::to_string(seq[a.size() + i])]["logprob"], lp["token_logprobs"][i]) << i;
 }
 
+// slime's multi-turn rollout: each turn sends the whole conversation with routed_experts_start_len
+// = the rows it already holds, decodes SGLang's format and appends; the joined rows equal the
+// solo run of the final conversation (the shared prefix comes from the prefix cache's routes).
+TEST(ServerRoutes, MultiTurnWithRoutedExpertsStartLen) {
+  const std::string model = test_model("qwen3_moe", "small");
+  const ModelConfig c = load_config(model + "/config.json");
+  Running s(server_engine_config(model));
+  auto cli = s.client();
+  std::vector<int> tokens = prompt_of(20, 9);
+  std::vector<int16_t> held;  // rows [0, held_rows) of MoE layers, as slime keeps them
+  int held_rows = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    json r = json::parse(cli.Post("/generate", json{{"input_ids", tokens},
+                                                   {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.0},
+                                                                        {"ignore_eos", true}}},
+                                                   {"return_routed_experts", true},
+                                                   {"routed_experts_start_len", held_rows}}.dump(),
+                                  "application/json")->body);
+    EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], held_rows);
+    if (turn > 0) EXPECT_GT(r["meta_info"]["cached_tokens"].get<int>(), 0);
+    const RouteArray part = decode_sglang_routes(r["meta_info"]["routed_experts"].get<std::string>(), c.num_layers,
+                                                 c.top_k, c.moe_layers(), held_rows);
+    for (auto& t : r["output_ids"]) tokens.push_back(t.get<int>());
+    ASSERT_EQ(part.rows, int(tokens.size()) - 1 - held_rows);
+    held.insert(held.end(), part.data.begin(), part.data.end());
+    held_rows = int(tokens.size()) - 1;
+    for (int k = 0; k < 5; ++k) tokens.push_back(3 + (turn * 31 + k * 7) % 400);  // the next user turn
+  }
+  tokens.resize(size_t(held_rows) + 1);  // the conversation the routes cover
+  Engine solo(testing::solo_config(model));
+  SamplingParams p = testing::greedy(1);
+  const RequestOutput want = solo.generate({tokens}, {p})[0];
+  ASSERT_GE(want.routed_experts->rows, held_rows);
+  const size_t row = size_t(want.routed_experts->layers * want.routed_experts->k);
+  ASSERT_EQ(held.size(), size_t(held_rows) * row);
+  for (int r = 0; r < held_rows; ++r)
+    for (size_t j = 0; j < row; ++j) ASSERT_EQ(held[size_t(r) * row + j], want.routed_experts->row(r)[j]) << "row " << r;
+}
+
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.
 TEST(ServerRefit, UpdateWeightsFromDisk) {
   const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);
