@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: setup configure build test unit variants pytest e2e demo bench format clean asan tsan
+.PHONY: setup configure build test unit variants pytest e2e pip-install demo bench format clean asan tsan
 
 setup:
 	@scripts/setup.sh
@@ -17,7 +17,7 @@ build: setup configure
 
 # Everything: GoogleTest, the kernel tests again on the AVX2+FMA and portable builds, the Python
 # module's pytest suite, and the official openai npm client against `r3 serve`.
-test: unit variants pytest e2e
+test: unit variants pytest e2e pip-install
 
 unit: build
 	$(BUILD)/r3_tests --gtest_brief=1
@@ -39,6 +39,10 @@ pytest: build
 
 e2e: build
 	scripts/e2e_openai.sh $(BUILD)
+
+# `pip install .` into a fresh venv (reusing $(BUILD)), then import r3 and run `r3` from it.
+pip-install: build
+	scripts/pip_install_test.sh $(BUILD)
 
 demo: build
 	scripts/demo.sh $(BUILD)
