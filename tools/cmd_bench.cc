@@ -2,6 +2,8 @@
 // but unused, and on with every request asking for routes, measured side by side (interleaved,
 // best of --reps, over two builds of the engine pair), beside the machine's streaming-read
 // bandwidth and bf16 and fp32 FMA peaks measured in the same run.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -102,6 +104,53 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
   return t;
 }
 
+double rss_mb() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1e6;
+}
+
+// Refit cost: from disk (read, validate, swap, repack) and from tensors in memory (check, copy
+// into place, repack), each against one pass over the weights at the measured read bandwidth;
+// and what release_memory_occupation gives back.
+json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m, int reps) {
+  Engine e(cfg);
+  std::vector<TensorToWrite> tensors = e.checkpoint().stored_tensors();
+  double bytes = 0;
+  for (auto& t : tensors) bytes += double(t.bytes.size());
+  double disk = 1e30, memory = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    e.update_weights(cfg.model, true);
+    auto t1 = std::chrono::steady_clock::now();
+    disk = std::min(disk, std::chrono::duration<double>(t1 - t0).count());
+    std::vector<TensorToWrite> copy = tensors;  // the trainer's tensors, outside the timing
+    t0 = std::chrono::steady_clock::now();
+    e.stage_weights(std::move(copy));
+    e.commit_staged_weights(true);
+    t1 = std::chrono::steady_clock::now();
+    memory = std::min(memory, std::chrono::duration<double>(t1 - t0).count());
+  }
+  tensors.clear();
+  tensors.shrink_to_fit();
+  const double one_pass = bytes / (m.read_gb_per_s * 1e9);
+  const double rss0 = rss_mb();
+  e.release_memory(true, true);
+  const double rss1 = rss_mb();
+  e.resume_memory(true, true);
+  const double rss2 = rss_mb();
+  std::printf("weight_sync    %.2f GB of weights; one pass at the read bandwidth %.3f s\n", bytes / 1e9, one_pass);
+  std::printf("  from disk    %.3f s  (%.2f GB/s, %.1fx one pass)\n", disk, bytes / disk / 1e9, disk / one_pass);
+  std::printf("  in memory    %.3f s  (%.2f GB/s, %.1fx one pass)\n", memory, bytes / memory / 1e9, memory / one_pass);
+  std::printf("  RSS          %.0f MB -> %.0f MB after release_memory (kv_cache, weights) -> %.0f MB after resume\n",
+              rss0, rss1, rss2);
+  return {{"name", "weight_sync"},          {"weight_bytes", bytes},       {"disk_s", disk},
+          {"memory_s", memory},             {"one_pass_s", one_pass},      {"disk_over_one_pass", disk / one_pass},
+          {"memory_over_one_pass", memory / one_pass}, {"rss_mb_before_release", rss0},
+          {"rss_mb_released", rss1},        {"rss_mb_resumed", rss2},      {"machine_read_gb_per_s", m.read_gb_per_s}};
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -109,9 +158,11 @@ int cmd_bench(int argc, char** argv) {
          "Runs the benchmark suite (decode_b1, decode_b32, prefill_2k, mixed_rollout) with routes off\n"
          "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
          "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
-         "on/off ratio. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
+         "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
+         "pass over the weights at the measured read bandwidth, and the RSS that\n"
+         "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
   add_engine_flags(a);
-  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout", "entries to run")
+  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync", "entries to run")
       .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (best is reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
@@ -127,8 +178,10 @@ int cmd_bench(int argc, char** argv) {
   };
   std::vector<Entry> suite;
   std::stringstream ss(a.str("suite"));
+  bool weight_sync = false;
   for (std::string n; std::getline(ss, n, ',');) {
-    bool found = false;
+    bool found = n == "weight_sync";
+    weight_sync |= found;
     for (auto& en : all)
       if (en.name == n) suite.push_back(en), found = true;
     if (!found) throw Error("r3 bench: unknown suite entry \"" + n + "\"");
@@ -196,6 +249,7 @@ int cmd_bench(int argc, char** argv) {
     }
     results.push_back(j);
   }
+  if (weight_sync) results.push_back(bench_weight_sync(base, m, int(a.integer("reps"))));
   if (!a.str("json").empty()) {
     std::ofstream out(a.str("json"));
     if (!out) throw Error(a.str("json") + ": cannot open for writing");

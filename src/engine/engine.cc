@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -446,6 +448,8 @@ void Engine::release_memory(bool kv_cache, bool weights) {
     if (routes_) routes_->invalidate_all();
   }
   if (weights) runner_->release_packed_weights();
+  // Freed heap pages stay in malloc's arenas unless handed back explicitly.
+  malloc_trim(0);
 }
 
 void Engine::resume_memory(bool kv_cache, bool weights) {

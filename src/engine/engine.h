@@ -94,6 +94,7 @@ class Engine {
 
   const ModelConfig& model_config() const { return runner_->config(); }
   const EngineConfig& config() const { return cfg_; }
+  const Checkpoint& checkpoint() const { return *ckpt_; }
 
   // Validates and queues a request; throws r3::Error (bad ids, too long, routes not enabled...).
   uint64_t add_request(std::vector<int> prompt, SamplingParams params);

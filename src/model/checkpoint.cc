@@ -223,6 +223,16 @@ void Checkpoint::check_update(const std::vector<TensorToWrite>& tensors) const {
   }
 }
 
+std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
+  std::vector<TensorToWrite> out;
+  for (auto& [name, t] : index_) {
+    TensorToWrite w{name, t->dtype, t->shape, {}};
+    w.bytes.assign(static_cast<const uint8_t*>(t->data), static_cast<const uint8_t*>(t->data) + t->nbytes());
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors) {
   check_update(tensors);
   // The views point into memory this checkpoint owns (its files' copies or memory_), so writing

@@ -54,6 +54,8 @@ class Checkpoint {
   // apply_update copies the bytes into place (call it only while nothing reads the weights) and
   // rebuilds the derived views (F16 widening, tied lm_head check).
   void check_update(const std::vector<TensorToWrite>& tensors) const;
+  // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
+  std::vector<TensorToWrite> stored_tensors() const;
   void apply_update(const std::vector<TensorToWrite>& tensors);
 
  private:
