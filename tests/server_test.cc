@@ -951,6 +951,7 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
   ASSERT_TRUE(v);
   EXPECT_EQ(json::parse(v->body)["new_version"], "v9");
   EXPECT_EQ(json::parse(cli.Get("/weight_version")->body)["weight_version"], "v9");
+  EXPECT_NE(cli.Get("/metrics")->body.find("r3_weight_version_info{weight_version=\"v9\"} 1"), std::string::npos);
   json loads = json::parse(cli.Get("/v1/loads")->body);
   EXPECT_EQ(loads["loads"][0]["num_running_reqs"], 0);
   EXPECT_EQ(loads["loads"][0]["num_waiting_reqs"], 0);

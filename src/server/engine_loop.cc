@@ -227,13 +227,16 @@ size_t EngineLoop::drain(std::chrono::milliseconds grace) {
 }
 
 LoopStats EngineLoop::stats() {
-  return call([&]() -> LoopStats {
+  LoopStats s = call([&]() -> LoopStats {
     LoopStats s;
     s.engine = engine_->stats();
     s.step_latency = latency_;
     s.in_flight = targets_.size();
+    s.paused = paused_;
     return s;
   });
+  s.weight_label = weight_label();
+  return s;
 }
 
 void EngineLoop::forget(uint64_t id) {

@@ -58,6 +58,8 @@ struct LoopStats {
   EngineStats engine;
   StepLatency step_latency;
   size_t in_flight = 0;  // engine requests with a waiting HTTP call
+  std::string weight_label;  // the weight version label
+  bool paused = false;
 };
 
 class EngineLoop {

@@ -76,6 +76,9 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const 
   w.metric("r3_cache_config_info", "gauge", "the KV cache configuration (value 1)");
   w.sample("r3_cache_config_info", 1,
            "block_size=\"" + std::to_string(e.block_size) + "\",cache_dtype=\"" + escape_label(e.kv_cache_dtype) + "\"");
+  w.metric("r3_weight_version_info", "gauge", "the weight version label (value 1)");
+  w.sample("r3_weight_version_info", 1, "weight_version=\"" + escape_label(s.weight_label) + "\"");
+  w.one("r3_generation_paused", "gauge", "1 while pause_generation holds the engine", s.paused ? 1 : 0);
   w.one("r3_kv_blocks_total", "gauge", "KV blocks in the pool", e.num_blocks);
   w.one("r3_kv_blocks_free", "gauge", "free KV blocks", e.free_blocks);
   w.one("r3_kv_cache_usage_ratio", "gauge", "fraction of KV blocks in use",
