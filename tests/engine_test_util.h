@@ -53,6 +53,16 @@ inline Workload make_workload(uint64_t seed, int n, int vocab, double abort_frac
   return w;
 }
 
+// A small one-thread engine with route capture (num_kv_blocks blocks).
+inline EngineConfig small_config(const std::string& model, int num_kv_blocks = 64) {
+  EngineConfig c;
+  c.model = model;
+  c.num_kv_blocks = num_kv_blocks;
+  c.threads = 1;
+  c.enable_return_routed_experts = true;
+  return c;
+}
+
 // Greedy, ignoring EOS, routes asked for unless `routes` is false.
 inline SamplingParams greedy(int max_tokens, bool routes = true) {
   SamplingParams p;

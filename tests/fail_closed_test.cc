@@ -37,14 +37,7 @@ void set_config_key(const std::string& dir, const std::string& key, const json& 
   std::ofstream(cfg, std::ios::trunc) << j.dump();
 }
 
-EngineConfig config_for(const std::string& model) {
-  EngineConfig c;
-  c.model = model;
-  c.num_kv_blocks = 64;
-  c.threads = 1;
-  c.enable_return_routed_experts = true;
-  return c;
-}
+EngineConfig config_for(const std::string& model) { return testing::small_config(model); }
 
 // Each config key in turn: the refit is refused naming the key, the weight version stays, and
 // the engine answers exactly as before.

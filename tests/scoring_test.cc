@@ -18,11 +18,7 @@ using testing::greedy;
 using testing::test_model;
 
 EngineConfig config_for(const std::string& model, int batched_tokens = 512, bool overlap = false) {
-  EngineConfig c;
-  c.model = model;
-  c.num_kv_blocks = 128;
-  c.threads = 1;
-  c.enable_return_routed_experts = true;
+  EngineConfig c = testing::small_config(model, 128);
   c.max_num_batched_tokens = batched_tokens;
   c.overlap_scheduler = overlap;
   return c;

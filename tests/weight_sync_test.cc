@@ -29,14 +29,7 @@ std::vector<TensorToWrite> tensors_of(const std::string& dir) {
   return out;
 }
 
-EngineConfig config_for(const std::string& model) {
-  EngineConfig c;
-  c.model = model;
-  c.num_kv_blocks = 64;
-  c.threads = 1;
-  c.enable_return_routed_experts = true;
-  return c;
-}
+EngineConfig config_for(const std::string& model) { return testing::small_config(model); }
 
 TEST(WeightSync, BucketsApplyAtOnceAndEqualAFreshEngine) {
   const std::string a = test_model("olmoe", "tiny", 0), b = test_model("olmoe", "tiny", 7);

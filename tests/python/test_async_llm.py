@@ -1,29 +1,15 @@
 # r3.AsyncLLM driven as verl drives vLLM's AsyncLLM: concurrent streamed requests with ids, an
 # abort, pause / continue, prefix-cache reset, weights pushed from tensors with a version label.
 import asyncio
-import json
 import os
 
 import numpy as np
 import pytest
 
 import r3
+from helpers import prompt, read_safetensors
 
 ENGINE = dict(num_kv_blocks=128, threads=1, max_num_batched_tokens=64, max_num_seqs=8)
-
-
-def prompt(n, salt):
-    return [3 + (i * 37 + salt * 101) % 500 for i in range(n)]
-
-
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-    return {k: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=dt[e["dtype"]]).reshape(e["shape"])
-            for k, e in header.items() if k != "__metadata__"}
 
 
 async def collect(engine, p, sp, rid):

@@ -13,12 +13,9 @@ import numpy as np
 import pytest
 
 import r3
+from helpers import prompt, read_safetensors
 
 ENGINE = dict(num_kv_blocks=128, threads=1, max_num_batched_tokens=64, max_num_seqs=8)
-
-
-def prompt(n, salt):
-    return [3 + (i * 37 + salt * 101) % 500 for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -259,22 +256,6 @@ def test_sigterm_drains_requests_in_flight(r3_bin, tmp_path):
     assert "reply" in result, result
     assert result["reply"]["meta_info"]["finish_reason"]["type"] == "length"
     assert len(result["reply"]["output_ids"]) == 2000
-
-
-def read_safetensors(path):
-    # An independent reader: header JSON, then numpy views (bf16 as uint16 bits).
-    raw = open(path, "rb").read()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype=dt[e["dtype"]]).reshape(e["shape"])
-    return out
 
 
 def test_update_weights_from_tensors_in_buckets(model, make_model):
