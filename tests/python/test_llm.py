@@ -7,6 +7,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -76,9 +77,10 @@ def test_delta_start_and_routes_off(llm):
     assert off[0].outputs[0].token_ids == full.token_ids
 
 
-def start_server(r3_bin, model):
+def start_server(r3_bin, model, routes=True):
+    flags = ["--enable-return-routed-experts"] if routes else []
     proc = subprocess.Popen([r3_bin, "serve", "--model", model, "--port", "0", "--threads", "1",
-                             "--num-kv-blocks", "128", "--enable-return-routed-experts"], stderr=subprocess.PIPE, text=True)
+                             "--num-kv-blocks", "128"] + flags, stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert m, line
@@ -309,3 +311,20 @@ def test_vllm_sampling_options_n_logprobs_prompt_logprobs(llm):
     sc = llm.generate([{"prompt_token_ids": seq}], r3.SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
     assert sc.outputs[0].token_ids == []
     assert [sc.prompt_logprobs[len(p) + i][t] for i, t in enumerate(g.outputs[0].token_ids)] == g.outputs[0].logprobs
+
+
+def test_serve_captures_routes_only_when_started_with_it(r3_bin, model):
+    # Route capture is opt-in at launch, as in SGLang and vLLM: asking a server started without
+    # it is a 400 naming the field, not an empty answer.
+    proc, port = start_server(r3_bin, model, routes=False)
+    try:
+        body = {"input_ids": prompt(5, 1), "sampling_params": {"max_new_tokens": 2}, "return_routed_experts": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        assert err.value.code == 400
+        assert json.loads(err.value.read())["error"]["param"] == "return_routed_experts"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
