@@ -81,7 +81,9 @@ py::object routes_to_numpy(const r3::RouteArray& r) {
 }
 
 // An engine output as vLLM's RequestOutput (one CompletionOutput); a failed request raises.
-PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id) {
+// vllm_split: CompletionOutput.routed_experts holds the generated rows [P, S-1) only, as vLLM's
+// does (the prompt rows are in prompt_routed_experts either way); otherwise all rows (r3).
+PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool vllm_split) {
   if (!o.error.empty()) throw r3::Error("request " + request_id + ": " + o.error);
   if (!o.routes_error.empty())
     throw r3::Error("request " + request_id + ": routes are incomplete (" + o.routes_error + ")");
@@ -129,8 +131,9 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id) {
   if (o.routed_experts) {
     const int P = int(r.prompt_token_ids.size());
     r.prompt_routed_experts = routes_to_numpy(r3::route_rows(*o.routed_experts, o.routed_experts->start, P));
-    c.routed_experts = routes_to_numpy(*o.routed_experts);
-    c.routed_experts_start = o.routed_experts->start;
+    const r3::RouteArray generated = r3::route_rows(*o.routed_experts, P, o.routed_experts->start + o.routed_experts->rows);
+    c.routed_experts = routes_to_numpy(vllm_split ? generated : *o.routed_experts);
+    c.routed_experts_start = vllm_split ? generated.start : o.routed_experts->start;
     c.moe_layers = o.routed_experts->moe_layers;
   }
   r.outputs.push_back(std::move(c));
@@ -192,8 +195,17 @@ class LLM {
  public:
   explicit LLM(const std::string& model, bool enable_routes, const py::kwargs& kw) {
     EngineConfig c = engine_config(model, enable_routes, kw, "LLM");
+    vllm_split_ = vllm_split_from(kw);
     py::gil_scoped_release nogil;
     engine_ = std::make_unique<r3::Engine>(c);
+  }
+
+  // routed_experts_format="r3" (default: all S-1 rows on the CompletionOutput) or "vllm".
+  static bool vllm_split_from(const py::kwargs& kw) {
+    if (!kw.contains("routed_experts_format")) return false;
+    const std::string f = kw["routed_experts_format"].cast<std::string>();
+    if (f != "r3" && f != "vllm") throw r3::Error("routed_experts_format must be \"r3\" or \"vllm\", got \"" + f + "\"");
+    return f == "vllm";
   }
 
   static EngineConfig engine_config(const std::string& model, bool enable_routes, const py::kwargs& kw,
@@ -214,6 +226,7 @@ class LLM {
       else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
       else if (key == "threads") c.threads = v.cast<int>();
       else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
+      else if (key == "routed_experts_format") continue;  // the Python side's (vllm_split_from)
       else throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");
     }
     return c;
@@ -262,7 +275,7 @@ class LLM {
     size_t k = 0;
     for (size_t i = 0; i < ps.size(); ++i)
       for (int j = 0; j < per_prompt[i].n; ++j, ++k) {
-        PyRequestOutput r = to_python(std::move(outs[k]), std::to_string(outs[k].request_id));
+        PyRequestOutput r = to_python(std::move(outs[k]), std::to_string(outs[k].request_id), vllm_split_);
         r.outputs[0].index = j;
         if (j == 0) res.push_back(std::move(r));
         else res.back().outputs.push_back(std::move(r.outputs[0]));
@@ -336,6 +349,7 @@ class LLM {
   }
 
  private:
+  bool vllm_split_ = false;
   std::mutex mu_;
   std::unique_ptr<r3::Engine> engine_;
   std::mt19937_64 fresh_seeds_{std::random_device{}()};
@@ -344,8 +358,8 @@ class LLM {
 // One request's stream of cumulative outputs (AsyncLLM.generate reads it from a worker thread).
 class PyStream {
  public:
-  PyStream(std::shared_ptr<r3::server::Channel> ch, std::string request_id)
-      : ch_(std::move(ch)), request_id_(std::move(request_id)) {}
+  PyStream(std::shared_ptr<r3::server::Channel> ch, std::string request_id, bool vllm_split)
+      : ch_(std::move(ch)), request_id_(std::move(request_id)), vllm_split_(vllm_split) {}
   // The newest output, or None when nothing new came within timeout_s (GIL released meanwhile).
   py::object next(double timeout_s) {
     std::vector<std::optional<RequestOutput>> outs;
@@ -358,12 +372,13 @@ class PyStream {
     }
     if (!failure.empty()) throw r3::Error("request " + request_id_ + ": " + failure);
     if (!got || outs.empty() || !outs[0]) return py::none();
-    return py::cast(to_python(std::move(*outs[0]), request_id_));
+    return py::cast(to_python(std::move(*outs[0]), request_id_, vllm_split_));
   }
 
  private:
   std::shared_ptr<r3::server::Channel> ch_;
   std::string request_id_;
+  bool vllm_split_;
   uint64_t seen_ = 0;
 };
 
@@ -373,6 +388,7 @@ class AsyncEngine {
  public:
   AsyncEngine(const std::string& model, bool enable_routes, const py::kwargs& kw) {
     EngineConfig c = LLM::engine_config(model, enable_routes, kw, "AsyncLLM");
+    vllm_split_ = LLM::vllm_split_from(kw);
     py::gil_scoped_release nogil;
     loop_ = std::make_unique<r3::server::EngineLoop>(c);
   }
@@ -399,7 +415,7 @@ class AsyncEngine {
         throw r3::Error(e.what());
       }
     }
-    return PyStream(ch, request_id);
+    return PyStream(ch, request_id, vllm_split_);
   }
 
   // The rest release the GIL while the loop thread does the work.
@@ -442,6 +458,7 @@ class AsyncEngine {
     }
   }
   std::unique_ptr<r3::server::EngineLoop> loop_;
+  bool vllm_split_ = false;
   std::mt19937_64 fresh_seeds_{std::random_device{}()};
 };
 

@@ -328,3 +328,18 @@ def test_serve_captures_routes_only_when_started_with_it(r3_bin, model):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_vllm_routed_experts_split(model, llm):
+    # routed_experts_format="vllm": the output holds the generated rows [P, S-1), the prompt rows
+    # [0, P) are RequestOutput.prompt_routed_experts; together they are r3's S-1 rows.
+    v = r3.LLM(model=model, enable_return_routed_experts=True, routed_experts_format="vllm", **ENGINE)
+    p = [{"prompt_token_ids": prompt(11, 4)}]
+    sp = r3.SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    a, b = v.generate(p, sp)[0], llm.generate(p, sp)[0]
+    assert a.outputs[0].routed_experts.shape[0] == 5 - 1
+    assert a.prompt_routed_experts.shape[0] == 11
+    assert np.array_equal(np.concatenate([a.prompt_routed_experts, a.outputs[0].routed_experts]),
+                          b.outputs[0].routed_experts)
+    with pytest.raises(r3.Error, match="routed_experts_format"):
+        r3.LLM(model=model, routed_experts_format="sglang", **ENGINE)
