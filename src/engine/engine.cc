@@ -416,7 +416,7 @@ void Engine::commit_staged_weights(bool flush) {
   for (auto& [name, t] : staged_) all.push_back(std::move(t));
   staged_.clear();
   drain();
-  ckpt_->apply_update(all);
+  ckpt_->apply_update(all, pool_.get());
   runner_->set_weights(ckpt_);
   ++weight_version_;
   if (flush) {

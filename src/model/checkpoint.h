@@ -13,6 +13,8 @@
 
 namespace r3 {
 
+class ThreadPool;
+
 struct ExpertWeights {
   TensorView gate, up, down;  // [I, H], [I, H], [H, I]
 };
@@ -56,7 +58,8 @@ class Checkpoint {
   void check_update(const std::vector<TensorToWrite>& tensors) const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
-  void apply_update(const std::vector<TensorToWrite>& tensors);
+  // pool (optional) spreads the copies over its threads.
+  void apply_update(const std::vector<TensorToWrite>& tensors, ThreadPool* pool = nullptr);
 
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);
