@@ -399,6 +399,7 @@ class AsyncEngine {
 
   PyStream submit(const py::object& prompt, const py::object& params, const std::string& request_id) {
     PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
+    if (sp.n != 1) throw r3::Error("AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
     r3::server::Job j{prompt_of(prompt), sp.p};
     j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
     j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);

@@ -1009,6 +1009,37 @@ TEST(ServerControl, PauseModesWithARequestInFlight) {
   }
 }
 
+// While paused, an abort still reaches its caller at once (no step runs), health_generate says
+// 503 at once, and flush_cache works once the aborted request is gone.
+TEST(ServerControl, AbortsWhilePausedAreAnswered) {
+  Running s(server_engine_config(test_model("olmoe", "small")));
+  auto cli = s.client();
+  ASSERT_EQ(cli.Post("/pause_generation", R"({"mode":"in_place"})", "application/json")->status, 200);
+  json reply;
+  std::thread t([&] {
+    auto c = s.client();
+    auto r = c.Post("/generate", R"({"input_ids":[3,4,5],"sampling_params":{"max_new_tokens":5},"rid":"queued"})",
+                    "application/json");
+    if (r) reply = json::parse(r->body, nullptr, false);
+  });
+  for (int i = 0; i < 500; ++i) {
+    if (json::parse(cli.Get("/v1/loads")->body)["loads"][0]["num_waiting_reqs"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = cli.Get("/health_generate");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(cli.Get("/flush_cache")->status, 400);  // the queued request is still there
+  ASSERT_EQ(cli.Post("/abort_request", R"({"rid":"queued"})", "application/json")->status, 200);
+  t.join();
+  ASSERT_TRUE(reply.is_object());
+  EXPECT_EQ(reply["meta_info"]["finish_reason"]["type"], "abort");
+  EXPECT_EQ(cli.Get("/flush_cache")->status, 200);
+  ASSERT_EQ(cli.Post("/continue_generation", "{}", "application/json")->status, 200);
+}
+
 // release_memory_occupation gives the KV cache and the packed weights back to the OS (RSS drops),
 // refuses while requests run, and resume rebuilds them: replies equal those before.
 TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
@@ -1103,7 +1134,9 @@ TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
 // nothing.
 TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   const std::string m0 = test_model("olmoe"), m1 = test_model("olmoe", "tiny", 1);
-  Running s(server_engine_config(m0));
+  server::ServerOptions o;
+  o.max_body_bytes = 4096;  // weights travel under their own, larger cap
+  Running s(server_engine_config(m0), o);
   auto cli = s.client();
   SafetensorsFile f(m1 + "/model.safetensors");
   std::vector<TensorToWrite> halves[2];

@@ -93,6 +93,42 @@ TEST(WeightSync, ARefusedBucketChangesNothing) {
   bucket[0].bytes.pop_back();
   expect_refused(bucket, "bytes");
   EXPECT_THROW(e.commit_staged_weights(true), Error);  // nothing staged
+  // A tied model: an update that would make a stored lm_head differ from the embedding is
+  // refused at commit, before any byte is written.
+  {
+    // qwen3_moe tiny ties its embeddings; store lm_head too, equal to the embedding.
+    const std::string src = test_model("qwen3_moe", "tiny");
+    const std::string tied = (fs::temp_directory_path() / ("r3_tied_" + std::to_string(getpid()))).string();
+    fs::remove_all(tied);
+    fs::create_directories(tied);
+    fs::copy_file(fs::path(src) / "config.json", fs::path(tied) / "config.json");
+    std::vector<TensorToWrite> mine = tensors_of(src);
+    TensorToWrite embed;
+    for (auto& w : mine)
+      if (w.name == "model.embed_tokens.weight") embed = w;
+    TensorToWrite head = embed;
+    head.name = "lm_head.weight";
+    mine.push_back(head);
+    write_safetensors(tied + "/model.safetensors", mine);
+    Engine t(config_for(tied));
+    const RequestOutput t_before = t.generate({{3, 4, 5}}, {greedy(4)})[0];
+    const size_t row = embed.bytes.size() / size_t(embed.shape[0]);
+    embed.bytes[3 * row] ^= 0x40;  // token 3's embedding, which the prompt reads
+    t.stage_weights({embed});
+    try {
+      t.commit_staged_weights(true);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("tie_word_embeddings"), std::string::npos) << err.what();
+    }
+    EXPECT_EQ(t.weight_version(), 0u);
+    EXPECT_EQ(t.generate({{3, 4, 5}}, {greedy(4)})[0].logprobs, t_before.logprobs);
+    head.bytes = embed.bytes;  // both, equal: accepted
+    t.stage_weights({embed, head});
+    t.commit_staged_weights(true);
+    EXPECT_EQ(t.weight_version(), 1u);
+    fs::remove_all(tied);
+  }
   const RequestOutput after = e.generate({{3, 4, 5}}, {greedy(5)})[0];
   EXPECT_EQ(after.token_ids, before.token_ids);
   EXPECT_EQ(after.logprobs, before.logprobs);

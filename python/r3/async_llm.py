@@ -28,13 +28,21 @@ class AsyncLLM:
         if request_id is None:
             raise _r3.Error("AsyncLLM.generate needs a request_id")
         stream = await self._run(self._engine.submit, prompt, sampling_params, str(request_id))
-        while True:
-            out = await self._run(stream.next, 0.05)
-            if out is None:
-                continue
-            yield out
-            if out.finished:
-                return
+        finished = False
+        try:
+            while True:
+                out = await self._run(stream.next, 0.05)
+                if out is None:
+                    continue
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            # Cancelled, or the consumer stopped iterating: the request must not run on (as in
+            # vLLM's AsyncLLM), and its id becomes free again.
+            if not finished:
+                self._engine.abort(str(request_id))
 
     async def abort(self, request_id):
         """Aborts the request (its stream ends with finish_reason "abort"); returns how many ran."""

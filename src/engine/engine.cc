@@ -182,6 +182,18 @@ bool Engine::abort(uint64_t id) {
 
 bool Engine::has_unfinished() const { return !requests_.empty(); }
 
+std::vector<RequestOutput> Engine::apply_aborts() {
+  drain();  // blocks freed below must not be written by a forward still in flight
+  std::vector<RequestOutput> out = std::move(drained_);
+  drained_.clear();
+  for (uint64_t id : aborted_) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) finish(it->second.get(), "abort", out);
+  }
+  aborted_.clear();
+  return out;
+}
+
 CaptureSlot* Engine::run_forward(int buffer) {
   CaptureSlot* slot = capturer_ ? capturer_->acquire(plans_[buffer].iter) : nullptr;
   runner_->forward(plans_[buffer], slot, results_[buffer]);
@@ -414,9 +426,9 @@ void Engine::commit_staged_weights(bool flush) {
   std::vector<TensorToWrite> all;
   all.reserve(staged_.size());
   for (auto& [name, t] : staged_) all.push_back(std::move(t));
-  staged_.clear();
+  staged_.clear();  // refused or applied, this set of buckets is done
   drain();
-  ckpt_->apply_update(all, pool_.get());
+  ckpt_->apply_update(all, pool_.get());  // all checks before the first byte is written
   runner_->set_weights(ckpt_);
   ++weight_version_;
   if (flush) {

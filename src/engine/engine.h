@@ -100,8 +100,12 @@ class Engine {
   uint64_t add_request(std::vector<int> prompt, SamplingParams params);
   // One iteration: outputs of the requests that changed (finished ones with finished = true).
   std::vector<RequestOutput> step();
-  // Finishes a request with reason "abort" (its output comes from the next step()).
+  // Finishes a request with reason "abort" (its output comes from the next step(), or from
+  // apply_aborts()).
   bool abort(uint64_t id);
+  // Finishes the aborted requests now, without running the model (a paused engine still
+  // answers aborts); returns their outputs and any drained by waiting for a step in flight.
+  std::vector<RequestOutput> apply_aborts();
   bool has_unfinished() const;
   // Runs until every given request finished; outputs in input order.
   std::vector<RequestOutput> generate(const std::vector<std::vector<int>>& prompts,

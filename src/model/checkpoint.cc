@@ -236,6 +236,20 @@ std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
 
 void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors, ThreadPool* pool) {
   check_update(tensors);
+  // The one rule load_weights checks that an update can break: a stored lm_head of a tied model
+  // must stay equal to the embedding. Checked on the bytes after the update, before anything is
+  // written, so a refused update leaves this checkpoint as it was.
+  if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
+    auto bytes_of = [&](const std::string& name) -> const void* {
+      for (const TensorToWrite& t : tensors)
+        if (t.name == name) return t.bytes.data();
+      return index_.at(name)->data;
+    };
+    if (std::memcmp(bytes_of("lm_head.weight"), bytes_of("model.embed_tokens.weight"),
+                    index_.at("lm_head.weight")->nbytes()) != 0)
+      throw Error("weight update: lm_head.weight would differ from model.embed_tokens.weight but "
+                  "tie_word_embeddings is true (send both, equal, or neither)");
+  }
   // The views point into memory this checkpoint owns (its files' copies or memory_), so writing
   // through them is writing our own buffers. Copied in 4 MiB pieces, on every thread of the pool.
   struct Piece {

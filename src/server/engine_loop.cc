@@ -163,9 +163,9 @@ void EngineLoop::pause_generation(const std::string& mode) {
     if (mode == "retract") engine_->retract_all();
     if (mode == "abort") {
       for (auto& [id, t] : targets_) engine_->abort(id);
-      // Deliver the aborts now: the loop does not step while paused. Aborted requests finish
-      // at the start of the next step (with overlap, after the one in flight).
-      for (int i = 0; i < 4 && engine_->has_unfinished(); ++i) step_once();
+      // Deliver the aborts now, without running the model.
+      std::vector<RequestOutput> outs = engine_->apply_aborts();
+      deliver(outs);
     }
   });
 }
@@ -266,6 +266,10 @@ void EngineLoop::step_once() {
   } clear{step_started_ns_};
   std::vector<RequestOutput> outs = engine_->step();
   latency_.add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  deliver(outs);
+}
+
+void EngineLoop::deliver(std::vector<RequestOutput>& outs) {
   for (auto& o : outs) {
     auto it = targets_.find(o.request_id);
     if (it == targets_.end()) continue;
@@ -287,6 +291,11 @@ void EngineLoop::run() {
     }
     for (auto& c : cmds) c();  // exceptions stay inside each packaged task
     try {
+      // Paused or released: no step runs, but aborts still reach their callers.
+      if (failure().empty() && (paused_ || released_)) {
+        std::vector<RequestOutput> outs = engine_->apply_aborts();
+        deliver(outs);
+      }
       if (failure().empty() && !paused_ && !released_ && (engine_->has_unfinished() || kick_)) {
         kick_ = false;
         step_once();

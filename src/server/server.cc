@@ -441,6 +441,9 @@ struct Server::Impl {
   void health_generate(httplib::Response& res) {
     if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
     if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
+    if (loop->paused()) throw ApiError(503, "generation is paused (/continue_generation resumes it)", "server_error");
+    if (loop->memory_released())
+      throw ApiError(503, "memory is released (/resume_memory_occupation restores it)", "server_error");
     Job j;
     j.prompt = {0};
     j.params.max_tokens = 1;
@@ -599,7 +602,8 @@ struct Server::Impl {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
       *fd_out = sock;
     });
-    srv.set_payload_max_length(opts.max_body_bytes);
+    // post() enforces each endpoint's cap; httplib's own must not undercut the largest one.
+    srv.set_payload_max_length(std::max(opts.max_body_bytes, opts.max_weights_body_bytes));
     srv.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     srv.set_keep_alive_max_count(1000);
     // Idle and slow connections give their thread back: keep-alive ends after 5 s idle, a read

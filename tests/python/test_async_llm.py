@@ -76,3 +76,25 @@ def test_async_llm_like_verl(make_model):
         engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_async_llm_cancel_aborts_and_n_is_refused(make_model):
+    m0 = make_model("olmoe")
+
+    async def main():
+        engine = r3.AsyncLLM(m0, **ENGINE)
+        long_sp = r3.SamplingParams(max_tokens=2000, temperature=1.0, seed=1, ignore_eos=True)
+        task = asyncio.ensure_future(collect(engine, prompt(8, 3), long_sp, "cancel-me"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The id is free again: the cancelled request was aborted, not left running.
+        short = r3.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        outs = await collect(engine, prompt(8, 3), short, "cancel-me")
+        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+        with pytest.raises(r3.Error, match="n = 1"):
+            await collect(engine, prompt(4, 1), r3.SamplingParams(n=2), "many")
+        engine.shutdown()
+
+    asyncio.run(main())
