@@ -127,8 +127,7 @@ TEST(FailClosedValues, NonFiniteLogitsFailTheRequestNotTheBatch) {
     SafetensorsFile f(st.string());
     std::vector<TensorToWrite> out;
     for (auto& [name, t] : f.tensors()) {
-      TensorToWrite w{name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
-      std::memcpy(w.bytes.data(), t.data, t.nbytes());
+      TensorToWrite w = copy_tensor(t);
       if (name == "model.embed_tokens.weight") {
         const size_t row = size_t(t.shape[1]) * dtype_size(t.dtype);
         for (size_t i = 0; i < row; i += 2) {  // bf16 NaN

@@ -1141,11 +1141,7 @@ TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   SafetensorsFile f(m1 + "/model.safetensors");
   std::vector<TensorToWrite> halves[2];
   size_t i = 0;
-  for (auto& [name, t] : f.tensors()) {
-    TensorToWrite w{name, t.dtype, t.shape, {}};
-    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
-    halves[i++ % 2].push_back(std::move(w));
-  }
+  for (auto& [name, t] : f.tensors()) halves[i++ % 2].push_back(copy_tensor(t));
   const std::string dir = (std::filesystem::temp_directory_path() / ("r3_wsync_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   std::string bodies[2];

@@ -21,11 +21,7 @@ using testing::test_model;
 std::vector<TensorToWrite> tensors_of(const std::string& dir) {
   SafetensorsFile f((fs::path(dir) / "model.safetensors").string());
   std::vector<TensorToWrite> out;
-  for (auto& [name, t] : f.tensors()) {
-    TensorToWrite w{name, t.dtype, t.shape, {}};
-    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
-    out.push_back(std::move(w));
-  }
+  for (auto& [name, t] : f.tensors()) out.push_back(copy_tensor(t));
   return out;
 }
 

@@ -182,15 +182,24 @@ bool Engine::abort(uint64_t id) {
 
 bool Engine::has_unfinished() const { return !requests_.empty(); }
 
-std::vector<RequestOutput> Engine::apply_aborts() {
-  drain();  // blocks freed below must not be written by a forward still in flight
-  std::vector<RequestOutput> out = std::move(drained_);
-  drained_.clear();
+void Engine::finish_aborted(std::vector<RequestOutput>& out) {
   for (uint64_t id : aborted_) {
     auto it = requests_.find(id);
     if (it != requests_.end()) finish(it->second.get(), "abort", out);
   }
   aborted_.clear();
+}
+
+void Engine::drop_prefix_cache() {
+  kv_->flush();
+  if (routes_) routes_->invalidate_all();
+}
+
+std::vector<RequestOutput> Engine::apply_aborts() {
+  drain();  // blocks freed below must not be written by a forward still in flight
+  std::vector<RequestOutput> out = std::move(drained_);
+  drained_.clear();
+  finish_aborted(out);
   return out;
 }
 
@@ -327,11 +336,7 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> out = std::move(drained_);
   drained_.clear();
-  for (uint64_t id : aborted_) {
-    auto it = requests_.find(id);
-    if (it != requests_.end()) finish(it->second.get(), "abort", out);
-  }
-  aborted_.clear();
+  finish_aborted(out);
   // The plan goes into the buffer the step in flight (if any) is not using.
   const int buffer = in_flight_ == 0 ? 1 : 0;
   scheduler_->schedule(plans_[buffer], next_iter_, weight_version_);
@@ -407,10 +412,7 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);
   ++weight_version_;
-  if (flush) {
-    kv_->flush();
-    if (routes_) routes_->invalidate_all();
-  }
+  if (flush) drop_prefix_cache();
 }
 
 void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
@@ -431,17 +433,13 @@ void Engine::commit_staged_weights(bool flush) {
   ckpt_->apply_update(all, pool_.get());  // all checks before the first byte is written
   runner_->set_weights(ckpt_);
   ++weight_version_;
-  if (flush) {
-    kv_->flush();
-    if (routes_) routes_->invalidate_all();
-  }
+  if (flush) drop_prefix_cache();
 }
 
 bool Engine::reset_prefix_cache() {
   if (has_unfinished()) return false;
   drain();
-  kv_->flush();
-  if (routes_) routes_->invalidate_all();
+  drop_prefix_cache();
   return true;
 }
 
@@ -456,8 +454,7 @@ void Engine::release_memory(bool kv_cache, bool weights) {
   drain();
   if (kv_cache) {
     runner_->release_kv_cache();
-    kv_->flush();  // the cached blocks' contents are gone
-    if (routes_) routes_->invalidate_all();
+    drop_prefix_cache();  // the cached blocks' contents are gone
   }
   if (weights) runner_->release_packed_weights();
   // Freed heap pages stay in malloc's arenas unless handed back explicitly.

@@ -155,6 +155,8 @@ class Engine {
   void process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& out);
   void drain();
   void finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out);
+  void finish_aborted(std::vector<RequestOutput>& out);  // every request abort() named
+  void drop_prefix_cache();  // published blocks and their shared-cache routes
   RequestOutput make_output(const Request& r);
   void publish_full_blocks(Request* r, int computed);
   void worker_loop();

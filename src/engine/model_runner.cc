@@ -92,7 +92,7 @@ void ModelRunner::score_prompt_tokens(const StepPlan& plan, StepResult& result) 
       const ScoreTarget& t = plan.scores[b + size_t(i)];
       const float* row = logits_.data() + size_t(i) * size_t(V);
       ScoreResult& out = result.scores[b + size_t(i)];
-      const float log_z = log_normalizer(row, V, scratch);
+      const float log_z = logit_stats(row, V, scratch).log_z;
       out.nonfinite = !std::isfinite(log_z);
       out.logprob = row[t.target] - log_z;
       out.top.n = 0;

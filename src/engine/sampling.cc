@@ -26,13 +26,17 @@ void SamplingParams::validate(int vocab_size) const {
   if (prompt_logprobs_start < -1) throw Error("prompt_logprobs_start must be -1 (none) or >= 0");
 }
 
-float log_normalizer(const float* logits, int V, std::vector<float>& scratch) {
-  float m = logits[0];
+LogitStats logit_stats(const float* logits, int V, std::vector<float>& scratch) {
+  // Numerators exp(l - max) (exp.h), summed in double in a fixed order.
+  LogitStats s;
+  s.max = logits[0];
   for (int i = 1; i < V; ++i)
-    if (logits[i] > m) m = logits[i];
+    if (logits[i] > s.max) s.max = logits[i], s.argmax = i;
   scratch.resize(size_t(V));
-  kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
-  return float(std::log(kernels::sum_f64(scratch.data(), V))) + m;
+  kernels::exp_below_max(logits, V, s.max, 1.f, scratch.data());
+  s.z = kernels::sum_f64(scratch.data(), V);
+  s.log_z = float(std::log(s.z)) + s.max;
+  return s;
 }
 
 void top_logprobs(const float* logits, int V, float log_z, int k, TopLogprobs& out) {
@@ -71,16 +75,11 @@ namespace {
 
 Sample draw(const float* logits, int V, const SamplerParams& p, int position, std::vector<float>& scratch,
             std::vector<int>& order, float& log_z_out) {
-  // log-softmax of the raw logits, for the reported logprob: numerators exp(l - max) (exp.h),
-  // summed in double in a fixed order.
-  float m = logits[0];
-  int argmax = 0;
-  for (int i = 1; i < V; ++i)
-    if (logits[i] > m) m = logits[i], argmax = i;
-  scratch.resize(size_t(V));
-  kernels::exp_below_max(logits, V, m, 1.f, scratch.data());
-  const double z = kernels::sum_f64(scratch.data(), V);
-  const float log_z = float(std::log(z)) + m;
+  // The reported logprob is the log-softmax of the raw logits.
+  const LogitStats st = logit_stats(logits, V, scratch);
+  const int argmax = st.argmax;
+  const float m = st.max, log_z = st.log_z;
+  const double z = st.z;
   log_z_out = log_z;
   // A NaN or infinite logit makes z or m non-finite: fail closed rather than sample from it.
   if (!std::isfinite(log_z)) return {0, 0.f, true};

@@ -61,9 +61,16 @@ struct Sample {
   TopLogprobs top;      // the top_logprobs alternatives (n = 0 when not asked)
 };
 
-// log of the softmax normaliser of logits[0, V), in the order sample_token uses (so a token's
-// logprob is logits[t] - log_normalizer, the same bits everywhere); non-finite when a logit is.
-float log_normalizer(const float* logits, int V, std::vector<float>& scratch);
+// The softmax normaliser of logits[0, V) as sample_token computes it, so a token's logprob is
+// logits[t] - log_z, the same bits everywhere; log_z is non-finite when a logit is. scratch
+// ends holding the numerators exp(l - max).
+struct LogitStats {
+  int argmax = 0;     // first index of the largest logit
+  float max = 0.f;
+  double z = 0.0;     // sum of exp(l - max), in a fixed order
+  float log_z = 0.f;  // log(z) + max
+};
+LogitStats logit_stats(const float* logits, int V, std::vector<float>& scratch);
 // The k best tokens of logits (k <= kMaxTopLogprobs), their logprobs logits[t] - log_z.
 void top_logprobs(const float* logits, int V, float log_z, int k, TopLogprobs& out);
 

@@ -227,9 +227,8 @@ void Checkpoint::check_update(const std::vector<TensorToWrite>& tensors) const {
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   std::vector<TensorToWrite> out;
   for (auto& [name, t] : index_) {
-    TensorToWrite w{name, t->dtype, t->shape, {}};
-    w.bytes.assign(static_cast<const uint8_t*>(t->data), static_cast<const uint8_t*>(t->data) + t->nbytes());
-    out.push_back(std::move(w));
+    out.push_back(copy_tensor(*t));
+    out.back().name = name;
   }
   return out;
 }

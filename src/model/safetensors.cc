@@ -189,6 +189,12 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
 
 SafetensorsFile::~SafetensorsFile() = default;
 
+TensorToWrite copy_tensor(const TensorView& t) {
+  TensorToWrite w{t.name, t.dtype, t.shape, {}};
+  w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+  return w;
+}
+
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();

@@ -69,6 +69,9 @@ struct TensorToWrite {
   std::vector<uint8_t> bytes;  // little-endian, C order
 };
 
+// A copy of a tensor's bytes under its name (what a trainer sends, what the writer takes).
+TensorToWrite copy_tensor(const TensorView& t);
+
 // Writes tensors in the given order, header padded to 8 bytes as Hugging Face does.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});

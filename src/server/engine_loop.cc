@@ -74,11 +74,13 @@ size_t EngineLoop::abort_rid(const std::string& rid) {
 }
 
 size_t EngineLoop::abort_all() {
-  return call([&]() -> size_t {
-    size_t n = 0;
-    for (auto& [id, t] : targets_) n += engine_->abort(id) ? 1 : 0;
-    return n;
-  });
+  return call([&] { return abort_targets(); });
+}
+
+size_t EngineLoop::abort_targets() {
+  size_t n = 0;
+  for (auto& [id, t] : targets_) n += engine_->abort(id) ? 1 : 0;
+  return n;
 }
 
 void EngineLoop::abort(const std::vector<uint64_t>& ids) {
@@ -98,8 +100,7 @@ uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, co
   // and a slow or bad path never stalls the engine loop.
   std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
   const uint64_t v = call([&]() -> uint64_t {
-    if (abort_all)
-      for (auto& [id, t] : targets_) engine_->abort(id);
+    if (abort_all) abort_targets();
     engine_->update_weights(ckpt, flush_cache);
     kick_ = true;
     weight_version_ = engine_->weight_version();
@@ -115,11 +116,7 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string_
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
   std::unique_ptr<SafetensorsFile> f = SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
   std::vector<TensorToWrite> tensors;
-  for (auto& [name, t] : f->tensors()) {
-    TensorToWrite w{name, t.dtype, t.shape, {}};
-    w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
-    tensors.push_back(std::move(w));
-  }
+  for (auto& [name, t] : f->tensors()) tensors.push_back(copy_tensor(t));
   f.reset();
   return update_weights_from_tensors(std::move(tensors), flush_cache, label, finished, abort_all);
 }
@@ -133,8 +130,7 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::vector<
     engine_->stage_weights(std::move(tensors));
     const size_t staged = engine_->staged_weight_tensors();
     if (!finished) return {staged, engine_->weight_version()};
-    if (abort_all)
-      for (auto& [id, t] : targets_) engine_->abort(id);
+    if (abort_all) abort_targets();
     engine_->commit_staged_weights(flush_cache);
     kick_ = true;
     weight_version_ = engine_->weight_version();
@@ -162,7 +158,7 @@ void EngineLoop::pause_generation(const std::string& mode) {
     paused_ = true;
     if (mode == "retract") engine_->retract_all();
     if (mode == "abort") {
-      for (auto& [id, t] : targets_) engine_->abort(id);
+      abort_targets();
       // Deliver the aborts now, without running the model.
       std::vector<RequestOutput> outs = engine_->apply_aborts();
       deliver(outs);

@@ -159,6 +159,7 @@ class EngineLoop {
   void post(std::function<void()> cmd);
   void run();
   void step_once();
+  size_t abort_targets();  // loop thread: aborts every request with a waiting caller
   void deliver(std::vector<RequestOutput>& outs);  // to each output's waiting caller
   void fail_all(const std::string& why);
   void forget(uint64_t id);
