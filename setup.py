@@ -3,8 +3,10 @@ package them with python/r3/*.py. pyproject.toml holds the metadata.
 
 Environment:
   R3_CMAKE_BUILD_DIR  reuse an existing CMake build folder (e.g. build) instead of a fresh one
-  R3_NATIVE=0         build the portable kernels (same bits, slower) instead of -march=native;
-                      a native build runs only on CPUs with the build machine's instruction set
+  R3_NATIVE=1         compile the non-kernel code for the build machine's CPU too (default for a
+                      fresh build: off, so the package runs on any x86-64; the kernels are built
+                      for every instruction set and chosen at run time either way); a reused
+                      build folder keeps its own setting unless R3_NATIVE is given
   R3_JOBS             parallel build jobs (default 2)
 """
 import os
@@ -24,10 +26,13 @@ class CMakeBuild(build_ext):
         build = Path(os.environ.get("R3_CMAKE_BUILD_DIR") or (Path(self.build_temp).resolve() / "cmake"))
         if not build.is_absolute():
             build = ROOT / build
-        native = os.environ.get("R3_NATIVE", "1") != "0"
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
-                               "-DCMAKE_BUILD_TYPE=Release", f"-DPYTHON_EXECUTABLE={sys.executable}",
-                               f"-DR3_NATIVE={'ON' if native else 'OFF'}"])
+        args = ["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                # The interpreter a venv was made from: the venv may be gone by the next build.
+                f"-DPYTHON_EXECUTABLE={getattr(sys, '_base_executable', sys.executable)}"]
+        native = os.environ.get("R3_NATIVE")
+        if native is not None or not (build / "CMakeCache.txt").exists():
+            args.append(f"-DR3_NATIVE={'ON' if native not in (None, '0') else 'OFF'}")
+        subprocess.check_call(args)
         subprocess.check_call(["cmake", "--build", str(build), "-j", os.environ.get("R3_JOBS", "2"),
                                "--target", "r3_py", "r3", "r3_py_package"])
         built = next((build / "python" / "r3").glob("_r3*.so"))

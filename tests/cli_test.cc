@@ -24,8 +24,8 @@ struct CliRun {
   std::string out;
 };
 
-CliRun run(const std::string& args) {
-  std::string cmd = std::string(R3_BINARY) + " " + args + " 2>&1";
+CliRun run_prefixed(const std::string& prefix, const std::string& args) {
+  std::string cmd = prefix + std::string(R3_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -33,6 +33,10 @@ CliRun run(const std::string& args) {
   int status = pclose(p);
   return {WEXITSTATUS(status), out};
 }
+
+CliRun run(const std::string& args) { return run_prefixed("", args); }
+
+CliRun run_with_env(const std::string& env, const std::string& args) { return run_prefixed(env + " ", args); }
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("r3_cli_" + std::to_string(getpid())) / name;
@@ -75,6 +79,20 @@ TEST(Cli, GenerateReturnsRoutesOfShapeSMinusOne) {
     ++index;
   }
   EXPECT_EQ(index, 2);
+}
+
+// A kernel set the CPU cannot run, or no set at all, stops the command before it reads weights.
+TEST(Cli, BadKernelSetIsRefusedWithTheReason) {
+  const std::string model = test_model("qwen3_moe");
+  fs::path d = temp_dir("kernels");
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1,5],"max_tokens":1})" << "\n";
+  const std::string args = "generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " +
+                           (d / "out.jsonl").string();
+  CliRun r = run_with_env("R3_KERNELS=sse9", args);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("R3_KERNELS=sse9: unknown kernel set"), std::string::npos) << r.out;
+  r = run_with_env("R3_KERNELS=portable", args);
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 TEST(Cli, GenerateLogprobsRoundTripExactly) {

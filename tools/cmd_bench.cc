@@ -188,8 +188,8 @@ int cmd_bench(int argc, char** argv) {
   }
   ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
   const kernels::MachineLimits m = kernels::measure_machine(&probe_pool);
-  std::printf("machine: streaming read %.1f GB/s, bf16 peak %.0f GFLOP/s (%s), fp32 fma peak %.0f GFLOP/s, %d threads\n",
-              m.read_gb_per_s, m.peak_gflops, m.peak_instruction.c_str(), m.fma_peak_gflops, probe_pool.size());
+  std::printf("machine: %s kernels, streaming read %.1f GB/s, bf16 peak %.0f GFLOP/s (%s), fp32 fma peak %.0f GFLOP/s, %d threads\n",
+              m.kernels.c_str(), m.read_gb_per_s, m.peak_gflops, m.peak_instruction.c_str(), m.fma_peak_gflops, probe_pool.size());
   std::fflush(stdout);
   std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off",
               "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
@@ -239,6 +239,7 @@ int cmd_bench(int argc, char** argv) {
               {"routes_ratio", ratio},
               {"engine_option_ratio", best_unused.tokens_per_s / best_off.tokens_per_s},
               {"weight_gb_per_s", best_unused.weight_gb_per_s},
+              {"machine_kernels", m.kernels},
               {"machine_read_gb_per_s", m.read_gb_per_s},
               {"machine_peak_gflops", m.peak_gflops},
               {"machine_fma_peak_gflops", m.fma_peak_gflops}};

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/kernel_set.h"
 #include "routes/capturable.h"
 
 namespace r3 {
@@ -23,6 +24,7 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   if (cfg_.max_num_batched_tokens <= 0) throw Error("max_num_batched_tokens must be positive");
   for (int b : cfg_.decode_buckets)
     if (b <= 0) throw Error("decode_buckets must be positive");
+  kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
   ckpt_ = Checkpoint::open(cfg_.model);
   const ModelConfig& mc = ckpt_->config();
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));

@@ -1,14 +1,24 @@
+// Paged attention (attention.h), compiled once per instruction set (isa.h).
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "core/dtype.h"
+#include "kernels/isa_entry_points.h"
+
+// Compiled for this file's instruction set from here on (isa.h).
+// clang-format off
+#include "kernels/isa_begin.h"
 #include "kernels/exp.h"
 #include "kernels/vec16.h"
+// clang-format on
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 namespace {
 
@@ -200,7 +210,7 @@ void attend_group(const float* const* q, const int* pos, int nq, int hd, float s
     if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
   }
 #endif
-  for (int i = 0; i < nq; ++i) attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
+  for (int i = 0; i < nq; ++i) R3_ISA_NS::attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
 }
 
 template <typename KvT>
@@ -235,4 +245,7 @@ template void attend_group(const float* const*, const int*, int, int, float, con
 template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<uint16_t>&, float*, int,
                            float* const*);
 
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels
+
+#include "kernels/isa_end.h"

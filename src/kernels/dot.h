@@ -18,6 +18,7 @@
 #include "kernels/vec16.h"
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 inline float reduce_lanes16(const float* lanes) {
   float a[8], b[4], c[2];
@@ -78,7 +79,7 @@ inline float dot_f32_portable(const float* w, const float* x, int n) {
   return reduce_lanes16(lanes);
 }
 
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
 // The tree of reduce_lanes16, vectorised (float addition is commutative, so same bits).
 inline float reduce512(__m512 v) {
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -103,4 +104,5 @@ inline float dot_f32(const float* a, const float* b, int n) {
 #endif
 }
 
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels

@@ -12,6 +12,7 @@
 #include "kernels/vec16.h"
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 inline constexpr float kExpLog2e = 1.44269504088896341f;
 inline constexpr float kExpLn2Hi = 0.693359375f;     // ln 2 = hi + lo, hi with few mantissa bits
@@ -58,4 +59,5 @@ inline void exp_below_max(const float* x, int n, float m, float d, float* out) {
   for (; i < n; ++i) out[i] = exp_nonpositive((x[i] - m) / d);
 }
 
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels

@@ -1,3 +1,5 @@
+// The machine measurements of machine_limits.h, compiled once per instruction set (isa.h): each
+// measures with its own widest instructions.
 #include "kernels/machine_limits.h"
 
 #include <chrono>
@@ -6,13 +8,30 @@
 #include <memory>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels/isa_entry_points.h"
+
+
+// Compiled for this file's instruction set from here on (isa.h).
+// clang-format off
+#include "kernels/isa_begin.h"
+#include "kernels/vec16.h"
+// clang-format on
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 namespace {
+
+#if R3_ISA_AVX512
+constexpr bool defined_avx512 = true;
+#else
+constexpr bool defined_avx512 = false;
+#endif
+#if R3_ISA_AVX2
+constexpr bool defined_avx2 = true;
+#else
+constexpr bool defined_avx2 = false;
+#endif
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -39,7 +58,7 @@ double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
     pool->parallel_for(parts, [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         const float* x = buf.get() + size_t(p) * (n / size_t(parts));
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
         __m512 acc[kStreams];
         for (auto& a : acc) a = _mm512_setzero_ps();
         for (size_t i = 0; i < per_stream; i += 16)
@@ -51,6 +70,20 @@ double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
           }
         for (int s = 1; s < kStreams; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
         sinks[size_t(p) * 16] = _mm512_reduce_add_ps(acc[0]);
+#elif R3_ISA_AVX2
+        __m256 acc[kStreams];
+        for (auto& a : acc) a = _mm256_setzero_ps();
+        for (size_t i = 0; i < per_stream; i += 16)
+#pragma GCC unroll 8
+          for (int s = 0; s < kStreams; ++s) {
+            const float* at = x + size_t(s) * per_stream + i;
+            acc[s] = _mm256_add_ps(acc[s], _mm256_add_ps(_mm256_loadu_ps(at), _mm256_loadu_ps(at + 8)));
+            _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchFloats), _MM_HINT_T0);
+          }
+        for (int s = 1; s < kStreams; ++s) acc[0] = _mm256_add_ps(acc[0], acc[s]);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[0]);
+        sinks[size_t(p) * 16] = lanes[0];
 #else
         float acc[kStreams] = {0};
         for (size_t i = 0; i < per_stream; ++i)
@@ -65,12 +98,12 @@ double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
   return best;
 }
 
-#if defined(__AVX512F__)
+#if R3_ISA_AVX2
 // GFLOP/s of kChains independent chains of `step` on every thread, `flops` per instruction.
 // The chains start equal and see the same operations, so without keep_chain the compiler
 // merges them into one dependent chain and the loop measures latency, not throughput. The
 // empty asm makes each register opaque; it emits no instruction.
-template <typename Step>
+template <typename V, typename Step>
 double chains_gflops(ThreadPool* pool, double flops, Step step) {
   constexpr int kChains = 12;
   constexpr int64_t kIters = 20'000'000;
@@ -78,27 +111,32 @@ double chains_gflops(ThreadPool* pool, double flops, Step step) {
   auto t0 = std::chrono::steady_clock::now();
   pool->parallel_for(pool->size(), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
-      __m512 acc[kChains];
-      for (auto& a : acc) a = _mm512_setzero_ps();
+      V acc[kChains] = {};
       for (int64_t i = 0; i < kIters; ++i) {
 #pragma GCC unroll 16
         for (auto& a : acc) a = step(a);
 #pragma GCC unroll 16
-        for (auto& a : acc) asm volatile("" : "+v"(a));
+        for (auto& a : acc) asm volatile("" : "+x"(a));
       }
-      for (int j = 1; j < kChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-      sinks[size_t(p) * 16] = _mm512_reduce_add_ps(acc[0]);
+      float lanes[16];
+      std::memcpy(lanes, &acc[kChains - 1], sizeof(V));
+      sinks[size_t(p) * 16] = lanes[0];
     }
   });
   return flops * kChains * double(kIters) * pool->size() / seconds_since(t0) / 1e9;
 }
 
 double fma_gflops(ThreadPool* pool) {
+#if R3_ISA_AVX512
   const __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
-  return chains_gflops(pool, 32, [&](__m512 a) { return _mm512_fmadd_ps(a, x, y); });
+  return chains_gflops<__m512>(pool, 32, [&](__m512 a) { return _mm512_fmadd_ps(a, x, y); });
+#else
+  const __m256 x = _mm256_set1_ps(1.0001f), y = _mm256_set1_ps(0.9999f);
+  return chains_gflops<__m256>(pool, 16, [&](__m256 a) { return _mm256_fmadd_ps(a, x, y); });
+#endif
 }
 #else
-double scalar_fma_gflops(ThreadPool* pool) {
+double fma_gflops(ThreadPool* pool) {
   constexpr int64_t kIters = 20'000'000;
   std::vector<float> sinks(size_t(pool->size()) * 16);
   auto t0 = std::chrono::steady_clock::now();
@@ -116,34 +154,23 @@ double scalar_fma_gflops(ThreadPool* pool) {
 #endif
 
 double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
-#if defined(__AVX512BF16__)
+#if R3_ISA_AVX512BF16
   if (instruction) *instruction = "vdpbf16ps zmm (AVX512-BF16)";
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
   // 32 bf16 pairs x (mul + add) per instruction.
-  return chains_gflops(pool, 64, [&](__m512 a) { return _mm512_dpbf16_ps(a, x, y); });
-#elif defined(__AVX512F__)
-  if (instruction) *instruction = "vfmadd231ps zmm (no AVX512-BF16)";
-  return fma_gflops(pool);
+  return chains_gflops<__m512>(pool, 64, [&](__m512 a) { return _mm512_dpbf16_ps(a, x, y); });
 #else
-  if (instruction) *instruction = "scalar fma";
-  return scalar_fma_gflops(pool);
+  if (instruction)
+    *instruction = defined_avx512 ? "vfmadd231ps zmm (no AVX512-BF16)"
+                   : defined_avx2 ? "vfmadd231ps ymm (no AVX-512)"
+                                  : "scalar fma";
+  return fma_gflops(pool);
 #endif
 }
 
-double measure_fma_peak_gflops(ThreadPool* pool) {
-#if defined(__AVX512F__)
-  return fma_gflops(pool);
-#else
-  return scalar_fma_gflops(pool);
-#endif
-}
+double measure_fma_peak_gflops(ThreadPool* pool) { return fma_gflops(pool); }
 
-MachineLimits measure_machine(ThreadPool* pool) {
-  MachineLimits m;
-  m.read_gb_per_s = measure_read_bandwidth(pool);
-  m.peak_gflops = measure_peak_gflops(pool, &m.peak_instruction);
-  m.fma_peak_gflops = measure_fma_peak_gflops(pool);
-  return m;
-}
-
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels
+
+#include "kernels/isa_end.h"

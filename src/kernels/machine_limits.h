@@ -10,6 +10,7 @@
 namespace r3::kernels {
 
 struct MachineLimits {
+  std::string kernels;          // the kernel set measured and run (kernel_set.h)
   double read_gb_per_s = 0;     // streaming read bandwidth, all threads
   double peak_gflops = 0;       // bf16 dot-product peak (fp32 FMA peak where bf16 is absent)
   std::string peak_instruction;  // which instruction the peak loop ran

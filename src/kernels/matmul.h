@@ -38,6 +38,9 @@ struct Activations {
   int row(int r) const { return row_ids ? row_ids[r] : r; }
 };
 
+// Rows per packed panel: one AVX-512 register of fp32 lanes.
+inline constexpr int kPanelRows = 16;
+
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
 // [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
 using PackedBf16 = std::vector<uint16_t, CacheLineAllocator<uint16_t>>;

@@ -1,13 +1,23 @@
+// The per-token ops of ops.h, compiled once per instruction set (isa.h). RoPE is in rope.cc.
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/isa_entry_points.h"
+
+// Compiled for this file's instruction set from here on (isa.h).
+// clang-format off
+#include "kernels/isa_begin.h"
 #include "kernels/dot.h"
 #include "kernels/exp.h"
+// clang-format on
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
   const float inv = 1.f / std::sqrt(dot_f32(x, x, n) / float(n) + eps);
@@ -19,28 +29,6 @@ void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, floa
     for (int i = 0; i < n; ++i) y[i] = x[i] * inv * bf16_to_f32(wb[i]);
   } else {
     for (int i = 0; i < n; ++i) y[i] = x[i] * inv * w.at(w_offset + i);
-  }
-}
-
-Rope::Rope(int head_dim, float theta, int max_pos) : half_(head_dim / 2), max_pos_(max_pos) {
-  storage_.resize(size_t(max_pos) * size_t(half_) * 2);
-  table_ = storage_.data();
-  for (int p = 0; p < max_pos; ++p)
-    for (int i = 0; i < half_; ++i) {
-      double inv_freq = std::pow(double(theta), -2.0 * i / double(head_dim));
-      double a = double(p) * float(inv_freq);
-      table_[(size_t(p) * half_ + i) * 2] = float(std::cos(a));
-      table_[(size_t(p) * half_ + i) * 2 + 1] = float(std::sin(a));
-    }
-}
-
-void Rope::apply(float* h, int pos) const {
-  const float* cs = table_ + size_t(pos) * half_ * 2;
-  for (int i = 0; i < half_; ++i) {
-    float c = cs[2 * i], s = cs[2 * i + 1];
-    float a = h[i], b = h[i + half_];
-    h[i] = a * c - b * s;
-    h[i + half_] = b * c + a * s;
   }
 }
 
@@ -75,7 +63,7 @@ void softmax(const float* x, int n, float* out) {
 
 double sum_f64(const float* x, int n) {
   int i = 0;
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   __m512d acc = _mm512_setzero_pd();
   for (; i + 8 <= n; i += 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(x + i)));
   double lanes[8];
@@ -99,4 +87,7 @@ double sum_f64(const float* x, int n) {
   return b[0] + b[1];
 }
 
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels
+
+#include "kernels/isa_end.h"

@@ -5,35 +5,44 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include "kernels/isa.h"
+
+#if R3_ISA_AVX2
 #define R3_VEC16 1
+// GCC 12 reports the _mm512_undefined_* inside its own AVX-512 headers as uninitialised (GCC bug
+// 105593) when AVX-512 is enabled by -m flags; the report points into the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 namespace r3::kernels {
+inline namespace R3_ISA_NS {
 
 struct Vec16 {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   __m512 v;
 #else
   __m256 lo, hi;
 #endif
 
   static Vec16 zero() {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
     return {_mm512_setzero_ps()};
 #else
     return {_mm256_setzero_ps(), _mm256_setzero_ps()};
 #endif
   }
   static Vec16 set1(float x) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
     return {_mm512_set1_ps(x)};
 #else
     return {_mm256_set1_ps(x), _mm256_set1_ps(x)};
 #endif
   }
   static Vec16 load(const float* p) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
     return {_mm512_loadu_ps(p)};
 #else
     return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
@@ -41,7 +50,7 @@ struct Vec16 {
   }
   // 16 bf16 values (raw bits), widened exactly: the bits become the high half of each lane.
   static Vec16 load(const uint16_t* p) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 #else
@@ -51,7 +60,7 @@ struct Vec16 {
 #endif
   }
   void store(float* p) const {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
     _mm512_storeu_ps(p, v);
 #else
     _mm256_storeu_ps(p, lo);
@@ -62,7 +71,7 @@ struct Vec16 {
 
 // a * b + c per lane, rounded once.
 inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   return {_mm512_fmadd_ps(a.v, b.v, c.v)};
 #else
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -70,7 +79,7 @@ inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
 }
 
 // Lane-wise arithmetic, each operation rounded once as its scalar counterpart.
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
 #define R3_VEC16_BINARY(op, fn) \
   inline Vec16 operator op(Vec16 a, Vec16 b) { return {_mm512_##fn##_ps(a.v, b.v)}; }
 #else
@@ -84,7 +93,7 @@ R3_VEC16_BINARY(/, div)
 #undef R3_VEC16_BINARY
 
 inline Vec16 abs(Vec16 a) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   return {_mm512_abs_ps(a.v)};
 #else
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -95,7 +104,7 @@ inline Vec16 abs(Vec16 a) {
 // To the nearest integer, ties to even (std::nearbyint under the default rounding mode).
 inline Vec16 round_nearest(Vec16 a) {
   constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   return {_mm512_roundscale_ps(a.v, kMode)};
 #else
   return {_mm256_round_ps(a.lo, kMode), _mm256_round_ps(a.hi, kMode)};
@@ -103,20 +112,23 @@ inline Vec16 round_nearest(Vec16 a) {
 }
 
 // 2^n for lanes holding integers n in [-126, 127] (the exponent field built directly).
+#if !R3_ISA_AVX512
+// (A function, not a lambda: GCC gives a lambda's function-pointer thunk no target pragma.)
+inline __m256 pow2_half(__m256 x) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(x), _mm256_set1_epi32(127)), 23));
+}
+#endif
 inline Vec16 pow2(Vec16 n) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
 #else
-  auto half = [](__m256 x) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(x), _mm256_set1_epi32(127)), 23));
-  };
-  return {half(n.lo), half(n.hi)};
+  return {pow2_half(n.lo), pow2_half(n.hi)};
 #endif
 }
 
 // Per lane: a >= b (false where either is NaN) ? if_ge : otherwise.
 inline Vec16 select_ge(Vec16 a, Vec16 b, Vec16 if_ge, Vec16 otherwise) {
-#if defined(__AVX512F__)
+#if R3_ISA_AVX512
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_GE_OQ), otherwise.v, if_ge.v)};
 #else
   return {_mm256_blendv_ps(otherwise.lo, if_ge.lo, _mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ)),
@@ -124,5 +136,6 @@ inline Vec16 select_ge(Vec16 a, Vec16 b, Vec16 if_ge, Vec16 otherwise) {
 #endif
 }
 
+}  // namespace R3_ISA_NS
 }  // namespace r3::kernels
 #endif

@@ -1,0 +1,37 @@
+// The entry points each instruction set's kernels define, inside r3::kernels::R3_ISA_NS (isa.h).
+// Included only by the kernel translation units compiled once per set; everything else calls the
+// public declarations of matmul.h, attention.h, ops.h and machine_limits.h, which forward to the
+// chosen set (kernel_set.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/isa.h"
+#include "kernels/matmul.h"
+
+#ifndef R3_ISA_NAME
+#error "isa_entry_points.h is for the kernel sources compiled per instruction set (CMakeLists.txt)"
+#endif
+
+namespace r3::kernels {
+inline namespace R3_ISA_NS {
+
+void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
+template <typename KvT>
+void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out);
+template <typename KvT>
+void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
+                  float* scores, int score_stride, float* const* out);
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
+void silu_mul(const float* gate, const float* up, float* out, int n);
+void softmax(const float* x, int n, float* out);
+double sum_f64(const float* x, int n);
+double measure_read_bandwidth(ThreadPool* pool, size_t bytes);
+double measure_peak_gflops(ThreadPool* pool, std::string* instruction);
+double measure_fma_peak_gflops(ThreadPool* pool);
+
+}  // namespace R3_ISA_NS
+}  // namespace r3::kernels

@@ -1,0 +1,28 @@
+// This instruction set's table (compiled once per set, R3_ISA_NS naming it; see isa.h).
+#include "kernels/kernel_set.h"
+
+#include "kernels/isa_entry_points.h"
+
+namespace r3::kernels {
+
+const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
+  namespace isa = R3_ISA_NS;
+  static const KernelSet set{
+      .name = R3_ISA_NAME,
+      .matmul_rows = &isa::matmul_rows,
+      .attend_f32 = &isa::attend<float>,
+      .attend_bf16 = &isa::attend<uint16_t>,
+      .attend_group_f32 = &isa::attend_group<float>,
+      .attend_group_bf16 = &isa::attend_group<uint16_t>,
+      .rms_norm = &isa::rms_norm,
+      .silu_mul = &isa::silu_mul,
+      .softmax = &isa::softmax,
+      .sum_f64 = &isa::sum_f64,
+      .measure_read_bandwidth = &isa::measure_read_bandwidth,
+      .measure_peak_gflops = &isa::measure_peak_gflops,
+      .measure_fma_peak_gflops = &isa::measure_fma_peak_gflops,
+  };
+  return set;
+}
+
+}  // namespace r3::kernels

@@ -1,0 +1,347 @@
+// The matmul tiles (matmul.h), compiled once per instruction set (isa.h).
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <cfloat>
+#include <type_traits>
+#include <utility>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/isa_entry_points.h"
+
+// Compiled for this file's instruction set from here on (isa.h).
+// clang-format off
+#include "kernels/isa_begin.h"
+#include "kernels/dot.h"
+// clang-format on
+
+namespace r3::kernels {
+inline namespace R3_ISA_NS {
+
+namespace {
+
+// ---- bf16 weights: P panels of 16 rows x C tokens, lanes = rows ----
+//
+// vfmadd, not vdpbf16ps: the same per-row order (dot.h) at twice the throughput where the CPU
+// issues vdpbf16ps at half the FMA rate (Sapphire/Emerald Rapids). A panel's 64-byte pair row
+// holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32 vectors.
+
+constexpr int kPanel = kPanelRows;
+// Each pair row of a panel is one cache line; prefetching 32 lines ahead per panel keeps enough
+// misses in flight for one core to stream near the machine's bandwidth (the hardware prefetcher
+// alone stops at every 4 KiB page).
+constexpr int kPrefetchPairs = 32;
+
+#if R3_ISA_AVX2
+// FTZ|DAZ for the kernel's duration: vdpbf16ps flushes its inputs and outputs, fma then does too.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+};
+#endif
+
+#if R3_ISA_AVX512
+// Pair row q of one panel (16 rows x 2 bf16, one cache line), prefetching the line `ahead`
+// elements further on.
+inline __m512i pair_row(const uint16_t* panel, int q, ptrdiff_t ahead) {
+  const uint16_t* at = panel + size_t(q) * 32;
+  _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T0);
+  return _mm512_loadu_si512(at);
+}
+#endif
+
+// P panels x C tokens over input pairs [q0, q1): starts from zero at q0 = 0, else from the
+// partial sums already in y (the same fp32 chain, so splitting the pairs changes no bit), and
+// stores only rows [lo, hi) (masked at the edges of the range). kDp: the same sums with
+// vdpbf16ps itself, one instruction per 64 weight bytes instead of four, for single tokens
+// (pure weight streaming); from 2 tokens the fma path is faster.
+template <int P, int C, bool kDp>
+void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, int q0, int q1,
+                ptrdiff_t ahead, float* y, int ldy, int row0, int lo, int hi) {
+  const size_t ldx = size_t(2) * size_t(pairs);
+#if R3_ISA_AVX512
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  __m512 acc[P][C];
+  __mmask16 rows_mask[P];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int r0 = row0 + p * kPanel;
+    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
+    rows_mask[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      acc[p][c] = q0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows_mask[p], y + size_t(t0 + c) * ldy + r0);
+  }
+#if R3_ISA_AVX512BF16
+  if constexpr (kDp) {
+    const uint16_t* xb[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
+    for (int q = q0; q < q1; ++q) {
+      __m512i w[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) w[p] = pair_row(panels + size_t(p) * panel_elems, q, ahead);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        uint32_t pair;
+        std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
+      }
+    }
+  } else
+#endif
+  {
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int q = q0; q < q1; ++q) {
+      __m512 w0[P], w1[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const __m512i w = pair_row(panels + size_t(p) * panel_elems, q, ahead);
+        w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+        w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
+        const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+#elif R3_ISA_AVX2
+  // 8 lanes: each panel's 16 rows are two halves (pair row bytes 0-31 and 32-63), otherwise
+  // the same per-row fma order as the AVX-512 path.
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  __m256 acc[P][C][2];
+  __m256i rows_mask[P][2];
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int h = 0; h < 2; ++h) {
+      const int r0 = row0 + p * kPanel + 8 * h;
+      const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      rows_mask[p][h] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[p][c][h] =
+            q0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + size_t(t0 + c) * ldy + r0, rows_mask[p][h]);
+    }
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int q = q0; q < q1; ++q) {
+    __m256 w0[P][2], w1[P][2];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {
+      const uint16_t* at = panels + size_t(p) * panel_elems + size_t(q) * 32;
+      _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 16 * h));
+        w1[p][h] = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+        w0[p][h] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 x1 = _mm256_set1_ps(xf[c][2 * size_t(q) + 1]);
+      const __m256 x0 = _mm256_set1_ps(xf[c][2 * size_t(q)]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2; ++h) acc[p][c][h] = _mm256_fmadd_ps(w1[p][h], x1, acc[p][c][h]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2; ++h) acc[p][c][h] = _mm256_fmadd_ps(w0[p][h], x0, acc[p][c][h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        _mm256_maskstore_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel + 8 * h, rows_mask[p][h], acc[p][c][h]);
+#else
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < kPanel; ++r) {
+      const int row = row0 + p * kPanel + r;
+      if (row < lo || row >= hi) continue;
+      for (int c = 0; c < C; ++c) {
+        float acc = q0 == 0 ? 0.f : y[size_t(t0 + c) * ldy + row];
+        for (int q = q0; q < q1; ++q)
+          acc = dp_pair(acc, panels + size_t(p) * panel_elems + size_t(q) * 32 + size_t(r) * 2,
+                        x.bf16 + size_t(x.row(t0 + c)) * ldx + 2 * size_t(q));
+        y[size_t(t0 + c) * ldy + row] = acc;
+      }
+    }
+#endif
+}
+
+// Pairs per chunk when several token tiles share the panels: P panels x this many pairs is
+// 32 KiB, so every tile after the first finds its weights in L1 (48 KiB here).
+template <int P>
+constexpr int kChunkPairs = 512 / P;
+
+// All tokens against P panels: tiles of up to kMaxC tokens (the remainder as one narrower tile).
+// With more than one tile the input pairs go in chunks, every tile through one chunk before
+// the next chunk; the first tile of a chunk streams it in, the others (whose weights are in
+// L1) prefetch the next chunk, or the next panels after the last chunk, so the weight stream
+// overlaps their arithmetic.
+template <int P, int kMaxC, bool kDp>
+void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs, float* y, int ldy,
+                  int row0, int lo, int hi) {
+  const int chunk = x.rows > kMaxC ? kChunkPairs<P> : pairs;
+  for (int q0 = 0; q0 < pairs; q0 += chunk) {
+    const int q1 = std::min(pairs, q0 + chunk);
+    const ptrdiff_t streaming = ptrdiff_t(kPrefetchPairs) * 32;
+    const ptrdiff_t next = q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
+    auto tile = [&]<int C>(int t) {
+      panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo, hi);
+    };
+    int t = 0;
+    for (; t + kMaxC <= x.rows; t += kMaxC) tile.template operator()<kMaxC>(t);
+    const int rest = x.rows - t;
+    if (rest == 0) continue;
+    [&]<int... C>(std::integer_sequence<int, C...>) {
+      ((rest == C + 1 ? tile.template operator()<C + 1>(t) : void()), ...);
+    }(std::make_integer_sequence<int, kMaxC - 1>{});
+  }
+}
+
+// Panels touching [o_begin, o_end), as many at a time as the widest tile allows (P, then P/2...):
+// up to 6 tokens take 4 panels in one pass (each weight line read once; 4 streams keep enough
+// misses in flight); more take 2 panels x 8 tokens (one weight load feeds 8 tokens).
+template <int P, int kMaxC, bool kDp>
+int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* y, int ldy, int p, int p_end, int lo,
+                int hi) {
+  const size_t panel_elems = size_t(pairs) * 32;
+  for (; p + P <= p_end; p += P)
+    panel_tokens<P, kMaxC, kDp>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy, p * kPanel, lo, hi);
+  if constexpr (P > 1) p = panels_from<P / 2, kMaxC, kDp>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
+  return p;
+}
+
+void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+#if R3_ISA_AVX2
+  const FlushDenormals ftz_daz;
+#endif
+  const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+  const int p = o_begin / kPanel, p_end = (hi + kPanel - 1) / kPanel;
+#if R3_ISA_AVX2 && !R3_ISA_AVX512
+  // 16 ymm registers: one panel (two halves) x up to 4 tokens.
+  panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+#else
+#if R3_ISA_AVX512BF16
+  constexpr bool kDpForFew = true;
+#else
+  constexpr bool kDpForFew = false;
+#endif
+  if (x.rows < 2) panels_from<4, 1, kDpForFew>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  else if (x.rows < 7) panels_from<4, 6, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  else panels_from<2, 8, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+#endif
+}
+
+// ---- f32 weights: lane i % 16 fma order ----
+
+// R weight rows x C activation rows (xs: the C rows' data).
+template <int R, int C>
+void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* y, int ldy) {
+#if R3_ISA_AVX512
+  __m512 acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + r * ldw + i);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_loadu_ps(xs[c] + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    __m512 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(m, w + r * ldw + i);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[c] + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = reduce512(acc[r][c]);
+#else
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[size_t(c) * ldy + r] = dot_f32_portable(w + r * ldw, xs[c], n);
+#endif
+}
+
+// Rows in blocks of 4 (remainder one by one), tokens in blocks of 4 (remainder 1..3).
+void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, int o0, int o1) {
+  const size_t ldw = size_t(n);
+  auto rows_block = [&]<int R>(int o) {
+    const float* wr = w + size_t(o) * ldw;
+    for (int t = 0; t < x.rows; t += 4) {
+      const float* xs[4];
+      const int c = std::min(4, x.rows - t);
+      for (int k = 0; k < c; ++k) xs[k] = x.f32 + size_t(x.row(t + k)) * size_t(n);
+      float* yt = y + size_t(t) * ldy + o;
+      switch (c) {
+        case 4: tile_f32<R, 4>(wr, ldw, xs, n, yt, ldy); break;
+        case 3: tile_f32<R, 3>(wr, ldw, xs, n, yt, ldy); break;
+        case 2: tile_f32<R, 2>(wr, ldw, xs, n, yt, ldy); break;
+        default: tile_f32<R, 1>(wr, ldw, xs, n, yt, ldy); break;
+      }
+    }
+  };
+  int o = o0;
+  for (; o + 4 <= o1; o += 4) rows_block.template operator()<4>(o);
+  for (; o < o1; ++o) rows_block.template operator()<1>(o);
+}
+
+}  // namespace
+
+void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+  const int n = int(W.shape[1]);
+  if (W.dtype == DType::BF16) {
+    if (!W.packed) throw Error("matmul: bf16 weight \"" + W.name + "\" was not packed (pack_bf16)");
+    matmul_packed(x, W, y, ldy, o_begin, o_end);
+  } else
+    matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);
+}
+
+}  // namespace R3_ISA_NS
+}  // namespace r3::kernels
+
+#include "kernels/isa_end.h"

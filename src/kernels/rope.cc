@@ -1,0 +1,30 @@
+// RoPE (ops.h): a table of cos/sin and a scalar rotation, the same on every instruction set.
+#include <cmath>
+
+#include "kernels/ops.h"
+
+namespace r3::kernels {
+
+Rope::Rope(int head_dim, float theta, int max_pos) : half_(head_dim / 2), max_pos_(max_pos) {
+  storage_.resize(size_t(max_pos) * size_t(half_) * 2);
+  table_ = storage_.data();
+  for (int p = 0; p < max_pos; ++p)
+    for (int i = 0; i < half_; ++i) {
+      double inv_freq = std::pow(double(theta), -2.0 * i / double(head_dim));
+      double a = double(p) * float(inv_freq);
+      table_[(size_t(p) * half_ + i) * 2] = float(std::cos(a));
+      table_[(size_t(p) * half_ + i) * 2 + 1] = float(std::sin(a));
+    }
+}
+
+void Rope::apply(float* h, int pos) const {
+  const float* cs = table_ + size_t(pos) * half_ * 2;
+  for (int i = 0; i < half_; ++i) {
+    float c = cs[2 * i], s = cs[2 * i + 1];
+    float a = h[i], b = h[i + half_];
+    h[i] = a * c - b * s;
+    h[i + half_] = b * c + a * s;
+  }
+}
+
+}  // namespace r3::kernels

@@ -1,0 +1,197 @@
+// Every kernel set this CPU can run (kernel_set.h) computes the same bits as the portable set, on
+// random inputs that reach every tile shape and the tiny values the flush-to-zero rule governs;
+// R3_KERNELS chooses the set and is refused when it names one the CPU lacks. The rest of the
+// suite runs on whichever set is active, and `make variants` runs it again under each set.
+#include "kernels/kernel_set.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace r3::kernels {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+uint64_t bits(double f) {
+  uint64_t u;
+  std::memcpy(&u, &f, 8);
+  return u;
+}
+
+// Normal values, with one in four scaled far down (denormal products and sums) when `extreme`.
+std::vector<float> random_values(size_t n, std::mt19937_64& rng, bool extreme) {
+  std::normal_distribution<float> d(0, 1);
+  std::uniform_int_distribution<int> e(-140, 20);
+  std::vector<float> v(n);
+  for (float& x : v) x = extreme && rng() % 4 == 0 ? std::ldexp(d(rng), e(rng)) : d(rng);
+  return v;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " element " << i;
+}
+
+TEST(KernelSet, PortableIsAlwaysSupportedAndLast) {
+  const auto sets = supported_kernel_sets();
+  ASSERT_FALSE(sets.empty());
+  EXPECT_STREQ(sets.back()->name, "portable");
+  EXPECT_EQ(&choose_kernel_set(nullptr), sets.front());
+  EXPECT_EQ(&choose_kernel_set(""), sets.front());
+}
+
+TEST(KernelSet, R3KernelsNamesTheActiveSet) {
+  const char* forced = std::getenv("R3_KERNELS");
+  if (forced && *forced) EXPECT_STREQ(active_kernels().name, forced);
+  else EXPECT_EQ(&active_kernels(), supported_kernel_sets().front());
+}
+
+TEST(KernelSet, UnknownOrUnsupportedSetIsRefused) {
+  try {
+    choose_kernel_set("sse9");
+    FAIL() << "unknown set accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown kernel set"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("avx512bf16, avx512, avx2, portable"), std::string::npos) << e.what();
+  }
+  for (const char* name : {"portable", "avx2", "avx512", "avx512bf16"}) {
+    bool supported = false;
+    for (const KernelSet* s : supported_kernel_sets()) supported |= std::string(s->name) == name;
+    if (supported) EXPECT_STREQ(choose_kernel_set(name).name, name);
+    else EXPECT_THROW(choose_kernel_set(name), Error) << name;
+  }
+}
+
+TEST(KernelSet, MatmulSameBitsOnEverySet) {
+  const KernelSet& portable = kernel_set_portable();
+  std::mt19937_64 rng(7);
+  for (int n : {2, 30, 64, 1030})
+    for (int T : {1, 2, 6, 7, 13})
+      for (bool extreme : {false, true}) {
+        const int O = 53;
+        const std::vector<float> wf = random_values(size_t(O) * n, rng, extreme);
+        std::vector<float> x = random_values(size_t(T) * n, rng, extreme);
+        std::vector<uint16_t> wb(wf.size()), xb(x.size());
+        for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+        round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+        TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
+        const PackedBf16 packed = pack_bf16(Wb);
+        Wb.packed = packed.data();
+        const TensorView Wf{.dtype = DType::F32, .shape = {O, n}, .data = wf.data()};
+        for (const TensorView* W : {static_cast<const TensorView*>(&Wb), &Wf}) {
+          std::vector<float> want(size_t(T) * O);
+          portable.matmul_rows({x.data(), xb.data(), T}, *W, want.data(), O, 0, O);
+          for (const KernelSet* set : supported_kernel_sets()) {
+            std::vector<float> got(size_t(T) * O);
+            // Rows in two ranges, the second starting mid-panel.
+            set->matmul_rows({x.data(), xb.data(), T}, *W, got.data(), O, 0, 21);
+            set->matmul_rows({x.data(), xb.data(), T}, *W, got.data(), O, 21, O);
+            expect_same_bits(got, want,
+                             std::string(set->name) + (W == &Wb ? " bf16" : " f32") + " n=" + std::to_string(n) +
+                                 " T=" + std::to_string(T));
+          }
+        }
+      }
+}
+
+// A paged cache of `positions` keys over shuffled blocks, one layer, two kv heads.
+template <typename KvT>
+struct Cache {
+  int bs, hd, kv_dim;
+  std::vector<KvT> k, v;
+  std::vector<int> table;
+  Cache(int positions, int block_size, int head_dim, std::mt19937_64& rng)
+      : bs(block_size), hd(head_dim), kv_dim(2 * head_dim) {
+    const int blocks = (positions + bs - 1) / bs + 2;
+    for (int b = 0; b < blocks; ++b) table.push_back(b);
+    std::shuffle(table.begin(), table.end(), rng);
+    for (float f : random_values(size_t(blocks) * bs * kv_dim, rng, false)) k.push_back(to_kv(f));
+    for (float f : random_values(size_t(blocks) * bs * kv_dim, rng, false)) v.push_back(to_kv(f));
+  }
+  static KvT to_kv(float f) {
+    if constexpr (std::is_same_v<KvT, float>) return f;
+    else return f32_to_bf16(f);
+  }
+  PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
+};
+
+template <typename KvT>
+void attention_same_bits(std::mt19937_64& rng) {
+  const KernelSet& portable = kernel_set_portable();
+  for (int hd : {16, 64, 128})
+    for (int bs : {16, 32, 8}) {
+      const int positions = 97;
+      const Cache<KvT> cache(positions, bs, hd, rng);
+      const int stride = (positions + bs - 1) / bs * bs;
+      const int pos[4] = {96, 3, 50, 17};
+      std::vector<std::vector<float>> q(4);
+      for (auto& qi : q) qi = random_values(size_t(hd), rng, false);
+      const float* qp[4] = {q[0].data(), q[1].data(), q[2].data(), q[3].data()};
+      auto run = [&](const KernelSet& set, int nq) {
+        std::vector<float> scores(size_t(4) * stride), out(size_t(4) * hd);
+        float* op[4] = {out.data(), out.data() + hd, out.data() + 2 * hd, out.data() + 3 * hd};
+        if constexpr (std::is_same_v<KvT, float>) {
+          if (nq == 1) set.attend_f32(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
+          else set.attend_group_f32(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride, op);
+        } else {
+          if (nq == 1) set.attend_bf16(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
+          else set.attend_group_bf16(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride, op);
+        }
+        out.resize(size_t(nq) * hd);
+        return out;
+      };
+      for (int nq : {1, 3, 4}) {
+        const std::vector<float> want = run(portable, nq);
+        for (const KernelSet* set : supported_kernel_sets())
+          expect_same_bits(run(*set, nq), want,
+                           std::string(set->name) + " hd=" + std::to_string(hd) + " bs=" + std::to_string(bs) +
+                               " nq=" + std::to_string(nq));
+      }
+    }
+}
+
+TEST(KernelSet, AttentionSameBitsOnEverySet) {
+  std::mt19937_64 rng(11);
+  attention_same_bits<float>(rng);
+  attention_same_bits<uint16_t>(rng);
+}
+
+TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
+  const KernelSet& portable = kernel_set_portable();
+  std::mt19937_64 rng(13);
+  for (int n : {1, 15, 16, 33, 2048}) {
+    std::vector<float> x = random_values(size_t(n), rng, false), up = random_values(size_t(n), rng, false);
+    for (float& v : x) v *= 9.f;  // gates and logits far into exp's range
+    const std::vector<float> w = random_values(size_t(n), rng, false);
+    const TensorView W{.dtype = DType::F32, .shape = {n}, .data = w.data()};
+    auto ops = [&](const KernelSet& set) {
+      std::vector<float> norm(static_cast<size_t>(n)), gated(static_cast<size_t>(n)), soft(static_cast<size_t>(n));
+      set.rms_norm(x.data(), W, 0, n, 1e-6f, norm.data());
+      set.silu_mul(x.data(), up.data(), gated.data(), n);
+      set.softmax(x.data(), n, soft.data());
+      norm.insert(norm.end(), gated.begin(), gated.end());
+      norm.insert(norm.end(), soft.begin(), soft.end());
+      return norm;
+    };
+    const std::vector<float> want = ops(portable);
+    for (const KernelSet* set : supported_kernel_sets()) {
+      expect_same_bits(ops(*set), want, std::string(set->name) + " n=" + std::to_string(n));
+      EXPECT_EQ(bits(set->sum_f64(x.data(), n)), bits(portable.sum_f64(x.data(), n))) << set->name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace r3::kernels
