@@ -88,6 +88,11 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
         round_to_bf16(x.data(), int64_t(x.size()), xb.data());
         TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
         const PackedBf16 packed = pack_bf16(Wb);
+        for (const KernelSet* set : supported_kernel_sets()) {
+          PackedBf16 p(packed.size(), 0);
+          set->pack_panels(Wb, p.data(), 0, (O + kPanelRows - 1) / kPanelRows);
+          ASSERT_TRUE(p == packed) << set->name << " packs differently, n=" << n;
+        }
         Wb.packed = packed.data();
         const TensorView Wf{.dtype = DType::F32, .shape = {O, n}, .data = wf.data()};
         for (const TensorView* W : {static_cast<const TensorView*>(&Wb), &Wf}) {

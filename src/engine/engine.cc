@@ -432,8 +432,10 @@ void Engine::commit_staged_weights(bool flush) {
   for (auto& [name, t] : staged_) all.push_back(std::move(t));
   staged_.clear();  // refused or applied, this set of buckets is done
   drain();
-  ckpt_->apply_update(all, pool_.get());  // all checks before the first byte is written
-  runner_->set_weights(ckpt_);
+  // All checks come before the first byte is written; only the panels of rewritten bytes are
+  // repacked.
+  const ModelRunner::ByteRanges changed = ckpt_->apply_update(all, pool_.get());
+  runner_->set_weights(ckpt_, &changed);
   ++weight_version_;
   if (flush) drop_prefix_cache();
 }

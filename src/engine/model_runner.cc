@@ -69,9 +69,9 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   pack_weights();
 }
 
-void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
+void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed) {
   ckpt_ = std::move(ckpt);
-  pack_weights();
+  pack_weights(!packed_released_, changed);
 }
 
 // Prompt scoring: final norm and lm_head on the scored rows, max_seqs rows at a time (the
@@ -120,7 +120,17 @@ void ModelRunner::release_packed_weights() {
   packed_released_ = true;
 }
 
-void ModelRunner::pack_weights() {
+namespace {
+bool overlaps(const TensorView& t, const ModelRunner::ByteRanges& ranges) {
+  const auto* b = static_cast<const uint8_t*>(t.data);
+  const uint8_t* e = b + t.nbytes();
+  for (const auto& r : ranges)
+    if (r.data() < e && b < r.data() + r.size()) return true;
+  return false;
+}
+}  // namespace
+
+void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   packed_released_ = false;
   weights_ = ckpt_->weights();
   std::vector<TensorView*> mats = {&weights_.lm_head};
@@ -132,10 +142,31 @@ void ModelRunner::pack_weights() {
   std::vector<TensorView*> bf16;
   for (TensorView* t : mats)
     if (!t->empty() && t->dtype == DType::BF16) bf16.push_back(t);
-  packed_.assign(bf16.size(), {});
-  pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
-    packed_[size_t(i)] = kernels::pack_bf16(*bf16[size_t(i)]);
-    bf16[size_t(i)]->packed = packed_[size_t(i)].data();
+  reuse = reuse && packed_.size() == bf16.size();
+  for (size_t i = 0; reuse && i < bf16.size(); ++i) reuse = packed_[i].size() == kernels::packed_bf16_size(*bf16[i]);
+  if (!reuse) {
+    changed = nullptr;
+    packed_.assign(bf16.size(), {});
+    pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
+      packed_[size_t(i)].assign(kernels::packed_bf16_size(*bf16[size_t(i)]), 0);  // zeroes the padding rows
+    });
+  }
+  // Work items of about 1 MiB of panels, so one large tensor is spread over every thread.
+  struct Item {
+    size_t tensor;
+    int64_t begin, end;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    bf16[i]->packed = packed_[i].data();
+    if (changed && !overlaps(*bf16[i], *changed)) continue;
+    const int64_t panels = (bf16[i]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
+    const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, bf16[i]->shape[1] * 32));
+    for (int64_t p = 0; p < panels; p += per_item) items.push_back({i, p, std::min(panels, p + per_item)});
+  }
+  pool_->parallel_for_each(int64_t(items.size()), [&](int64_t k) {
+    const Item& it = items[size_t(k)];
+    kernels::pack_bf16_panels(*bf16[it.tensor], packed_[it.tensor].data(), it.begin, it.end);
   });
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -30,7 +31,11 @@ class ModelRunner {
   // Runs a step into `result` (its capacity is reused). slot may be null (engine started
   // without route capture).
   void forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result);
-  void set_weights(std::shared_ptr<Checkpoint> ckpt);
+  // New weights for the same model description (Engine checks that). The packed panels are
+  // rewritten in place, on every thread: all of them, or with `changed`, only those of tensors
+  // whose bytes overlap a changed range (an in-memory refit of a few buckets).
+  using ByteRanges = std::vector<std::span<const uint8_t>>;
+  void set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed = nullptr);
   // Memory given back to the operating system while the engine is idle (RL trainer and engine
   // on one machine): the KV cache, and the packed weights (rebuilt from the checkpoint). No
   // forward may run until the matching restore.
@@ -58,7 +63,9 @@ class ModelRunner {
   void dense_ffn(const ExpertWeights& w, int T, float* out);
   void score_prompt_tokens(const StepPlan& plan, StepResult& result);
   void add_and_norm(const float* add, const TensorView& norm, int T);
-  void pack_weights();  // weights_ = the checkpoint's views, bf16 matrices repacked
+  // weights_ = the checkpoint's views with the bf16 matrices packed: into new buffers, or with
+  // `reuse`, into the existing ones (only the `changed` tensors' when given).
+  void pack_weights(bool reuse = false, const ByteRanges* changed = nullptr);
   template <typename KvT>
   KvT* k_layer(int layer);  // K cache of a layer, [block][kv_dim][slot]
   template <typename KvT>

@@ -20,6 +20,7 @@ namespace r3::kernels {
 inline namespace R3_ISA_NS {
 
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
+void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
 template <typename KvT>
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out);
 template <typename KvT>

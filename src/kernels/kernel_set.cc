@@ -10,6 +10,7 @@ const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
   static const KernelSet set{
       .name = R3_ISA_NAME,
       .matmul_rows = &isa::matmul_rows,
+      .pack_panels = &isa::pack_panels,
       .attend_f32 = &isa::attend<float>,
       .attend_bf16 = &isa::attend<uint16_t>,
       .attend_group_f32 = &isa::attend_group<float>,

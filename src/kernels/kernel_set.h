@@ -19,6 +19,7 @@ namespace r3::kernels {
 struct KernelSet {
   const char* name;  // portable, avx2, avx512, avx512bf16
   void (*matmul_rows)(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
+  void (*pack_panels)(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
   void (*attend_f32)(const float* q, int head_dim, int pos, float scale, const PagedHead<float>& kv, float* scores,
                      float* out);
   void (*attend_bf16)(const float* q, int head_dim, int pos, float scale, const PagedHead<uint16_t>& kv,

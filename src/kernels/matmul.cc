@@ -3,11 +3,13 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/kernel_set.h"
 
 namespace r3::kernels {
 
@@ -39,22 +41,28 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
   });
 }
 
-PackedBf16 pack_bf16(const TensorView& W) {
+namespace {
+void check_packable(const TensorView& W) {
   if (W.dtype != DType::BF16 || W.shape.size() != 2) throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 matrix");
-  const int64_t O = W.shape[0], I = W.shape[1];
-  if (I % 2) throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(I));
-  const int64_t panels = (O + kPanelRows - 1) / kPanelRows, pairs = I / 2;
-  PackedBf16 out(size_t(panels * pairs * 32), 0);
-  const uint16_t* w = static_cast<const uint16_t*>(W.data);
-  for (int64_t o = 0; o < O; ++o) {
-    uint16_t* dst = out.data() + size_t((o / kPanelRows) * pairs * 32 + (o % kPanelRows) * 2);
-    const uint16_t* src = w + size_t(o * I);
-    for (int64_t q = 0; q < pairs; ++q) {
-      dst[size_t(q) * 32] = src[2 * q];
-      dst[size_t(q) * 32 + 1] = src[2 * q + 1];
-    }
-  }
+  if (W.shape[1] % 2)
+    throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(W.shape[1]));
+}
+}  // namespace
+
+size_t packed_bf16_size(const TensorView& W) {
+  check_packable(W);
+  return size_t((W.shape[0] + kPanelRows - 1) / kPanelRows) * size_t(W.shape[1] / 2) * 32;
+}
+
+PackedBf16 pack_bf16(const TensorView& W) {
+  PackedBf16 out(packed_bf16_size(W), 0);
+  pack_bf16_panels(W, out.data(), 0, (W.shape[0] + kPanelRows - 1) / kPanelRows);
   return out;
+}
+
+void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+  check_packable(W);
+  active_kernels().pack_panels(W, packed, panel_begin, panel_end);
 }
 
 void round_to_bf16(float* x, int64_t n, uint16_t* bits) {

@@ -45,6 +45,12 @@ inline constexpr int kPanelRows = 16;
 // [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
 using PackedBf16 = std::vector<uint16_t, CacheLineAllocator<uint16_t>>;
 PackedBf16 pack_bf16(const TensorView& W);
+// Elements of W's packed form (panels x pairs x 16 x 2).
+size_t packed_bf16_size(const TensorView& W);
+// Panels [panel_begin, panel_end) of W into `packed` (packed_bf16_size elements), in place: a
+// refit rewrites the engine's panels without allocating. Rows past W's last (the last panel's
+// padding) are not written; pack_bf16 zeroes them once.
+void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
 
 // Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);

@@ -332,6 +332,48 @@ void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, 
 
 }  // namespace
 
+// A pair (w[2q], w[2q+1]) moves as one 4-byte word: it is already in the packed order, and pair
+// row q of a panel is the 16 rows' words q. With AVX-512 one gather (stride: a weight row) makes
+// each 64-byte pair row; the scalar path moves the words in blocks of 64 pairs so the 16 source
+// rows and the block's destination lines stay in L1.
+void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2;
+  const auto* w = static_cast<const uint8_t*>(W.data);
+  auto* out = reinterpret_cast<uint8_t*>(packed);
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t r0 = p * kPanel, rows = std::min<int64_t>(kPanel, O - r0);
+    uint8_t* panel = out + size_t(p * pairs) * 64;
+    const uint8_t* first = w + size_t(r0 * I) * 2;
+#if R3_ISA_AVX512
+    if (rows == kPanel && pairs <= (int64_t(1) << 26)) {
+      const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                     _mm512_set1_epi32(int(pairs)));
+      const bool aligned = reinterpret_cast<uintptr_t>(panel) % 64 == 0;
+      for (int64_t q = 0; q < pairs; ++q) {
+        if (q % 16 == 0)  // the next 64 bytes of each of the 16 rows, 4 lines ahead
+          for (int r = 0; r < kPanel; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(first + size_t(r * I) * 2 + size_t(q + 64) * 4), _MM_HINT_T0);
+        const __m512i v = _mm512_i32gather_epi32(row_offsets, first + size_t(q) * 4, 4);
+        // Whole lines written once: streaming stores skip reading the old panel in.
+        if (aligned) _mm512_stream_si512(reinterpret_cast<__m512i*>(panel + size_t(q) * 64), v);
+        else _mm512_storeu_si512(panel + size_t(q) * 64, v);
+      }
+      if (aligned) _mm_sfence();  // the streamed lines are visible before the pool's barrier
+      continue;
+    }
+#endif
+    constexpr int64_t kBlock = 64;
+    for (int64_t q0 = 0; q0 < pairs; q0 += kBlock) {
+      const int64_t q1 = std::min(pairs, q0 + kBlock);
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* src = first + size_t(r * I + 2 * q0) * 2;
+        uint8_t* dst = panel + size_t(q0 * 64 + r * 4);
+        for (int64_t q = q0; q < q1; ++q, src += 4, dst += 64) std::memcpy(dst, src, 4);
+      }
+    }
+  }
+}
+
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
   const int n = int(W.shape[1]);
   if (W.dtype == DType::BF16) {

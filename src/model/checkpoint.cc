@@ -233,7 +233,8 @@ std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   return out;
 }
 
-void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors, ThreadPool* pool) {
+std::vector<std::span<const uint8_t>> Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors,
+                                                               ThreadPool* pool) {
   check_update(tensors);
   // The one rule load_weights checks that an update can break: a stored lm_head of a tied model
   // must stay equal to the embedding. Checked on the bytes after the update, before anything is
@@ -257,9 +258,11 @@ void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors, ThreadP
     size_t n;
   };
   std::vector<Piece> pieces;
+  std::vector<std::span<const uint8_t>> written;
   constexpr size_t kPiece = size_t(4) << 20;
   for (const TensorToWrite& t : tensors) {
     auto* dst = static_cast<uint8_t*>(const_cast<void*>(index_.at(t.name)->data));
+    written.emplace_back(dst, t.bytes.size());
     for (size_t off = 0; off < t.bytes.size(); off += kPiece)
       pieces.push_back({dst + off, t.bytes.data() + off, std::min(kPiece, t.bytes.size() - off)});
   }
@@ -272,6 +275,7 @@ void Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors, ThreadP
   used_.clear();
   weights_.layers.clear();
   load_weights();
+  return written;
 }
 
 std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const {

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,8 +59,10 @@ class Checkpoint {
   void check_update(const std::vector<TensorToWrite>& tensors) const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
-  // pool (optional) spreads the copies over its threads.
-  void apply_update(const std::vector<TensorToWrite>& tensors, ThreadPool* pool = nullptr);
+  // pool (optional) spreads the copies over its threads. Returns the bytes it rewrote (what any
+  // copy derived from them, such as packed panels, must be rebuilt from).
+  std::vector<std::span<const uint8_t>> apply_update(const std::vector<TensorToWrite>& tensors,
+                                                     ThreadPool* pool = nullptr);
 
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);
