@@ -23,6 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "test_models.h"
 #include "model/safetensors.h"
 
 namespace r3 {
@@ -133,6 +134,9 @@ std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeig
       v.push_back({t->name, t});
     if (!L.q_norm.empty()) v.push_back({"q_norm", &L.q_norm});
     if (!L.k_norm.empty()) v.push_back({"k_norm", &L.k_norm});
+    for (const TensorView* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.router_bias, &L.shared.gate, &L.shared.up,
+                                &L.shared.down, &L.shared_gate})
+      if (!t->empty()) v.push_back({t->name, t});
     if (L.moe) {
       v.push_back({"router", &L.router});
       for (auto& e : L.experts)
@@ -246,11 +250,18 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     const RawTensor& r = tit->second;
     EXPECT_EQ(dtype_name(v->dtype), r.dtype) << v->name;
     EXPECT_EQ(v->shape, r.shape) << v->name;
-    EXPECT_EQ(v->dtype, p.dtype) << v->name;
+    if (v != &w.layers[0].router_bias && v->name.find("e_score_correction_bias") == std::string::npos)
+      EXPECT_EQ(v->dtype, p.dtype) << v->name;
     ASSERT_EQ(v->nbytes(), r.bytes.size()) << v->name;
     EXPECT_EQ(std::memcmp(v->data, r.bytes.data(), r.bytes.size()), 0) << v->name;
   }
-  EXPECT_EQ(loaded, on_disk);  // every stored tensor is used, none is invented
+  // Every stored tensor is used, none is invented; MTP layers (after the decoder layers) are
+  // stored and recognised, never loaded.
+  std::set<std::string> decoder_tensors;
+  for (const std::string& n : on_disk)
+    if (n.rfind(layer_prefix(c.num_layers), 0) != 0) decoder_tensors.insert(n);
+  EXPECT_EQ(decoder_tensors.size() + (c.num_nextn_predict_layers ? 4u : 0u), on_disk.size());
+  EXPECT_EQ(loaded, decoder_tensors);
   EXPECT_EQ(files_used.size(), files.size());
 
   // Architecture-specific structure.
@@ -279,13 +290,32 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_NE(L.experts[0].gate.name.find("experts.0.w1"), std::string::npos);
       EXPECT_NE(L.experts[0].up.name.find("experts.0.w3"), std::string::npos);
       EXPECT_NE(L.experts[0].down.name.find("experts.0.w2"), std::string::npos);
-    } else if (c.arch == Arch::Qwen3Moe) {
+    } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.qk_norm == QkNorm::PerHead)) {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
+    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe) {
+      EXPECT_TRUE(L.q_norm.empty());
     } else {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{int64_t(c.num_heads) * c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
     }
+  }
+  // Biases, shared experts, the router's selection bias (Qwen2-MoE, GLM-4.5).
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& L = w.layers[size_t(i)];
+    const bool modern = c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
+    EXPECT_EQ(L.q_bias.empty(), !modern);
+    if (modern) EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
+    EXPECT_EQ(L.shared.gate.empty(), !(modern && L.moe));
+    EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
+    EXPECT_EQ(L.router_bias.empty(), !(c.arch == Arch::Glm4Moe && L.moe));
+    if (!L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
+  }
+  if (c.arch == Arch::Glm4Moe) {
+    EXPECT_FALSE(w.layers[0].moe);  // first_k_dense_replace = 1
+    EXPECT_EQ(c.rotary_dim, c.head_dim / 2);
+    EXPECT_EQ(c.router.scoring, RouterScoring::Sigmoid);
+    EXPECT_EQ(c.num_nextn_predict_layers, p.preset == "tiny" ? 0 : 1);  // its tensors load unused
   }
   if (p.arch == "qwen3_moe" && p.preset == "small") {
     EXPECT_FALSE(w.layers[0].moe);  // mlp_only_layers = [0]
@@ -296,7 +326,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
 
 std::vector<RoundTripCase> round_trip_cases() {
   std::vector<RoundTripCase> v;
-  for (std::string a : {"mixtral", "qwen3_moe", "olmoe"})
+  for (const std::string& a : r3::testing::kAllArchs)
     for (std::string p : {"tiny", "small"})
       for (DType t : {DType::BF16, DType::F32}) v.push_back({a, p, t});
   return v;
@@ -311,7 +341,7 @@ INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip, ::testing::Values
 // recomputation of what make_model writes.
 TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
   TmpDir d("bf16f32");
-  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"}) {
+  for (const std::string& arch : r3::testing::kAllArchs) {
     std::string a = make(d, arch, "tiny", DType::F32, 3, arch + "_f32");
     std::string b = make(d, arch, "tiny", DType::BF16, 3, arch + "_bf16");
     auto fa = raw_tensors(file_in(a, "model.safetensors"));
@@ -319,6 +349,10 @@ TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
     ASSERT_EQ(fa.size(), fb.size());
     for (auto& [name, ta] : fa) {
       const RawTensor& tb = fb.at(name);
+      if (name.find("e_score_correction_bias") != std::string::npos) {  // fp32 in every release
+        EXPECT_EQ(tb.dtype, "F32");
+        continue;
+      }
       EXPECT_EQ(ta.dtype, "F32");
       EXPECT_EQ(tb.dtype, "BF16");
       ASSERT_EQ(ta.bytes.size(), 2 * tb.bytes.size()) << name;
@@ -335,7 +369,7 @@ TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
 
 TEST(CheckpointMakeModel, ByteIdenticalForSameArguments) {
   TmpDir d("det");
-  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"})
+  for (const std::string& arch : r3::testing::kAllArchs)
     for (std::string preset : {"tiny", "small"}) {
       std::string a = make(d, arch, preset, DType::BF16, 11, arch + preset + "_a");
       std::string b = make(d, arch, preset, DType::BF16, 11, arch + preset + "_b");
@@ -351,7 +385,7 @@ TEST(CheckpointMakeModel, ByteIdenticalForSameArguments) {
 
 TEST(CheckpointMakeModel, DifferentSeedsGiveDifferentWeights) {
   TmpDir d("seed");
-  for (std::string arch : {"mixtral", "qwen3_moe", "olmoe"}) {
+  for (const std::string& arch : r3::testing::kAllArchs) {
     std::string a = make(d, arch, "tiny", DType::BF16, 1, arch + "_s1");
     std::string b = make(d, arch, "tiny", DType::BF16, 2, arch + "_s2");
     EXPECT_EQ(read_bytes(file_in(a, "config.json")), read_bytes(file_in(b, "config.json")));

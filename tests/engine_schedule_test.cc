@@ -75,7 +75,7 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"mixtral", "qwen3_moe", "olmoe"})
+  for (const std::string& arch : kAllArchs)
     for (bool overlap : {false, true})
       for (bool buckets : {false, true})
         for (const char* kv : {"bf16", "fp32"}) out.push_back({arch, overlap, buckets, overlap && buckets, kv});
@@ -119,7 +119,7 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
   EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::Values("mixtral", "qwen3_moe", "olmoe"));
+INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::ValuesIn(kAllArchs));
 
 }  // namespace
 }  // namespace r3::testing

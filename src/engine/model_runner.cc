@@ -5,7 +5,9 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "engine/router.h"
 #include "kernels/attention.h"
+#include "kernels/exp.h"
 #include "kernels/matmul.h"
 #include "kernels/router.h"
 
@@ -27,7 +29,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       pool_(pool),
       // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
       // score scratch) stop there even when the model allows far longer contexts.
-      rope_(ckpt_->config().head_dim, ckpt_->config().rope_theta,
+      rope_(ckpt_->config().rotary_dim, ckpt_->config().rope_theta,
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))) {
   const ModelConfig& c = config();
   kv_dim_ = size_t(c.num_kv_heads) * size_t(c.head_dim);
@@ -38,7 +40,8 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   restore_kv_cache();
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
-  const size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
+  size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
+  for (const LayerConfig& l : c.layers) I = std::max(I, size_t(l.shared_intermediate));
   x_.resize(T * H);
   h_.resize(T * H);
   hb_.resize(T * H);
@@ -52,6 +55,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   ffn_.resize(T * H);
   logits_.resize(size_t(max_seqs_) * size_t(c.vocab_size));
   probs_.resize(T * size_t(std::max(c.num_experts, 1)));
+  shared_gate_.resize(T);
   gate_.resize(T * K * I);
   up_.resize(T * K * I);
   act_.resize(T * K * I);
@@ -135,7 +139,9 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   weights_ = ckpt_->weights();
   std::vector<TensorView*> mats = {&weights_.lm_head};
   for (LayerWeights& L : weights_.layers) {
-    for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down}) mats.push_back(t);
+    for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down, &L.shared.gate,
+                          &L.shared.up, &L.shared.down, &L.shared_gate})
+      mats.push_back(t);
     for (ExpertWeights& e : L.experts)
       for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
   }
@@ -202,6 +208,18 @@ KvT* ModelRunner::v_layer(int layer) {
 
 namespace {
 inline void store_kv(float x, float* dst) { *dst = x; }
+// x[i] += b[i], the bias widened to fp32.
+void add_bias(float* x, const TensorView& b, int n) {
+  if (b.dtype == DType::BF16) {
+    const uint16_t* bb = static_cast<const uint16_t*>(b.data);
+    for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
+  } else if (b.dtype == DType::F32) {
+    const float* bf = static_cast<const float*>(b.data);
+    for (int i = 0; i < n; ++i) x[i] += bf[i];
+  } else {
+    for (int i = 0; i < n; ++i) x[i] += b.at(i);
+  }
+}
 inline void store_kv(float x, uint16_t* dst) { *dst = f32_to_bf16(x); }  // round to nearest even
 }  // namespace
 
@@ -310,11 +328,15 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   const ModelConfig& c = config();
   const int H = c.hidden_size, E = c.num_experts, K = c.top_k, I = c.moe_intermediate_size;
   matmul({h_.data(), hb_.data(), T}, L.router, probs_.data(), pool_);  // router logits [T, E]
+  const float* bias = nullptr;
+  if (!L.router_bias.empty()) {
+    router_bias_.resize(size_t(E));
+    for (int e = 0; e < E; ++e) router_bias_[size_t(e)] = L.router_bias.at(e);
+    bias = router_bias_.data();
+  }
   for (int t = 0; t < T; ++t) {
-    float* p = probs_.data() + size_t(t) * E;
-    kernels::softmax(p, E, p);
-    kernels::router_topk(p, E, K, c.norm_topk_prob, route_ids_.data() + size_t(t) * K,
-                         route_w_.data() + size_t(t) * K);
+    route_token(c.router, probs_.data() + size_t(t) * E, bias, E, K, route_ids_.data() + size_t(t) * K,
+                route_w_.data() + size_t(t) * K, route_scratch_);
     if (slot) slot->capture(moe_layer, t, route_ids_.data() + size_t(t) * K);  // before any remap
   }
   // Logical -> physical, counting sort by physical expert.
@@ -382,6 +404,28 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
         else
           for (int d = 0; d < H; ++d) o[d] += w * y[d];
       }
+    }
+  });
+  if (L.shared.gate.empty()) return;
+  // Shared experts: one MLP on every token, added after the routed sum (scaled by
+  // sigmoid(gate . h) where the layer has a gate).
+  dense_ffn(L.shared, T, tmp_.data());
+  if (!L.shared_gate.empty()) {
+    matmul({h_.data(), hb_.data(), T}, L.shared_gate, shared_gate_.data(), pool_);
+    weight_bytes_ += L.shared_gate.nbytes();
+    for (int t = 0; t < T; ++t) {
+      const float g = shared_gate_[size_t(t)], e = kernels::exp_nonpositive(0.f - std::fabs(g));
+      shared_gate_[size_t(t)] = (g >= 0.f ? 1.f : e) / (1.f + e);
+    }
+  }
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = out + size_t(t) * H;
+      const float* y = tmp_.data() + size_t(t) * H;
+      if (L.shared_gate.empty())
+        for (int d = 0; d < H; ++d) o[d] += y[d];
+      else
+        for (int d = 0; d < H; ++d) o[d] += shared_gate_[size_t(t)] * y[d];
     }
   });
 }
@@ -453,6 +497,11 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
         float* q = &q_[size_t(t) * qd];
         float* k = &k_[size_t(t) * kvd];
         float* v = &v_[size_t(t) * kvd];
+        if (c.qkv_bias) {
+          add_bias(q, L.q_bias, qd);
+          add_bias(k, L.k_bias, kvd);
+          add_bias(v, L.v_bias, kvd);
+        }
         if (c.qk_norm == QkNorm::PerHead) {
           for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
           for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);

@@ -96,6 +96,7 @@ class ModelRunner {
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;
+  std::vector<float> shared_gate_, router_bias_, route_scratch_;  // [T], [E], [E]
   std::vector<uint16_t> hb_, attnb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
   std::vector<int> group_offsets_, slot_token_, slot_of_, nth_of_logical_, phys_, fill_;

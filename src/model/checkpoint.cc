@@ -35,6 +35,17 @@ std::string dense_name(int layer, const char* which) {
   return layer_prefix(layer) + "mlp." + which + "_proj.weight";
 }
 
+// Qwen2-MoE: one shared_expert behind shared_expert_gate; GLM-4.5: shared_experts (n of them
+// fused into one MLP).
+std::string shared_expert_name(const ModelConfig& c, int layer, const char* which) {
+  return layer_prefix(layer) + (c.arch == Arch::Qwen2Moe ? "mlp.shared_expert." : "mlp.shared_experts.") + which +
+         "_proj.weight";
+}
+
+std::string shared_gate_name(int layer) { return layer_prefix(layer) + "mlp.shared_expert_gate.weight"; }
+
+std::string router_bias_name(int layer) { return layer_prefix(layer) + "mlp.gate.e_score_correction_bias"; }
+
 std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = dir;
@@ -169,6 +180,11 @@ void Checkpoint::load_weights() {
     L.k = require(p + "self_attn.k_proj.weight", {kvd, H});
     L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
     L.o = require(p + "self_attn.o_proj.weight", {H, qd});
+    if (c.qkv_bias) {
+      L.q_bias = require(p + "self_attn.q_proj.bias", {qd});
+      L.k_bias = require(p + "self_attn.k_proj.bias", {kvd});
+      L.v_bias = require(p + "self_attn.v_proj.bias", {kvd});
+    }
     if (c.qk_norm == QkNorm::PerHead) {
       L.q_norm = require(p + "self_attn.q_norm.weight", {hd});
       L.k_norm = require(p + "self_attn.k_norm.weight", {hd});
@@ -180,6 +196,14 @@ void Checkpoint::load_weights() {
     if (L.moe) {
       const int64_t I = c.moe_intermediate_size;
       L.router = require(router_name(c, i), {c.num_experts, H});
+      if (c.router.selection_bias) L.router_bias = require(router_bias_name(i), {c.num_experts});
+      const LayerConfig& lc = c.layers[size_t(i)];
+      if (lc.shared_intermediate > 0) {
+        const int64_t S = lc.shared_intermediate;
+        L.shared = {require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
+                    require(shared_expert_name(c, i, "down"), {H, S})};
+        if (lc.shared_gate) L.shared_gate = require(shared_gate_name(i), {1, H});
+      }
       for (int e = 0; e < c.num_experts; ++e)
         L.experts.push_back({require(expert_name(c, i, e, "gate"), {I, H}),
                              require(expert_name(c, i, e, "up"), {I, H}),
@@ -193,8 +217,15 @@ void Checkpoint::load_weights() {
   }
   // Every stored tensor must be one r3 computes with: anything else (biases, a shared expert,
   // extra layers) belongs to a model r3 would silently compute differently.
+  // MTP layers (num_nextn_predict_layers) are stored as decoder layers after the last one; r3
+  // runs no speculative decoding, so they are recognised and left unused.
+  auto mtp_layer = [&](const std::string& name) {
+    for (int m = 0; m < c.num_nextn_predict_layers; ++m)
+      if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
+    return false;
+  };
   for (auto& [name, t] : index_) {
-    if (used_.count(name) || knowingly_unused(name)) continue;
+    if (used_.count(name) || knowingly_unused(name) || mtp_layer(name)) continue;
     throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
                 " (a feature r3 does not implement, or a different architecture)");
   }

@@ -23,10 +23,14 @@ struct ExpertWeights {
 struct LayerWeights {
   TensorView input_norm, post_norm;  // [H]
   TensorView q, k, v, o;             // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+  TensorView q_bias, k_bias, v_bias; // [nh*hd], [nkv*hd], [nkv*hd]; empty without qkv_bias
   TensorView q_norm, k_norm;         // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
   bool moe = false;
   TensorView router;                 // [E, H]
+  TensorView router_bias;            // [E] selection-only bias (e_score_correction_bias) or empty
   std::vector<ExpertWeights> experts;
+  ExpertWeights shared;              // shared experts as one MLP [S, H], [S, H], [H, S]; empty if none
+  TensorView shared_gate;            // [1, H]: the shared output is scaled by sigmoid(gate . h); or empty
   ExpertWeights dense;               // dense FFN layers
 };
 
@@ -84,6 +88,9 @@ std::string layer_prefix(int layer);
 std::string router_name(const ModelConfig& c, int layer);
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
 std::string dense_name(int layer, const char* which);
+std::string shared_expert_name(const ModelConfig& c, int layer, const char* which);  // gate|up|down
+std::string shared_gate_name(int layer);
+std::string router_bias_name(int layer);
 // Stored tensors r3 has no use for and may ignore (RoPE inv_freq buffers of old exports).
 bool knowingly_unused(const std::string& name);
 

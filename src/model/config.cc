@@ -29,6 +29,8 @@ std::string arch_short_name(Arch a) {
     case Arch::Mixtral: return "mixtral";
     case Arch::Qwen3Moe: return "qwen3_moe";
     case Arch::Olmoe: return "olmoe";
+    case Arch::Qwen2Moe: return "qwen2_moe";
+    case Arch::Glm4Moe: return "glm4_moe";
   }
   return "?";
 }
@@ -79,16 +81,25 @@ struct Reader {
 };
 
 // Keys that change the model in ways r3 does not implement: refused by name whenever present with
-// a value other than the neutral one. The keys of the three architectures' Hugging Face config
-// classes are all either read below (and refused where r3 lacks the feature: attention_bias,
-// sliding windows, rope_scaling types, hidden_act) or without effect on inference outputs
-// (initializer_range, use_cache, router_aux_loss_coef, router_jitter_noise, ...). Keys that no
-// such class reads cannot change the model and are ignored, as transformers ignores them.
+// a value other than the neutral one, unless the architecture reads them (reads_key). The keys
+// of the supported architectures' Hugging Face config classes are all either read below (and
+// refused where r3 lacks the feature: attention_bias, sliding windows, rope_scaling types,
+// hidden_act) or without effect on inference outputs (initializer_range, use_cache,
+// router_aux_loss_coef, router_jitter_noise, ...). Keys that no such class reads cannot change
+// the model and are ignored, as transformers ignores them.
 const char* const kUnimplemented[] = {
     "quantization_config", "pretraining_tp", "partial_rotary_factor", "rope_parameters",
     "layer_types", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
     "num_nextn_predict_layers", "attention_sink", "mlp_bias", "qk_layernorm", "logits_scaling",
     "embedding_multiplier", "residual_multiplier", "attention_multiplier"};
+
+bool reads_key(Arch a, const std::string& key) {
+  if (a == Arch::Qwen2Moe) return key == "shared_expert_intermediate_size";
+  if (a == Arch::Glm4Moe)
+    return key == "partial_rotary_factor" || key == "n_shared_experts" || key == "first_k_dense_replace" ||
+           key == "num_nextn_predict_layers";
+  return false;
+}
 
 // Upper bounds that keep every derived size far from overflow and from exhausting memory before
 // an error can be given. They are well above every released MoE model.
@@ -124,12 +135,15 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   if (arch == "MixtralForCausalLM") c.arch = Arch::Mixtral;
   else if (arch == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3Moe;
   else if (arch == "OlmoeForCausalLM") c.arch = Arch::Olmoe;
+  else if (arch == "Qwen2MoeForCausalLM") c.arch = Arch::Qwen2Moe;
+  else if (arch == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
   else
     throw Error(path + ": unknown architecture \"" + arch +
-                "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM)");
+                "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM)");
 
   for (const char* key : kUnimplemented)
-    if (j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
+    if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
         !(j[key].is_number() && j[key].get<double>() == 1.0 &&
           (std::string(key) == "partial_rotary_factor" || std::string(key) == "pretraining_tp")))
       throw Error(path + ": key \"" + key + "\" = " + j[key].dump() + " is not implemented by r3");
@@ -142,7 +156,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
   c.top_k = r.req_int("num_experts_per_tok");
   c.rope_theta = r.opt_float("rope_theta", c.arch == Arch::Mixtral ? 1e6f : 10000.f);
-  c.rms_norm_eps = r.opt_float("rms_norm_eps", c.arch == Arch::Mixtral ? 1e-5f : 1e-6f);
+  c.rms_norm_eps = r.opt_float("rms_norm_eps", c.arch == Arch::Mixtral || c.arch == Arch::Glm4Moe ? 1e-5f : 1e-6f);
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 4096);
   c.eos_token_id = r.token_id("eos_token_id");
@@ -176,8 +190,14 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     if (!neutral)
       throw Error(path + ": key \"rope_scaling\" = " + rs.dump() + " is not implemented by r3");
   }
-  if (r.opt_bool("attention_bias", false))
-    throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 (no q/k/v/o biases)");
+  // q/k/v biases: Qwen2-MoE always has them (qkv_bias in newer configs), GLM-4.5 per
+  // attention_bias; o_proj never. Elsewhere attention_bias = true is refused.
+  if (c.arch == Arch::Qwen2Moe) c.qkv_bias = r.opt_bool("qkv_bias", true);
+  else if (c.arch == Arch::Glm4Moe) c.qkv_bias = r.opt_bool("attention_bias", false);
+  else if (r.opt_bool("attention_bias", false))
+    throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 for " + arch +
+                " (no q/k/v/o biases)");
+  c.rotary_dim = c.head_dim;
   // A sliding window at least as long as the context changes nothing; a shorter one would.
   const bool window_used = c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false);
   if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
@@ -188,6 +208,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
 
   c.layer_is_moe.assign(size_t(c.num_layers), true);
+  int shared = 0;  // shared-expert MLP size of every MoE layer
+  bool shared_gate = false;
   switch (c.arch) {
     case Arch::Mixtral:
       c.num_experts = r.req_int("num_local_experts");
@@ -195,12 +217,13 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.norm_topk_prob = true;
       c.qk_norm = QkNorm::None;
       break;
-    case Arch::Qwen3Moe: {
+    case Arch::Qwen3Moe:
+    case Arch::Qwen2Moe: {
       c.num_experts = r.opt_int("num_experts", 0);
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
       c.intermediate_size = r.opt_int("intermediate_size", 0);
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
-      c.qk_norm = QkNorm::PerHead;
+      c.qk_norm = c.arch == Arch::Qwen3Moe ? QkNorm::PerHead : QkNorm::None;
       int step = r.opt_int("decoder_sparse_step", 1);
       if (step <= 0) throw Error(path + ": decoder_sparse_step must be positive");
       std::vector<int> mlp_only;
@@ -219,10 +242,45 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
         c.layer_is_moe[size_t(i)] = !only && c.num_experts > 0 && (i + 1) % step == 0;
       }
-      for (int i = 0; i < c.num_layers; ++i)
-        if (!c.layer_is_moe[size_t(i)] && c.intermediate_size <= 0)
-          throw Error(path + ": layer " + std::to_string(i) +
-                      " is dense but \"intermediate_size\" is missing");
+      if (c.arch == Arch::Qwen2Moe) {
+        // One shared expert behind a sigmoid gate on every MoE layer (Qwen2MoeSparseMoeBlock).
+        shared = r.opt_int("shared_expert_intermediate_size", 0);
+        if (shared < 0) throw Error(path + ": shared_expert_intermediate_size must not be negative");
+        shared_gate = shared > 0;
+      }
+      break;
+    }
+    case Arch::Glm4Moe: {
+      // Glm4MoeConfig: sigmoid router with a selection bias and group-limited choice (the
+      // DeepSeek-V3 router), n_shared_experts fused into one MLP, dense first layers, partial
+      // rotary, optional per-head q/k norm.
+      c.num_experts = r.req_int(j.contains("n_routed_experts") ? "n_routed_experts" : "num_experts");
+      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+      c.intermediate_size = r.req_int("intermediate_size");
+      c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
+      c.qk_norm = r.opt_bool("use_qk_norm", false) ? QkNorm::PerHead : QkNorm::None;
+      c.router.scoring = RouterScoring::Sigmoid;
+      c.router.selection_bias = true;
+      c.router.n_group = r.opt_int("n_group", 1);
+      c.router.topk_group = r.opt_int("topk_group", 1);
+      c.router.routed_scaling_factor = r.opt_float("routed_scaling_factor", 1.f);
+      const int n_shared = r.opt_int("n_shared_experts", 0);
+      require_range(path, "n_shared_experts", n_shared, 0, 64);
+      shared = n_shared * c.moe_intermediate_size;
+      const int dense = r.opt_int("first_k_dense_replace", 0);
+      require_range(path, "first_k_dense_replace", dense, 0, c.num_layers);
+      for (int i = 0; i < c.num_layers; ++i) c.layer_is_moe[size_t(i)] = i >= dense;
+      c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
+      require_range(path, "num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 16);
+      const float partial = r.opt_float("partial_rotary_factor", 1.f);
+      if (!(partial > 0.f && partial <= 1.f))
+        throw Error(path + ": key \"partial_rotary_factor\" must be in (0, 1]");
+      c.rotary_dim = int(float(c.head_dim) * partial);
+      if (c.rotary_dim < 2 || c.rotary_dim % 2)
+        throw Error(path + ": partial_rotary_factor gives an odd or empty rotary dimension " +
+                    std::to_string(c.rotary_dim) + " of head_dim " + std::to_string(c.head_dim));
+      if (!(c.router.routed_scaling_factor > 0.f && c.router.routed_scaling_factor < 1e6f))
+        throw Error(path + ": key \"routed_scaling_factor\" must be a positive finite number");
       break;
     }
     case Arch::Olmoe:
@@ -240,13 +298,34 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
   require_range(path, c.arch == Arch::Mixtral ? "num_local_experts" : "num_experts", c.num_experts, 0,
                 kMaxExperts);
-  require_range(path, c.arch == Arch::Qwen3Moe ? "moe_intermediate_size" : "intermediate_size",
-                c.moe_intermediate_size, 1, kMaxIntermediate);
+  const bool moe_key = c.arch == Arch::Qwen3Moe || c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
+  require_range(path, moe_key ? "moe_intermediate_size" : "intermediate_size", c.moe_intermediate_size, 1,
+                kMaxIntermediate);
   if (c.intermediate_size)
     require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
+  if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
   if (c.num_experts > 0 && c.top_k > c.num_experts)
     throw Error(path + ": num_experts_per_tok exceeds the number of experts");
   if (c.num_moe_layers() == 0) throw Error(path + ": the model has no MoE layer");
+  for (int i = 0; i < c.num_layers; ++i)
+    if (!c.layer_is_moe[size_t(i)] && c.intermediate_size <= 0)
+      throw Error(path + ": layer " + std::to_string(i) + " is dense but \"intermediate_size\" is missing");
+  c.router.renormalize = c.norm_topk_prob;
+  const RouterSpec& rs = c.router;
+  if (rs.n_group < 1 || rs.topk_group < 1 || rs.topk_group > rs.n_group || c.num_experts % rs.n_group != 0)
+    throw Error(path + ": n_group " + std::to_string(rs.n_group) + " / topk_group " + std::to_string(rs.topk_group) +
+                " must divide the " + std::to_string(c.num_experts) + " experts into groups, keeping 1..n_group");
+  if (rs.n_group > 1 && (c.num_experts / rs.n_group < 2 || c.top_k > rs.topk_group * (c.num_experts / rs.n_group)))
+    throw Error(path + ": group-limited routing needs at least 2 experts per group and num_experts_per_tok <= "
+                "topk_group x experts per group");
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerConfig l;
+    l.moe = c.layer_is_moe[size_t(i)];
+    l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
+    l.shared_intermediate = l.moe ? shared : 0;
+    l.shared_gate = l.moe && shared_gate;
+    c.layers.push_back(l);
+  }
   return c;
 }
 
@@ -278,6 +357,18 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size, num);
   cmp("intermediate_size", a.intermediate_size, b.intermediate_size, num);
   cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
+  cmp("qkv bias", a.qkv_bias, b.qkv_bias, num);
+  cmp("rotary dimension", a.rotary_dim, b.rotary_dim, num);
+  cmp("router scoring (0 softmax, 1 sigmoid)", int(a.router.scoring), int(b.router.scoring), num);
+  cmp("n_group", a.router.n_group, b.router.n_group, num);
+  cmp("topk_group", a.router.topk_group, b.router.topk_group, num);
+  cmp("routed_scaling_factor", a.router.routed_scaling_factor, b.router.routed_scaling_factor, num);
+  auto shared_of = [](const ModelConfig& m) {
+    std::string s;
+    for (const LayerConfig& l : m.layers) s += std::to_string(l.shared_intermediate) + (l.shared_gate ? "g " : " ");
+    return s;
+  };
+  cmp("shared experts per layer", shared_of(a), shared_of(b), [](const std::string& v) { return v; });
   cmp("clip_qkv", a.clip_qkv, b.clip_qkv, opt);
   cmp("rope_theta", a.rope_theta, b.rope_theta, num);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);

@@ -1,5 +1,7 @@
-// The model configuration r3 needs, parsed from a Hugging Face config.json for the three
-// supported MoE architectures (FACTS.md lists their keys).
+// The model description r3 needs, parsed once from a Hugging Face config.json: the model-wide
+// sizes, the router, and per decoder layer what its attention and FFN are (LayerConfig). The
+// checkpoint loader, make-model, the reference forward and the engine all read it; an
+// architecture is a way of filling it (docs/ARCHITECTURE.md lists the facts per family).
 #pragma once
 #include <optional>
 #include <string>
@@ -7,11 +9,30 @@
 
 namespace r3 {
 
-enum class Arch { Mixtral, Qwen3Moe, Olmoe };
+enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe };
 
 // Where q/k RMSNorm sits: none (Mixtral), per head before RoPE (Qwen3-MoE), or over the whole
 // projection before the heads are split (OLMoE).
 enum class QkNorm { None, PerHead, Whole };
+
+// How a MoE layer picks its experts and weighs them (kernels/router.h implements it).
+enum class RouterScoring { Softmax, Sigmoid };
+struct RouterSpec {
+  RouterScoring scoring = RouterScoring::Softmax;  // softmax over all experts, or per-expert sigmoid
+  bool selection_bias = false;  // e_score_correction_bias: added to the scores for choosing only
+  int n_group = 1, topk_group = 1;  // group-limited choice: the experts of the topk_group best groups
+  bool renormalize = false;         // gate weights divided by their sum over the k chosen
+  float routed_scaling_factor = 1.f;  // gate weights multiplied by this after renormalisation
+};
+
+// One decoder layer: its FFN kind and sizes (attention is the same on every layer of these
+// families, and is described model-wide).
+struct LayerConfig {
+  bool moe = true;                    // routed experts, or a dense SwiGLU MLP
+  int intermediate = 0;               // per expert (MoE) or of the dense MLP
+  int shared_intermediate = 0;        // shared experts fused as one MLP of this size (0: none)
+  bool shared_gate = false;           // the shared MLP's output scaled by sigmoid(gate . h)
+};
 
 struct ModelConfig {
   Arch arch = Arch::Mixtral;
@@ -24,6 +45,11 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   QkNorm qk_norm = QkNorm::None;
   std::optional<float> clip_qkv;
+  bool qkv_bias = false;  // q/k/v projections carry a bias (o never does)
+  int rotary_dim = 0;     // leading dims of each head that RoPE rotates (head_dim unless partial)
+  int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
+  RouterSpec router;
+  std::vector<LayerConfig> layers;  // per decoder layer
   float rope_theta = 10000.f, rms_norm_eps = 1e-5f;
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
@@ -39,7 +65,7 @@ struct ModelConfig {
 // rope scaling types, quantization, other activations).
 ModelConfig parse_config(const std::string& json_text, const std::string& path);
 ModelConfig load_config(const std::string& path);
-std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe"
+std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe"
 // The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
 // the two describe the same model. A refit is refused unless this is empty.
 std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);

@@ -28,7 +28,8 @@ Preset get_preset(const std::string& arch, const std::string& preset) {
   if (preset == "tiny") return {2, 64, 4, 2, 16, 8, 2, 32, 96, 512, 1};
   if (preset == "small") {
     if (arch == "mixtral") return {4, 256, 8, 2, 32, 16, 4, 128, 512, 2048, 2};
-    if (arch == "qwen3_moe") return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
+    if (arch == "qwen3_moe" || arch == "qwen2_moe") return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
+    if (arch == "glm4_moe") return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
     return {4, 256, 8, 8, 32, 64, 8, 64, 512, 2048, 2};
   }
   if (preset == "bench") return {12, 1024, 16, 16, 64, 64, 8, 512, 2048, 32000, 6};
@@ -83,10 +84,47 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["rope_theta"] = 10000.0;
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
+  } else if (arch == "qwen2_moe") {
+    // Qwen1.5-MoE's layout: q/k/v biases, softmax router without renormalisation, one shared
+    // expert behind a sigmoid gate.
+    j["architectures"] = {"Qwen2MoeForCausalLM"};
+    j["model_type"] = "qwen2_moe";
+    j["num_experts"] = p.experts;
+    j["moe_intermediate_size"] = p.moe_inter;
+    j["shared_expert_intermediate_size"] = 2 * p.moe_inter;
+    j["intermediate_size"] = p.dense_inter;
+    j["norm_topk_prob"] = false;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = preset == "tiny" ? json::array() : json::array({0});
+    j["rope_theta"] = 1e6;
+    j["tie_word_embeddings"] = false;
+    j["hidden_act"] = "silu";
+  } else if (arch == "glm4_moe") {
+    // GLM-4.5's layout: sigmoid router with e_score_correction_bias and group-limited choice,
+    // routed scaling, a shared expert, a dense first layer, partial rotary, q/k/v biases; the
+    // small preset adds per-head q/k norm and one MTP layer (stored, not run).
+    j["architectures"] = {"Glm4MoeForCausalLM"};
+    j["model_type"] = "glm4_moe";
+    j["n_routed_experts"] = p.experts;
+    j["n_shared_experts"] = 1;
+    j["moe_intermediate_size"] = p.moe_inter;
+    j["intermediate_size"] = p.dense_inter;
+    j["n_group"] = preset == "tiny" ? 2 : 4;
+    j["topk_group"] = preset == "tiny" ? 1 : 2;
+    j["norm_topk_prob"] = true;
+    j["routed_scaling_factor"] = 2.5;
+    j["first_k_dense_replace"] = 1;
+    j["partial_rotary_factor"] = 0.5;
+    j["attention_bias"] = true;
+    j["use_qk_norm"] = preset != "tiny";
+    j["num_nextn_predict_layers"] = preset == "tiny" ? 0 : 1;
+    j["rope_theta"] = 10000.0;
+    j["tie_word_embeddings"] = false;
+    j["hidden_act"] = "silu";
   } else {
-    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe)");
+    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe)");
   }
-  if (arch != "qwen3_moe") j["head_dim"] = p.head_dim;
+  if (arch != "qwen3_moe" && arch != "qwen2_moe") j["head_dim"] = p.head_dim;
   return j.dump(2) + "\n";
 }
 
@@ -136,6 +174,9 @@ void make_model(const MakeModelOptions& opt) {
   auto mat = [&](const std::string& n, int64_t r, int64_t col, float sd) {
     return [=] { return random_tensor(n, {r, col}, dt, seed, sd); };
   };
+  auto vec = [&](const std::string& n, int64_t d, float sd, DType type) {
+    return [=] { return random_tensor(n, {d}, type, seed, sd); };
+  };
   std::vector<std::function<TensorToWrite()>> head = {mat("model.embed_tokens.weight", c.vocab_size, H, 1.f)};
   groups.push_back(head);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -147,6 +188,11 @@ void make_model(const MakeModelOptions& opt) {
     g.push_back(mat(pf + "self_attn.k_proj.weight", kvd, H, s_in));
     g.push_back(mat(pf + "self_attn.v_proj.weight", kvd, H, s_in));
     g.push_back(mat(pf + "self_attn.o_proj.weight", H, qd, 1.f / std::sqrt(float(qd))));
+    if (c.qkv_bias) {
+      g.push_back(vec(pf + "self_attn.q_proj.bias", qd, 0.1f, dt));
+      g.push_back(vec(pf + "self_attn.k_proj.bias", kvd, 0.1f, dt));
+      g.push_back(vec(pf + "self_attn.v_proj.bias", kvd, 0.1f, dt));
+    }
     if (c.qk_norm == QkNorm::PerHead) {
       g.push_back(norm(pf + "self_attn.q_norm.weight", hd));
       g.push_back(norm(pf + "self_attn.k_norm.weight", hd));
@@ -158,11 +204,22 @@ void make_model(const MakeModelOptions& opt) {
       // Router rows with std ~1.5/sqrt(H) give logits of spread ~1.5: choices vary across
       // tokens and layers, and near-ties between the K-th and (K+1)-th expert occur.
       g.push_back(mat(router_name(c, i), c.num_experts, H, 1.5f * s_in));
+      // The selection bias is fp32 in released checkpoints; spread ~0.05 against sigmoid scores
+      // in (0, 1) lets it change some choices.
+      if (c.router.selection_bias) g.push_back(vec(router_bias_name(i), c.num_experts, 0.05f, DType::F32));
       const int64_t I = c.moe_intermediate_size;
       for (int e = 0; e < c.num_experts; ++e) {
         g.push_back(mat(expert_name(c, i, e, "gate"), I, H, s_in));
         g.push_back(mat(expert_name(c, i, e, "up"), I, H, s_in));
         g.push_back(mat(expert_name(c, i, e, "down"), H, I, 1.f / std::sqrt(float(I))));
+      }
+      const LayerConfig& lc = c.layers[size_t(i)];
+      if (lc.shared_intermediate > 0) {
+        const int64_t S = lc.shared_intermediate;
+        g.push_back(mat(shared_expert_name(c, i, "gate"), S, H, s_in));
+        g.push_back(mat(shared_expert_name(c, i, "up"), S, H, s_in));
+        g.push_back(mat(shared_expert_name(c, i, "down"), H, S, 1.f / std::sqrt(float(S))));
+        if (lc.shared_gate) g.push_back(mat(shared_gate_name(i), 1, H, s_in));
       }
     } else {
       const int64_t I = c.intermediate_size;
@@ -171,6 +228,13 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(mat(dense_name(i, "down"), H, I, 1.f / std::sqrt(float(I))));
     }
     groups.push_back(g);
+  }
+  // MTP layers as released checkpoints store them after the decoder layers (a few of their
+  // tensors: r3 must recognise and skip them, never run them).
+  for (int m = 0; m < c.num_nextn_predict_layers; ++m) {
+    const std::string pf = layer_prefix(c.num_layers + m);
+    groups.push_back({norm(pf + "enorm.weight", H), norm(pf + "hnorm.weight", H),
+                      mat(pf + "eh_proj.weight", H, 2 * H, s_in), norm(pf + "input_layernorm.weight", H)});
   }
   std::vector<std::function<TensorToWrite()>> tail = {norm("model.norm.weight", H)};
   if (!c.tie_word_embeddings) tail.push_back(mat("lm_head.weight", c.vocab_size, H, s_in));

@@ -67,6 +67,47 @@ void rope(float* v, int D, int pos, float theta) {
 }
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+void add_bias(float* x, const TensorView& b, int n) {
+  for (int i = 0; i < n; ++i) x[i] += wt(b, i);
+}
+
+// Repeated argmax of `score` over the experts with ok[e]; strict > keeps ties on the lower id.
+void argmax_k(const std::vector<float>& score, const std::vector<bool>& ok, int K, int16_t* chosen) {
+  for (int kk = 0; kk < K; ++kk) {
+    int best = -1;
+    for (int e = 0; e < int(score.size()); ++e) {
+      bool taken = !ok[size_t(e)];
+      for (int j = 0; j < kk; ++j) taken |= chosen[j] == e;
+      if (!taken && (best < 0 || score[size_t(e)] > score[size_t(best)])) best = e;
+    }
+    chosen[kk] = int16_t(best);
+  }
+}
+
+// The sigmoid router's own choice (DeepseekV3TopkRouter): biased scores, the topk_group groups
+// with the best sum of their two best biased scores, then the K best eligible experts.
+void sigmoid_choice(const RouterSpec& rs, const float* s, const TensorView& bias, int E, int K, int16_t* chosen) {
+  std::vector<float> choice(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) choice[size_t(e)] = s[e] + (bias.empty() ? 0.f : wt(bias, e));
+  std::vector<bool> ok(size_t(E), true);
+  if (rs.n_group > 1) {
+    const int per = E / rs.n_group;
+    std::vector<float> group(static_cast<size_t>(rs.n_group));
+    for (int g = 0; g < rs.n_group; ++g) {
+      std::vector<float> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(members.begin(), members.end(), [](float a, float b) { return a > b; });
+      group[size_t(g)] = members[0] + members[1];
+    }
+    std::vector<int16_t> kept(static_cast<size_t>(rs.topk_group));
+    argmax_k(group, std::vector<bool>(size_t(rs.n_group), true), rs.topk_group, kept.data());
+    ok.assign(size_t(E), false);
+    for (int16_t g : kept)
+      for (int e = 0; e < per; ++e) ok[size_t(g * per + e)] = true;
+  }
+  argmax_k(choice, ok, K, chosen);
+}
 
 // out = down(silu(gate h) * up h); g and u are scratch of the FFN's intermediate size.
 void ffn(const ExpertWeights& e, const float* h, float* out, std::vector<float>& g,
@@ -129,6 +170,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   const float eps = c.rms_norm_eps, scale = 1.f / std::sqrt(float(hd));
   // Renormalise the top-k gate weights: always for Mixtral, else iff norm_topk_prob.
   const bool renorm = c.arch == Arch::Mixtral || c.norm_topk_prob;
+  const bool sigmoid_router = c.router.scoring == RouterScoring::Sigmoid;
 
   for (int p = 0; p < S; ++p)
     if (tokens[size_t(p)] < 0 || tokens[size_t(p)] >= V)
@@ -168,6 +210,11 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       matvec(L.q, h.data(), qp);
       matvec(L.k, h.data(), kp);
       matvec(L.v, h.data(), vp);
+      if (c.qkv_bias) {  // Qwen2-MoE, GLM-4.5: q/k/v biases (o has none)
+        add_bias(qp, L.q_bias, qd);
+        add_bias(kp, L.k_bias, kvd);
+        add_bias(vp, L.v_bias, kvd);
+      }
       if (c.qk_norm == QkNorm::PerHead) {  // Qwen3-MoE: each head over head_dim
         for (int hh = 0; hh < nh; ++hh) rmsnorm(qp + hh * hd, qp + hh * hd, L.q_norm, hd, eps);
         for (int hh = 0; hh < nkv; ++hh) rmsnorm(kp + hh * hd, kp + hh * hd, L.k_norm, hd, eps);
@@ -181,8 +228,9 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         for (int i = 0; i < kvd; ++i) kp[i] = std::clamp(kp[i], -cl, cl);
         for (int i = 0; i < kvd; ++i) vp[i] = std::clamp(vp[i], -cl, cl);
       }
-      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, hd, p, c.rope_theta);
-      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, hd, p, c.rope_theta);
+      // Partial rotary (GLM-4.5): only the first rotary_dim dims of each head rotate.
+      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, c.rotary_dim, p, c.rope_theta);
+      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, c.rotary_dim, p, c.rope_theta);
     }
     // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
     for (int p = 0; p < S; ++p) {
@@ -216,16 +264,21 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       if (!L.moe) {
         ffn(L.dense, h.data(), delta.data(), g, u);
       } else {
-        // Router: softmax over all E experts in fp32.
+        // Router: softmax over all E experts in fp32, or each expert's sigmoid.
         float* probs = &r.router_probs[(size_t(p) * Lm + col) * E];
         matvec(L.router, h.data(), probs);
-        softmax(probs, E);
+        if (sigmoid_router)
+          for (int e = 0; e < E; ++e) probs[e] = sigmoid(probs[e]);
+        else
+          softmax(probs, E);
 
         int16_t* chosen = &r.routes[(size_t(p) * Lm + col) * K];
         const int16_t* forced =
             p < replay_rows ? replay + (size_t(p) * Lm + col) * K : nullptr;
         if (forced && forced[0] != -1) {  // check_replay: a valid row, keep its order
           for (int kk = 0; kk < K; ++kk) chosen[kk] = forced[kk];
+        } else if (sigmoid_router) {
+          sigmoid_choice(c.router, probs, L.router_bias, E, K, chosen);
         } else {
           // Own top-k: repeated argmax; strict > keeps ties on the lower expert id.
           for (int kk = 0; kk < K; ++kk) {
@@ -238,7 +291,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
             chosen[kk] = int16_t(best);
           }
         }
-        // Gate weights: the full softmax gathered at the chosen ids (never a re-softmax).
+        // Gate weights: the full softmax (or the unbiased sigmoid scores) gathered at the chosen
+        // ids (never a re-softmax), renormalised as the architecture does, then scaled.
         std::vector<float> gate(K);
         float sum = 0.f;
         for (int kk = 0; kk < K; ++kk) {
@@ -246,12 +300,19 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
           sum += gate[size_t(kk)];
         }
         if (renorm)
-          for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] /= sum;
+          for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] /= sigmoid_router ? sum + 1e-20f : sum;
+        for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] *= c.router.routed_scaling_factor;
         // Weighted sum of the experts, accumulated in router (or replayed) order.
         for (int i = 0; i < H; ++i) delta[size_t(i)] = 0.f;
         for (int kk = 0; kk < K; ++kk) {
           ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u);
           for (int i = 0; i < H; ++i) delta[size_t(i)] += gate[size_t(kk)] * eo[size_t(i)];
+        }
+        if (!L.shared.gate.empty()) {  // shared experts, after the routed sum
+          ffn(L.shared, h.data(), eo.data(), g, u);
+          float sg = 1.f;
+          if (!L.shared_gate.empty()) matvec(L.shared_gate, h.data(), &sg), sg = sigmoid(sg);
+          for (int i = 0; i < H; ++i) delta[size_t(i)] += sg * eo[size_t(i)];
         }
       }
       for (int i = 0; i < H; ++i) xp[i] += delta[size_t(i)];
