@@ -42,7 +42,7 @@ EngineConfig config_for(const std::string& model) { return testing::small_config
 // Each config key in turn: the refit is refused naming the key, the weight version stays, and
 // the engine answers exactly as before.
 TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
-  for (const std::string arch : {"qwen3_moe", "olmoe", "mixtral"}) {
+  for (const std::string& arch : testing::kAllArchs) {
     const std::string served = test_model(arch, "small");
     Engine e(config_for(served));
     const RequestOutput before = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
@@ -62,7 +62,18 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
     };
     if (arch != "mixtral") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
     if (arch == "olmoe") changes.push_back({"clip_qkv", 3.0});
-    if (arch == "qwen3_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
+    if (arch == "qwen3_moe" || arch == "qwen2_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
+    if (arch == "qwen2_moe") changes.push_back({"shared_expert_intermediate_size", 64});
+    if (arch == "glm4_moe")
+      for (auto& [key, value] : std::vector<std::pair<std::string, json>>{{"routed_scaling_factor", 1.0},
+                                                                         {"n_group", 2},
+                                                                         {"topk_group", 3},
+                                                                         {"partial_rotary_factor", 1.0},
+                                                                         {"first_k_dense_replace", 2},
+                                                                         {"n_shared_experts", 2},
+                                                                         {"use_qk_norm", false},
+                                                                         {"attention_bias", false}})
+        changes.push_back({key, value});
     for (auto& [key, value] : changes) {
       SCOPED_TRACE(arch + " " + key + " = " + value.dump());
       const std::string dir = copy_model(served, "refit_" + arch);

@@ -501,7 +501,8 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
 
 TEST(ReferenceForward, ReplayOfOwnRoutesIsBitIdentical) {
   for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
-                              {"qwen3_moe", "small"}}) {
+                              {"qwen3_moe", "small"}, {"qwen2_moe", "tiny"}, {"glm4_moe", "tiny"},
+                              {"glm4_moe", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
     auto tok = make_tokens(24, w.config.vocab_size, 9);
@@ -511,6 +512,31 @@ TEST(ReferenceForward, ReplayOfOwnRoutesIsBitIdentical) {
     EXPECT_EQ(own.routes, rep.routes);
     EXPECT_TRUE(bitwise_equal(own.router_probs, rep.router_probs));
   }
+}
+
+// Sigmoid routers (GLM-4.5): e_score_correction_bias chooses, never weighs. With the same routes
+// replayed, a different bias gives bit-identical logits; left to its own router, the model then
+// picks other experts.
+TEST(ReferenceForward, SelectionBiasNeverEntersAGateWeight) {
+  const auto& w = models().weights(models().dir("glm4_moe", "small", DType::BF16));
+  ASSERT_EQ(w.config.router.scoring, r3::RouterScoring::Sigmoid);
+  auto tok = make_tokens(24, w.config.vocab_size, 17);
+  ReferenceResult own = r3::reference_forward(w, tok);
+  r3::ModelWeights shifted = w;
+  std::vector<std::vector<float>> biases;
+  for (auto& L : shifted.layers) {
+    if (L.router_bias.empty()) continue;
+    std::vector<float> b(static_cast<size_t>(w.config.num_experts));
+    for (size_t e = 0; e < b.size(); ++e) b[e] = L.router_bias.at(int64_t(e)) + (e % 3 == 0 ? 0.3f : -0.2f);
+    biases.push_back(std::move(b));
+    L.router_bias.data = biases.back().data();
+    L.router_bias.dtype = DType::F32;
+  }
+  ReferenceResult replayed = r3::reference_forward(shifted, tok, own.routes.data(), own.seq_len);
+  EXPECT_EQ(replayed.routes, own.routes);
+  EXPECT_TRUE(bitwise_equal(replayed.logits, own.logits)) << "the bias changed a gate weight";
+  ReferenceResult free_run = r3::reference_forward(shifted, tok);
+  EXPECT_NE(free_run.routes, own.routes) << "the bias changed no choice: the test is vacuous";
 }
 
 // Row (p, l) holds the router's own top-k: descending probability, nothing unchosen above it.
