@@ -130,8 +130,11 @@ std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeig
   std::vector<std::pair<std::string, const TensorView*>> v = {
       {"embed", &w.embed}, {"final_norm", &w.final_norm}, {"lm_head", &w.lm_head}};
   for (auto& L : w.layers) {
-    for (const TensorView* t : {&L.input_norm, &L.post_norm, &L.q, &L.k, &L.v, &L.o})
-      v.push_back({t->name, t});
+    for (const TensorView* t : {&L.input_norm, &L.post_norm, &L.q, &L.o}) v.push_back({t->name, t});
+    if (!w.config.mla)
+      for (const TensorView* t : {&L.k, &L.v}) v.push_back({t->name, t});
+    for (const TensorView* t : {&L.q_a, &L.q_a_norm, &L.kv_a, &L.kv_a_norm, &L.kv_b})  // MLA
+      if (!t->empty()) v.push_back({t->name, t});
     if (!L.q_norm.empty()) v.push_back({"q_norm", &L.q_norm});
     if (!L.k_norm.empty()) v.push_back({"k_norm", &L.k_norm});
     for (const TensorView* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.router_bias, &L.shared.gate, &L.shared.up,
@@ -293,7 +296,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.qk_norm == QkNorm::PerHead)) {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
-    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe) {
+    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3) {
       EXPECT_TRUE(L.q_norm.empty());
     } else {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{int64_t(c.num_heads) * c.head_dim}));
@@ -303,12 +306,15 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
   // Biases, shared experts, the router's selection bias (Qwen2-MoE, GLM-4.5).
   for (int i = 0; i < c.num_layers; ++i) {
     const LayerWeights& L = w.layers[size_t(i)];
-    const bool modern = c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
-    EXPECT_EQ(L.q_bias.empty(), !modern);
-    if (modern) EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
-    EXPECT_EQ(L.shared.gate.empty(), !(modern && L.moe));
+    const bool biased = c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
+    const bool deepseek_router = c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3;
+    EXPECT_EQ(L.q_bias.empty(), !biased);
+    if (biased) EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
+    EXPECT_EQ(L.shared.gate.empty(), !((biased || deepseek_router) && L.moe));
     EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
-    EXPECT_EQ(L.router_bias.empty(), !(c.arch == Arch::Glm4Moe && L.moe));
+    EXPECT_EQ(L.router_bias.empty(), !(deepseek_router && L.moe));
+    EXPECT_EQ(L.kv_b.empty(), !c.mla);
+    if (c.mla) EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0);
     if (!L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
   }
   if (c.arch == Arch::Glm4Moe) {

@@ -502,7 +502,7 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
 TEST(ReferenceForward, ReplayOfOwnRoutesIsBitIdentical) {
   for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
                               {"qwen3_moe", "small"}, {"qwen2_moe", "tiny"}, {"glm4_moe", "tiny"},
-                              {"glm4_moe", "small"}}) {
+                              {"glm4_moe", "small"}, {"deepseek_v3", "tiny"}, {"deepseek_v3", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
     auto tok = make_tokens(24, w.config.vocab_size, 9);

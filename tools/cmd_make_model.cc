@@ -8,7 +8,7 @@ namespace r3::cli {
 int cmd_make_model(int argc, char** argv) {
   Args a("make-model", "Writes a checkpoint with seeded random weights in the Hugging Face layout\n"
                        "(config.json + safetensors, sharded for small and bench).");
-  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe")
+  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3")
       .opt("preset", "tiny", "tiny | small | bench")
       .opt("seed", "0", "weight seed")
       .opt("dtype", "bf16", "bf16 | f32")

@@ -33,8 +33,8 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
   int blocks = cfg_.num_kv_blocks;
   if (blocks <= 0) {
-    const size_t per_block = size_t(mc.num_layers) * size_t(cfg_.block_size) * size_t(mc.num_kv_heads) *
-                             size_t(mc.head_dim) * 2 * dtype_size(kv_dtype);
+    const size_t per_block =
+        size_t(mc.num_layers) * size_t(cfg_.block_size) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);
     blocks = int(std::clamp<size_t>(size_t(cfg_.kv_cache_mb) * (1u << 20) / per_block, 16, 1 << 16));
   }
   cfg_.num_kv_blocks = blocks;

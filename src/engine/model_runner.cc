@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "engine/router.h"
 #include "kernels/attention.h"
+#include "kernels/attention_latent.h"
 #include "kernels/exp.h"
 #include "kernels/matmul.h"
 #include "kernels/router.h"
@@ -32,11 +34,13 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       rope_(ckpt_->config().rotary_dim, ckpt_->config().rope_theta,
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))) {
   const ModelConfig& c = config();
-  kv_dim_ = size_t(c.num_kv_heads) * size_t(c.head_dim);
+  // K elements per token and layer: the kv heads' keys, or MLA's latent row (then no V cache).
+  kv_dim_ = c.mla ? size_t(c.mla->latent_width()) : size_t(c.num_kv_heads) * size_t(c.head_dim);
   if (kv_dtype != DType::BF16 && kv_dtype != DType::F32) throw Error("the KV cache holds bf16 or fp32");
   kv_dtype_ = kv_dtype;
   kv_layer_elems_ = size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;  // + the padding scratch block
   kv_bytes_ = size_t(c.num_layers) * kv_layer_elems_ * dtype_size(kv_dtype);
+  v_bytes_ = c.mla ? 0 : kv_bytes_;
   restore_kv_cache();
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
@@ -49,8 +53,19 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   q_.resize(T * qd);
   k_.resize(T * kv_dim_);
   v_.resize(T * kv_dim_);
-  attn_.resize(T * qd);
-  attnb_.resize(T * qd);
+  const size_t od = c.mla ? size_t(c.num_heads) * size_t(c.mla->v_head_dim) : qd;
+  attn_.resize(T * std::max(qd, od));
+  attnb_.resize(T * std::max(qd, od));
+  if (c.mla) {
+    const size_t nh = size_t(c.num_heads), kvr = size_t(c.mla->kv_lora_rank);
+    qa_.resize(T * size_t(std::max(c.mla->q_lora_rank, 1)));
+    qab_.resize(qa_.size());
+    q_nope_.resize(T * nh * size_t(c.mla->qk_nope_head_dim));
+    q_nopeb_.resize(q_nope_.size());
+    q_lat_.resize(T * nh * size_t(c.mla->latent_width()));
+    o_lat_.resize(T * nh * kvr);
+    o_latb_.resize(o_lat_.size());
+  }
   tmp_.resize(T * H);
   ffn_.resize(T * H);
   logits_.resize(size_t(max_seqs_) * size_t(c.vocab_size));
@@ -115,7 +130,7 @@ void ModelRunner::release_kv_cache() {
 void ModelRunner::restore_kv_cache() {
   if (!k_cache_.empty()) return;  // never released: its contents stay
   k_cache_.assign(kv_bytes_, std::byte{0});
-  v_cache_.assign(kv_bytes_, std::byte{0});
+  v_cache_.assign(v_bytes_, std::byte{0});
 }
 
 void ModelRunner::release_packed_weights() {
@@ -145,9 +160,21 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
     for (ExpertWeights& e : L.experts)
       for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
   }
+  for (LayerWeights& L : weights_.layers)
+    for (TensorView* t : {&L.q_a, &L.kv_a}) mats.push_back(t);
+  build_mla_heads();
+  const size_t derived_from = mats.size();  // the absorbed key weights: copies, always repacked
+  for (auto& layer : mla_heads_)
+    for (MlaHead& h : layer) mats.push_back(&h.uk_t);
+  for (auto& layer : mla_heads_)
+    for (MlaHead& h : layer) mats.push_back(&h.uv);
   std::vector<TensorView*> bf16;
-  for (TensorView* t : mats)
-    if (!t->empty() && t->dtype == DType::BF16) bf16.push_back(t);
+  std::vector<bool> always;  // repacked whatever changed
+  for (size_t i = 0; i < mats.size(); ++i)
+    if (!mats[i]->empty() && mats[i]->dtype == DType::BF16) {
+      bf16.push_back(mats[i]);
+      always.push_back(i >= derived_from && mats[i]->name.find("uk_t") != std::string::npos);
+    }
   reuse = reuse && packed_.size() == bf16.size();
   for (size_t i = 0; reuse && i < bf16.size(); ++i) reuse = packed_[i].size() == kernels::packed_bf16_size(*bf16[i]);
   if (!reuse) {
@@ -165,7 +192,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   std::vector<Item> items;
   for (size_t i = 0; i < bf16.size(); ++i) {
     bf16[i]->packed = packed_[i].data();
-    if (changed && !overlaps(*bf16[i], *changed)) continue;
+    if (changed && !always[i] && !overlaps(*bf16[i], *changed)) continue;
     const int64_t panels = (bf16[i]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
     const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, bf16[i]->shape[1] * 32));
     for (int64_t p = 0; p < panels; p += per_item) items.push_back({i, p, std::min(panels, p + per_item)});
@@ -456,6 +483,129 @@ void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) 
   });
 }
 
+// MLA's absorbed weights, per layer and head, from kv_b ([nh x (nope + v), kv_lora]): the key
+// part transposed, uk_t [kv_lora, nope] (a copy, so the query can be taken into the latent space
+// by one matmul), and the value part uv [v, kv_lora] (a view of kv_b's rows).
+void ModelRunner::build_mla_heads() {
+  const ModelConfig& c = config();
+  mla_heads_.clear();
+  mla_storage_.clear();
+  if (!c.mla) return;
+  const MlaSpec& m = *c.mla;
+  const int nh = c.num_heads, nope = m.qk_nope_head_dim, vd = m.v_head_dim, kvr = m.kv_lora_rank;
+  mla_heads_.resize(weights_.layers.size());
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const TensorView& kv_b = weights_.layers[l].kv_b;
+    const size_t es = dtype_size(kv_b.dtype);
+    const auto* base = static_cast<const uint8_t*>(kv_b.data);
+    for (int h = 0; h < nh; ++h) {
+      MlaHead head;
+      std::vector<uint8_t>& store = mla_storage_.emplace_back(size_t(kvr) * size_t(nope) * es);
+      for (int n = 0; n < nope; ++n)
+        for (int col = 0; col < kvr; ++col)
+          std::memcpy(store.data() + (size_t(col) * nope + n) * es,
+                      base + ((size_t(h) * (nope + vd) + n) * kvr + col) * es, es);
+      head.uk_t.name = kv_b.name + "[uk_t " + std::to_string(h) + "]";
+      head.uk_t.dtype = kv_b.dtype;
+      head.uk_t.shape = {kvr, nope};
+      head.uk_t.data = store.data();
+      head.uv.name = kv_b.name + "[uv " + std::to_string(h) + "]";
+      head.uv.dtype = kv_b.dtype;
+      head.uv.shape = {vd, kvr};
+      head.uv.data = base + (size_t(h) * (nope + vd) + nope) * kvr * es;
+      mla_heads_[l].push_back(head);
+    }
+  }
+}
+
+// Per head h, y_h = W_h x_h for every token: x_h rows are [T][in] at xs + h * T * in, outputs
+// land at y + h * out_stride with row stride ldy. Items are (head, 64-row block) on the pool.
+void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs, const uint16_t* xb,
+                                  int T, int in, float* y, int ldy, int out_stride) {
+  const int nh = int(heads.size());
+  const int rows = int((key ? heads[0].uk_t : heads[0].uv).shape[0]);
+  const int blocks = (rows + 63) / 64;
+  pool_->parallel_for_each(int64_t(nh) * blocks, [&](int64_t i) {
+    const int h = int(i / blocks), b = int(i % blocks);
+    const TensorView& W = key ? heads[size_t(h)].uk_t : heads[size_t(h)].uv;
+    const Activations x{xs + size_t(h) * T * in, xb + size_t(h) * T * in, T};
+    kernels::matmul_rows(x, W, y + size_t(h) * out_stride, ldy, b * 64, std::min(rows, b * 64 + 64));
+  });
+}
+
+// Multi-head latent attention in the absorbed form, the same for every token whatever the step
+// (so batch invariance holds): q through the low-rank path, the latent (normed) and its rotary
+// key part cached per token; each head's query taken into the latent space (uk_t), attention over
+// the cached rows (kernels/attention_latent.h), and the latent output taken to the head's value
+// space (uv). attn_ gets [T, nh x v_head_dim].
+template <typename KvT>
+void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T) {
+  const ModelConfig& c = config();
+  const MlaSpec& m = *c.mla;
+  const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, rope_d = m.qk_rope_head_dim,
+            kvr = m.kv_lora_rank, lw = m.latent_width(), vd = m.v_head_dim;
+  const float eps = c.rms_norm_eps;
+  const Activations hx{h_.data(), hb_.data(), T};
+  if (!L.q_a.empty()) {
+    const int qr = m.q_lora_rank;
+    matmul(hx, L.q_a, qa_.data(), pool_);
+    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* a = qa_.data() + size_t(t) * qr;
+        rms_norm(a, L.q_a_norm, 0, qr, eps, a);
+        round_to_bf16(a, qr, qab_.data() + size_t(t) * qr);
+      }
+    });
+    matmul({qa_.data(), qab_.data(), T}, L.q, q_.data(), pool_);
+  } else {
+    matmul(hx, L.q, q_.data(), pool_);
+  }
+  matmul(hx, L.kv_a, k_.data(), pool_);  // [T, latent + rope]
+  weight_bytes_ += L.q_a.nbytes() + L.q.nbytes() + L.kv_a.nbytes() + L.kv_b.nbytes() + L.o.nbytes();
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      float* lat = &k_[size_t(t) * lw];
+      rms_norm(lat, L.kv_a_norm, 0, kvr, eps, lat);
+      rope_.apply_interleaved(lat + kvr, tok.position);
+      float* q = &q_[size_t(t) * nh * qk];
+      for (int h = 0; h < nh; ++h) {
+        rope_.apply_interleaved(q + h * qk + nope, tok.position);
+        // Head-major copies of q_nope (the per-head matmul's input rows) and q_pe (the tail of
+        // the head's latent-space query).
+        float* qn = &q_nope_[(size_t(h) * T + size_t(t)) * nope];
+        std::copy(q + h * qk, q + h * qk + nope, qn);
+        round_to_bf16(qn, nope, &q_nopeb_[(size_t(h) * T + size_t(t)) * nope]);
+        std::copy(q + h * qk + nope, q + (h + 1) * qk, &q_lat_[(size_t(t) * nh + h) * lw + kvr]);
+      }
+      if (tok.seq < 0) continue;  // padding: never attended to
+      KvT* row = k_layer<KvT>(layer) + (size_t(tok.block) * size_t(block_size_) + size_t(tok.slot)) * size_t(lw);
+      for (int e = 0; e < lw; ++e) store_kv(lat[e], row + e);
+    }
+  });
+  // q_lat[t, h, 0:kvr] = uk_t_h q_nope[h, t]
+  per_head_matmul(mla_heads_[size_t(layer)], true, q_nope_.data(), q_nopeb_.data(), T, nope, q_lat_.data(), nh * lw, lw);
+  const float scale = 1.f / std::sqrt(float(qk));
+  const int stride = rope_.max_pos() + block_size_;
+  pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
+    thread_local std::vector<float> scores;
+    if (scores.size() < size_t(stride)) scores.resize(size_t(stride));
+    const int t = int(i / nh), h = int(i % nh);
+    float* o = &o_lat_[(size_t(h) * T + size_t(t)) * kvr];
+    const PlannedToken& tok = plan.tokens[size_t(t)];
+    if (tok.seq < 0) {
+      std::fill(o, o + kvr, 0.f);
+    } else {
+      const kernels::PagedLatent<KvT> cache{k_layer<KvT>(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
+                                            block_size_, lw};
+      kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, cache, scores.data(), o);
+    }
+    round_to_bf16(o, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
+  });
+  // attn[t, h * vd : (h + 1) * vd] = uv_h o_lat[h, t]
+  per_head_matmul(mla_heads_[size_t(layer)], false, o_lat_.data(), o_latb_.data(), T, kvr, attn_.data(), nh * vd, vd);
+}
+
 void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
   if (memory_released()) throw Error("the engine's memory is released: resume it before generating");
   const ModelConfig& c = config();
@@ -486,6 +636,10 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
     add_and_norm(nullptr, L.input_norm, T);
+    if (c.mla) {
+      if (kv_dtype_ == DType::BF16) mla_attention<uint16_t>(plan, l, L, T);
+      else mla_attention<float>(plan, l, L, T);
+    } else {
     const Activations hx{h_.data(), hb_.data(), T};
     const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
     kernels::matmul_many(hx, qkv, pool_);
@@ -525,7 +679,9 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
     });
     if (kv_dtype_ == DType::BF16) attention<uint16_t>(plan, l, q_.data(), attn_.data());
     else attention<float>(plan, l, q_.data(), attn_.data());
-    round_to_bf16(attn_.data(), int64_t(T) * qd, attnb_.data());
+    }
+    const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
+    round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
     add_and_norm(tmp_.data(), L.post_norm, T);
     if (L.moe)

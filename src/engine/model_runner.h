@@ -66,6 +66,15 @@ class ModelRunner {
   // weights_ = the checkpoint's views with the bf16 matrices packed: into new buffers, or with
   // `reuse`, into the existing ones (only the `changed` tensors' when given).
   void pack_weights(bool reuse = false, const ByteRanges* changed = nullptr);
+  // MLA (multi-head latent attention, DeepSeek-V3): the absorbed per-head weights and the block.
+  struct MlaHead {
+    TensorView uk_t, uv;  // [kv_lora, nope] (copy of kv_b's key rows, transposed), [v, kv_lora] (view)
+  };
+  void build_mla_heads();
+  void per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs, const uint16_t* xb, int T,
+                       int in, float* y, int ldy, int out_stride);
+  template <typename KvT>
+  void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T);
   template <typename KvT>
   KvT* k_layer(int layer);  // K cache of a layer, [block][kv_dim][slot]
   template <typename KvT>
@@ -75,7 +84,9 @@ class ModelRunner {
   ModelWeights weights_;                        // views the kernels read (packed bf16)
   std::vector<kernels::PackedBf16> packed_;   // storage behind TensorView::packed
   bool packed_released_ = false;
-  size_t kv_bytes_ = 0;                          // of each of k_cache_ and v_cache_
+  size_t kv_bytes_ = 0, v_bytes_ = 0;            // of k_cache_ and v_cache_ (none for MLA)
+  std::vector<std::vector<MlaHead>> mla_heads_;  // [layer][head]
+  std::vector<std::vector<uint8_t>> mla_storage_;  // behind each uk_t
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;
@@ -97,6 +108,9 @@ class ModelRunner {
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;
   std::vector<float> shared_gate_, router_bias_, route_scratch_;  // [T], [E], [E]
+  // MLA: [T, q_lora], [nh][T][nope] (head-major), [T][nh][latent + rope], [nh][T][kv_lora]
+  std::vector<float> qa_, q_nope_, q_lat_, o_lat_;
+  std::vector<uint16_t> qab_, q_nopeb_, o_latb_;
   std::vector<uint16_t> hb_, attnb_, actb_;  // bf16 bits of the matmul inputs
   std::vector<int16_t> route_ids_;
   std::vector<int> group_offsets_, slot_token_, slot_of_, nth_of_logical_, phys_, fill_;

@@ -16,6 +16,8 @@ class Rope {
  public:
   Rope(int head_dim, float theta, int max_pos);
   void apply(float* head, int pos) const;  // one head vector in place
+  // The same angles on adjacent pairs (2i, 2i + 1) (DeepSeek-V3's rope_interleave).
+  void apply_interleaved(float* head, int pos) const;
   int max_pos() const { return max_pos_; }
 
  private:

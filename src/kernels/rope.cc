@@ -27,4 +27,14 @@ void Rope::apply(float* h, int pos) const {
   }
 }
 
+void Rope::apply_interleaved(float* h, int pos) const {
+  const float* cs = table_ + size_t(pos) * half_ * 2;
+  for (int i = 0; i < half_; ++i) {
+    float c = cs[2 * i], s = cs[2 * i + 1];
+    float a = h[2 * i], b = h[2 * i + 1];
+    h[2 * i] = a * c - b * s;
+    h[2 * i + 1] = b * c + a * s;
+  }
+}
+
 }  // namespace r3::kernels

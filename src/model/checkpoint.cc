@@ -176,10 +176,26 @@ void Checkpoint::load_weights() {
     std::string p = layer_prefix(i);
     L.input_norm = require(p + "input_layernorm.weight", {H});
     L.post_norm = require(p + "post_attention_layernorm.weight", {H});
-    L.q = require(p + "self_attn.q_proj.weight", {qd, H});
-    L.k = require(p + "self_attn.k_proj.weight", {kvd, H});
-    L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
-    L.o = require(p + "self_attn.o_proj.weight", {H, qd});
+    if (c.mla) {
+      const MlaSpec& m = *c.mla;
+      const int64_t nh = c.num_heads;
+      if (m.q_lora_rank > 0) {
+        L.q_a = require(p + "self_attn.q_a_proj.weight", {m.q_lora_rank, H});
+        L.q_a_norm = require(p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank});
+        L.q = require(p + "self_attn.q_b_proj.weight", {nh * m.qk_head_dim(), m.q_lora_rank});
+      } else {
+        L.q = require(p + "self_attn.q_proj.weight", {nh * m.qk_head_dim(), H});
+      }
+      L.kv_a = require(p + "self_attn.kv_a_proj_with_mqa.weight", {m.latent_width(), H});
+      L.kv_a_norm = require(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank});
+      L.kv_b = require(p + "self_attn.kv_b_proj.weight", {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+      L.o = require(p + "self_attn.o_proj.weight", {H, nh * m.v_head_dim});
+    } else {
+      L.q = require(p + "self_attn.q_proj.weight", {qd, H});
+      L.k = require(p + "self_attn.k_proj.weight", {kvd, H});
+      L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
+      L.o = require(p + "self_attn.o_proj.weight", {H, qd});
+    }
     if (c.qkv_bias) {
       L.q_bias = require(p + "self_attn.q_proj.bias", {qd});
       L.k_bias = require(p + "self_attn.k_proj.bias", {kvd});

@@ -24,6 +24,10 @@ struct LayerWeights {
   TensorView input_norm, post_norm;  // [H]
   TensorView q, k, v, o;             // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
   TensorView q_bias, k_bias, v_bias; // [nh*hd], [nkv*hd], [nkv*hd]; empty without qkv_bias
+  // MLA (k, v empty): q = q (q_proj [nh*qk, H]) or q_b(norm(q_a h)) with q_a [qr, H], q_a_norm [qr],
+  // q (q_b_proj) [nh*qk, qr]; latent = kv_a h [kvr + rope, H], kv_a_norm [kvr]; kv_b [nh*(nope+v), kvr];
+  // o [H, nh*v].
+  TensorView q_a, q_a_norm, kv_a, kv_a_norm, kv_b;
   TensorView q_norm, k_norm;         // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
   bool moe = false;
   TensorView router;                 // [E, H]

@@ -20,6 +20,11 @@ std::vector<int> ModelConfig::moe_layers() const {
   return out;
 }
 
+int64_t ModelConfig::kv_cache_width() const {
+  if (mla) return mla->latent_width();
+  return 2 * int64_t(num_kv_heads) * head_dim;
+}
+
 int ModelConfig::num_moe_layers() const {
   return int(std::count(layer_is_moe.begin(), layer_is_moe.end(), true));
 }
@@ -31,6 +36,7 @@ std::string arch_short_name(Arch a) {
     case Arch::Olmoe: return "olmoe";
     case Arch::Qwen2Moe: return "qwen2_moe";
     case Arch::Glm4Moe: return "glm4_moe";
+    case Arch::DeepseekV3: return "deepseek_v3";
   }
   return "?";
 }
@@ -98,6 +104,8 @@ bool reads_key(Arch a, const std::string& key) {
   if (a == Arch::Glm4Moe)
     return key == "partial_rotary_factor" || key == "n_shared_experts" || key == "first_k_dense_replace" ||
            key == "num_nextn_predict_layers";
+  if (a == Arch::DeepseekV3)
+    return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
   return false;
 }
 
@@ -137,10 +145,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else if (arch == "OlmoeForCausalLM") c.arch = Arch::Olmoe;
   else if (arch == "Qwen2MoeForCausalLM") c.arch = Arch::Qwen2Moe;
   else if (arch == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
+  else if (arch == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
   else
     throw Error(path + ": unknown architecture \"" + arch +
                 "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM)");
+                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM)");
 
   for (const char* key : kUnimplemented)
     if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
@@ -157,6 +166,27 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   c.top_k = r.req_int("num_experts_per_tok");
   c.rope_theta = r.opt_float("rope_theta", c.arch == Arch::Mixtral ? 1e6f : 10000.f);
   c.rms_norm_eps = r.opt_float("rms_norm_eps", c.arch == Arch::Mixtral || c.arch == Arch::Glm4Moe ? 1e-5f : 1e-6f);
+  if (c.arch == Arch::DeepseekV3) {
+    // MLA: head_dim is the query/key head width (nope + rope); there are no kv heads as such.
+    MlaSpec m;
+    m.q_lora_rank = r.opt_int("q_lora_rank", 0);
+    m.kv_lora_rank = r.req_int("kv_lora_rank");
+    m.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
+    m.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
+    m.v_head_dim = r.req_int("v_head_dim");
+    require_range(path, "q_lora_rank", m.q_lora_rank, 0, kMaxHidden);
+    require_range(path, "kv_lora_rank", m.kv_lora_rank, 2, kMaxHidden);
+    require_range(path, "qk_nope_head_dim", m.qk_nope_head_dim, 2, kMaxHeadDim);
+    require_range(path, "qk_rope_head_dim", m.qk_rope_head_dim, 2, kMaxHeadDim);
+    require_range(path, "v_head_dim", m.v_head_dim, 2, kMaxHeadDim);
+    if (m.qk_rope_head_dim % 2 || m.kv_lora_rank % 2 || m.qk_nope_head_dim % 2 || m.v_head_dim % 2)
+      throw Error(path + ": MLA head sizes (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) must be even");
+    c.mla = m;
+    c.head_dim = m.qk_head_dim();
+    c.num_kv_heads = c.num_heads;
+    // transformers' DeepseekV3Config: rope_interleave (default true) rotates adjacent pairs.
+    c.rope_interleaved = r.opt_bool("rope_interleave", true);
+  }
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 4096);
   c.eos_token_id = r.token_id("eos_token_id");
@@ -197,7 +227,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else if (r.opt_bool("attention_bias", false))
     throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 for " + arch +
                 " (no q/k/v/o biases)");
-  c.rotary_dim = c.head_dim;
+  c.rotary_dim = c.mla ? c.mla->qk_rope_head_dim : c.head_dim;
   // A sliding window at least as long as the context changes nothing; a shorter one would.
   const bool window_used = c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false);
   if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
@@ -250,8 +280,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       }
       break;
     }
+    case Arch::DeepseekV3:
     case Arch::Glm4Moe: {
-      // Glm4MoeConfig: sigmoid router with a selection bias and group-limited choice (the
+      // Glm4MoeConfig and DeepseekV3Config: sigmoid router with a selection bias and group-limited choice (the
       // DeepSeek-V3 router), n_shared_experts fused into one MLP, dense first layers, partial
       // rotary, optional per-head q/k norm.
       c.num_experts = r.req_int(j.contains("n_routed_experts") ? "n_routed_experts" : "num_experts");
@@ -259,6 +290,13 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.intermediate_size = r.req_int("intermediate_size");
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
       c.qk_norm = r.opt_bool("use_qk_norm", false) ? QkNorm::PerHead : QkNorm::None;
+      if (c.arch == Arch::DeepseekV3) {
+        // Only the router DeepSeek-V3 released with (sigmoid scores, noaux_tc selection).
+        if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
+          throw Error(path + ": key \"scoring_func\" = " + j["scoring_func"].dump() + " is not implemented by r3");
+        if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
+          throw Error(path + ": key \"topk_method\" = " + j["topk_method"].dump() + " is not implemented by r3");
+      }
       c.router.scoring = RouterScoring::Sigmoid;
       c.router.selection_bias = true;
       c.router.n_group = r.opt_int("n_group", 1);
@@ -272,10 +310,10 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       for (int i = 0; i < c.num_layers; ++i) c.layer_is_moe[size_t(i)] = i >= dense;
       c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
       require_range(path, "num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 16);
-      const float partial = r.opt_float("partial_rotary_factor", 1.f);
+      const float partial = c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 1.f) : 1.f;
       if (!(partial > 0.f && partial <= 1.f))
         throw Error(path + ": key \"partial_rotary_factor\" must be in (0, 1]");
-      c.rotary_dim = int(float(c.head_dim) * partial);
+      if (c.arch == Arch::Glm4Moe) c.rotary_dim = int(float(c.head_dim) * partial);
       if (c.rotary_dim < 2 || c.rotary_dim % 2)
         throw Error(path + ": partial_rotary_factor gives an odd or empty rotary dimension " +
                     std::to_string(c.rotary_dim) + " of head_dim " + std::to_string(c.head_dim));
@@ -298,7 +336,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
   require_range(path, c.arch == Arch::Mixtral ? "num_local_experts" : "num_experts", c.num_experts, 0,
                 kMaxExperts);
-  const bool moe_key = c.arch == Arch::Qwen3Moe || c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
+  const bool moe_key = c.arch != Arch::Mixtral && c.arch != Arch::Olmoe;
   require_range(path, moe_key ? "moe_intermediate_size" : "intermediate_size", c.moe_intermediate_size, 1,
                 kMaxIntermediate);
   if (c.intermediate_size)
@@ -359,6 +397,15 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
   cmp("qkv bias", a.qkv_bias, b.qkv_bias, num);
   cmp("rotary dimension", a.rotary_dim, b.rotary_dim, num);
+  cmp("rope_interleave", a.rope_interleaved, b.rope_interleaved, num);
+  auto mla_of = [](const ModelConfig& m) {
+    if (!m.mla) return std::string("none");
+    return std::to_string(m.mla->q_lora_rank) + "/" + std::to_string(m.mla->kv_lora_rank) + "/" +
+           std::to_string(m.mla->qk_nope_head_dim) + "/" + std::to_string(m.mla->qk_rope_head_dim) + "/" +
+           std::to_string(m.mla->v_head_dim);
+  };
+  cmp("MLA (q_lora_rank/kv_lora_rank/qk_nope/qk_rope/v_head_dim)", mla_of(a), mla_of(b),
+      [](const std::string& v) { return v; });
   cmp("router scoring (0 softmax, 1 sigmoid)", int(a.router.scoring), int(b.router.scoring), num);
   cmp("n_group", a.router.n_group, b.router.n_group, num);
   cmp("topk_group", a.router.topk_group, b.router.topk_group, num);

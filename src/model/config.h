@@ -9,7 +9,7 @@
 
 namespace r3 {
 
-enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe };
+enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3 };
 
 // Where q/k RMSNorm sits: none (Mixtral), per head before RoPE (Qwen3-MoE), or over the whole
 // projection before the heads are split (OLMoE).
@@ -23,6 +23,16 @@ struct RouterSpec {
   int n_group = 1, topk_group = 1;  // group-limited choice: the experts of the topk_group best groups
   bool renormalize = false;         // gate weights divided by their sum over the k chosen
   float routed_scaling_factor = 1.f;  // gate weights multiplied by this after renormalisation
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank bottleneck,
+// keys and values from one compressed latent per token (kv_lora_rank) plus a shared rotary key
+// part (qk_rope_head_dim). The KV cache holds only the latent and the rotary part.
+struct MlaSpec {
+  int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // cached per token and layer
 };
 
 // One decoder layer: its FFN kind and sizes (attention is the same on every layer of these
@@ -47,6 +57,8 @@ struct ModelConfig {
   std::optional<float> clip_qkv;
   bool qkv_bias = false;  // q/k/v projections carry a bias (o never does)
   int rotary_dim = 0;     // leading dims of each head that RoPE rotates (head_dim unless partial)
+  bool rope_interleaved = false;  // RoPE rotates pairs (2i, 2i+1) instead of (i, i + dim/2)
+  std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
   RouterSpec router;
   std::vector<LayerConfig> layers;  // per decoder layer
@@ -57,6 +69,9 @@ struct ModelConfig {
   std::vector<bool> layer_is_moe;  // per decoder layer
 
   std::vector<int> moe_layers() const;  // decoder-layer index of each MoE column
+  // KV-cache elements per token and layer, K and V together (GQA: 2 x kv heads x head_dim; MLA:
+  // the latent and the rotary key part).
+  int64_t kv_cache_width() const;
   int num_moe_layers() const;
 };
 
@@ -65,7 +80,7 @@ struct ModelConfig {
 // rope scaling types, quantization, other activations).
 ModelConfig parse_config(const std::string& json_text, const std::string& path);
 ModelConfig load_config(const std::string& path);
-std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe"
+std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"
 // The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
 // the two describe the same model. A refit is refused unless this is empty.
 std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);

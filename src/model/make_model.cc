@@ -29,7 +29,7 @@ Preset get_preset(const std::string& arch, const std::string& preset) {
   if (preset == "small") {
     if (arch == "mixtral") return {4, 256, 8, 2, 32, 16, 4, 128, 512, 2048, 2};
     if (arch == "qwen3_moe" || arch == "qwen2_moe") return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
-    if (arch == "glm4_moe") return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
+    if (arch == "glm4_moe" || arch == "deepseek_v3") return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
     return {4, 256, 8, 8, 32, 64, 8, 64, 512, 2048, 2};
   }
   if (preset == "bench") return {12, 1024, 16, 16, 64, 64, 8, 512, 2048, 32000, 6};
@@ -121,10 +121,40 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["rope_theta"] = 10000.0;
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
+  } else if (arch == "deepseek_v3") {
+    // DeepSeek-V3's layout (Moonlight, Kimi-K2): MLA (small adds the q low-rank path), the
+    // sigmoid router with e_score_correction_bias and groups, shared experts, a dense first layer;
+    // the bench preset has 64 routed experts and 2 shared.
+    const bool tiny = preset == "tiny", bench = preset == "bench";
+    j["architectures"] = {"DeepseekV3ForCausalLM"};
+    j["model_type"] = "deepseek_v3";
+    j["n_routed_experts"] = p.experts;
+    j["n_shared_experts"] = bench ? 2 : 1;
+    j["moe_intermediate_size"] = p.moe_inter;
+    j["intermediate_size"] = p.dense_inter;
+    j["n_group"] = tiny ? 2 : 4;
+    j["topk_group"] = tiny ? 1 : 2;
+    j["norm_topk_prob"] = true;
+    j["routed_scaling_factor"] = 2.5;
+    j["scoring_func"] = "sigmoid";
+    j["topk_method"] = "noaux_tc";
+    j["first_k_dense_replace"] = 1;
+    j["q_lora_rank"] = tiny ? json(nullptr) : json(bench ? 384 : 96);
+    j["kv_lora_rank"] = tiny ? 32 : bench ? 256 : 64;
+    j["qk_nope_head_dim"] = tiny ? 16 : bench ? 64 : 32;
+    j["qk_rope_head_dim"] = tiny ? 8 : bench ? 32 : 16;
+    j["v_head_dim"] = tiny ? 16 : bench ? 64 : 32;
+    j["num_key_value_heads"] = p.heads;
+    j["num_nextn_predict_layers"] = tiny ? 0 : 1;
+    j["attention_bias"] = false;
+    j["rope_interleave"] = true;
+    j["rope_theta"] = 10000.0;
+    j["tie_word_embeddings"] = false;
+    j["hidden_act"] = "silu";
   } else {
-    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe)");
+    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3)");
   }
-  if (arch != "qwen3_moe" && arch != "qwen2_moe") j["head_dim"] = p.head_dim;
+  if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3") j["head_dim"] = p.head_dim;
   return j.dump(2) + "\n";
 }
 
@@ -184,10 +214,27 @@ void make_model(const MakeModelOptions& opt) {
     std::string pf = layer_prefix(i);
     g.push_back(norm(pf + "input_layernorm.weight", H));
     g.push_back(norm(pf + "post_attention_layernorm.weight", H));
-    g.push_back(mat(pf + "self_attn.q_proj.weight", qd, H, s_in));
-    g.push_back(mat(pf + "self_attn.k_proj.weight", kvd, H, s_in));
-    g.push_back(mat(pf + "self_attn.v_proj.weight", kvd, H, s_in));
-    g.push_back(mat(pf + "self_attn.o_proj.weight", H, qd, 1.f / std::sqrt(float(qd))));
+    if (c.mla) {
+      const MlaSpec& m = *c.mla;
+      const int64_t nh = c.num_heads, qk = m.qk_head_dim(), vd = nh * m.v_head_dim;
+      if (m.q_lora_rank > 0) {
+        g.push_back(mat(pf + "self_attn.q_a_proj.weight", m.q_lora_rank, H, s_in));
+        g.push_back(norm(pf + "self_attn.q_a_layernorm.weight", m.q_lora_rank));
+        g.push_back(mat(pf + "self_attn.q_b_proj.weight", nh * qk, m.q_lora_rank, 1.f / std::sqrt(float(m.q_lora_rank))));
+      } else {
+        g.push_back(mat(pf + "self_attn.q_proj.weight", nh * qk, H, s_in));
+      }
+      g.push_back(mat(pf + "self_attn.kv_a_proj_with_mqa.weight", m.latent_width(), H, s_in));
+      g.push_back(norm(pf + "self_attn.kv_a_layernorm.weight", m.kv_lora_rank));
+      g.push_back(mat(pf + "self_attn.kv_b_proj.weight", nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+                      1.f / std::sqrt(float(m.kv_lora_rank))));
+      g.push_back(mat(pf + "self_attn.o_proj.weight", H, vd, 1.f / std::sqrt(float(vd))));
+    } else {
+      g.push_back(mat(pf + "self_attn.q_proj.weight", qd, H, s_in));
+      g.push_back(mat(pf + "self_attn.k_proj.weight", kvd, H, s_in));
+      g.push_back(mat(pf + "self_attn.v_proj.weight", kvd, H, s_in));
+      g.push_back(mat(pf + "self_attn.o_proj.weight", H, qd, 1.f / std::sqrt(float(qd))));
+    }
     if (c.qkv_bias) {
       g.push_back(vec(pf + "self_attn.q_proj.bias", qd, 0.1f, dt));
       g.push_back(vec(pf + "self_attn.k_proj.bias", kvd, 0.1f, dt));

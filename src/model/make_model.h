@@ -9,7 +9,7 @@
 namespace r3 {
 
 struct MakeModelOptions {
-  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe
+  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3
   std::string preset = "tiny";  // tiny | small | bench
   uint64_t seed = 0;
   DType dtype = DType::BF16;    // BF16 or F32

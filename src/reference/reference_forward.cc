@@ -66,8 +66,78 @@ void rope(float* v, int D, int pos, float theta) {
   }
 }
 
+// RoPE on adjacent pairs (2i, 2i + 1), DeepSeek-V3's rope_interleave: the same rotation as
+// rotate-half applied after de-interleaving, which both q and k undergo, so scores agree.
+void rope_interleaved(float* v, int D, int pos, float theta) {
+  for (int i = 0; i < D / 2; ++i) {
+    const float inv_freq = 1.f / std::pow(theta, float(2 * i) / float(D));
+    const float angle = float(pos) * inv_freq;
+    const float c = std::cos(angle), s = std::sin(angle);
+    const float a = v[2 * i], b = v[2 * i + 1];
+    v[2 * i] = a * c - b * s;
+    v[2 * i + 1] = b * c + a * s;
+  }
+}
+
 float silu(float x) { return x / (1.f + std::exp(-x)); }
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// Multi-head latent attention of one layer over the whole sequence, as transformers'
+// DeepseekV3Attention computes it: per position the query (through the low-rank path when
+// q_lora_rank is set), the latent and its rotary key part; kv_b expands the normed latent into
+// each head's key (nope part) and value; causal softmax attention per head; x += o_proj(out).
+void mla_attention(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x, int S) {
+  const MlaSpec& m = *c.mla;
+  const int H = c.hidden_size, nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim,
+            rope_d = m.qk_rope_head_dim, vd = m.v_head_dim, kvr = m.kv_lora_rank;
+  const float eps = c.rms_norm_eps, scale = 1.f / std::sqrt(float(qk));
+  std::vector<float> q(size_t(S) * nh * qk), k(size_t(S) * nh * qk), v(size_t(S) * nh * vd);
+  std::vector<float> h(static_cast<size_t>(H)), qa(size_t(std::max(m.q_lora_rank, 1))), lat(size_t(m.latent_width()));
+  std::vector<float> kvb(size_t(nh) * (nope + vd));
+  for (int p = 0; p < S; ++p) {
+    rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps);
+    float* qp = &q[size_t(p) * nh * qk];
+    if (!L.q_a.empty()) {
+      matvec(L.q_a, h.data(), qa.data());
+      rmsnorm(qa.data(), qa.data(), L.q_a_norm, m.q_lora_rank, eps);
+      matvec(L.q, qa.data(), qp);
+    } else {
+      matvec(L.q, h.data(), qp);
+    }
+    matvec(L.kv_a, h.data(), lat.data());
+    rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, eps);  // the latent part only
+    float* k_pe = lat.data() + kvr;
+    rope_interleaved(k_pe, rope_d, p, c.rope_theta);
+    matvec(L.kv_b, lat.data(), kvb.data());
+    for (int hh = 0; hh < nh; ++hh) {
+      rope_interleaved(qp + hh * qk + nope, rope_d, p, c.rope_theta);
+      float* kh = &k[(size_t(p) * nh + hh) * qk];
+      const float* src = &kvb[size_t(hh) * (nope + vd)];
+      for (int i = 0; i < nope; ++i) kh[i] = src[i];
+      for (int i = 0; i < rope_d; ++i) kh[nope + i] = k_pe[i];
+      for (int i = 0; i < vd; ++i) v[(size_t(p) * nh + hh) * vd + i] = src[nope + i];
+    }
+  }
+  std::vector<float> scores(static_cast<size_t>(S)), att(size_t(nh) * vd), delta(static_cast<size_t>(H));
+  for (int p = 0; p < S; ++p) {
+    for (int hh = 0; hh < nh; ++hh) {
+      const float* qh = &q[(size_t(p) * nh + hh) * qk];
+      for (int j = 0; j <= p; ++j) {
+        const float* kj = &k[(size_t(j) * nh + hh) * qk];
+        float dot = 0.f;
+        for (int i = 0; i < qk; ++i) dot += qh[i] * kj[i];
+        scores[size_t(j)] = dot * scale;
+      }
+      softmax(scores.data(), p + 1);
+      float* out = &att[size_t(hh) * vd];
+      for (int i = 0; i < vd; ++i) out[i] = 0.f;
+      for (int j = 0; j <= p; ++j)
+        for (int i = 0; i < vd; ++i) out[i] += scores[size_t(j)] * v[(size_t(j) * nh + hh) * vd + i];
+    }
+    matvec(L.o, att.data(), delta.data());
+    for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
+  }
+}
 
 void add_bias(float* x, const TensorView& b, int n) {
   for (int i = 0; i < n; ++i) x[i] += wt(b, i);
@@ -202,7 +272,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
     const LayerWeights& L = w.layers[size_t(layer)];
 
     // --- attention: q, k, v for every position first (the sequence is its own KV cache) ---
-    for (int p = 0; p < S; ++p) {
+    if (c.mla) mla_attention(c, L, x, S);
+    for (int p = 0; p < S && !c.mla; ++p) {
       float* qp = &q[size_t(p) * qd];
       float* kp = &k[size_t(p) * kvd];
       float* vp = &v[size_t(p) * kvd];
@@ -233,7 +304,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, c.rotary_dim, p, c.rope_theta);
     }
     // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
-    for (int p = 0; p < S; ++p) {
+    for (int p = 0; p < S && !c.mla; ++p) {
       for (int hh = 0; hh < nh; ++hh) {
         const float* qh = &q[size_t(p) * qd + hh * hd];
         const int kh = hh / group;
