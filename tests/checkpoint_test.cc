@@ -1118,6 +1118,39 @@ void set_config_key(const std::string& dir, const std::string& key, const json& 
   write_bytes(cfg, j.dump());
 }
 
+// YaRN as transformers' _compute_yarn_parameters computes it (expected values from that formula in
+// numpy float32 for dim 8, base 10000, factor 40, original 4096, beta 32/1: correction range
+// [1, 3]), and DeepseekV3Attention's softmax factor mscale(40, mscale_all_dim)^2.
+TEST(ConfigYarn, FrequenciesAndFactorsAsTransformersComputes) {
+  json j = json::parse(preset_config_json("deepseek_v3", "tiny"));
+  j["max_position_embeddings"] = 4096 * 40;
+  j["rope_scaling"] = {{"rope_type", "yarn"},     {"factor", 40.0},  {"original_max_position_embeddings", 4096},
+                       {"beta_fast", 32},         {"beta_slow", 1},  {"mscale", 0.707},
+                       {"mscale_all_dim", 1.0}};
+  const ModelConfig c = parse_config(j.dump(), "yarn");
+  ASSERT_TRUE(c.rope_scaling.yarn);
+  ASSERT_EQ(c.rotary_dim, 8);
+  const std::vector<double> f = rope_inv_freq(c);
+  const double want[] = {1.0, 0.10000000149011612, 0.005124999675899744, 2.499999936844688e-05};
+  ASSERT_EQ(f.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(f[i], want[i], 1e-7 * want[i]) << i;
+  EXPECT_NEAR(c.rope_scaling.attention_factor, 0.9210423553163399, 1e-12);
+  EXPECT_NEAR(c.rope_scaling.softmax_mscale, 1.8738542070926265, 1e-12);
+  // Without mscale / mscale_all_dim: attention_factor = 0.1 ln(factor) + 1, no softmax factor.
+  j["rope_scaling"].erase("mscale");
+  j["rope_scaling"].erase("mscale_all_dim");
+  const ModelConfig d = parse_config(j.dump(), "yarn");
+  EXPECT_NEAR(d.rope_scaling.attention_factor, 0.1 * std::log(40.0) + 1.0, 1e-12);
+  EXPECT_EQ(d.rope_scaling.softmax_mscale, 1.0);
+  // A factor that disagrees with max_position_embeddings / original is refused (transformers
+  // versions pick different ones), as is a factor below 1.
+  j["rope_scaling"]["factor"] = 32.0;
+  EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "yarn"), "rope_scaling.factor", "differs");
+  j["rope_scaling"]["factor"] = 0.5;
+  j["rope_scaling"].erase("original_max_position_embeddings");
+  EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "yarn"), "rope_scaling.factor");
+}
+
 TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
   struct Case {
     std::string arch, key;
@@ -1130,7 +1163,8 @@ TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
       {"mixtral", "sliding_window", 64},
       {"olmoe", "quantization_config", json{{"quant_method", "fp8"}}},
       {"olmoe", "hidden_act", "gelu"},
-      {"mixtral", "rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}}},
+      {"mixtral", "rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 4.0}}},
+      {"deepseek_v3", "rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}, {"low_freq_factor", 1.0}}},
       {"olmoe", "partial_rotary_factor", 0.5},
       {"qwen3_moe", "layer_types", json::array({"sliding_attention"})},
       {"olmoe", "mlp_bias", true},

@@ -31,7 +31,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       pool_(pool),
       // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
       // score scratch) stop there even when the model allows far longer contexts.
-      rope_(ckpt_->config().rotary_dim, ckpt_->config().rope_theta,
+      rope_(rope_inv_freq(ckpt_->config()), float(ckpt_->config().rope_scaling.attention_factor),
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))) {
   const ModelConfig& c = config();
   // K elements per token and layer: the kv heads' keys, or MLA's latent row (then no V cache).
@@ -585,7 +585,8 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   });
   // q_lat[t, h, 0:kvr] = uk_t_h q_nope[h, t]
   per_head_matmul(mla_heads_[size_t(layer)], true, q_nope_.data(), q_nopeb_.data(), T, nope, q_lat_.data(), nh * lw, lw);
-  const float scale = 1.f / std::sqrt(float(qk));
+  // DeepseekV3Attention: qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2.
+  const float scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
   const int stride = rope_.max_pos() + block_size_;
   pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
     thread_local std::vector<float> scores;

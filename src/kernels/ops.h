@@ -15,6 +15,9 @@ void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, floa
 class Rope {
  public:
   Rope(int head_dim, float theta, int max_pos);
+  // Given inverse frequencies (one per pair; model/config.h rope_inv_freq), cos and sin scaled by
+  // attention_factor (YaRN).
+  Rope(const std::vector<double>& inv_freq, float attention_factor, int max_pos);
   void apply(float* head, int pos) const;  // one head vector in place
   // The same angles on adjacent pairs (2i, 2i + 1) (DeepSeek-V3's rope_interleave).
   void apply_interleaved(float* head, int pos) const;

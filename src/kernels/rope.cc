@@ -5,15 +5,25 @@
 
 namespace r3::kernels {
 
-Rope::Rope(int head_dim, float theta, int max_pos) : half_(head_dim / 2), max_pos_(max_pos) {
+namespace {
+std::vector<double> plain_inv_freq(int head_dim, float theta) {
+  std::vector<double> f(size_t(head_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
+  return f;
+}
+}  // namespace
+
+Rope::Rope(int head_dim, float theta, int max_pos) : Rope(plain_inv_freq(head_dim, theta), 1.f, max_pos) {}
+
+Rope::Rope(const std::vector<double>& inv_freq, float attention_factor, int max_pos)
+    : half_(int(inv_freq.size())), max_pos_(max_pos) {
   storage_.resize(size_t(max_pos) * size_t(half_) * 2);
   table_ = storage_.data();
   for (int p = 0; p < max_pos; ++p)
     for (int i = 0; i < half_; ++i) {
-      double inv_freq = std::pow(double(theta), -2.0 * i / double(head_dim));
-      double a = double(p) * float(inv_freq);
-      table_[(size_t(p) * half_ + i) * 2] = float(std::cos(a));
-      table_[(size_t(p) * half_ + i) * 2 + 1] = float(std::sin(a));
+      double a = double(p) * float(inv_freq[size_t(i)]);
+      table_[(size_t(p) * half_ + i) * 2] = float(std::cos(a)) * attention_factor;
+      table_[(size_t(p) * half_ + i) * 2 + 1] = float(std::sin(a)) * attention_factor;
     }
 }
 

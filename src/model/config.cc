@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -17,6 +18,35 @@ std::vector<int> ModelConfig::moe_layers() const {
   std::vector<int> out;
   for (int i = 0; i < num_layers; ++i)
     if (layer_is_moe[size_t(i)]) out.push_back(i);
+  return out;
+}
+
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  const int dim = c.rotary_dim, half = dim / 2;
+  std::vector<double> out(static_cast<size_t>(half));
+  const RopeScaling& y = c.rope_scaling;
+  if (!y.yarn) {
+    for (int i = 0; i < half; ++i) out[size_t(i)] = std::pow(double(c.rope_theta), -2.0 * i / double(dim));
+    return out;
+  }
+  const double base = c.rope_theta, pi = 3.14159265358979323846;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(double(y.original_max_position_embeddings) / (rotations * 2 * pi)) / (2 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;
+  for (int i = 0; i < half; ++i) {
+    const double pos_freq = std::pow(base, 2.0 * i / double(dim));
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation = 1.0 - ramp;  // weight of the unscaled frequency
+    out[size_t(i)] = (1.0 / (y.factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation;
+  }
   return out;
 }
 
@@ -107,6 +137,56 @@ bool reads_key(Arch a, const std::string& key) {
   if (a == Arch::DeepseekV3)
     return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
   return false;
+}
+
+// YaRN as transformers computes it: factor (which must equal max_position_embeddings /
+// original_max_position_embeddings when both are given: transformers versions differ on which
+// one wins), beta_fast / beta_slow, truncate, and attention_factor from mscale / mscale_all_dim
+// when not given. Any other key is refused.
+RopeScaling parse_yarn(const json& rs, int max_position_embeddings, const std::string& path) {
+  static const char* const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
+                                      "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"};
+  for (auto& [key, value] : rs.items())
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
+      throw Error(path + ": key \"rope_scaling\" holds \"" + key + "\", which is not implemented by r3 for yarn");
+  auto number = [&](const char* key, double dflt) {
+    if (!rs.contains(key) || rs[key].is_null()) return dflt;
+    if (!rs[key].is_number()) throw Error(path + ": rope_scaling." + key + " must be a number");
+    const double v = rs[key].get<double>();
+    if (!(std::isfinite(v) && v >= 0)) throw Error(path + ": rope_scaling." + key + " must be a finite number >= 0");
+    return v;
+  };
+  RopeScaling y;
+  y.yarn = true;
+  y.factor = number("factor", 0);
+  if (!(y.factor >= 1.0 && y.factor <= 4096.0)) throw Error(path + ": rope_scaling.factor must be in [1, 4096]");
+  const double original = number("original_max_position_embeddings", double(max_position_embeddings));
+  y.original_max_position_embeddings = int(original);
+  if (y.original_max_position_embeddings < 2 || double(y.original_max_position_embeddings) != original)
+    throw Error(path + ": rope_scaling.original_max_position_embeddings must be an integer >= 2");
+  if (rs.contains("original_max_position_embeddings") &&
+      std::fabs(double(max_position_embeddings) / original - y.factor) > 1e-6 * y.factor)
+    throw Error(path + ": rope_scaling.factor " + std::to_string(y.factor) + " differs from max_position_embeddings / "
+                "original_max_position_embeddings (transformers versions disagree on which applies)");
+  y.beta_fast = number("beta_fast", 32.0);
+  y.beta_slow = number("beta_slow", 1.0);
+  if (y.beta_fast == 0) y.beta_fast = 32.0;  // transformers: `or 32`
+  if (y.beta_slow == 0) y.beta_slow = 1.0;
+  if (rs.contains("truncate")) {
+    if (!rs["truncate"].is_boolean()) throw Error(path + ": rope_scaling.truncate must be a boolean");
+    y.truncate = rs["truncate"].get<bool>();
+  }
+  auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  const double mscale = number("mscale", 0), mscale_all_dim = number("mscale_all_dim", 0);
+  if (rs.contains("attention_factor") && !rs["attention_factor"].is_null())
+    y.attention_factor = number("attention_factor", 1.0);
+  else if (mscale != 0 && mscale_all_dim != 0)
+    y.attention_factor = mscale_of(y.factor, mscale) / mscale_of(y.factor, mscale_all_dim);
+  else
+    y.attention_factor = mscale_of(y.factor, 1.0);
+  // DeepseekV3Attention: softmax scale times mscale(factor, mscale_all_dim)^2.
+  if (mscale_all_dim != 0) y.softmax_mscale = std::pow(mscale_of(y.factor, mscale_all_dim), 2);
+  return y;
 }
 
 // Upper bounds that keep every derived size far from overflow and from exhausting memory before
@@ -217,8 +297,13 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     const bool neutral = rs.is_object() && rs.size() <= 2 &&
                          ((rs.contains("rope_type") && rs["rope_type"] == "default") ||
                           (rs.contains("type") && rs["type"] == "default"));
-    if (!neutral)
-      throw Error(path + ": key \"rope_scaling\" = " + rs.dump() + " is not implemented by r3");
+    const bool yarn = rs.is_object() && ((rs.contains("rope_type") && rs["rope_type"] == "yarn") ||
+                                         (rs.contains("type") && rs["type"] == "yarn"));
+    if (yarn) {
+      c.rope_scaling = parse_yarn(rs, c.max_position_embeddings, path);
+    } else if (!neutral) {
+      throw Error(path + ": key \"rope_scaling\" = " + rs.dump() + " is not implemented by r3 (default or yarn)");
+    }
   }
   // q/k/v biases: Qwen2-MoE always has them (qkv_bias in newer configs), GLM-4.5 per
   // attention_bias; o_proj never. Elsewhere attention_bias = true is refused.
@@ -398,6 +483,16 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("qkv bias", a.qkv_bias, b.qkv_bias, num);
   cmp("rotary dimension", a.rotary_dim, b.rotary_dim, num);
   cmp("rope_interleave", a.rope_interleaved, b.rope_interleaved, num);
+  auto yarn_of = [](const ModelConfig& m) {
+    const RopeScaling& y = m.rope_scaling;
+    if (!y.yarn) return std::string("none");
+    std::ostringstream o;
+    o << "yarn factor " << y.factor << " original " << y.original_max_position_embeddings << " beta " << y.beta_fast
+      << "/" << y.beta_slow << " truncate " << y.truncate << " attention_factor " << y.attention_factor
+      << " softmax_mscale " << y.softmax_mscale;
+    return o.str();
+  };
+  cmp("rope_scaling", yarn_of(a), yarn_of(b), [](const std::string& v) { return v; });
   auto mla_of = [](const ModelConfig& m) {
     if (!m.mla) return std::string("none");
     return std::to_string(m.mla->q_lora_rank) + "/" + std::to_string(m.mla->kv_lora_rank) + "/" +

@@ -25,6 +25,19 @@ struct RouterSpec {
   float routed_scaling_factor = 1.f;  // gate weights multiplied by this after renormalisation
 };
 
+// RoPE's frequencies: theta^(-2i/dim) for the rotary dims, or YaRN's blend of interpolated and
+// extrapolated frequencies (rope_scaling.rope_type "yarn", transformers' _compute_yarn_parameters)
+// with cos and sin scaled by attention_factor.
+struct RopeScaling {
+  bool yarn = false;
+  double factor = 1.0;
+  int original_max_position_embeddings = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;  // cos and sin are multiplied by it
+  double softmax_mscale = 1.0;    // MLA: the softmax scale is multiplied by it (mscale_all_dim)
+};
+
 // Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank bottleneck,
 // keys and values from one compressed latent per token (kv_lora_rank) plus a shared rotary key
 // part (qk_rope_head_dim). The KV cache holds only the latent and the rotary part.
@@ -58,6 +71,7 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v projections carry a bias (o never does)
   int rotary_dim = 0;     // leading dims of each head that RoPE rotates (head_dim unless partial)
   bool rope_interleaved = false;  // RoPE rotates pairs (2i, 2i+1) instead of (i, i + dim/2)
+  RopeScaling rope_scaling;
   std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
   RouterSpec router;
@@ -80,6 +94,9 @@ struct ModelConfig {
 // rope scaling types, quantization, other activations).
 ModelConfig parse_config(const std::string& json_text, const std::string& path);
 ModelConfig load_config(const std::string& path);
+// The rotary_dim / 2 inverse frequencies of RoPE under c.rope_scaling (in double; callers round
+// as they compute).
+std::vector<double> rope_inv_freq(const ModelConfig& c);
 std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"
 // The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
 // the two describe the same model. A refit is refused unless this is empty.

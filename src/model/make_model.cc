@@ -149,6 +149,14 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["attention_bias"] = false;
     j["rope_interleave"] = true;
     j["rope_theta"] = 10000.0;
+    if (!tiny) {
+      // YaRN as DeepSeek-V3 and Kimi-K2 ship it (their factor 32-40 on a 4k pretraining
+      // length); mscale != mscale_all_dim so both the cos/sin factor and the softmax scale move.
+      j["max_position_embeddings"] = 4096;
+      j["rope_scaling"] = {{"type", "yarn"},     {"factor", 4.0},   {"original_max_position_embeddings", 1024},
+                           {"beta_fast", 32},    {"beta_slow", 1},  {"mscale", 1.0},
+                           {"mscale_all_dim", 0.8}};
+    }
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
   } else {

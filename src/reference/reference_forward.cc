@@ -54,12 +54,21 @@ void softmax(float* x, int n) {
 
 // RoPE "rotate half" on one head vector of length D: pairs (i, i + D/2) rotate by
 // pos * theta^(-2i/D). Computed in fp32 like HF's inv_freq and cos/sin caches.
-void rope(float* v, int D, int pos, float theta) {
+// With YaRN (rope_scaling), the frequencies are YaRN's (`yarn`, from rope_inv_freq) and cos/sin
+// carry its attention factor.
+float inverse_frequency(const ModelConfig& c, const std::vector<double>& yarn, int i, int D) {
+  if (!yarn.empty()) return float(yarn[size_t(i)]);
+  return 1.f / std::pow(c.rope_theta, float(2 * i) / float(D));
+}
+
+void rope(float* v, int D, int pos, const ModelConfig& cfg) {
   const int half = D / 2;
+  const float att = float(cfg.rope_scaling.attention_factor);
+  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg) : std::vector<double>();
   for (int i = 0; i < half; ++i) {
-    const float inv_freq = 1.f / std::pow(theta, float(2 * i) / float(D));
+    const float inv_freq = inverse_frequency(cfg, yarn, i, D);
     const float angle = float(pos) * inv_freq;
-    const float c = std::cos(angle), s = std::sin(angle);
+    const float c = std::cos(angle) * att, s = std::sin(angle) * att;
     const float a = v[i], b = v[i + half];
     v[i] = a * c - b * s;
     v[i + half] = b * c + a * s;
@@ -68,11 +77,13 @@ void rope(float* v, int D, int pos, float theta) {
 
 // RoPE on adjacent pairs (2i, 2i + 1), DeepSeek-V3's rope_interleave: the same rotation as
 // rotate-half applied after de-interleaving, which both q and k undergo, so scores agree.
-void rope_interleaved(float* v, int D, int pos, float theta) {
+void rope_interleaved(float* v, int D, int pos, const ModelConfig& cfg) {
+  const float att = float(cfg.rope_scaling.attention_factor);
+  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg) : std::vector<double>();
   for (int i = 0; i < D / 2; ++i) {
-    const float inv_freq = 1.f / std::pow(theta, float(2 * i) / float(D));
+    const float inv_freq = inverse_frequency(cfg, yarn, i, D);
     const float angle = float(pos) * inv_freq;
-    const float c = std::cos(angle), s = std::sin(angle);
+    const float c = std::cos(angle) * att, s = std::sin(angle) * att;
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = a * c - b * s;
     v[2 * i + 1] = b * c + a * s;
@@ -90,7 +101,8 @@ void mla_attention(const ModelConfig& c, const LayerWeights& L, std::vector<floa
   const MlaSpec& m = *c.mla;
   const int H = c.hidden_size, nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim,
             rope_d = m.qk_rope_head_dim, vd = m.v_head_dim, kvr = m.kv_lora_rank;
-  const float eps = c.rms_norm_eps, scale = 1.f / std::sqrt(float(qk));
+  // qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepseekV3Attention).
+  const float eps = c.rms_norm_eps, scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
   std::vector<float> q(size_t(S) * nh * qk), k(size_t(S) * nh * qk), v(size_t(S) * nh * vd);
   std::vector<float> h(static_cast<size_t>(H)), qa(size_t(std::max(m.q_lora_rank, 1))), lat(size_t(m.latent_width()));
   std::vector<float> kvb(size_t(nh) * (nope + vd));
@@ -107,10 +119,10 @@ void mla_attention(const ModelConfig& c, const LayerWeights& L, std::vector<floa
     matvec(L.kv_a, h.data(), lat.data());
     rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, eps);  // the latent part only
     float* k_pe = lat.data() + kvr;
-    rope_interleaved(k_pe, rope_d, p, c.rope_theta);
+    rope_interleaved(k_pe, rope_d, p, c);
     matvec(L.kv_b, lat.data(), kvb.data());
     for (int hh = 0; hh < nh; ++hh) {
-      rope_interleaved(qp + hh * qk + nope, rope_d, p, c.rope_theta);
+      rope_interleaved(qp + hh * qk + nope, rope_d, p, c);
       float* kh = &k[(size_t(p) * nh + hh) * qk];
       const float* src = &kvb[size_t(hh) * (nope + vd)];
       for (int i = 0; i < nope; ++i) kh[i] = src[i];
@@ -300,8 +312,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         for (int i = 0; i < kvd; ++i) vp[i] = std::clamp(vp[i], -cl, cl);
       }
       // Partial rotary (GLM-4.5): only the first rotary_dim dims of each head rotate.
-      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, c.rotary_dim, p, c.rope_theta);
-      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, c.rotary_dim, p, c.rope_theta);
+      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, c.rotary_dim, p, c);
+      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, c.rotary_dim, p, c);
     }
     // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
     for (int p = 0; p < S && !c.mla; ++p) {
