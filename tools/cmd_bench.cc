@@ -40,10 +40,24 @@ double flops_per_token(const ModelConfig& c, double avg_ctx) {
   const double H = c.hidden_size, qd = double(c.num_heads) * c.head_dim, kvd = double(c.num_kv_heads) * c.head_dim;
   double f = 0;
   for (int l = 0; l < c.num_layers; ++l) {
-    f += 2 * (H * qd * 2 + H * kvd * 2);
-    f += 2 * 2 * avg_ctx * qd;
-    if (c.layer_is_moe[size_t(l)]) f += 2 * (H * c.num_experts + c.top_k * 3.0 * H * c.moe_intermediate_size);
-    else f += 2 * 3.0 * H * c.intermediate_size;
+    if (c.mla) {
+      // MLA, absorbed: q (through the low-rank path), the latent, uk_t and uv per head, o; then
+      // scores over the latent row and the latent-space weighted sum per head.
+      const MlaSpec& m = *c.mla;
+      const double nh = c.num_heads, qw = nh * m.qk_head_dim();
+      f += 2 * (m.q_lora_rank ? H * m.q_lora_rank + m.q_lora_rank * qw : H * qw);
+      f += 2 * (H * m.latent_width() + nh * m.qk_nope_head_dim * m.kv_lora_rank + nh * m.v_head_dim * m.kv_lora_rank +
+                nh * m.v_head_dim * H);
+      f += 2 * avg_ctx * nh * (m.latent_width() + m.kv_lora_rank);
+    } else {
+      f += 2 * (H * qd * 2 + H * kvd * 2);
+      f += 2 * 2 * avg_ctx * qd;
+    }
+    const LayerConfig& lc = c.layers[size_t(l)];
+    if (lc.moe)
+      f += 2 * (H * c.num_experts + c.top_k * 3.0 * H * c.moe_intermediate_size + 3.0 * H * lc.shared_intermediate);
+    else
+      f += 2 * 3.0 * H * c.intermediate_size;
   }
   return f;
 }

@@ -542,8 +542,8 @@ template <typename KvT>
 void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T) {
   const ModelConfig& c = config();
   const MlaSpec& m = *c.mla;
-  const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, rope_d = m.qk_rope_head_dim,
-            kvr = m.kv_lora_rank, lw = m.latent_width(), vd = m.v_head_dim;
+  const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, kvr = m.kv_lora_rank,
+            lw = m.latent_width(), vd = m.v_head_dim;
   const float eps = c.rms_norm_eps;
   const Activations hx{h_.data(), hb_.data(), T};
   if (!L.q_a.empty()) {
@@ -607,6 +607,54 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   per_head_matmul(mla_heads_[size_t(layer)], false, o_lat_.data(), o_latb_.data(), T, kvr, attn_.data(), nh * vd, vd);
 }
 
+// Grouped-query attention: q/k/v projections (with biases), q/k norms, clipping and RoPE per
+// token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
+// [T, heads x head_dim].
+void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T) {
+  const ModelConfig& c = config();
+  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd, kvd = nkv * hd;
+  const float eps = c.rms_norm_eps;
+  const Activations hx{h_.data(), hb_.data(), T};
+  const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
+  kernels::matmul_many(hx, qkv, pool_);
+  weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
+  // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
+  // transposed K write touches a cache line per one or two K elements, so it is worth splitting.
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* q = &q_[size_t(t) * qd];
+      float* k = &k_[size_t(t) * kvd];
+      float* v = &v_[size_t(t) * kvd];
+      if (c.qkv_bias) {
+        add_bias(q, L.q_bias, qd);
+        add_bias(k, L.k_bias, kvd);
+        add_bias(v, L.v_bias, kvd);
+      }
+      if (c.qk_norm == QkNorm::PerHead) {
+        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
+        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
+      } else if (c.qk_norm == QkNorm::Whole) {
+        rms_norm(q, L.q_norm, 0, qd, eps, q);
+        rms_norm(k, L.k_norm, 0, kvd, eps, k);
+      }
+      if (c.clip_qkv) {
+        const float cl = *c.clip_qkv;
+        for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
+      }
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
+      for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
+      if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
+      if (kv_dtype_ == DType::BF16) write_kv<uint16_t>(l, tok, k, v);
+      else write_kv<float>(l, tok, k, v);
+    }
+  });
+  if (kv_dtype_ == DType::BF16) attention<uint16_t>(plan, l, q_.data(), attn_.data());
+  else attention<float>(plan, l, q_.data(), attn_.data());
+}
+
 void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
   if (memory_released()) throw Error("the engine's memory is released: resume it before generating");
   const ModelConfig& c = config();
@@ -614,8 +662,7 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
   const int T = int(plan.tokens.size());
   if (T > max_tokens_) throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " + std::to_string(max_tokens_));
   const int num_real = T - plan.num_padding;
-  const int H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-  const int qd = nh * hd, kvd = nkv * hd;
+  const int H = c.hidden_size;
   const float eps = c.rms_norm_eps;
 
   // Embed (placeholders take the previous step's sample of their request).
@@ -641,45 +688,7 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
       if (kv_dtype_ == DType::BF16) mla_attention<uint16_t>(plan, l, L, T);
       else mla_attention<float>(plan, l, L, T);
     } else {
-    const Activations hx{h_.data(), hb_.data(), T};
-    const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
-    kernels::matmul_many(hx, qkv, pool_);
-    weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
-    // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
-    // transposed K write touches a cache line per one or two K elements, so it is worth splitting.
-    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        float* q = &q_[size_t(t) * qd];
-        float* k = &k_[size_t(t) * kvd];
-        float* v = &v_[size_t(t) * kvd];
-        if (c.qkv_bias) {
-          add_bias(q, L.q_bias, qd);
-          add_bias(k, L.k_bias, kvd);
-          add_bias(v, L.v_bias, kvd);
-        }
-        if (c.qk_norm == QkNorm::PerHead) {
-          for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
-          for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
-        } else if (c.qk_norm == QkNorm::Whole) {
-          rms_norm(q, L.q_norm, 0, qd, eps, q);
-          rms_norm(k, L.k_norm, 0, kvd, eps, k);
-        }
-        if (c.clip_qkv) {
-          const float cl = *c.clip_qkv;
-          for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
-          for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
-          for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
-        }
-        const PlannedToken& tok = plan.tokens[size_t(t)];
-        for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
-        for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
-        if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
-        if (kv_dtype_ == DType::BF16) write_kv<uint16_t>(l, tok, k, v);
-        else write_kv<float>(l, tok, k, v);
-      }
-    });
-    if (kv_dtype_ == DType::BF16) attention<uint16_t>(plan, l, q_.data(), attn_.data());
-    else attention<float>(plan, l, q_.data(), attn_.data());
+      gqa_attention(plan, l, L, T);
     }
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
     round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());

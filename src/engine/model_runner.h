@@ -75,6 +75,7 @@ class ModelRunner {
                        int in, float* y, int ldy, int out_stride);
   template <typename KvT>
   void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T);
+  void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T);
   template <typename KvT>
   KvT* k_layer(int layer);  // K cache of a layer, [block][kv_dim][slot]
   template <typename KvT>
