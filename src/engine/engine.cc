@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/kernel_set.h"
-#include "routes/capturable.h"
+#include "engine/capturable.h"
 
 namespace r3 {
 

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "engine/router.h"
+#include "engine/sampling.h"
 #include "kernels/attention.h"
 #include "kernels/attention_latent.h"
 #include "kernels/exp.h"

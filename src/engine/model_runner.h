@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "engine/step_plan.h"
+#include "step/step_plan.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/checkpoint.h"

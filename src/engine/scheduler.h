@@ -12,7 +12,7 @@
 
 #include "engine/kv_pool.h"
 #include "engine/request.h"
-#include "engine/step_plan.h"
+#include "step/step_plan.h"
 
 namespace r3 {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "model/safetensors.h"
+#include "core/tensor_view.h"
 
 namespace r3::kernels {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/safetensors.h"
+#include "core/tensor_view.h"
 
 namespace r3::kernels {
 

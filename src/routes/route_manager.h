@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/step_plan.h"
+#include "step/step_plan.h"
 #include "routes/route_array.h"
 #include "routes/route_capturer.h"
 

@@ -1,4 +1,4 @@
-#include "routes/capturable.h"
+#include "engine/capturable.h"
 
 #include <algorithm>
 

@@ -1,11 +1,15 @@
-// One engine step, planned by the scheduler and then immutable: its `iter` id and, for every
+// The seam between planning and computing: one engine step, planned by the scheduler and then
+// immutable, and what computing it returns. A second backend (another device, another process)
+// plugs in here: it takes a StepPlan and fills a StepResult (docs/ARCHITECTURE.md says what it
+// must reproduce). One engine step, planned by the scheduler and then immutable: its `iter` id and, for every
 // computed token, the request, absolute position and KV block id + generation. Capture, copy and
 // commit of routes read only this snapshot, never live request state (DESIGN.md, lifetimes).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "engine/sampling.h"
+#include "step/sampler_params.h"
 
 namespace r3 {
 

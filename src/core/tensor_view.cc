@@ -1,0 +1,32 @@
+#include "core/tensor_view.h"
+
+namespace r3 {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+float TensorView::at(int64_t i) const {
+  switch (dtype) {
+    case DType::F32: return static_cast<const float*>(data)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.f;
+}
+
+std::vector<float> TensorView::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = at(i);
+  return out;
+}
+
+std::string TensorView::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace r3
