@@ -207,7 +207,9 @@ std::vector<RequestOutput> Engine::apply_aborts() {
 
 CaptureSlot* Engine::run_forward(int buffer) {
   CaptureSlot* slot = capturer_ ? capturer_->acquire(plans_[buffer].iter) : nullptr;
-  runner_->forward(plans_[buffer], slot, results_[buffer]);
+  sampler_.resolve_tokens(plans_[buffer], token_ids_);
+  runner_->forward(plans_[buffer], token_ids_.data(), slot);
+  sampler_.finish(plans_[buffer], *runner_, pool_.get(), results_[buffer]);
   return slot;
 }
 

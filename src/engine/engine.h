@@ -17,6 +17,7 @@
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/step_sampler.h"
 #include "routes/route_array.h"
 #include "routes/route_capturer.h"
 #include "routes/route_manager.h"
@@ -166,6 +167,8 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<ModelRunner> runner_;
+  StepSampler sampler_;        // placeholders, sampling, scoring: on the thread that runs forwards
+  std::vector<int> token_ids_;  // the step's token ids, placeholders resolved
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<RouteCapturer> capturer_;
   std::unique_ptr<RouteManager> routes_;

@@ -94,34 +94,6 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges
   pack_weights(!packed_released_, changed);
 }
 
-// Prompt scoring: final norm and lm_head on the scored rows, max_seqs rows at a time (the
-// logits buffer's capacity), then each row's log-softmax at its target and its top tokens.
-void ModelRunner::score_prompt_tokens(const StepPlan& plan, StepResult& result) {
-  const ModelConfig& c = config();
-  const int H = c.hidden_size, V = c.vocab_size;
-  result.scores.resize(plan.scores.size());
-  for (size_t b = 0; b < plan.scores.size(); b += size_t(max_seqs_)) {
-    const int R = int(std::min(plan.scores.size() - b, size_t(max_seqs_)));
-    for (int i = 0; i < R; ++i)
-      rms_norm(&x_[size_t(plan.scores[b + size_t(i)].token_index) * size_t(H)], weights_.final_norm, 0, H,
-               c.rms_norm_eps, &h_[size_t(i) * size_t(H)]);
-    round_to_bf16(h_.data(), int64_t(R) * H, hb_.data());
-    matmul({h_.data(), hb_.data(), R}, weights_.lm_head, logits_.data(), pool_);
-    pool_->parallel_for_each(R, [&](int64_t i) {
-      thread_local std::vector<float> scratch;
-      const ScoreTarget& t = plan.scores[b + size_t(i)];
-      const float* row = logits_.data() + size_t(i) * size_t(V);
-      ScoreResult& out = result.scores[b + size_t(i)];
-      const float log_z = logit_stats(row, V, scratch).log_z;
-      out.nonfinite = !std::isfinite(log_z);
-      out.logprob = row[t.target] - log_z;
-      out.top.n = 0;
-      const int k = plan.seqs[size_t(t.seq)].sampler.top_logprobs;
-      if (k > 0 && !out.nonfinite) top_logprobs(row, V, log_z, k, out.top);
-    });
-  }
-}
-
 void ModelRunner::release_kv_cache() {
   // swap with empty vectors: clear() would keep the capacity (and the pages).
   decltype(k_cache_)().swap(k_cache_);
@@ -656,7 +628,7 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
   else attention<float>(plan, l, q_.data(), attn_.data());
 }
 
-void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result) {
+void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlot* slot) {
   if (memory_released()) throw Error("the engine's memory is released: resume it before generating");
   const ModelConfig& c = config();
   const ModelWeights& W = weights_;
@@ -664,18 +636,10 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
   if (T > max_tokens_) throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " + std::to_string(max_tokens_));
   const int num_real = T - plan.num_padding;
   const int H = c.hidden_size;
-  const float eps = c.rms_norm_eps;
 
-  // Embed (placeholders take the previous step's sample of their request).
+  // Embed (token_ids: the plan's, with an overlapped step's placeholders resolved).
   for (int t = 0; t < T; ++t) {
-    const PlannedToken& tok = plan.tokens[size_t(t)];
-    int id = tok.token;
-    if (id < 0) {
-      const PlannedSeq& s = plan.seqs[size_t(tok.seq)];
-      for (const LastSample& ls : last_samples_)
-        if (ls.request_id == s.request_id && ls.epoch == s.epoch) id = ls.token;
-      if (id < 0) throw Error("overlap scheduling: no sampled token for request " + std::to_string(s.request_id));
-    }
+    const int id = token_ids[t];
     const TensorView& e = W.embed;
     for (int d = 0; d < H; ++d) x_[size_t(t) * H + d] = e.at(int64_t(id) * H + d);
   }
@@ -702,45 +666,18 @@ void ModelRunner::forward(const StepPlan& plan, CaptureSlot* slot, StepResult& r
     for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
   }
 
-  // Final norm and lm_head on the sampled rows only.
-  result.iter = plan.iter;
-  result.seqs.resize(plan.seqs.size());
-  int S = 0;
-  std::vector<int>& sampled_seq = sampled_seq_;
-  sampled_seq.clear();
-  for (size_t s = 0; s < plan.seqs.size(); ++s) {
-    const PlannedSeq& ps = plan.seqs[s];
-    result.seqs[s].request_id = ps.request_id;
-    result.seqs[s].epoch = ps.epoch;
-    result.seqs[s].sampled = false;
-    if (!ps.sample) continue;
-    const int t = ps.first_token + ps.num_tokens - 1;
-    if (S >= max_seqs_) throw Error("step samples more sequences than max_num_seqs");
-    rms_norm(&x_[size_t(t) * H], W.final_norm, 0, H, eps, &h_[size_t(S) * H]);
-    sampled_seq.push_back(int(s));
-    ++S;
-  }
-  if (S > 0) {
-    round_to_bf16(h_.data(), int64_t(S) * H, hb_.data());
-    matmul({h_.data(), hb_.data(), S}, W.lm_head, logits_.data(), pool_);
-    weight_bytes_ += W.lm_head.nbytes();
-  }
-  // Rows are sampled independently (each from its own seed and position), so both cores share them.
-  pool_->parallel_for_each(S, [&](int64_t i) {
-    thread_local std::vector<float> scratch;
-    thread_local std::vector<int> order;
-    const int s = sampled_seq[size_t(i)];
-    const PlannedSeq& ps = plan.seqs[size_t(s)];
-    result.seqs[size_t(s)].sample = sample_token(logits_.data() + size_t(i) * c.vocab_size, c.vocab_size, ps.sampler,
-                                                 ps.start_pos + ps.num_tokens, scratch, order);
-    result.seqs[size_t(s)].sampled = true;
-  });
-  score_prompt_tokens(plan, result);
-  last_samples_.clear();
-  for (int i = 0; i < S; ++i) {
-    const SeqResult& r = result.seqs[size_t(sampled_seq[size_t(i)])];
-    last_samples_.push_back({r.request_id, r.epoch, r.sample.token});
-  }
+}
+
+const float* ModelRunner::logits(const int* token_indices, int n) {
+  if (n > max_seqs_) throw Error("logits: " + std::to_string(n) + " rows exceed the buffer's " + std::to_string(max_seqs_));
+  const ModelConfig& c = config();
+  const int H = c.hidden_size;
+  for (int i = 0; i < n; ++i)
+    rms_norm(&x_[size_t(token_indices[i]) * H], weights_.final_norm, 0, H, c.rms_norm_eps, &h_[size_t(i) * H]);
+  round_to_bf16(h_.data(), int64_t(n) * H, hb_.data());
+  matmul({h_.data(), hb_.data(), n}, weights_.lm_head, logits_.data(), pool_);
+  weight_bytes_ += weights_.lm_head.nbytes();
+  return logits_.data();
 }
 
 }  // namespace r3

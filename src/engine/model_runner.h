@@ -28,9 +28,14 @@ class ModelRunner {
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
-  // Runs a step into `result` (its capacity is reused). slot may be null (engine started
-  // without route capture).
-  void forward(const StepPlan& plan, CaptureSlot* slot, StepResult& result);
+  // Computes a step's hidden states (every planned token, embedded from token_ids: the plan's
+  // tokens with placeholders resolved, StepSampler) and captures its routes into slot (null: the
+  // engine started without route capture).
+  void forward(const StepPlan& plan, const int* token_ids, CaptureSlot* slot);
+  // The logits of up to max_logit_rows() of the last step's tokens (final norm, lm_head):
+  // [n, vocab], valid until the next call.
+  const float* logits(const int* token_indices, int n);
+  int max_logit_rows() const { return max_seqs_; }
   // New weights for the same model description (Engine checks that). The packed panels are
   // rewritten in place, on every thread: all of them, or with `changed`, only those of tensors
   // whose bytes overlap a changed range (an in-memory refit of a few buckets).
@@ -61,7 +66,6 @@ class ModelRunner {
   // Both read the post-attention norm in h_ / hb_.
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
-  void score_prompt_tokens(const StepPlan& plan, StepResult& result);
   void add_and_norm(const float* add, const TensorView& norm, int T);
   // weights_ = the checkpoint's views with the bf16 matrices packed: into new buffers, or with
   // `reuse`, into the existing ones (only the `changed` tensors' when given).
@@ -99,12 +103,6 @@ class ModelRunner {
   EplbMap eplb_;
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
-  // Overlap scheduling: the previous step's samples, for tokens planned before they were known.
-  struct LastSample {
-    uint64_t request_id, epoch;
-    int token;
-  };
-  std::vector<LastSample> last_samples_;  // at most max_num_seqs entries
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;
@@ -119,7 +117,6 @@ class ModelRunner {
     int first, count;  // consecutive plan tokens of one request (or one padding token)
   };
   std::vector<AttentionGroup> attn_groups_;
-  std::vector<int> sampled_seq_;
 };
 
 }  // namespace r3
