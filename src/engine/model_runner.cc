@@ -22,6 +22,17 @@ using kernels::matmul_rows;
 using kernels::rms_norm;
 using kernels::round_to_bf16;
 
+namespace {
+// MLA caches the latent row only (no V); GQA the kv heads' keys and values.
+AnyKvCache make_kv_cache(const ModelConfig& c, int blocks, int block_size, DType dtype) {
+  const int64_t k = c.mla ? c.mla->latent_width() : int64_t(c.num_kv_heads) * c.head_dim;
+  const int64_t v = c.mla ? 0 : k;
+  if (dtype == DType::BF16) return KvCache<uint16_t>(c.num_layers, blocks, block_size, k, v);
+  if (dtype == DType::F32) return KvCache<float>(c.num_layers, blocks, block_size, k, v);
+  throw Error("the KV cache holds bf16 or fp32");
+}
+}  // namespace
+
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
                          int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype)
     : ckpt_(std::move(ckpt)),
@@ -33,16 +44,10 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
       // score scratch) stop there even when the model allows far longer contexts.
       rope_(rope_inv_freq(ckpt_->config()), float(ckpt_->config().rope_scaling.attention_factor),
-            int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))) {
+            int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))),
+      kv_(make_kv_cache(ckpt_->config(), num_blocks, block_size, kv_dtype)) {
   const ModelConfig& c = config();
-  // K elements per token and layer: the kv heads' keys, or MLA's latent row (then no V cache).
   kv_dim_ = c.mla ? size_t(c.mla->latent_width()) : size_t(c.num_kv_heads) * size_t(c.head_dim);
-  if (kv_dtype != DType::BF16 && kv_dtype != DType::F32) throw Error("the KV cache holds bf16 or fp32");
-  kv_dtype_ = kv_dtype;
-  kv_layer_elems_ = size_t(num_blocks + 1) * size_t(block_size) * kv_dim_;  // + the padding scratch block
-  kv_bytes_ = size_t(c.num_layers) * kv_layer_elems_ * dtype_size(kv_dtype);
-  v_bytes_ = c.mla ? 0 : kv_bytes_;
-  restore_kv_cache();
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);
   size_t I = size_t(std::max(c.moe_intermediate_size, c.intermediate_size));
@@ -95,15 +100,11 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges
 }
 
 void ModelRunner::release_kv_cache() {
-  // swap with empty vectors: clear() would keep the capacity (and the pages).
-  decltype(k_cache_)().swap(k_cache_);
-  decltype(v_cache_)().swap(v_cache_);
+  std::visit([](auto& cache) { cache.release(); }, kv_);
 }
 
 void ModelRunner::restore_kv_cache() {
-  if (!k_cache_.empty()) return;  // never released: its contents stay
-  k_cache_.assign(kv_bytes_, std::byte{0});
-  v_cache_.assign(v_bytes_, std::byte{0});
+  std::visit([](auto& cache) { cache.restore(); }, kv_);
 }
 
 void ModelRunner::release_packed_weights() {
@@ -195,19 +196,7 @@ std::vector<std::vector<uint64_t>> ModelRunner::physical_expert_load() const {
   return out;
 }
 
-// Layouts of kernels/attention.h: K transposed so a block's keys are scored at once, V with one
-// head's values of a block contiguous.
-template <typename KvT>
-KvT* ModelRunner::k_layer(int layer) {
-  return reinterpret_cast<KvT*>(k_cache_.data()) + size_t(layer) * kv_layer_elems_;
-}
-template <typename KvT>
-KvT* ModelRunner::v_layer(int layer) {
-  return reinterpret_cast<KvT*>(v_cache_.data()) + size_t(layer) * kv_layer_elems_;
-}
-
 namespace {
-inline void store_kv(float x, float* dst) { *dst = x; }
 // x[i] += b[i], the bias widened to fp32.
 void add_bias(float* x, const TensorView& b, int n) {
   if (b.dtype == DType::BF16) {
@@ -220,34 +209,20 @@ void add_bias(float* x, const TensorView& b, int n) {
     for (int i = 0; i < n; ++i) x[i] += b.at(i);
   }
 }
-inline void store_kv(float x, uint16_t* dst) { *dst = f32_to_bf16(x); }  // round to nearest even
 }  // namespace
-
-// A token's K (transposed: consecutive elements block_size apart, so about one cache line each)
-// and V (a run of head_dim per kv head) into its block and slot.
-template <typename KvT>
-void ModelRunner::write_kv(int layer, const PlannedToken& tok, const float* k, const float* v) {
-  const size_t bs = size_t(block_size_), hd = size_t(config().head_dim), block = size_t(tok.block) * kv_dim_ * bs;
-  KvT* kb = k_layer<KvT>(layer) + block + size_t(tok.slot);
-  for (size_t e = 0; e < kv_dim_; ++e) store_kv(k[e], kb + e * bs);
-  for (size_t h = 0; h < kv_dim_ / hd; ++h) {
-    KvT* vb = v_layer<KvT>(layer) + block + h * hd * bs + size_t(tok.slot) * hd;
-    for (size_t d = 0; d < hd; ++d) store_kv(v[h * hd + d], vb + d);
-  }
-}
 
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), per
 // (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
 // load of K and V.
 template <typename KvT>
-void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out) {
+void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out, KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
   const int qd = nh * hd;
   const float scale = 1.f / std::sqrt(float(hd));
   const int T = int(plan.tokens.size());
-  const KvT* k = k_layer<KvT>(layer);
-  const KvT* v = v_layer<KvT>(layer);
+  const KvT* k = cache.k_layer(layer);
+  const KvT* v = cache.v_layer(layer);
   attn_groups_.clear();
   bool single_tokens = true;
   for (int t = 0; t < T;) {
@@ -512,7 +487,7 @@ void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, c
 // the cached rows (kernels/attention_latent.h), and the latent output taken to the head's value
 // space (uv). attn_ gets [T, nh x v_head_dim].
 template <typename KvT>
-void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T) {
+void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const MlaSpec& m = *c.mla;
   const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, kvr = m.kv_lora_rank,
@@ -552,8 +527,7 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
         std::copy(q + h * qk + nope, q + (h + 1) * qk, &q_lat_[(size_t(t) * nh + h) * lw + kvr]);
       }
       if (tok.seq < 0) continue;  // padding: never attended to
-      KvT* row = k_layer<KvT>(layer) + (size_t(tok.block) * size_t(block_size_) + size_t(tok.slot)) * size_t(lw);
-      for (int e = 0; e < lw; ++e) store_kv(lat[e], row + e);
+      cache.write_row(layer, tok.block, tok.slot, lat);
     }
   });
   // q_lat[t, h, 0:kvr] = uk_t_h q_nope[h, t]
@@ -570,9 +544,9 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
     if (tok.seq < 0) {
       std::fill(o, o + kvr, 0.f);
     } else {
-      const kernels::PagedLatent<KvT> cache{k_layer<KvT>(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
-                                            block_size_, lw};
-      kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, cache, scores.data(), o);
+      const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
+                                           block_size_, lw};
+      kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, rows, scores.data(), o);
     }
     round_to_bf16(o, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
   });
@@ -583,7 +557,8 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
 // Grouped-query attention: q/k/v projections (with biases), q/k norms, clipping and RoPE per
 // token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
 // [T, heads x head_dim].
-void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T) {
+template <typename KvT>
+void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T, KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd, kvd = nkv * hd;
   const float eps = c.rms_norm_eps;
@@ -620,12 +595,10 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
       for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
       if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
-      if (kv_dtype_ == DType::BF16) write_kv<uint16_t>(l, tok, k, v);
-      else write_kv<float>(l, tok, k, v);
+      cache.write_gqa(l, tok.block, tok.slot, k, v, hd);
     }
   });
-  if (kv_dtype_ == DType::BF16) attention<uint16_t>(plan, l, q_.data(), attn_.data());
-  else attention<float>(plan, l, q_.data(), attn_.data());
+  attention(plan, l, q_.data(), attn_.data(), cache);
 }
 
 void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlot* slot) {
@@ -649,12 +622,12 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
     add_and_norm(nullptr, L.input_norm, T);
-    if (c.mla) {
-      if (kv_dtype_ == DType::BF16) mla_attention<uint16_t>(plan, l, L, T);
-      else mla_attention<float>(plan, l, L, T);
-    } else {
-      gqa_attention(plan, l, L, T);
-    }
+    std::visit(
+        [&](auto& cache) {
+          if (c.mla) mla_attention(plan, l, L, T, cache);
+          else gqa_attention(plan, l, L, T, cache);
+        },
+        kv_);
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
     round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);

@@ -7,15 +7,17 @@
 #include <atomic>
 #include <memory>
 #include <span>
+#include <variant>
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "step/step_plan.h"
+#include "engine/kv_cache.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/checkpoint.h"
 #include "routes/eplb.h"
 #include "routes/route_capturer.h"
+#include "step/step_plan.h"
 
 namespace r3 {
 
@@ -50,7 +52,9 @@ class ModelRunner {
   void restore_packed_weights() {
     if (packed_released_) pack_weights();
   }
-  bool memory_released() const { return k_cache_.empty() || packed_released_; }
+  bool memory_released() const {
+    return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;
+  }
   void set_eplb(EplbMap map) { eplb_ = std::move(map); }
   const EplbMap& eplb() const { return eplb_; }
   // Tokens routed to each logical expert, per MoE layer (a by-product of the forward).
@@ -60,9 +64,7 @@ class ModelRunner {
 
  private:
   template <typename KvT>
-  void attention(const StepPlan& plan, int layer, const float* q, float* out);
-  template <typename KvT>
-  void write_kv(int layer, const PlannedToken& tok, const float* k, const float* v);
+  void attention(const StepPlan& plan, int layer, const float* q, float* out, KvCache<KvT>& cache);
   // Both read the post-attention norm in h_ / hb_.
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
@@ -78,28 +80,21 @@ class ModelRunner {
   void per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs, const uint16_t* xb, int T,
                        int in, float* y, int ldy, int out_stride);
   template <typename KvT>
-  void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T);
-  void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T);
+  void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
   template <typename KvT>
-  KvT* k_layer(int layer);  // K cache of a layer, [block][kv_dim][slot]
-  template <typename KvT>
-  KvT* v_layer(int layer);  // V cache of a layer, [block][kv_head][slot][head_dim]
+  void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (packed bf16)
   std::vector<kernels::PackedBf16> packed_;   // storage behind TensorView::packed
   bool packed_released_ = false;
-  size_t kv_bytes_ = 0, v_bytes_ = 0;            // of k_cache_ and v_cache_ (none for MLA)
   std::vector<std::vector<MlaHead>> mla_heads_;  // [layer][head]
   std::vector<std::vector<uint8_t>> mla_storage_;  // behind each uk_t
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   ThreadPool* pool_;
   kernels::Rope rope_;
-  size_t kv_dim_;
-  DType kv_dtype_;
-  size_t kv_layer_elems_;                          // (num_blocks + 1) x block_size x kv_dim
-  // [layer] of kv_layer_elems_ elements of kv_dtype_; line-aligned so no vector load splits.
-  std::vector<std::byte, kernels::CacheLineAllocator<std::byte>> k_cache_, v_cache_;
+  size_t kv_dim_;  // K elements per token and layer: the kv heads' keys, or MLA's latent row
+  AnyKvCache kv_;
   EplbMap eplb_;
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
