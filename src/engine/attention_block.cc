@@ -1,0 +1,146 @@
+// The GQA attention block of the runner: projections, biases, q/k norms, clipping, RoPE, the KV
+// writes, and attention over the paged cache (kernels/attention.h).
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "engine/model_runner.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+
+namespace r3 {
+
+using kernels::Activations;
+using kernels::matmul;
+using kernels::matmul_rows;
+using kernels::rms_norm;
+using kernels::round_to_bf16;
+
+namespace {
+// x[i] += b[i], the bias widened to fp32.
+void add_bias(float* x, const TensorView& b, int n) {
+  if (b.dtype == DType::BF16) {
+    const uint16_t* bb = static_cast<const uint16_t*>(b.data);
+    for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
+  } else if (b.dtype == DType::F32) {
+    const float* bf = static_cast<const float*>(b.data);
+    for (int i = 0; i < n; ++i) x[i] += bf[i];
+  } else {
+    for (int i = 0; i < n; ++i) x[i] += b.at(i);
+  }
+}
+}  // namespace
+
+// Attention of every real token over its request's keys 0..pos (kernels/attention.h), per
+// (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
+// load of K and V.
+template <typename KvT>
+void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out, KvCache<KvT>& cache) {
+  const ModelConfig& c = config();
+  const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
+  const int qd = nh * hd;
+  const float scale = 1.f / std::sqrt(float(hd));
+  const int T = int(plan.tokens.size());
+  const KvT* k = cache.k_layer(layer);
+  const KvT* v = cache.v_layer(layer);
+  attn_groups_.clear();
+  bool single_tokens = true;
+  for (int t = 0; t < T;) {
+    const int seq = plan.tokens[size_t(t)].seq;
+    int n = 1;
+    while (seq >= 0 && n < kernels::kMaxGroup && t + n < T && plan.tokens[size_t(t + n)].seq == seq) ++n;
+    attn_groups_.push_back({t, n});
+    single_tokens = single_tokens && n == 1;
+    t += n;
+  }
+  const int G = int(attn_groups_.size());
+  const int stride = rope_.max_pos() + block_size_;
+  auto attend_head = [&](int head, const AttentionGroup& g) {
+    thread_local std::vector<float> scores;
+    if (scores.size() < size_t(kernels::kMaxGroup) * size_t(stride))
+      scores.resize(size_t(kernels::kMaxGroup) * size_t(stride));
+    const PlannedToken& first = plan.tokens[size_t(g.first)];
+    if (first.seq < 0) {  // padding
+      float* o = out + size_t(g.first) * qd + size_t(head) * hd;
+      std::fill(o, o + hd, 0.f);
+      return;
+    }
+    const float* qs[kernels::kMaxGroup];
+    float* os[kernels::kMaxGroup];
+    int pos[kernels::kMaxGroup];
+    for (int k = 0; k < g.count; ++k) {
+      const size_t at = size_t(g.first + k) * qd + size_t(head) * hd;
+      qs[k] = q + at;
+      os[k] = out + at;
+      pos[k] = plan.tokens[size_t(g.first + k)].position;
+    }
+    const kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
+                                     int64_t(kv_dim_), int64_t(head / group) * hd};
+    kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
+  };
+  // Items handed out dynamically (later positions have more keys). A decode step's tokens share
+  // nothing, so an item is one token with all its heads: a block's heads are adjacent in the
+  // cache, and one core walks each block as one run (~20% faster than interleaving heads across
+  // cores, BM_AttentionDecode). Otherwise items are (head, group), head-major: consecutive items
+  // on both cores read the same head's keys and values, which then stay in L2 across a chunk.
+  if (single_tokens)
+    pool_->parallel_for_each(G, [&](int64_t i) {
+      for (int head = 0; head < nh; ++head) attend_head(head, attn_groups_[size_t(i)]);
+    });
+  else
+    pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });
+}
+
+
+// Grouped-query attention: q/k/v projections (with biases), q/k norms, clipping and RoPE per
+// token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
+// [T, heads x head_dim].
+template <typename KvT>
+void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T, KvCache<KvT>& cache) {
+  const ModelConfig& c = config();
+  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd, kvd = nkv * hd;
+  const float eps = c.rms_norm_eps;
+  const Activations hx{h_.data(), hb_.data(), T};
+  const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
+  kernels::matmul_many(hx, qkv, pool_);
+  weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
+  // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
+  // transposed K write touches a cache line per one or two K elements, so it is worth splitting.
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* q = &q_[size_t(t) * qd];
+      float* k = &k_[size_t(t) * kvd];
+      float* v = &v_[size_t(t) * kvd];
+      if (c.qkv_bias) {
+        add_bias(q, L.q_bias, qd);
+        add_bias(k, L.k_bias, kvd);
+        add_bias(v, L.v_bias, kvd);
+      }
+      if (c.qk_norm == QkNorm::PerHead) {
+        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
+        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
+      } else if (c.qk_norm == QkNorm::Whole) {
+        rms_norm(q, L.q_norm, 0, qd, eps, q);
+        rms_norm(k, L.k_norm, 0, kvd, eps, k);
+      }
+      if (c.clip_qkv) {
+        const float cl = *c.clip_qkv;
+        for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
+        for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
+      }
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
+      for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
+      if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
+      cache.write_gqa(l, tok.block, tok.slot, k, v, hd);
+    }
+  });
+  attention(plan, l, q_.data(), attn_.data(), cache);
+}
+
+
+template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<float>&);
+template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<uint16_t>&);
+
+}  // namespace r3
