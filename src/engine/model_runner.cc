@@ -10,9 +10,7 @@
 
 namespace r3 {
 
-using kernels::Activations;
 using kernels::matmul;
-using kernels::matmul_rows;
 using kernels::rms_norm;
 using kernels::round_to_bf16;
 
