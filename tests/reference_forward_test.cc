@@ -117,6 +117,8 @@ class Naive {
     hd_ = c.contains("head_dim") ? c["head_dim"].get<int>() : H_ / nh_;
     layers_ = c["num_hidden_layers"];
     mixtral_ = arch_ == "MixtralForCausalLM";
+    qwen2_ = arch_ == "Qwen2MoeForCausalLM";
+    shared_ = qwen2_ && c.value("shared_expert_intermediate_size", 0) > 0;
     E_ = mixtral_ ? c["num_local_experts"].get<int>() : c["num_experts"].get<int>();
     K_ = c["num_experts_per_tok"];
     eps_ = c["rms_norm_eps"];
@@ -127,7 +129,7 @@ class Naive {
       clip_ = c["clip_qkv"].get<double>();
     for (int i = 0; i < layers_; ++i) {
       bool moe = true;
-      if (arch_ == "Qwen3MoeForCausalLM") {
+      if (arch_ == "Qwen3MoeForCausalLM" || qwen2_) {
         auto only = c.value("mlp_only_layers", std::vector<int>{});
         moe = std::find(only.begin(), only.end(), i) == only.end() &&
               (i + 1) % c.value("decoder_sparse_step", 1) == 0;
@@ -162,6 +164,11 @@ class Naive {
       Mat Q = linear(h, P + "self_attn.q_proj.weight");
       Mat Kt = linear(h, P + "self_attn.k_proj.weight");
       Mat Vt = linear(h, P + "self_attn.v_proj.weight");
+      if (qwen2_) {  // q/k/v biases
+        add_bias(Q, P + "self_attn.q_proj.bias");
+        add_bias(Kt, P + "self_attn.k_proj.bias");
+        add_bias(Vt, P + "self_attn.v_proj.bias");
+      }
       if (arch_ == "Qwen3MoeForCausalLM") {  // per-head norms, one weight of [head_dim]
         Q = rmsnorm_rows(Q, w(P + "self_attn.q_norm.weight"), hd_);
         Kt = rmsnorm_rows(Kt, w(P + "self_attn.k_norm.weight"), hd_);
@@ -230,6 +237,12 @@ class Naive {
                            : mlp(hs, X3 + "gate_proj.weight", X3 + "up_proj.weight", X3 + "down_proj.weight");
           for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += gw * y[0][size_t(i)];
         }
+        if (shared_) {  // Qwen2-MoE: + sigmoid(shared_expert_gate . h) * shared_expert(h)
+          const double g = 1.0 / (1.0 + std::exp(-linear(hs, P + "mlp.shared_expert_gate.weight")[0][0]));
+          Mat y = mlp(hs, P + "mlp.shared_expert.gate_proj.weight", P + "mlp.shared_expert.up_proj.weight",
+                      P + "mlp.shared_expert.down_proj.weight");
+          for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += g * y[0][size_t(i)];
+        }
       }
       add(X, moe_out);
       ++col;
@@ -260,6 +273,12 @@ class Naive {
         Y[s][o] = acc;
       }
     return Y;
+  }
+
+  void add_bias(Mat& A, const std::string& name) const {
+    const auto& b = w(name);
+    for (auto& row : A)
+      for (size_t i = 0; i < row.size(); ++i) row[i] += b[i];
   }
 
   Mat mlp(const Mat& h, const std::string& gate, const std::string& up, const std::string& down) const {
@@ -309,7 +328,7 @@ class Naive {
   std::string arch_;
   int H_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, layers_ = 0, E_ = 0, K_ = 0;
   double eps_ = 0, theta_ = 0;
-  bool mixtral_ = false, renorm_ = false, tied_ = false;
+  bool mixtral_ = false, renorm_ = false, tied_ = false, qwen2_ = false, shared_ = false;
   std::optional<double> clip_;
   std::vector<bool> moe_;
   std::map<std::string, std::vector<float>> w_;
@@ -376,6 +395,10 @@ const Case kCases[] = {
     {"qwen3_tiny_f32_no_norm_topk", "qwen3_moe", "tiny", DType::F32, {{"norm_topk_prob", false}}, 48},
     // Dense layer 0 (mlp_only_layers [0]), GQA 8 / 4, top-8 of 32 experts, two shards.
     {"qwen3_small_bf16_dense_layer", "qwen3_moe", "small", DType::BF16, json::object(), 40},
+    // q/k/v biases, a shared expert behind its sigmoid gate, no renormalisation.
+    {"qwen2_tiny_bf16", "qwen2_moe", "tiny", DType::BF16, json::object(), 48},
+    // Dense layer 0, renormalised top-8 of 32, f32 weights.
+    {"qwen2_small_f32_dense_layer_norm_topk", "qwen2_moe", "small", DType::F32, {{"norm_topk_prob", true}}, 40},
     // clip_qkv 8 (does not bind) and 0.5 (binds); whole-projection q/k norm; no renormalisation.
     {"olmoe_tiny_bf16_clip8", "olmoe", "tiny", DType::BF16, json::object(), 48},
     {"olmoe_tiny_f32_clip_half", "olmoe", "tiny", DType::F32, {{"clip_qkv", 0.5}}, 48},
