@@ -293,7 +293,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_NE(L.experts[0].gate.name.find("experts.0.w1"), std::string::npos);
       EXPECT_NE(L.experts[0].up.name.find("experts.0.w3"), std::string::npos);
       EXPECT_NE(L.experts[0].down.name.find("experts.0.w2"), std::string::npos);
-    } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.qk_norm == QkNorm::PerHead)) {
+    } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.layers[size_t(i)].attention.qk_norm == QkNorm::PerHead)) {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
     } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3) {
@@ -314,12 +314,13 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
     EXPECT_EQ(L.router_bias.empty(), !(deepseek_router && L.moe));
     EXPECT_EQ(L.kv_b.empty(), !c.mla);
+    EXPECT_EQ(c.layers[size_t(i)].attention.kind, c.mla ? AttentionKind::Mla : AttentionKind::Gqa);
     if (c.mla) EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0);
     if (!L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
   }
   if (c.arch == Arch::Glm4Moe) {
     EXPECT_FALSE(w.layers[0].moe);  // first_k_dense_replace = 1
-    EXPECT_EQ(c.rotary_dim, c.head_dim / 2);
+    EXPECT_EQ(c.layers[0].attention.rotary_dim, c.head_dim / 2);
     EXPECT_EQ(c.router.scoring, RouterScoring::Sigmoid);
     EXPECT_EQ(c.num_nextn_predict_layers, p.preset == "tiny" ? 0 : 1);  // its tensors load unused
   }
@@ -1129,8 +1130,8 @@ TEST(ConfigYarn, FrequenciesAndFactorsAsTransformersComputes) {
                        {"mscale_all_dim", 1.0}};
   const ModelConfig c = parse_config(j.dump(), "yarn");
   ASSERT_TRUE(c.rope_scaling.yarn);
-  ASSERT_EQ(c.rotary_dim, 8);
-  const std::vector<double> f = rope_inv_freq(c);
+  ASSERT_EQ(c.layers[0].attention.rotary_dim, 8);
+  const std::vector<double> f = rope_inv_freq(c, c.layers[0].attention.rotary_dim);
   const double want[] = {1.0, 0.10000000149011612, 0.005124999675899744, 2.499999936844688e-05};
   ASSERT_EQ(f.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(f[i], want[i], 1e-7 * want[i]) << i;

@@ -97,6 +97,7 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
   const ModelConfig& c = config();
   const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd, kvd = nkv * hd;
   const float eps = c.rms_norm_eps;
+  const AttentionSpec& a = c.layers[size_t(l)].attention;
   const Activations hx{h_.data(), hb_.data(), T};
   const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
   kernels::matmul_many(hx, qkv, pool_);
@@ -108,27 +109,27 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       float* q = &q_[size_t(t) * qd];
       float* k = &k_[size_t(t) * kvd];
       float* v = &v_[size_t(t) * kvd];
-      if (c.qkv_bias) {
+      if (a.qkv_bias) {
         add_bias(q, L.q_bias, qd);
         add_bias(k, L.k_bias, kvd);
         add_bias(v, L.v_bias, kvd);
       }
-      if (c.qk_norm == QkNorm::PerHead) {
+      if (a.qk_norm == QkNorm::PerHead) {
         for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
         for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
-      } else if (c.qk_norm == QkNorm::Whole) {
+      } else if (a.qk_norm == QkNorm::Whole) {
         rms_norm(q, L.q_norm, 0, qd, eps, q);
         rms_norm(k, L.k_norm, 0, kvd, eps, k);
       }
-      if (c.clip_qkv) {
-        const float cl = *c.clip_qkv;
+      if (a.clip_qkv) {
+        const float cl = *a.clip_qkv;
         for (int i = 0; i < qd; ++i) q[i] = std::clamp(q[i], -cl, cl);
         for (int i = 0; i < kvd; ++i) k[i] = std::clamp(k[i], -cl, cl);
         for (int i = 0; i < kvd; ++i) v[i] = std::clamp(v[i], -cl, cl);
       }
       const PlannedToken& tok = plan.tokens[size_t(t)];
-      for (int hh = 0; hh < nh; ++hh) rope_.apply(q + hh * hd, tok.position);
-      for (int hh = 0; hh < nkv; ++hh) rope_.apply(k + hh * hd, tok.position);
+      for (int hh = 0; hh < nh; ++hh) rotate(q + hh * hd, tok.position, a.rope_interleaved);
+      for (int hh = 0; hh < nkv; ++hh) rotate(k + hh * hd, tok.position, a.rope_interleaved);
       if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
       cache.write_gqa(l, tok.block, tok.slot, k, v, hd);
     }

@@ -79,6 +79,7 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, kvr = m.kv_lora_rank,
             lw = m.latent_width(), vd = m.v_head_dim;
   const float eps = c.rms_norm_eps;
+  const AttentionSpec& a = c.layers[size_t(layer)].attention;
   const Activations hx{h_.data(), hb_.data(), T};
   if (!L.q_a.empty()) {
     const int qr = m.q_lora_rank;
@@ -101,10 +102,10 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
       const PlannedToken& tok = plan.tokens[size_t(t)];
       float* lat = &k_[size_t(t) * lw];
       rms_norm(lat, L.kv_a_norm, 0, kvr, eps, lat);
-      rope_.apply_interleaved(lat + kvr, tok.position);
+      rotate(lat + kvr, tok.position, a.rope_interleaved);
       float* q = &q_[size_t(t) * nh * qk];
       for (int h = 0; h < nh; ++h) {
-        rope_.apply_interleaved(q + h * qk + nope, tok.position);
+        rotate(q + h * qk + nope, tok.position, a.rope_interleaved);
         // Head-major copies of q_nope (the per-head matmul's input rows) and q_pe (the tail of
         // the head's latent-space query).
         float* qn = &q_nope_[(size_t(h) * T + size_t(t)) * nope];

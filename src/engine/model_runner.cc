@@ -35,10 +35,15 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       pool_(pool),
       // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
       // score scratch) stop there even when the model allows far longer contexts.
-      rope_(rope_inv_freq(ckpt_->config()), float(ckpt_->config().rope_scaling.attention_factor),
+      // One RoPE table serves every layer (checked below: they share their rotary dimensions).
+      rope_(rope_inv_freq(ckpt_->config(), ckpt_->config().layers[0].attention.rotary_dim),
+            float(ckpt_->config().rope_scaling.attention_factor),
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))),
       kv_(make_kv_cache(ckpt_->config(), num_blocks, block_size, kv_dtype)) {
   const ModelConfig& c = config();
+  for (const LayerConfig& l : c.layers)
+    if (l.attention.rotary_dim != c.layers[0].attention.rotary_dim)
+      throw Error("layers with different rotary dimensions are not implemented by the engine");
   kv_dim_ = c.mla ? size_t(c.mla->latent_width()) : size_t(c.num_kv_heads) * size_t(c.head_dim);
   const size_t T = size_t(max_tokens_), H = size_t(c.hidden_size), K = size_t(c.top_k);
   const size_t qd = size_t(c.num_heads) * size_t(c.head_dim);

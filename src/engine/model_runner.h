@@ -72,6 +72,10 @@ class ModelRunner {
   void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
   void add_and_norm(const float* add, const TensorView& norm, int T);
+  void rotate(float* head, int pos, bool interleaved) const {
+    if (interleaved) rope_.apply_interleaved(head, pos);
+    else rope_.apply(head, pos);
+  }
   // weights_ = the checkpoint's views with the bf16 matrices packed: into new buffers, or with
   // `reuse`, into the existing ones (only the `changed` tensors' when given).
   void pack_weights(bool reuse = false, const ByteRanges* changed = nullptr);

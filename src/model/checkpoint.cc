@@ -196,15 +196,16 @@ void Checkpoint::load_weights() {
       L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
       L.o = require(p + "self_attn.o_proj.weight", {H, qd});
     }
-    if (c.qkv_bias) {
+    const AttentionSpec& attn = c.layers[size_t(i)].attention;
+    if (attn.qkv_bias) {
       L.q_bias = require(p + "self_attn.q_proj.bias", {qd});
       L.k_bias = require(p + "self_attn.k_proj.bias", {kvd});
       L.v_bias = require(p + "self_attn.v_proj.bias", {kvd});
     }
-    if (c.qk_norm == QkNorm::PerHead) {
+    if (attn.qk_norm == QkNorm::PerHead) {
       L.q_norm = require(p + "self_attn.q_norm.weight", {hd});
       L.k_norm = require(p + "self_attn.k_norm.weight", {hd});
-    } else if (c.qk_norm == QkNorm::Whole) {
+    } else if (attn.qk_norm == QkNorm::Whole) {
       L.q_norm = require(p + "self_attn.q_norm.weight", {qd});
       L.k_norm = require(p + "self_attn.k_norm.weight", {kvd});
     }

@@ -21,8 +21,8 @@ std::vector<int> ModelConfig::moe_layers() const {
   return out;
 }
 
-std::vector<double> rope_inv_freq(const ModelConfig& c) {
-  const int dim = c.rotary_dim, half = dim / 2;
+std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim) {
+  const int dim = rotary_dim, half = dim / 2;
   std::vector<double> out(static_cast<size_t>(half));
   const RopeScaling& y = c.rope_scaling;
   if (!y.yarn) {
@@ -213,6 +213,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   if (!j.is_object()) throw Error(path + ": not a JSON object");
   Reader r{j, path};
   ModelConfig c;
+  AttentionSpec attn;  // every layer's, in these families
   std::string arch;
   if (j.contains("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
       j["architectures"][0].is_string())
@@ -265,7 +266,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     c.head_dim = m.qk_head_dim();
     c.num_kv_heads = c.num_heads;
     // transformers' DeepseekV3Config: rope_interleave (default true) rotates adjacent pairs.
-    c.rope_interleaved = r.opt_bool("rope_interleave", true);
+    attn.rope_interleaved = r.opt_bool("rope_interleave", true);
   }
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 4096);
@@ -307,12 +308,12 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
   // q/k/v biases: Qwen2-MoE always has them (qkv_bias in newer configs), GLM-4.5 per
   // attention_bias; o_proj never. Elsewhere attention_bias = true is refused.
-  if (c.arch == Arch::Qwen2Moe) c.qkv_bias = r.opt_bool("qkv_bias", true);
-  else if (c.arch == Arch::Glm4Moe) c.qkv_bias = r.opt_bool("attention_bias", false);
+  if (c.arch == Arch::Qwen2Moe) attn.qkv_bias = r.opt_bool("qkv_bias", true);
+  else if (c.arch == Arch::Glm4Moe) attn.qkv_bias = r.opt_bool("attention_bias", false);
   else if (r.opt_bool("attention_bias", false))
     throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 for " + arch +
                 " (no q/k/v/o biases)");
-  c.rotary_dim = c.mla ? c.mla->qk_rope_head_dim : c.head_dim;
+  attn.rotary_dim = c.mla ? c.mla->qk_rope_head_dim : c.head_dim;
   // A sliding window at least as long as the context changes nothing; a shorter one would.
   const bool window_used = c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false);
   if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
@@ -330,7 +331,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.num_experts = r.req_int("num_local_experts");
       c.moe_intermediate_size = r.req_int("intermediate_size");
       c.norm_topk_prob = true;
-      c.qk_norm = QkNorm::None;
+      attn.qk_norm = QkNorm::None;
       break;
     case Arch::Qwen3Moe:
     case Arch::Qwen2Moe: {
@@ -338,7 +339,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
       c.intermediate_size = r.opt_int("intermediate_size", 0);
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
-      c.qk_norm = c.arch == Arch::Qwen3Moe ? QkNorm::PerHead : QkNorm::None;
+      attn.qk_norm = c.arch == Arch::Qwen3Moe ? QkNorm::PerHead : QkNorm::None;
       int step = r.opt_int("decoder_sparse_step", 1);
       if (step <= 0) throw Error(path + ": decoder_sparse_step must be positive");
       std::vector<int> mlp_only;
@@ -374,7 +375,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
       c.intermediate_size = r.req_int("intermediate_size");
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
-      c.qk_norm = r.opt_bool("use_qk_norm", false) ? QkNorm::PerHead : QkNorm::None;
+      attn.qk_norm = r.opt_bool("use_qk_norm", false) ? QkNorm::PerHead : QkNorm::None;
       if (c.arch == Arch::DeepseekV3) {
         // Only the router DeepSeek-V3 released with (sigmoid scores, noaux_tc selection).
         if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
@@ -398,10 +399,10 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       const float partial = c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 1.f) : 1.f;
       if (!(partial > 0.f && partial <= 1.f))
         throw Error(path + ": key \"partial_rotary_factor\" must be in (0, 1]");
-      if (c.arch == Arch::Glm4Moe) c.rotary_dim = int(float(c.head_dim) * partial);
-      if (c.rotary_dim < 2 || c.rotary_dim % 2)
+      if (c.arch == Arch::Glm4Moe) attn.rotary_dim = int(float(c.head_dim) * partial);
+      if (attn.rotary_dim < 2 || attn.rotary_dim % 2)
         throw Error(path + ": partial_rotary_factor gives an odd or empty rotary dimension " +
-                    std::to_string(c.rotary_dim) + " of head_dim " + std::to_string(c.head_dim));
+                    std::to_string(attn.rotary_dim) + " of head_dim " + std::to_string(c.head_dim));
       if (!(c.router.routed_scaling_factor > 0.f && c.router.routed_scaling_factor < 1e6f))
         throw Error(path + ": key \"routed_scaling_factor\" must be a positive finite number");
       break;
@@ -410,11 +411,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.num_experts = r.req_int("num_experts");
       c.moe_intermediate_size = r.req_int("intermediate_size");
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
-      c.qk_norm = QkNorm::Whole;
+      attn.qk_norm = QkNorm::Whole;
       if (j.contains("clip_qkv") && !j["clip_qkv"].is_null()) {
         if (!j["clip_qkv"].is_number()) throw Error(path + ": clip_qkv must be a number or null");
-        c.clip_qkv = j["clip_qkv"].get<float>();
-        if (!(*c.clip_qkv > 0.f && *c.clip_qkv < 1e30f))
+        attn.clip_qkv = j["clip_qkv"].get<float>();
+        if (!(*attn.clip_qkv > 0.f && *attn.clip_qkv < 1e30f))
           throw Error(path + ": key \"clip_qkv\" must be a positive finite number");
       }
       break;
@@ -443,6 +444,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
                 "topk_group x experts per group");
   for (int i = 0; i < c.num_layers; ++i) {
     LayerConfig l;
+    l.attention = attn;
+    l.attention.kind = c.mla ? AttentionKind::Mla : AttentionKind::Gqa;
     l.moe = c.layer_is_moe[size_t(i)];
     l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
     l.shared_intermediate = l.moe ? shared : 0;
@@ -462,7 +465,6 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     o << v;
     return o.str();
   };
-  auto opt = [&](const std::optional<float>& v) { return v ? num(*v) : std::string("null"); };
   auto layers = [](const std::vector<bool>& v) {
     std::string s;
     for (bool m : v) s += m ? 'M' : 'D';
@@ -480,9 +482,18 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size, num);
   cmp("intermediate_size", a.intermediate_size, b.intermediate_size, num);
   cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
-  cmp("qkv bias", a.qkv_bias, b.qkv_bias, num);
-  cmp("rotary dimension", a.rotary_dim, b.rotary_dim, num);
-  cmp("rope_interleave", a.rope_interleaved, b.rope_interleaved, num);
+  auto attention_of = [](const ModelConfig& m) {
+    std::ostringstream o;
+    for (const LayerConfig& l : m.layers) {
+      const AttentionSpec& a = l.attention;
+      o << (a.kind == AttentionKind::Mla ? "mla" : "gqa") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
+        << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
+        << (a.rope_interleaved ? " interleaved" : "") << "; ";
+    }
+    return o.str();
+  };
+  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims)", attention_of(a), attention_of(b),
+      [](const std::string& v) { return v; });
   auto yarn_of = [](const ModelConfig& m) {
     const RopeScaling& y = m.rope_scaling;
     if (!y.yarn) return std::string("none");
@@ -511,7 +522,6 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     return s;
   };
   cmp("shared experts per layer", shared_of(a), shared_of(b), [](const std::string& v) { return v; });
-  cmp("clip_qkv", a.clip_qkv, b.clip_qkv, opt);
   cmp("rope_theta", a.rope_theta, b.rope_theta, num);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
   cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);

@@ -48,9 +48,21 @@ struct MlaSpec {
   int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // cached per token and layer
 };
 
-// One decoder layer: its FFN kind and sizes (attention is the same on every layer of these
-// families, and is described model-wide).
+// One decoder layer's attention. MLA's sizes are model-wide (ModelConfig::mla).
+enum class AttentionKind { Gqa, Mla };
+struct AttentionSpec {
+  AttentionKind kind = AttentionKind::Gqa;
+  QkNorm qk_norm = QkNorm::None;  // GQA
+  bool qkv_bias = false;          // GQA: q/k/v projections carry a bias (o never does)
+  std::optional<float> clip_qkv;  // GQA: q, k, v clamped after the norms (OLMoE)
+  int rotary_dim = 0;             // leading dims of each head that RoPE rotates
+  bool rope_interleaved = false;  // RoPE rotates pairs (2i, 2i+1) instead of (i, i + dim/2)
+  bool operator==(const AttentionSpec&) const = default;
+};
+
+// One decoder layer: its attention, and its FFN kind and sizes.
 struct LayerConfig {
+  AttentionSpec attention;
   bool moe = true;                    // routed experts, or a dense SwiGLU MLP
   int intermediate = 0;               // per expert (MoE) or of the dense MLP
   int shared_intermediate = 0;        // shared experts fused as one MLP of this size (0: none)
@@ -66,11 +78,6 @@ struct ModelConfig {
   int moe_intermediate_size = 0;  // per expert
   int intermediate_size = 0;      // dense layers (Qwen3-MoE mlp_only_layers)
   bool norm_topk_prob = true;
-  QkNorm qk_norm = QkNorm::None;
-  std::optional<float> clip_qkv;
-  bool qkv_bias = false;  // q/k/v projections carry a bias (o never does)
-  int rotary_dim = 0;     // leading dims of each head that RoPE rotates (head_dim unless partial)
-  bool rope_interleaved = false;  // RoPE rotates pairs (2i, 2i+1) instead of (i, i + dim/2)
   RopeScaling rope_scaling;
   std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
@@ -96,7 +103,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path);
 ModelConfig load_config(const std::string& path);
 // The rotary_dim / 2 inverse frequencies of RoPE under c.rope_scaling (in double; callers round
 // as they compute).
-std::vector<double> rope_inv_freq(const ModelConfig& c);
+std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim);
 std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"
 // The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
 // the two describe the same model. A refit is refused unless this is empty.

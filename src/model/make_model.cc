@@ -243,15 +243,16 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(mat(pf + "self_attn.v_proj.weight", kvd, H, s_in));
       g.push_back(mat(pf + "self_attn.o_proj.weight", H, qd, 1.f / std::sqrt(float(qd))));
     }
-    if (c.qkv_bias) {
+    const AttentionSpec& attn = c.layers[size_t(i)].attention;
+    if (attn.qkv_bias) {
       g.push_back(vec(pf + "self_attn.q_proj.bias", qd, 0.1f, dt));
       g.push_back(vec(pf + "self_attn.k_proj.bias", kvd, 0.1f, dt));
       g.push_back(vec(pf + "self_attn.v_proj.bias", kvd, 0.1f, dt));
     }
-    if (c.qk_norm == QkNorm::PerHead) {
+    if (attn.qk_norm == QkNorm::PerHead) {
       g.push_back(norm(pf + "self_attn.q_norm.weight", hd));
       g.push_back(norm(pf + "self_attn.k_norm.weight", hd));
-    } else if (c.qk_norm == QkNorm::Whole) {
+    } else if (attn.qk_norm == QkNorm::Whole) {
       g.push_back(norm(pf + "self_attn.q_norm.weight", qd));
       g.push_back(norm(pf + "self_attn.k_norm.weight", kvd));
     }

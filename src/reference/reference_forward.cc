@@ -64,7 +64,7 @@ float inverse_frequency(const ModelConfig& c, const std::vector<double>& yarn, i
 void rope(float* v, int D, int pos, const ModelConfig& cfg) {
   const int half = D / 2;
   const float att = float(cfg.rope_scaling.attention_factor);
-  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg) : std::vector<double>();
+  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg, D) : std::vector<double>();
   for (int i = 0; i < half; ++i) {
     const float inv_freq = inverse_frequency(cfg, yarn, i, D);
     const float angle = float(pos) * inv_freq;
@@ -79,7 +79,7 @@ void rope(float* v, int D, int pos, const ModelConfig& cfg) {
 // rotate-half applied after de-interleaving, which both q and k undergo, so scores agree.
 void rope_interleaved(float* v, int D, int pos, const ModelConfig& cfg) {
   const float att = float(cfg.rope_scaling.attention_factor);
-  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg) : std::vector<double>();
+  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg, D) : std::vector<double>();
   for (int i = 0; i < D / 2; ++i) {
     const float inv_freq = inverse_frequency(cfg, yarn, i, D);
     const float angle = float(pos) * inv_freq;
@@ -90,6 +90,12 @@ void rope_interleaved(float* v, int D, int pos, const ModelConfig& cfg) {
   }
 }
 
+// RoPE on a head's first rotary_dim dims, in the layer's pairing.
+void rotate(float* v, const AttentionSpec& a, int pos, const ModelConfig& cfg) {
+  if (a.rope_interleaved) rope_interleaved(v, a.rotary_dim, pos, cfg);
+  else rope(v, a.rotary_dim, pos, cfg);
+}
+
 float silu(float x) { return x / (1.f + std::exp(-x)); }
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
@@ -97,7 +103,8 @@ float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 // DeepseekV3Attention computes it: per position the query (through the low-rank path when
 // q_lora_rank is set), the latent and its rotary key part; kv_b expands the normed latent into
 // each head's key (nope part) and value; causal softmax attention per head; x += o_proj(out).
-void mla_attention(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x, int S) {
+void mla_attention(const ModelConfig& c, const AttentionSpec& attn, const LayerWeights& L, std::vector<float>& x,
+                   int S) {
   const MlaSpec& m = *c.mla;
   const int H = c.hidden_size, nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim,
             rope_d = m.qk_rope_head_dim, vd = m.v_head_dim, kvr = m.kv_lora_rank;
@@ -119,10 +126,10 @@ void mla_attention(const ModelConfig& c, const LayerWeights& L, std::vector<floa
     matvec(L.kv_a, h.data(), lat.data());
     rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, eps);  // the latent part only
     float* k_pe = lat.data() + kvr;
-    rope_interleaved(k_pe, rope_d, p, c);
+    rotate(k_pe, attn, p, c);
     matvec(L.kv_b, lat.data(), kvb.data());
     for (int hh = 0; hh < nh; ++hh) {
-      rope_interleaved(qp + hh * qk + nope, rope_d, p, c);
+      rotate(qp + hh * qk + nope, attn, p, c);
       float* kh = &k[(size_t(p) * nh + hh) * qk];
       const float* src = &kvb[size_t(hh) * (nope + vd)];
       for (int i = 0; i < nope; ++i) kh[i] = src[i];
@@ -282,10 +289,11 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   int col = 0;  // MoE column of the current layer
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& L = w.layers[size_t(layer)];
+    const AttentionSpec& attn = c.layers[size_t(layer)].attention;
 
     // --- attention: q, k, v for every position first (the sequence is its own KV cache) ---
-    if (c.mla) mla_attention(c, L, x, S);
-    for (int p = 0; p < S && !c.mla; ++p) {
+    if (attn.kind == AttentionKind::Mla) mla_attention(c, attn, L, x, S);
+    for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
       float* qp = &q[size_t(p) * qd];
       float* kp = &k[size_t(p) * kvd];
       float* vp = &v[size_t(p) * kvd];
@@ -293,30 +301,30 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       matvec(L.q, h.data(), qp);
       matvec(L.k, h.data(), kp);
       matvec(L.v, h.data(), vp);
-      if (c.qkv_bias) {  // Qwen2-MoE, GLM-4.5: q/k/v biases (o has none)
+      if (attn.qkv_bias) {  // Qwen2-MoE, GLM-4.5: q/k/v biases (o has none)
         add_bias(qp, L.q_bias, qd);
         add_bias(kp, L.k_bias, kvd);
         add_bias(vp, L.v_bias, kvd);
       }
-      if (c.qk_norm == QkNorm::PerHead) {  // Qwen3-MoE: each head over head_dim
+      if (attn.qk_norm == QkNorm::PerHead) {  // Qwen3-MoE: each head over head_dim
         for (int hh = 0; hh < nh; ++hh) rmsnorm(qp + hh * hd, qp + hh * hd, L.q_norm, hd, eps);
         for (int hh = 0; hh < nkv; ++hh) rmsnorm(kp + hh * hd, kp + hh * hd, L.k_norm, hd, eps);
-      } else if (c.qk_norm == QkNorm::Whole) {  // OLMoE: the whole projection, before heads
+      } else if (attn.qk_norm == QkNorm::Whole) {  // OLMoE: the whole projection, before heads
         rmsnorm(qp, qp, L.q_norm, qd, eps);
         rmsnorm(kp, kp, L.k_norm, kvd, eps);
       }
-      if (c.clip_qkv) {  // OLMoE: clamp after the norms, before RoPE
-        const float cl = *c.clip_qkv;
+      if (attn.clip_qkv) {  // OLMoE: clamp after the norms, before RoPE
+        const float cl = *attn.clip_qkv;
         for (int i = 0; i < qd; ++i) qp[i] = std::clamp(qp[i], -cl, cl);
         for (int i = 0; i < kvd; ++i) kp[i] = std::clamp(kp[i], -cl, cl);
         for (int i = 0; i < kvd; ++i) vp[i] = std::clamp(vp[i], -cl, cl);
       }
       // Partial rotary (GLM-4.5): only the first rotary_dim dims of each head rotate.
-      for (int hh = 0; hh < nh; ++hh) rope(qp + hh * hd, c.rotary_dim, p, c);
-      for (int hh = 0; hh < nkv; ++hh) rope(kp + hh * hd, c.rotary_dim, p, c);
+      for (int hh = 0; hh < nh; ++hh) rotate(qp + hh * hd, attn, p, c);
+      for (int hh = 0; hh < nkv; ++hh) rotate(kp + hh * hd, attn, p, c);
     }
     // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
-    for (int p = 0; p < S && !c.mla; ++p) {
+    for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
       for (int hh = 0; hh < nh; ++hh) {
         const float* qh = &q[size_t(p) * qd + hh * hd];
         const int kh = hh / group;
