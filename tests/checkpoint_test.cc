@@ -285,7 +285,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
     } else {
       EXPECT_TRUE(L.experts.empty());
-      EXPECT_EQ(L.dense.gate.name, dense_name(i, "gate"));
+      EXPECT_EQ(L.dense.gate.name, dense_name(c, i, "gate"));
     }
     if (c.arch == Arch::Mixtral) {
       EXPECT_TRUE(L.q_norm.empty());

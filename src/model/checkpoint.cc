@@ -8,6 +8,7 @@
 #include "core/file_read.h"
 #include "core/json_limits.h"
 #include "core/thread_pool.h"
+#include "model/tensor_names.h"
 
 namespace r3 {
 
@@ -16,35 +17,31 @@ using json = nlohmann::json;
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
+namespace {
+int which_index(const char* which) {
+  const std::string w = which;
+  return w == "gate" ? 0 : w == "up" ? 1 : 2;
+}
+}  // namespace
+
 std::string router_name(const ModelConfig& c, int layer) {
-  return layer_prefix(layer) +
-         (c.arch == Arch::Mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+  return layer_tensor(layer, layer_tensor_names(c.arch).router);
 }
-
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which) {
-  std::string w = which;
-  if (c.arch == Arch::Mixtral) {
-    const char* m = w == "gate" ? "w1" : w == "up" ? "w3" : "w2";
-    return layer_prefix(layer) + "block_sparse_moe.experts." + std::to_string(expert) + "." + m +
-           ".weight";
-  }
-  return layer_prefix(layer) + "mlp.experts." + std::to_string(expert) + "." + w + "_proj.weight";
+  return layer_tensor(layer, layer_tensor_names(c.arch).expert[size_t(which_index(which))], expert);
 }
-
-std::string dense_name(int layer, const char* which) {
-  return layer_prefix(layer) + "mlp." + which + "_proj.weight";
+std::string dense_name(const ModelConfig& c, int layer, const char* which) {
+  return layer_tensor(layer, layer_tensor_names(c.arch).dense[size_t(which_index(which))]);
 }
-
-// Qwen2-MoE: one shared_expert behind shared_expert_gate; GLM-4.5: shared_experts (n of them
-// fused into one MLP).
 std::string shared_expert_name(const ModelConfig& c, int layer, const char* which) {
-  return layer_prefix(layer) + (c.arch == Arch::Qwen2Moe ? "mlp.shared_expert." : "mlp.shared_experts.") + which +
-         "_proj.weight";
+  return layer_tensor(layer, layer_tensor_names(c.arch).shared[size_t(which_index(which))]);
 }
-
-std::string shared_gate_name(int layer) { return layer_prefix(layer) + "mlp.shared_expert_gate.weight"; }
-
-std::string router_bias_name(int layer) { return layer_prefix(layer) + "mlp.gate.e_score_correction_bias"; }
+std::string shared_gate_name(const ModelConfig& c, int layer) {
+  return layer_tensor(layer, layer_tensor_names(c.arch).shared_gate);
+}
+std::string router_bias_name(const ModelConfig& c, int layer) {
+  return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
+}
 
 std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
@@ -173,53 +170,54 @@ void Checkpoint::load_weights() {
   }
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights L;
-    std::string p = layer_prefix(i);
-    L.input_norm = require(p + "input_layernorm.weight", {H});
-    L.post_norm = require(p + "post_attention_layernorm.weight", {H});
+    const LayerTensorNames& N = layer_tensor_names(c.arch);
+    auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
+    L.input_norm = require(name(N.input_norm), {H});
+    L.post_norm = require(name(N.post_norm), {H});
     if (c.mla) {
       const MlaSpec& m = *c.mla;
       const int64_t nh = c.num_heads;
       if (m.q_lora_rank > 0) {
-        L.q_a = require(p + "self_attn.q_a_proj.weight", {m.q_lora_rank, H});
-        L.q_a_norm = require(p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank});
-        L.q = require(p + "self_attn.q_b_proj.weight", {nh * m.qk_head_dim(), m.q_lora_rank});
+        L.q_a = require(name(N.q_a), {m.q_lora_rank, H});
+        L.q_a_norm = require(name(N.q_a_norm), {m.q_lora_rank});
+        L.q = require(name(N.q_b), {nh * m.qk_head_dim(), m.q_lora_rank});
       } else {
-        L.q = require(p + "self_attn.q_proj.weight", {nh * m.qk_head_dim(), H});
+        L.q = require(name(N.q), {nh * m.qk_head_dim(), H});
       }
-      L.kv_a = require(p + "self_attn.kv_a_proj_with_mqa.weight", {m.latent_width(), H});
-      L.kv_a_norm = require(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank});
-      L.kv_b = require(p + "self_attn.kv_b_proj.weight", {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
-      L.o = require(p + "self_attn.o_proj.weight", {H, nh * m.v_head_dim});
+      L.kv_a = require(name(N.kv_a), {m.latent_width(), H});
+      L.kv_a_norm = require(name(N.kv_a_norm), {m.kv_lora_rank});
+      L.kv_b = require(name(N.kv_b), {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+      L.o = require(name(N.o), {H, nh * m.v_head_dim});
     } else {
-      L.q = require(p + "self_attn.q_proj.weight", {qd, H});
-      L.k = require(p + "self_attn.k_proj.weight", {kvd, H});
-      L.v = require(p + "self_attn.v_proj.weight", {kvd, H});
-      L.o = require(p + "self_attn.o_proj.weight", {H, qd});
+      L.q = require(name(N.q), {qd, H});
+      L.k = require(name(N.k), {kvd, H});
+      L.v = require(name(N.v), {kvd, H});
+      L.o = require(name(N.o), {H, qd});
     }
     const AttentionSpec& attn = c.layers[size_t(i)].attention;
     if (attn.qkv_bias) {
-      L.q_bias = require(p + "self_attn.q_proj.bias", {qd});
-      L.k_bias = require(p + "self_attn.k_proj.bias", {kvd});
-      L.v_bias = require(p + "self_attn.v_proj.bias", {kvd});
+      L.q_bias = require(name(N.q_bias), {qd});
+      L.k_bias = require(name(N.k_bias), {kvd});
+      L.v_bias = require(name(N.v_bias), {kvd});
     }
     if (attn.qk_norm == QkNorm::PerHead) {
-      L.q_norm = require(p + "self_attn.q_norm.weight", {hd});
-      L.k_norm = require(p + "self_attn.k_norm.weight", {hd});
+      L.q_norm = require(name(N.q_norm), {hd});
+      L.k_norm = require(name(N.k_norm), {hd});
     } else if (attn.qk_norm == QkNorm::Whole) {
-      L.q_norm = require(p + "self_attn.q_norm.weight", {qd});
-      L.k_norm = require(p + "self_attn.k_norm.weight", {kvd});
+      L.q_norm = require(name(N.q_norm), {qd});
+      L.k_norm = require(name(N.k_norm), {kvd});
     }
     L.moe = c.layer_is_moe[size_t(i)];
     if (L.moe) {
       const int64_t I = c.moe_intermediate_size;
       L.router = require(router_name(c, i), {c.num_experts, H});
-      if (c.router.selection_bias) L.router_bias = require(router_bias_name(i), {c.num_experts});
+      if (c.router.selection_bias) L.router_bias = require(router_bias_name(c, i), {c.num_experts});
       const LayerConfig& lc = c.layers[size_t(i)];
       if (lc.shared_intermediate > 0) {
         const int64_t S = lc.shared_intermediate;
         L.shared = {require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
                     require(shared_expert_name(c, i, "down"), {H, S})};
-        if (lc.shared_gate) L.shared_gate = require(shared_gate_name(i), {1, H});
+        if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
       }
       for (int e = 0; e < c.num_experts; ++e)
         L.experts.push_back({require(expert_name(c, i, e, "gate"), {I, H}),
@@ -227,8 +225,8 @@ void Checkpoint::load_weights() {
                              require(expert_name(c, i, e, "down"), {H, I})});
     } else {
       const int64_t I = c.intermediate_size;
-      L.dense = {require(dense_name(i, "gate"), {I, H}), require(dense_name(i, "up"), {I, H}),
-                 require(dense_name(i, "down"), {H, I})};
+      L.dense = {require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
+                 require(dense_name(c, i, "down"), {H, I})};
     }
     weights_.layers.push_back(std::move(L));
   }

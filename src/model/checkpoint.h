@@ -87,14 +87,14 @@ class Checkpoint {
   ModelWeights weights_;
 };
 
-// Hugging Face tensor names of one layer, per architecture.
+// Hugging Face tensor names of one layer (model/tensor_names.h holds the tables).
 std::string layer_prefix(int layer);
 std::string router_name(const ModelConfig& c, int layer);
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
-std::string dense_name(int layer, const char* which);
+std::string dense_name(const ModelConfig& c, int layer, const char* which);
 std::string shared_expert_name(const ModelConfig& c, int layer, const char* which);  // gate|up|down
-std::string shared_gate_name(int layer);
-std::string router_bias_name(int layer);
+std::string shared_gate_name(const ModelConfig& c, int layer);
+std::string router_bias_name(const ModelConfig& c, int layer);
 // Stored tensors r3 has no use for and may ignore (RoPE inv_freq buffers of old exports).
 bool knowingly_unused(const std::string& name);
 

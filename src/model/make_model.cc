@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
+#include "model/tensor_names.h"
 
 namespace r3 {
 
@@ -219,42 +220,43 @@ void make_model(const MakeModelOptions& opt) {
   groups.push_back(head);
   for (int i = 0; i < c.num_layers; ++i) {
     std::vector<std::function<TensorToWrite()>> g;
-    std::string pf = layer_prefix(i);
-    g.push_back(norm(pf + "input_layernorm.weight", H));
-    g.push_back(norm(pf + "post_attention_layernorm.weight", H));
+    const LayerTensorNames& N = layer_tensor_names(c.arch);
+    auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
+    g.push_back(norm(name(N.input_norm), H));
+    g.push_back(norm(name(N.post_norm), H));
     if (c.mla) {
       const MlaSpec& m = *c.mla;
       const int64_t nh = c.num_heads, qk = m.qk_head_dim(), vd = nh * m.v_head_dim;
       if (m.q_lora_rank > 0) {
-        g.push_back(mat(pf + "self_attn.q_a_proj.weight", m.q_lora_rank, H, s_in));
-        g.push_back(norm(pf + "self_attn.q_a_layernorm.weight", m.q_lora_rank));
-        g.push_back(mat(pf + "self_attn.q_b_proj.weight", nh * qk, m.q_lora_rank, 1.f / std::sqrt(float(m.q_lora_rank))));
+        g.push_back(mat(name(N.q_a), m.q_lora_rank, H, s_in));
+        g.push_back(norm(name(N.q_a_norm), m.q_lora_rank));
+        g.push_back(mat(name(N.q_b), nh * qk, m.q_lora_rank, 1.f / std::sqrt(float(m.q_lora_rank))));
       } else {
-        g.push_back(mat(pf + "self_attn.q_proj.weight", nh * qk, H, s_in));
+        g.push_back(mat(name(N.q), nh * qk, H, s_in));
       }
-      g.push_back(mat(pf + "self_attn.kv_a_proj_with_mqa.weight", m.latent_width(), H, s_in));
-      g.push_back(norm(pf + "self_attn.kv_a_layernorm.weight", m.kv_lora_rank));
-      g.push_back(mat(pf + "self_attn.kv_b_proj.weight", nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+      g.push_back(mat(name(N.kv_a), m.latent_width(), H, s_in));
+      g.push_back(norm(name(N.kv_a_norm), m.kv_lora_rank));
+      g.push_back(mat(name(N.kv_b), nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
                       1.f / std::sqrt(float(m.kv_lora_rank))));
-      g.push_back(mat(pf + "self_attn.o_proj.weight", H, vd, 1.f / std::sqrt(float(vd))));
+      g.push_back(mat(name(N.o), H, vd, 1.f / std::sqrt(float(vd))));
     } else {
-      g.push_back(mat(pf + "self_attn.q_proj.weight", qd, H, s_in));
-      g.push_back(mat(pf + "self_attn.k_proj.weight", kvd, H, s_in));
-      g.push_back(mat(pf + "self_attn.v_proj.weight", kvd, H, s_in));
-      g.push_back(mat(pf + "self_attn.o_proj.weight", H, qd, 1.f / std::sqrt(float(qd))));
+      g.push_back(mat(name(N.q), qd, H, s_in));
+      g.push_back(mat(name(N.k), kvd, H, s_in));
+      g.push_back(mat(name(N.v), kvd, H, s_in));
+      g.push_back(mat(name(N.o), H, qd, 1.f / std::sqrt(float(qd))));
     }
     const AttentionSpec& attn = c.layers[size_t(i)].attention;
     if (attn.qkv_bias) {
-      g.push_back(vec(pf + "self_attn.q_proj.bias", qd, 0.1f, dt));
-      g.push_back(vec(pf + "self_attn.k_proj.bias", kvd, 0.1f, dt));
-      g.push_back(vec(pf + "self_attn.v_proj.bias", kvd, 0.1f, dt));
+      g.push_back(vec(name(N.q_bias), qd, 0.1f, dt));
+      g.push_back(vec(name(N.k_bias), kvd, 0.1f, dt));
+      g.push_back(vec(name(N.v_bias), kvd, 0.1f, dt));
     }
     if (attn.qk_norm == QkNorm::PerHead) {
-      g.push_back(norm(pf + "self_attn.q_norm.weight", hd));
-      g.push_back(norm(pf + "self_attn.k_norm.weight", hd));
+      g.push_back(norm(name(N.q_norm), hd));
+      g.push_back(norm(name(N.k_norm), hd));
     } else if (attn.qk_norm == QkNorm::Whole) {
-      g.push_back(norm(pf + "self_attn.q_norm.weight", qd));
-      g.push_back(norm(pf + "self_attn.k_norm.weight", kvd));
+      g.push_back(norm(name(N.q_norm), qd));
+      g.push_back(norm(name(N.k_norm), kvd));
     }
     if (c.layer_is_moe[size_t(i)]) {
       // Router rows with std ~1.5/sqrt(H) give logits of spread ~1.5: choices vary across
@@ -262,7 +264,7 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(mat(router_name(c, i), c.num_experts, H, 1.5f * s_in));
       // The selection bias is fp32 in released checkpoints; spread ~0.05 against sigmoid scores
       // in (0, 1) lets it change some choices.
-      if (c.router.selection_bias) g.push_back(vec(router_bias_name(i), c.num_experts, 0.05f, DType::F32));
+      if (c.router.selection_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.05f, DType::F32));
       const int64_t I = c.moe_intermediate_size;
       for (int e = 0; e < c.num_experts; ++e) {
         g.push_back(mat(expert_name(c, i, e, "gate"), I, H, s_in));
@@ -275,13 +277,13 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back(mat(shared_expert_name(c, i, "gate"), S, H, s_in));
         g.push_back(mat(shared_expert_name(c, i, "up"), S, H, s_in));
         g.push_back(mat(shared_expert_name(c, i, "down"), H, S, 1.f / std::sqrt(float(S))));
-        if (lc.shared_gate) g.push_back(mat(shared_gate_name(i), 1, H, s_in));
+        if (lc.shared_gate) g.push_back(mat(shared_gate_name(c, i), 1, H, s_in));
       }
     } else {
       const int64_t I = c.intermediate_size;
-      g.push_back(mat(dense_name(i, "gate"), I, H, s_in));
-      g.push_back(mat(dense_name(i, "up"), I, H, s_in));
-      g.push_back(mat(dense_name(i, "down"), H, I, 1.f / std::sqrt(float(I))));
+      g.push_back(mat(dense_name(c, i, "gate"), I, H, s_in));
+      g.push_back(mat(dense_name(c, i, "up"), I, H, s_in));
+      g.push_back(mat(dense_name(c, i, "down"), H, I, 1.f / std::sqrt(float(I))));
     }
     groups.push_back(g);
   }
