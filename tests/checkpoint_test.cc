@@ -1152,6 +1152,33 @@ TEST(ConfigYarn, FrequenciesAndFactorsAsTransformersComputes) {
   EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "yarn"), "rope_scaling.factor");
 }
 
+// Keys whose transformers default differs by family or version are required, not guessed;
+// rope_scaling's type and rope_type must agree; a refit is refused on any digit of a float key.
+TEST(ConfigFailClosed, NoGuessedDefaultsNoAmbiguityEveryDigitCounts) {
+  for (const char* arch : {"deepseek_v3", "glm4_moe"})
+    for (const char* key : {"n_group", "topk_group", "routed_scaling_factor"}) {
+      json j = json::parse(preset_config_json(arch, "tiny"));
+      j.erase(key);
+      EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "cfg"), "missing key", std::string("\"") + key + "\"");
+    }
+  json g = json::parse(preset_config_json("glm4_moe", "tiny"));
+  g.erase("partial_rotary_factor");  // Glm4MoeConfig's default, 0.5
+  EXPECT_EQ(parse_config(g.dump(), "cfg").layers[0].attention.rotary_dim, g["head_dim"].get<int>() / 2);
+  json d = json::parse(preset_config_json("deepseek_v3", "small"));
+  d["rope_scaling"]["rope_type"] = "linear";
+  EXPECT_ERROR_MENTIONS(parse_config(d.dump(), "cfg"), "rope_scaling", "type");
+  json o = json::parse(preset_config_json("olmoe", "tiny"));
+  const ModelConfig a = parse_config(o.dump(), "a");
+  o["clip_qkv"] = 8.000001;
+  const ModelConfig b = parse_config(o.dump(), "b");
+  EXPECT_FALSE(config_differences(a, b).empty()) << "clip_qkv 8 -> 8.000001 passed as no change";
+  o = json::parse(preset_config_json("olmoe", "tiny"));
+  o["rope_theta"] = 100000.0;
+  const ModelConfig c = parse_config(o.dump(), "c");
+  o["rope_theta"] = 100000.5;  // a float apart; both printed "100000" at six digits
+  EXPECT_FALSE(config_differences(c, parse_config(o.dump(), "d")).empty());
+}
+
 TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
   struct Case {
     std::string arch, key;

@@ -78,7 +78,6 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   const MlaSpec& m = *c.mla;
   const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, kvr = m.kv_lora_rank,
             lw = m.latent_width(), vd = m.v_head_dim;
-  const float eps = c.rms_norm_eps;
   const AttentionSpec& a = c.layers[size_t(layer)].attention;
   const Activations hx{h_.data(), hb_.data(), T};
   if (!L.q_a.empty()) {
@@ -87,7 +86,7 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
     pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         float* a = qa_.data() + size_t(t) * qr;
-        rms_norm(a, L.q_a_norm, 0, qr, eps, a);
+        rms_norm(a, L.q_a_norm, 0, qr, kMlaNormEps, a);
         round_to_bf16(a, qr, qab_.data() + size_t(t) * qr);
       }
     });
@@ -101,7 +100,7 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
     for (int64_t t = t0; t < t1; ++t) {
       const PlannedToken& tok = plan.tokens[size_t(t)];
       float* lat = &k_[size_t(t) * lw];
-      rms_norm(lat, L.kv_a_norm, 0, kvr, eps, lat);
+      rms_norm(lat, L.kv_a_norm, 0, kvr, kMlaNormEps, lat);
       rotate(lat + kvr, tok.position, a.rope_interleaved);
       float* q = &q_[size_t(t) * nh * qk];
       for (int h = 0; h < nh; ++h) {

@@ -298,6 +298,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     const bool neutral = rs.is_object() && rs.size() <= 2 &&
                          ((rs.contains("rope_type") && rs["rope_type"] == "default") ||
                           (rs.contains("type") && rs["type"] == "default"));
+    if (rs.is_object() && rs.contains("type") && rs.contains("rope_type") && rs["type"] != rs["rope_type"])
+      throw Error(path + ": key \"rope_scaling\" has type " + rs["type"].dump() + " and rope_type " +
+                  rs["rope_type"].dump() + " (transformers lets type win; give one)");
     const bool yarn = rs.is_object() && ((rs.contains("rope_type") && rs["rope_type"] == "yarn") ||
                                          (rs.contains("type") && rs["type"] == "yarn"));
     if (yarn) {
@@ -385,8 +388,14 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       }
       c.router.scoring = RouterScoring::Sigmoid;
       c.router.selection_bias = true;
-      c.router.n_group = r.opt_int("n_group", 1);
-      c.router.topk_group = r.opt_int("topk_group", 1);
+      // Required rather than defaulted: transformers' defaults for these differ by family and
+      // version (DeepseekV3Config: n_group 8, topk_group 4, routed_scaling_factor 2.5), and a wrong
+      // default silently changes every choice or gate weight. Released configs state them.
+      for (const char* key : {"n_group", "topk_group", "routed_scaling_factor"})
+        if (!j.contains(key) || j[key].is_null())
+          throw Error(path + ": missing key \"" + key + "\" (required for " + arch + ")");
+      c.router.n_group = r.req_int("n_group");
+      c.router.topk_group = r.req_int("topk_group");
       c.router.routed_scaling_factor = r.opt_float("routed_scaling_factor", 1.f);
       const int n_shared = r.opt_int("n_shared_experts", 0);
       require_range(path, "n_shared_experts", n_shared, 0, 64);
@@ -396,7 +405,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       for (int i = 0; i < c.num_layers; ++i) c.layer_is_moe[size_t(i)] = i >= dense;
       c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
       require_range(path, "num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 16);
-      const float partial = c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 1.f) : 1.f;
+      // Glm4MoeConfig's default is 0.5; a config without the key gets it, as in transformers.
+      const float partial = c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 0.5f) : 1.f;
       if (!(partial > 0.f && partial <= 1.f))
         throw Error(path + ": key \"partial_rotary_factor\" must be in (0, 1]");
       if (c.arch == Arch::Glm4Moe) attn.rotary_dim = int(float(c.head_dim) * partial);
@@ -462,6 +472,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   };
   auto num = [](auto v) {
     std::ostringstream o;
+    o.precision(17);  // every digit: a refit must not pass because two values print alike
     o << v;
     return o.str();
   };
@@ -484,6 +495,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
   auto attention_of = [](const ModelConfig& m) {
     std::ostringstream o;
+    o.precision(17);
     for (const LayerConfig& l : m.layers) {
       const AttentionSpec& a = l.attention;
       o << (a.kind == AttentionKind::Mla ? "mla" : "gqa") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
@@ -498,6 +510,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     const RopeScaling& y = m.rope_scaling;
     if (!y.yarn) return std::string("none");
     std::ostringstream o;
+    o.precision(17);
     o << "yarn factor " << y.factor << " original " << y.original_max_position_embeddings << " beta " << y.beta_fast
       << "/" << y.beta_slow << " truncate " << y.truncate << " attention_factor " << y.attention_factor
       << " softmax_mscale " << y.softmax_mscale;

@@ -41,6 +41,10 @@ struct RopeScaling {
 // Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank bottleneck,
 // keys and values from one compressed latent per token (kv_lora_rank) plus a shared rotary key
 // part (qk_rope_head_dim). The KV cache holds only the latent and the rotary part.
+// transformers builds MLA's q_a_layernorm and kv_a_layernorm without passing rms_norm_eps, so
+// they keep DeepseekV3RMSNorm's default.
+inline constexpr float kMlaNormEps = 1e-6f;
+
 struct MlaSpec {
   int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
   int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;

@@ -118,13 +118,13 @@ void mla_attention(const ModelConfig& c, const AttentionSpec& attn, const LayerW
     float* qp = &q[size_t(p) * nh * qk];
     if (!L.q_a.empty()) {
       matvec(L.q_a, h.data(), qa.data());
-      rmsnorm(qa.data(), qa.data(), L.q_a_norm, m.q_lora_rank, eps);
+      rmsnorm(qa.data(), qa.data(), L.q_a_norm, m.q_lora_rank, kMlaNormEps);
       matvec(L.q, qa.data(), qp);
     } else {
       matvec(L.q, h.data(), qp);
     }
     matvec(L.kv_a, h.data(), lat.data());
-    rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, eps);  // the latent part only
+    rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, kMlaNormEps);  // the latent part only
     float* k_pe = lat.data() + kvr;
     rotate(k_pe, attn, p, c);
     matvec(L.kv_b, lat.data(), kvb.data());
