@@ -2,7 +2,7 @@
 // with batch-invariant kernels, writes their KV into the paged cache (KvCache) and captures
 // routes; logits on request (StepSampler samples and scores outside). The forward is a loop over
 // the layers calling blocks, each in its own file: attention_block.cc (GQA), mla_block.cc (MLA),
-// moe_block.cc (MoE and dense MLP); scratch is sized once from the model description.
+// moe_block.cc (MoE), dense_block.cc (dense MLP); scratch is sized once from the model description.
 // Numerics: weights as stored (bf16 or f32), activations rounded to bf16 at matmul inputs, fp32
 // accumulation in the fixed order of kernels/dot.h; K and V rounded to the KV cache dtype (bf16
 // by default for bf16 checkpoints) as they are written, attention in fp32.

@@ -1,5 +1,5 @@
-// The FFN blocks of the runner: MoE (router and capture, EPLB remap, experts grouped by token,
-// combine in router order, shared experts) and the dense MLP.
+// The MoE block of the runner: router and capture, EPLB remap, experts grouped by token, combine
+// in router order, shared experts (through the dense MLP block, dense_block.cc).
 #include <algorithm>
 #include <cmath>
 
@@ -148,16 +148,6 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
         for (int d = 0; d < H; ++d) o[d] += shared_gate_[size_t(t)] * y[d];
     }
   });
-}
-
-void ModelRunner::dense_ffn(const ExpertWeights& w, int T, float* out) {
-  const int I = int(w.gate.shape[0]);
-  const kernels::MatmulOut gate_up[] = {{&w.gate, gate_.data()}, {&w.up, up_.data()}};
-  kernels::matmul_many({h_.data(), hb_.data(), T}, gate_up, pool_);
-  kernels::silu_mul(gate_.data(), up_.data(), act_.data(), T * I);
-  round_to_bf16(act_.data(), int64_t(T) * I, actb_.data());
-  matmul({act_.data(), actb_.data(), T}, w.down, out, pool_);
-  weight_bytes_ += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
 }
 
 }  // namespace r3
