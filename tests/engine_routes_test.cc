@@ -298,7 +298,9 @@ TEST(EngineRoutes, AbortKeepsRoutedExpertsStart) {
   uint64_t a = e.add_request({1, 2, 3, 4, 5, 6, 7, 8}, p);
   std::optional<RequestOutput> done;
   for (int steps = 0; e.has_unfinished(); ++steps) {
-    if (steps == 6) EXPECT_TRUE(e.abort(a));
+    if (steps == 6) {
+      EXPECT_TRUE(e.abort(a));
+    }
     for (auto& o : e.step())
       if (o.finished) done = o;
   }
@@ -436,7 +438,9 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
         // Sigmoid scores sit near 0.5 where their slope is 1/4, softmax scores near 1/E: the same
         // logit difference (bf16 against fp32 activations) moves a sigmoid score ~2.5x more.
         const float tie = mc.router.scoring == RouterScoring::Sigmoid ? 0.05f : 0.02f;
-        if (a != own.experts) EXPECT_LT(own.margin, tie) << "position " << p << " layer " << l;
+        if (a != own.experts) {
+          EXPECT_LT(own.margin, tie) << "position " << p << " layer " << l;
+        }
       }
   }
   EXPECT_LT(max_dlogprob, 0.05) << "engine (bf16 activations) vs reference (fp32) logprob gap";

@@ -1121,7 +1121,9 @@ TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
       for (size_t r = 0; r * row < raw.size(); ++r)
         for (size_t b = 0; b < size_t(c.top_k) * 4; ++b) ASSERT_EQ(raw[r * row + b], 0) << "dense layer 0, row " << r;
     }
-    if (std::string(fmt) == "vllm") EXPECT_EQ(cmp["prompt_routed_experts"], cmp["choices"][0]["prompt_routed_experts"]);
+    if (std::string(fmt) == "vllm") {
+      EXPECT_EQ(cmp["prompt_routed_experts"], cmp["choices"][0]["prompt_routed_experts"]);
+    }
   }
   auto bad = cli.Post("/generate", R"({"input_ids":[1],"routed_experts_format":"protobuf"})", "application/json");
   ASSERT_TRUE(bad);
@@ -1257,7 +1259,9 @@ TEST(ServerRoutes, MultiTurnWithRoutedExpertsStartLen) {
                                                    {"routed_experts_start_len", held_rows}}.dump(),
                                   "application/json")->body);
     EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], held_rows);
-    if (turn > 0) EXPECT_GT(r["meta_info"]["cached_tokens"].get<int>(), 0);
+    if (turn > 0) {
+      EXPECT_GT(r["meta_info"]["cached_tokens"].get<int>(), 0);
+    }
     const RouteArray part = decode_sglang_routes(r["meta_info"]["routed_experts"].get<std::string>(), c.num_layers,
                                                  c.top_k, c.moe_layers(), held_rows);
     for (auto& t : r["output_ids"]) tokens.push_back(t.get<int>());

@@ -82,8 +82,8 @@ Sample draw(const float* logits, int V, const SamplerParams& p, int position, st
   const double z = st.z;
   log_z_out = log_z;
   // A NaN or infinite logit makes z or m non-finite: fail closed rather than sample from it.
-  if (!std::isfinite(log_z)) return {0, 0.f, true};
-  if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z};
+  if (!std::isfinite(log_z)) return {0, 0.f, true, {}};
+  if (p.temperature == 0.f) return {argmax, logits[argmax] - log_z, false, {}};
 
   // Candidates: all ids in id order (plain sampling needs no sort), or, with top_k / top_p, the
   // best ones by descending logit with ties to the lower id. Either is a fixed order, so the
@@ -135,7 +135,7 @@ Sample draw(const float* logits, int V, const SamplerParams& p, int position, st
       break;
     }
   }
-  return {pick, logits[pick] - log_z};
+  return {pick, logits[pick] - log_z, false, {}};
 }
 
 }  // namespace
