@@ -27,7 +27,7 @@ namespace {
 using json = nlohmann::json;
 using testing::test_model;
 
-const std::vector<std::string> kArchs = {"olmoe", "qwen3_moe", "mixtral"};
+const std::vector<std::string>& kArchs = testing::kAllArchs;
 
 EngineConfig config_for(const std::string& model) {
   EngineConfig c;
