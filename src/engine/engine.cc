@@ -440,6 +440,8 @@ void Engine::commit_staged_weights(bool flush) {
   runner_->set_weights(ckpt_, &changed);
   ++weight_version_;
   if (flush) drop_prefix_cache();
+  if (freeing_sent_.valid()) freeing_sent_.wait();
+  freeing_sent_ = std::async(std::launch::async, [sent = std::move(all)]() mutable { sent = {}; });
 }
 
 bool Engine::reset_prefix_cache() {
