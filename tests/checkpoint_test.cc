@@ -277,7 +277,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
   }
   for (int i = 0; i < c.num_layers; ++i) {
     const LayerWeights& L = w.layers[size_t(i)];
-    EXPECT_EQ(L.moe, bool(c.layer_is_moe[size_t(i)]));
+    EXPECT_EQ(L.moe, c.layers[size_t(i)].moe);
     if (L.moe) {
       EXPECT_EQ(L.router.name, router_name(c, i));
       EXPECT_EQ(L.router.shape, (std::vector<int64_t>{c.num_experts, H}));

@@ -1081,7 +1081,7 @@ TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
 TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
   const std::string model = test_model("qwen3_moe", "small");
   const ModelConfig c = load_config(model + "/config.json");
-  ASSERT_FALSE(c.layer_is_moe[0]);
+  ASSERT_FALSE(c.layers[0].moe);
   Running s(server_engine_config(model));
   auto cli = s.client();
   const std::vector<int> prompt = prompt_of(11, 6);

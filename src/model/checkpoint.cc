@@ -207,7 +207,7 @@ void Checkpoint::load_weights() {
       L.q_norm = require(name(N.q_norm), {qd});
       L.k_norm = require(name(N.k_norm), {kvd});
     }
-    L.moe = c.layer_is_moe[size_t(i)];
+    L.moe = c.layers[size_t(i)].moe;
     if (L.moe) {
       const int64_t I = c.moe_intermediate_size;
       L.router = require(router_name(c, i), {c.num_experts, H});

@@ -17,7 +17,7 @@ using json = nlohmann::json;
 std::vector<int> ModelConfig::moe_layers() const {
   std::vector<int> out;
   for (int i = 0; i < num_layers; ++i)
-    if (layer_is_moe[size_t(i)]) out.push_back(i);
+    if (layers[size_t(i)].moe) out.push_back(i);
   return out;
 }
 
@@ -56,7 +56,7 @@ int64_t ModelConfig::kv_cache_width() const {
 }
 
 int ModelConfig::num_moe_layers() const {
-  return int(std::count(layer_is_moe.begin(), layer_is_moe.end(), true));
+  return int(std::count_if(layers.begin(), layers.end(), [](const LayerConfig& l) { return l.moe; }));
 }
 
 std::string arch_short_name(Arch a) {
@@ -326,7 +326,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
                   " is not implemented by r3 (sliding-window attention)");
   }
 
-  c.layer_is_moe.assign(size_t(c.num_layers), true);
+  std::vector<bool> moe(size_t(c.num_layers), true);  // per decoder layer: routed experts or dense
   int shared = 0;  // shared-expert MLP size of every MoE layer
   bool shared_gate = false;
   switch (c.arch) {
@@ -359,7 +359,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       }
       for (int i = 0; i < c.num_layers; ++i) {
         bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-        c.layer_is_moe[size_t(i)] = !only && c.num_experts > 0 && (i + 1) % step == 0;
+        moe[size_t(i)] = !only && c.num_experts > 0 && (i + 1) % step == 0;
       }
       if (c.arch == Arch::Qwen2Moe) {
         // One shared expert behind a sigmoid gate on every MoE layer (Qwen2MoeSparseMoeBlock).
@@ -402,7 +402,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       shared = n_shared * c.moe_intermediate_size;
       const int dense = r.opt_int("first_k_dense_replace", 0);
       require_range(path, "first_k_dense_replace", dense, 0, c.num_layers);
-      for (int i = 0; i < c.num_layers; ++i) c.layer_is_moe[size_t(i)] = i >= dense;
+      for (int i = 0; i < c.num_layers; ++i) moe[size_t(i)] = i >= dense;
       c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
       require_range(path, "num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 16);
       // Glm4MoeConfig's default is 0.5; a config without the key gets it, as in transformers.
@@ -440,9 +440,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
   if (c.num_experts > 0 && c.top_k > c.num_experts)
     throw Error(path + ": num_experts_per_tok exceeds the number of experts");
-  if (c.num_moe_layers() == 0) throw Error(path + ": the model has no MoE layer");
+  if (std::count(moe.begin(), moe.end(), true) == 0) throw Error(path + ": the model has no MoE layer");
   for (int i = 0; i < c.num_layers; ++i)
-    if (!c.layer_is_moe[size_t(i)] && c.intermediate_size <= 0)
+    if (!moe[size_t(i)] && c.intermediate_size <= 0)
       throw Error(path + ": layer " + std::to_string(i) + " is dense but \"intermediate_size\" is missing");
   c.router.renormalize = c.norm_topk_prob;
   const RouterSpec& rs = c.router;
@@ -456,7 +456,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     LayerConfig l;
     l.attention = attn;
     l.attention.kind = c.mla ? AttentionKind::Mla : AttentionKind::Gqa;
-    l.moe = c.layer_is_moe[size_t(i)];
+    l.moe = moe[size_t(i)];
     l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
     l.shared_intermediate = l.moe ? shared : 0;
     l.shared_gate = l.moe && shared_gate;
@@ -476,9 +476,9 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     o << v;
     return o.str();
   };
-  auto layers = [](const std::vector<bool>& v) {
+  auto layers = [](const ModelConfig& m) {
     std::string s;
-    for (bool m : v) s += m ? 'M' : 'D';
+    for (const LayerConfig& l : m.layers) s += l.moe ? 'M' : 'D';
     return s;
   };
   cmp("architectures", a.architecture, b.architecture, [](const std::string& v) { return v; });
@@ -541,7 +541,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings, num);
   cmp("eos_token_id", a.eos_token_id, b.eos_token_id, num);
   cmp("bos_token_id", a.bos_token_id, b.bos_token_id, num);
-  cmp("layers (M = MoE, D = dense)", a.layer_is_moe, b.layer_is_moe, layers);
+  cmp("layers (M = MoE, D = dense)", layers(a), layers(b), [](const std::string& v) { return v; });
   return out;
 }
 

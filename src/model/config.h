@@ -91,7 +91,6 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int max_position_embeddings = 4096;
   int eos_token_id = -1, bos_token_id = -1;
-  std::vector<bool> layer_is_moe;  // per decoder layer
 
   std::vector<int> moe_layers() const;  // decoder-layer index of each MoE column
   // KV-cache elements per token and layer, K and V together (GQA: 2 x kv heads x head_dim; MLA:

@@ -258,7 +258,7 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(norm(name(N.q_norm), qd));
       g.push_back(norm(name(N.k_norm), kvd));
     }
-    if (c.layer_is_moe[size_t(i)]) {
+    if (c.layers[size_t(i)].moe) {
       // Router rows with std ~1.5/sqrt(H) give logits of spread ~1.5: choices vary across
       // tokens and layers, and near-ties between the K-th and (K+1)-th expert occur.
       g.push_back(mat(router_name(c, i), c.num_experts, H, 1.5f * s_in));
