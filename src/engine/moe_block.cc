@@ -133,10 +133,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   if (!L.shared_gate.empty()) {
     matmul({h_.data(), hb_.data(), T}, L.shared_gate, shared_gate_.data(), pool_);
     weight_bytes_ += L.shared_gate.nbytes();
-    for (int t = 0; t < T; ++t) {
-      const float g = shared_gate_[size_t(t)], e = kernels::exp_nonpositive(0.f - std::fabs(g));
-      shared_gate_[size_t(t)] = (g >= 0.f ? 1.f : e) / (1.f + e);
-    }
+    for (int t = 0; t < T; ++t) shared_gate_[size_t(t)] = kernels::sigmoid(shared_gate_[size_t(t)]);
   }
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

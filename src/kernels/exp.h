@@ -48,6 +48,13 @@ inline Vec16 exp_nonpositive(Vec16 x) {
 }
 #endif
 
+// sigmoid(x) from e = exp(-|x|) <= 1: 1 / (1 + e) for x >= 0 and e / (1 + e) below, so the
+// exponential never overflows (SiLU, the sigmoid routers, the shared-expert gate).
+inline float sigmoid(float x) {
+  const float e = exp_nonpositive(0.f - std::fabs(x));
+  return (x >= 0.f ? 1.f : e) / (1.f + e);
+}
+
 // out[i] = exp_nonpositive((x[i] - m) / d) for a max m of x and a divisor d > 0 (a softmax's
 // numerators at temperature d). out may be x.
 inline void exp_below_max(const float* x, int n, float m, float d, float* out) {

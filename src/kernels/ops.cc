@@ -32,8 +32,7 @@ void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, floa
   }
 }
 
-// silu(g) = g * sigmoid(g), the sigmoid from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0 and
-// e / (1 + e) below, so the exponential never overflows.
+// silu(g) = g * sigmoid(g), sigmoid as exp.h computes it (the vector path the same operations).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
   int i = 0;
 #if defined(R3_VEC16)
@@ -46,9 +45,8 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   }
 #endif
   for (; i < n; ++i) {
-    const float g = gate[i], e = exp_nonpositive(0.f - std::fabs(g));
-    const float sig = (g >= 0.f ? 1.f : e) / (1.f + e);
-    out[i] = g * sig * up[i];
+    const float g = gate[i];
+    out[i] = g * sigmoid(g) * up[i];
   }
 }
 
