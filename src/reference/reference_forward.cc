@@ -52,49 +52,37 @@ void softmax(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] /= sum;
 }
 
-// RoPE "rotate half" on one head vector of length D: pairs (i, i + D/2) rotate by
-// pos * theta^(-2i/D). Computed in fp32 like HF's inv_freq and cos/sin caches.
-// With YaRN (rope_scaling), the frequencies are YaRN's (`yarn`, from rope_inv_freq) and cos/sin
-// carry its attention factor.
-float inverse_frequency(const ModelConfig& c, const std::vector<double>& yarn, int i, int D) {
-  if (!yarn.empty()) return float(yarn[size_t(i)]);
-  return 1.f / std::pow(c.rope_theta, float(2 * i) / float(D));
-}
+// RoPE of one layer's attention on a head's first rotary_dim dims. Frequencies in fp32 like
+// HF's inv_freq: theta^(-2i/D), or YaRN's (rope_inv_freq) with cos/sin carrying its attention
+// factor. Pairs (i, i + D/2) ("rotate half"), or adjacent pairs (2i, 2i + 1) for DeepSeek-V3's
+// rope_interleave: the same rotation as rotate-half after de-interleaving, which q and k both
+// undergo, so scores agree.
+struct Rotary {
+  std::vector<float> inv_freq;
+  float att = 1.f;
+  bool interleaved = false;
 
-void rope(float* v, int D, int pos, const ModelConfig& cfg) {
-  const int half = D / 2;
-  const float att = float(cfg.rope_scaling.attention_factor);
-  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg, D) : std::vector<double>();
-  for (int i = 0; i < half; ++i) {
-    const float inv_freq = inverse_frequency(cfg, yarn, i, D);
-    const float angle = float(pos) * inv_freq;
-    const float c = std::cos(angle) * att, s = std::sin(angle) * att;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
+  Rotary(const ModelConfig& c, const AttentionSpec& a)
+      : att(float(c.rope_scaling.attention_factor)), interleaved(a.rope_interleaved) {
+    const int D = a.rotary_dim;
+    const std::vector<double> yarn = c.rope_scaling.yarn ? rope_inv_freq(c, D) : std::vector<double>();
+    for (int i = 0; i < D / 2; ++i)
+      inv_freq.push_back(yarn.empty() ? 1.f / std::pow(c.rope_theta, float(2 * i) / float(D)) : float(yarn[size_t(i)]));
   }
-}
 
-// RoPE on adjacent pairs (2i, 2i + 1), DeepSeek-V3's rope_interleave: the same rotation as
-// rotate-half applied after de-interleaving, which both q and k undergo, so scores agree.
-void rope_interleaved(float* v, int D, int pos, const ModelConfig& cfg) {
-  const float att = float(cfg.rope_scaling.attention_factor);
-  const std::vector<double> yarn = cfg.rope_scaling.yarn ? rope_inv_freq(cfg, D) : std::vector<double>();
-  for (int i = 0; i < D / 2; ++i) {
-    const float inv_freq = inverse_frequency(cfg, yarn, i, D);
-    const float angle = float(pos) * inv_freq;
-    const float c = std::cos(angle) * att, s = std::sin(angle) * att;
-    const float a = v[2 * i], b = v[2 * i + 1];
-    v[2 * i] = a * c - b * s;
-    v[2 * i + 1] = b * c + a * s;
+  void apply(float* v, int pos) const {
+    const int half = int(inv_freq.size());
+    for (int i = 0; i < half; ++i) {
+      const float angle = float(pos) * inv_freq[size_t(i)];
+      const float c = std::cos(angle) * att, s = std::sin(angle) * att;
+      float& x = v[interleaved ? 2 * i : i];
+      float& y = v[interleaved ? 2 * i + 1 : i + half];
+      const float a = x, b = y;
+      x = a * c - b * s;
+      y = b * c + a * s;
+    }
   }
-}
-
-// RoPE on a head's first rotary_dim dims, in the layer's pairing.
-void rotate(float* v, const AttentionSpec& a, int pos, const ModelConfig& cfg) {
-  if (a.rope_interleaved) rope_interleaved(v, a.rotary_dim, pos, cfg);
-  else rope(v, a.rotary_dim, pos, cfg);
-}
+};
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
@@ -103,7 +91,7 @@ float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 // DeepseekV3Attention computes it: per position the query (through the low-rank path when
 // q_lora_rank is set), the latent and its rotary key part; kv_b expands the normed latent into
 // each head's key (nope part) and value; causal softmax attention per head; x += o_proj(out).
-void mla_attention(const ModelConfig& c, const AttentionSpec& attn, const LayerWeights& L, std::vector<float>& x,
+void mla_attention(const ModelConfig& c, const Rotary& rotary, const LayerWeights& L, std::vector<float>& x,
                    int S) {
   const MlaSpec& m = *c.mla;
   const int H = c.hidden_size, nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim,
@@ -126,10 +114,10 @@ void mla_attention(const ModelConfig& c, const AttentionSpec& attn, const LayerW
     matvec(L.kv_a, h.data(), lat.data());
     rmsnorm(lat.data(), lat.data(), L.kv_a_norm, kvr, kMlaNormEps);  // the latent part only
     float* k_pe = lat.data() + kvr;
-    rotate(k_pe, attn, p, c);
+    rotary.apply(k_pe, p);
     matvec(L.kv_b, lat.data(), kvb.data());
     for (int hh = 0; hh < nh; ++hh) {
-      rotate(qp + hh * qk + nope, attn, p, c);
+      rotary.apply(qp + hh * qk + nope, p);
       float* kh = &k[(size_t(p) * nh + hh) * qk];
       const float* src = &kvb[size_t(hh) * (nope + vd)];
       for (int i = 0; i < nope; ++i) kh[i] = src[i];
@@ -162,14 +150,15 @@ void add_bias(float* x, const TensorView& b, int n) {
   for (int i = 0; i < n; ++i) x[i] += wt(b, i);
 }
 
-// Repeated argmax of `score` over the experts with ok[e]; strict > keeps ties on the lower id.
-void argmax_k(const std::vector<float>& score, const std::vector<bool>& ok, int K, int16_t* chosen) {
+// Repeated argmax of score[0, n) over the entries with ok[e] (null: all); strict > keeps ties on
+// the lower id.
+void argmax_k(const float* score, int n, const std::vector<bool>* ok, int K, int16_t* chosen) {
   for (int kk = 0; kk < K; ++kk) {
     int best = -1;
-    for (int e = 0; e < int(score.size()); ++e) {
-      bool taken = !ok[size_t(e)];
+    for (int e = 0; e < n; ++e) {
+      bool taken = ok && !(*ok)[size_t(e)];
       for (int j = 0; j < kk; ++j) taken |= chosen[j] == e;
-      if (!taken && (best < 0 || score[size_t(e)] > score[size_t(best)])) best = e;
+      if (!taken && (best < 0 || score[e] > score[best])) best = e;
     }
     chosen[kk] = int16_t(best);
   }
@@ -190,12 +179,12 @@ void sigmoid_choice(const RouterSpec& rs, const float* s, const TensorView& bias
       group[size_t(g)] = members[0] + members[1];
     }
     std::vector<int16_t> kept(static_cast<size_t>(rs.topk_group));
-    argmax_k(group, std::vector<bool>(size_t(rs.n_group), true), rs.topk_group, kept.data());
+    argmax_k(group.data(), rs.n_group, nullptr, rs.topk_group, kept.data());
     ok.assign(size_t(E), false);
     for (int16_t g : kept)
       for (int e = 0; e < per; ++e) ok[size_t(g * per + e)] = true;
   }
-  argmax_k(choice, ok, K, chosen);
+  argmax_k(choice.data(), E, &ok, K, chosen);
 }
 
 // out = down(silu(gate h) * up h); g and u are scratch of the FFN's intermediate size.
@@ -290,9 +279,10 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& L = w.layers[size_t(layer)];
     const AttentionSpec& attn = c.layers[size_t(layer)].attention;
+    const Rotary rotary(c, attn);
 
     // --- attention: q, k, v for every position first (the sequence is its own KV cache) ---
-    if (attn.kind == AttentionKind::Mla) mla_attention(c, attn, L, x, S);
+    if (attn.kind == AttentionKind::Mla) mla_attention(c, rotary, L, x, S);
     for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
       float* qp = &q[size_t(p) * qd];
       float* kp = &k[size_t(p) * kvd];
@@ -320,8 +310,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         for (int i = 0; i < kvd; ++i) vp[i] = std::clamp(vp[i], -cl, cl);
       }
       // Partial rotary (GLM-4.5): only the first rotary_dim dims of each head rotate.
-      for (int hh = 0; hh < nh; ++hh) rotate(qp + hh * hd, attn, p, c);
-      for (int hh = 0; hh < nkv; ++hh) rotate(kp + hh * hd, attn, p, c);
+      for (int hh = 0; hh < nh; ++hh) rotary.apply(qp + hh * hd, p);
+      for (int hh = 0; hh < nkv; ++hh) rotary.apply(kp + hh * hd, p);
     }
     // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
     for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
@@ -371,16 +361,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         } else if (sigmoid_router) {
           sigmoid_choice(c.router, probs, L.router_bias, E, K, chosen);
         } else {
-          // Own top-k: repeated argmax; strict > keeps ties on the lower expert id.
-          for (int kk = 0; kk < K; ++kk) {
-            int best = -1;
-            for (int e = 0; e < E; ++e) {
-              bool taken = false;
-              for (int j = 0; j < kk; ++j) taken |= chosen[j] == e;
-              if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-            }
-            chosen[kk] = int16_t(best);
-          }
+          argmax_k(probs, E, nullptr, K, chosen);  // own top-k
         }
         // Gate weights: the full softmax (or the unbiased sigmoid scores) gathered at the chosen
         // ids (never a re-softmax), renormalised as the architecture does, then scaled.
