@@ -134,17 +134,17 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   for (LayerWeights& L : weights_.layers)
     for (TensorView* t : {&L.q_a, &L.kv_a}) mats.push_back(t);
   build_mla_heads();
-  const size_t derived_from = mats.size();  // the absorbed key weights: copies, always repacked
+  for (auto& layer : mla_heads_)
+    for (MlaHead& h : layer) mats.push_back(&h.uv);  // views of kv_b: repacked when its bytes change
+  const size_t copies_from = mats.size();  // the absorbed key weights: copies, so always repacked
   for (auto& layer : mla_heads_)
     for (MlaHead& h : layer) mats.push_back(&h.uk_t);
-  for (auto& layer : mla_heads_)
-    for (MlaHead& h : layer) mats.push_back(&h.uv);
   std::vector<TensorView*> bf16;
   std::vector<bool> always;  // repacked whatever changed
   for (size_t i = 0; i < mats.size(); ++i)
     if (!mats[i]->empty() && mats[i]->dtype == DType::BF16) {
       bf16.push_back(mats[i]);
-      always.push_back(i >= derived_from && mats[i]->name.find("uk_t") != std::string::npos);
+      always.push_back(i >= copies_from);
     }
   reuse = reuse && packed_.size() == bf16.size();
   for (size_t i = 0; reuse && i < bf16.size(); ++i) reuse = packed_[i].size() == kernels::packed_bf16_size(*bf16[i]);
