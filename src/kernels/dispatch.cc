@@ -27,31 +27,35 @@ bool cpu_runs(const KernelSet& set) {
   return true;
 }
 
+// Every set, widest first.
+std::vector<const KernelSet*> all_sets() {
+  return {&kernel_set_avx512bf16(), &kernel_set_avx512(), &kernel_set_avx2(), &kernel_set_portable()};
+}
+
+std::string names_of(const std::vector<const KernelSet*>& sets) {
+  std::string s;
+  for (const KernelSet* k : sets) s += std::string(s.empty() ? "" : ", ") + k->name;
+  return s;
+}
+
 }  // namespace
 
 const KernelSet& choose_kernel_set(const char* forced) {
   const std::vector<const KernelSet*> supported = supported_kernel_sets();
   if (!forced || !*forced) return *supported.front();
-  std::string names;
-  for (const KernelSet* set : {&kernel_set_avx512bf16(), &kernel_set_avx512(), &kernel_set_avx2(), &kernel_set_portable()}) {
+  for (const KernelSet* set : all_sets())
     if (set->name == std::string(forced)) {
       if (!cpu_runs(*set))
         throw Error(std::string("R3_KERNELS=") + forced + ": this CPU cannot run the " + forced +
-                    " kernels (it supports " + [&] {
-                      std::string s;
-                      for (const KernelSet* k : supported) s += std::string(s.empty() ? "" : ", ") + k->name;
-                      return s;
-                    }() + ")");
+                    " kernels (it supports " + names_of(supported) + ")");
       return *set;
     }
-    names += std::string(names.empty() ? "" : ", ") + set->name;
-  }
-  throw Error(std::string("R3_KERNELS=") + forced + ": unknown kernel set (one of " + names + ")");
+  throw Error(std::string("R3_KERNELS=") + forced + ": unknown kernel set (one of " + names_of(all_sets()) + ")");
 }
 
 std::vector<const KernelSet*> supported_kernel_sets() {
   std::vector<const KernelSet*> out;
-  for (const KernelSet* set : {&kernel_set_avx512bf16(), &kernel_set_avx512(), &kernel_set_avx2(), &kernel_set_portable()})
+  for (const KernelSet* set : all_sets())
     if (cpu_runs(*set)) out.push_back(set);
   return out;
 }
