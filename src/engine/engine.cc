@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/kernel_set.h"
 #include "engine/capturable.h"
+#include "kernels/kernel_set.h"
 
 namespace r3 {
 
@@ -465,6 +465,7 @@ void Engine::release_memory(bool kv_cache, bool weights) {
     drop_prefix_cache();  // the cached blocks' contents are gone
   }
   if (weights) runner_->release_packed_weights();
+  if (freeing_sent_.valid()) freeing_sent_.wait();  // the last refit's sent tensors go back too
   // Freed heap pages stay in malloc's arenas unless handed back explicitly.
   malloc_trim(0);
 }
