@@ -195,5 +195,33 @@ TEST(WeightSync, UnsentTensorsKeepTheirValues) {
   fs::remove_all(dir);
 }
 
+// The checkpoint takes the sent bytes over instead of copying them: the served views point at
+// the sent buffers, and what they replaced comes back to be freed: a shard only once none of its
+// tensors is served from it, an earlier update's buffer when its tensor is sent again.
+TEST(WeightSync, TheCheckpointAdoptsTheSentBytesAndHandsBackWhatTheyReplaced) {
+  const std::string a = test_model("mixtral", "tiny", 0), b = test_model("mixtral", "tiny", 3);
+  std::shared_ptr<Checkpoint> ck = Checkpoint::open(a);
+  std::vector<TensorToWrite> from_b = tensors_of(b);
+  ASSERT_GT(from_b.size(), 2u);
+  std::vector<TensorToWrite> first(from_b.begin(), from_b.begin() + 1);
+  const void* sent = first[0].bytes.data();
+  Checkpoint::Update u = ck->apply_update(std::move(first));
+  ASSERT_EQ(u.written.size(), 1u);
+  EXPECT_EQ(static_cast<const void*>(u.written[0].data()), sent);  // adopted, not copied
+  EXPECT_TRUE(u.replaced.empty());  // the shard still serves every other tensor
+  // The same tensor again: the first update's buffer is handed back.
+  u = ck->apply_update({from_b[0]});
+  EXPECT_EQ(u.replaced.size(), 1u);
+  // Everything else: the shard is handed back, and the checkpoint now serves b's bytes.
+  std::vector<TensorToWrite> rest(from_b.begin() + 1, from_b.end());
+  u = ck->apply_update(std::move(rest));
+  EXPECT_EQ(u.written.size(), from_b.size() - 1);
+  EXPECT_EQ(u.replaced.size(), 1u);
+  std::map<std::string, std::vector<uint8_t>> want;
+  for (const TensorToWrite& t : from_b) want[t.name] = t.bytes;
+  for (const TensorToWrite& t : ck->stored_tensors()) EXPECT_EQ(t.bytes, want.at(t.name)) << t.name;
+  EXPECT_EQ(ck->weights().final_norm.to_f32(), Checkpoint::open(b)->weights().final_norm.to_f32());
+}
+
 }  // namespace
 }  // namespace r3

@@ -125,8 +125,8 @@ double rss_mb() {
   return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1e6;
 }
 
-// Refit cost: from disk (read, validate, swap, repack) and from tensors in memory (check, copy
-// into place, repack), each against one pass over the weights at the measured read bandwidth;
+// Refit cost: from disk (read, validate, swap, repack) and from tensors in memory (check, adopt
+// the buffers, repack), each against one pass over the weights at the measured read bandwidth;
 // and what release_memory_occupation gives back.
 json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m, int reps) {
   Engine e(cfg);

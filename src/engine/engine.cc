@@ -434,14 +434,15 @@ void Engine::commit_staged_weights(bool flush) {
   for (auto& [name, t] : staged_) all.push_back(std::move(t));
   staged_.clear();  // refused or applied, this set of buckets is done
   drain();
-  // All checks come before the first byte is written; only the panels of rewritten bytes are
-  // repacked.
-  const ModelRunner::ByteRanges changed = ckpt_->apply_update(all, pool_.get());
-  runner_->set_weights(ckpt_, &changed);
+  // All checks come before anything changes; the checkpoint takes the sent bytes over and only
+  // the panels of those tensors are repacked. What they replaced is freed on a side thread, so the
+  // munmap of gigabytes is not part of the refit.
+  Checkpoint::Update update = ckpt_->apply_update(std::move(all));
+  runner_->set_weights(ckpt_, &update.written);
   ++weight_version_;
   if (flush) drop_prefix_cache();
-  if (freeing_sent_.valid()) freeing_sent_.wait();
-  freeing_sent_ = std::async(std::launch::async, [sent = std::move(all)]() mutable { sent = {}; });
+  if (freeing_replaced_.valid()) freeing_replaced_.wait();
+  freeing_replaced_ = std::async(std::launch::async, [old = std::move(update.replaced)]() mutable { old.clear(); });
 }
 
 bool Engine::reset_prefix_cache() {
@@ -465,7 +466,7 @@ void Engine::release_memory(bool kv_cache, bool weights) {
     drop_prefix_cache();  // the cached blocks' contents are gone
   }
   if (weights) runner_->release_packed_weights();
-  if (freeing_sent_.valid()) freeing_sent_.wait();  // the last refit's sent tensors go back too
+  if (freeing_replaced_.valid()) freeing_replaced_.wait();  // the last refit's old storage goes back too
   // Freed heap pages stay in malloc's arenas unless handed back explicitly.
   malloc_trim(0);
 }

@@ -176,9 +176,9 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<uint64_t> aborted_;
   std::map<std::string, TensorToWrite> staged_;  // stage_weights, by name
-  // The sent tensors of the last commit, freed on a side thread: handing gigabytes of pages back
-  // costs about what copying them did, and generation need not wait for it.
-  std::future<void> freeing_sent_;
+  // The storage the last commit's tensors replaced, freed on a side thread: handing gigabytes of
+  // pages back costs about what copying them would, and generation need not wait for it.
+  std::future<void> freeing_replaced_;
   StepPlan plans_[2];
   StepResult results_[2];
   Job jobs_[2];

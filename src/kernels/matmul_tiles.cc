@@ -333,9 +333,38 @@ void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, 
 }  // namespace
 
 // A pair (w[2q], w[2q+1]) moves as one 4-byte word: it is already in the packed order, and pair
-// row q of a panel is the 16 rows' words q. With AVX-512 one gather (stride: a weight row) makes
-// each 64-byte pair row; the scalar path moves the words in blocks of 64 pairs so the 16 source
-// rows and the block's destination lines stay in L1.
+// row q of a panel is the 16 rows' words q. With AVX-512, 16 consecutive pair rows come from one
+// 64-byte load per weight row and a 16x16 dword transpose in registers (a gather per line costs
+// several times the uops, and packing then falls behind the memory); the scalar path moves the
+// words in blocks of 64 pairs so the 16 source rows and the block's destination lines stay in L1.
+#if R3_ISA_AVX512
+namespace {
+// r[i] = dwords 0..15 of row i  ->  r[j] = dword j of rows 0..15.
+inline void transpose_16x16_dwords(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+}  // namespace
+#endif
+
 void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2;
   const auto* w = static_cast<const uint8_t*>(W.data);
@@ -346,18 +375,23 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
     const uint8_t* first = w + size_t(r0 * I) * 2;
 #if R3_ISA_AVX512
     if (rows == kPanel && pairs <= (int64_t(1) << 26)) {
+      const bool aligned = reinterpret_cast<uintptr_t>(panel) % 64 == 0;
+      const int64_t whole = aligned ? pairs / 16 * 16 : 0;
+      for (int64_t q = 0; q < whole; q += 16) {
+        __m512i r[16];
+        for (int i = 0; i < kPanel; ++i) {
+          const uint8_t* src = first + size_t(i * I) * 2 + size_t(q) * 4;
+          _mm_prefetch(reinterpret_cast<const char*>(src + 1024), _MM_HINT_T0);  // 16 lines ahead in each row
+          r[i] = _mm512_loadu_si512(src);
+        }
+        transpose_16x16_dwords(r);
+        // Whole lines written once: streaming stores skip reading the old panel in.
+        for (int j = 0; j < 16; ++j) _mm512_stream_si512(reinterpret_cast<__m512i*>(panel + size_t(q + j) * 64), r[j]);
+      }
       const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                      _mm512_set1_epi32(int(pairs)));
-      const bool aligned = reinterpret_cast<uintptr_t>(panel) % 64 == 0;
-      for (int64_t q = 0; q < pairs; ++q) {
-        if (q % 16 == 0)  // the next 64 bytes of each of the 16 rows, 4 lines ahead
-          for (int r = 0; r < kPanel; ++r)
-            _mm_prefetch(reinterpret_cast<const char*>(first + size_t(r * I) * 2 + size_t(q + 64) * 4), _MM_HINT_T0);
-        const __m512i v = _mm512_i32gather_epi32(row_offsets, first + size_t(q) * 4, 4);
-        // Whole lines written once: streaming stores skip reading the old panel in.
-        if (aligned) _mm512_stream_si512(reinterpret_cast<__m512i*>(panel + size_t(q) * 64), v);
-        else _mm512_storeu_si512(panel + size_t(q) * 64, v);
-      }
+      for (int64_t q = whole; q < pairs; ++q)
+        _mm512_storeu_si512(panel + size_t(q) * 64, _mm512_i32gather_epi32(row_offsets, first + size_t(q) * 4, 4));
       if (aligned) _mm_sfence();  // the streamed lines are visible before the pool's barrier
       continue;
     }

@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
-#include "core/thread_pool.h"
 #include "model/tensor_names.h"
 
 namespace r3 {
@@ -279,8 +278,7 @@ std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   return out;
 }
 
-std::vector<std::span<const uint8_t>> Checkpoint::apply_update(const std::vector<TensorToWrite>& tensors,
-                                                               ThreadPool* pool) {
+Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors) {
   check_update(tensors);
   // The one rule load_weights checks that an update can break: a stored lm_head of a tied model
   // must stay equal to the embedding. Checked on the bytes after the update, before anything is
@@ -296,32 +294,39 @@ std::vector<std::span<const uint8_t>> Checkpoint::apply_update(const std::vector
       throw Error("weight update: lm_head.weight would differ from model.embed_tokens.weight but "
                   "tie_word_embeddings is true (send both, equal, or neither)");
   }
-  // The views point into memory this checkpoint owns (its files' copies or memory_), so writing
-  // through them is writing our own buffers. Copied in 4 MiB pieces, on every thread of the pool.
-  struct Piece {
-    uint8_t* dst;
-    const uint8_t* src;
-    size_t n;
-  };
-  std::vector<Piece> pieces;
-  std::vector<std::span<const uint8_t>> written;
-  constexpr size_t kPiece = size_t(4) << 20;
-  for (const TensorToWrite& t : tensors) {
-    auto* dst = static_cast<uint8_t*>(const_cast<void*>(index_.at(t.name)->data));
-    written.emplace_back(dst, t.bytes.size());
-    for (size_t off = 0; off < t.bytes.size(); off += kPiece)
-      pieces.push_back({dst + off, t.bytes.data() + off, std::min(kPiece, t.bytes.size() - off)});
+  Update out;
+  for (TensorToWrite& t : tensors) {
+    const TensorView* old = index_.at(t.name);
+    // What held the old bytes: an earlier update's buffer, a from_memory tensor, or a shard
+    // (freed below once none of its tensors is served from it).
+    auto prev = adopted_.find(t.name);
+    if (prev != adopted_.end()) {
+      out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(prev->second.bytes)));
+    } else if (!memory_views_.empty() && old >= memory_views_.data() &&
+               old < memory_views_.data() + memory_views_.size()) {
+      const size_t i = size_t(old - memory_views_.data());
+      out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(memory_[i].bytes)));
+    }
+    Adopted& a = adopted_[t.name];
+    a.view = *old;
+    a.view.file = "<weight update>";
+    a.bytes = std::move(t.bytes);
+    a.view.data = a.bytes.data();
+    index_[t.name] = &a.view;
+    out.written.emplace_back(a.bytes.data(), a.bytes.size());
   }
-  auto copy = [&](int64_t i) { std::memcpy(pieces[size_t(i)].dst, pieces[size_t(i)].src, pieces[size_t(i)].n); };
-  if (pool) pool->parallel_for_each(int64_t(pieces.size()), copy);
-  else
-    for (size_t i = 0; i < pieces.size(); ++i) copy(int64_t(i));
+  for (std::unique_ptr<SafetensorsFile>& f : files_) {
+    if (!f) continue;
+    bool serves = false;
+    for (auto& [name, t] : f->tensors()) serves |= index_.at(name) == &t;
+    if (!serves) out.replaced.push_back(std::shared_ptr<SafetensorsFile>(std::move(f)));
+  }
   widened_.clear();
   owned_.clear();
   used_.clear();
   weights_.layers.clear();
   load_weights();
-  return written;
+  return out;
 }
 
 std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const {

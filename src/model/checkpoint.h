@@ -14,7 +14,6 @@
 
 namespace r3 {
 
-class ThreadPool;
 
 struct ExpertWeights {
   TensorView gate, up, down;  // [I, H], [I, H], [H, I]
@@ -61,16 +60,22 @@ class Checkpoint {
   // keys (config_differences) and tensor dtypes. Empty when `other` can replace this one.
   std::vector<std::string> differences(const Checkpoint& other) const;
   // In-memory weight updates (a trainer's tensors by Hugging Face name). check_update throws
-  // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype;
-  // apply_update copies the bytes into place (call it only while nothing reads the weights) and
-  // rebuilds the derived views (F16 widening, tied lm_head check).
+  // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype.
   void check_update(const std::vector<TensorToWrite>& tensors) const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
-  // pool (optional) spreads the copies over its threads. Returns the bytes it rewrote (what any
-  // copy derived from them, such as packed panels, must be rebuilt from).
-  std::vector<std::span<const uint8_t>> apply_update(const std::vector<TensorToWrite>& tensors,
-                                                     ThreadPool* pool = nullptr);
+  // apply_update checks everything first, then takes the sent bytes over as this checkpoint's
+  // storage (no copy: a refit costs the repacking only) and rebuilds the derived views (F16
+  // widening). Call it only while nothing reads the weights; views taken before it dangle.
+  struct Update {
+    // The bytes now stored for the sent tensors: what any copy derived from them (packed
+    // panels) must be rebuilt from.
+    std::vector<std::span<const uint8_t>> written;
+    // The storage they replaced (a shard once all of its tensors are replaced), for the caller
+    // to free where the time does not count.
+    std::vector<std::shared_ptr<void>> replaced;
+  };
+  Update apply_update(std::vector<TensorToWrite> tensors);
 
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);
@@ -84,6 +89,11 @@ class Checkpoint {
   std::vector<std::vector<float>> owned_;
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
   std::vector<TensorView> memory_views_;
+  struct Adopted {                          // apply_update: a sent tensor's bytes and their view
+    std::vector<uint8_t> bytes;
+    TensorView view;
+  };
+  std::map<std::string, Adopted> adopted_;
   ModelWeights weights_;
 };
 
