@@ -14,7 +14,6 @@
 
 namespace r3 {
 
-
 struct ExpertWeights {
   TensorView gate, up, down;  // [I, H], [I, H], [H, I]
 };
