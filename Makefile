@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: setup configure build test unit variants pytest e2e pip-install demo bench format clean asan tsan
+.PHONY: setup configure build test unit variants pytest tokenizers e2e pip-install demo bench format clean asan tsan
 
 setup:
 	@scripts/setup.sh
@@ -16,8 +16,9 @@ build: setup configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Everything: GoogleTest, the suite again under the other kernel sets this CPU runs, the Python
-# module's pytest suite, and the official openai npm client against `r3 serve`.
-test: unit variants pytest e2e pip-install
+# module's pytest suite, the tokenizer against the released tokenizers and a JavaScript encoder,
+# and the official openai npm client against `r3 serve`.
+test: unit variants pytest tokenizers e2e pip-install
 
 unit: build
 	$(BUILD)/r3_tests --gtest_brief=1
@@ -43,6 +44,9 @@ pytest: build
 
 e2e: build
 	scripts/e2e_openai.sh $(BUILD)
+
+tokenizers: build
+	scripts/tokenizer_oracle.sh $(BUILD)
 
 # `pip install .` into a fresh venv (reusing $(BUILD)), then import r3 and run `r3` from it.
 pip-install: build

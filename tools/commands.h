@@ -8,5 +8,6 @@ int cmd_generate(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_align(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
 
 }  // namespace r3::cli

@@ -21,6 +21,7 @@ const Verb kVerbs[] = {
     {"serve", r3::cli::cmd_serve, "HTTP server: OpenAI-style /v1/completions, SGLang-style /generate"},
     {"bench", r3::cli::cmd_bench, "benchmark suite: tokens/s, bandwidth and FLOP/s, routes on vs off"},
     {"align", r3::cli::cmd_align, "multi-turn rollouts -> staging -> replay: train/inference mismatch"},
+    {"tokenize", r3::cli::cmd_tokenize, "encode text / decode ids with a Hugging Face tokenizer.json"},
 };
 
 void usage() {

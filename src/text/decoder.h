@@ -1,0 +1,33 @@
+// tokenizer.json's "decoder": how token strings become text again (ByteLevel, ByteFallback,
+// Fuse, Strip, Replace, Metaspace, Sequence). Works on a list of token strings, as Hugging Face's
+// decode_chain does; the caller joins the result.
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "text/normalizer.h"
+
+namespace r3::text {
+
+class Decoder {
+ public:
+  // null, one decoder or a Sequence; an unknown type is an r3::Error naming it.
+  static Decoder parse(const nlohmann::json& j);
+  // Invalid UTF-8 that byte tokens produce comes out as U+FFFD (utf8_lossy).
+  std::vector<std::string> decode(std::vector<std::string> tokens) const;
+  bool empty() const { return steps_.empty(); }
+
+ private:
+  struct Step {
+    enum Kind { ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace } kind;
+    Pattern pattern;
+    std::string content;
+    int start = 0, stop = 0;
+    bool prepend = true;  // Metaspace: a leading replacement on the first token was prepended
+  };
+  static void add(const nlohmann::json& j, std::vector<Step>& steps);
+  std::vector<Step> steps_;
+};
+
+}  // namespace r3::text
