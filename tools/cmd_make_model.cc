@@ -12,7 +12,8 @@ int cmd_make_model(int argc, char** argv) {
       .opt("preset", "tiny", "tiny | small | bench")
       .opt("seed", "0", "weight seed")
       .opt("dtype", "bf16", "bf16 | f32")
-      .opt("out", "", "output directory (required)");
+      .opt("out", "", "output directory (required)")
+      .opt("tokenizer", "", "directory with a tokenizer.json to copy in (the vocabulary is sized to it)");
   if (!a.parse(argc, argv)) return 0;
   MakeModelOptions o;
   o.arch = a.str("arch");
@@ -23,6 +24,7 @@ int cmd_make_model(int argc, char** argv) {
   else if (dt == "f32") o.dtype = DType::F32;
   else throw Error("r3 make-model: --dtype must be bf16 or f32, got \"" + dt + "\"");
   o.out = a.str("out");
+  o.tokenizer = a.str("tokenizer");
   if (o.out.empty()) throw Error("r3 make-model: --out DIR is required");
   make_model(o);
   return 0;

@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "text/utf8.h"
+
 #include <malloc.h>
 
 #include <algorithm>
@@ -27,6 +29,13 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
   ckpt_ = Checkpoint::open(cfg_.model);
   const ModelConfig& mc = ckpt_->config();
+  const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
+  if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {
+    tokenizer_ = text::Tokenizer::load(tok_dir);
+    if (tokenizer_->vocab_size() > mc.vocab_size)
+      throw Error(tok_dir + ": the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                  " tokens but the model's vocab_size is " + std::to_string(mc.vocab_size));
+  }
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
@@ -140,6 +149,9 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
   if (blocks > kv_->num_blocks())
     throw Error("prompt + max_tokens needs " + std::to_string(blocks) + " KV blocks but the pool has " +
                 std::to_string(kv_->num_blocks()));
+  if (!params.stop.empty() && !tokenizer_)
+    throw Error("stop strings need a tokenizer (the checkpoint has no tokenizer.json; pass one with --tokenizer "
+                "DIR, or use stop_token_ids)");
   if (params.return_routed_experts && !cfg_.enable_return_routed_experts)
     throw Error("return_routed_experts was requested but the engine was not started with "
                 "enable_return_routed_experts");
@@ -168,6 +180,8 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
   }
   r->block_hashes.reserve(size_t(blocks));
   if (r->params.return_routed_experts) routes_->open(r->id, int(total));
+  if (tokenizer_)
+    r->detok = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, r->prompt, r->params.skip_special_tokens);
   prompt_tokens_ += r->prompt.size();
   scheduler_->add(r.get());
   uint64_t id = r->id;
@@ -221,6 +235,16 @@ RequestOutput Engine::make_output(const Request& r) {
   o.logprobs = r.logprobs;
   o.weight_versions = r.versions;
   o.finished = r.status == RequestStatus::Finished;
+  o.text = r.text;
+  o.stop_str = r.stop_str;
+  if (!o.finished && !r.params.include_stop_str_in_output && !r.params.stop.empty()) {
+    // Hold back what could be the start of a stop string, so a stream never shows text that a
+    // match would then cut.
+    size_t longest = 0;
+    for (const std::string& s : r.params.stop) longest = std::max(longest, s.size());
+    o.text.resize(r.text.size() > longest - 1 ? r.text.size() - (longest - 1) : 0);
+    o.text.resize(text::utf8_stable_prefix(o.text));
+  }
   o.finish_reason = r.finish_reason;
   o.num_preemptions = r.num_preemptions;
   o.num_cached_tokens = r.prefix_hit_tokens;
@@ -234,9 +258,36 @@ RequestOutput Engine::make_output(const Request& r) {
   return o;
 }
 
+bool Engine::extend_text(Request* r, int token) {
+  if (!r->detok) return false;
+  const size_t before = r->detok->text().size();
+  const size_t grown = r->detok->push(token);
+  if (grown == 0) return false;
+  const std::string& full = r->detok->text();
+  // A match must end in the new bytes: search from where the longest stop string could start.
+  size_t best = std::string::npos;
+  const std::string* matched = nullptr;
+  for (const std::string& s : r->params.stop) {
+    const size_t from = before >= s.size() - 1 ? before - (s.size() - 1) : 0;
+    const size_t at = full.find(s, from);
+    if (at != std::string::npos && at < best) best = at, matched = &s;
+  }
+  if (!matched) {
+    r->text.append(full, before, grown);
+    return false;
+  }
+  r->text = full.substr(0, r->params.include_stop_str_in_output ? best + matched->size() : best);
+  r->stop_str = *matched;
+  return true;
+}
+
 void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out) {
   r->status = RequestStatus::Finished;
   r->finish_reason = reason;
+  if (r->detok && r->stop_str.empty()) {
+    const size_t before = r->detok->text().size();
+    if (r->detok->finish()) r->text.append(r->detok->text(), before);
+  }
   scheduler_->remove(r);
   RequestOutput o = make_output(*r);
   if (r->params.return_routed_experts && reason == "error") {
@@ -328,7 +379,8 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     ++generated_tokens_;
     const int tok = sr.sample.token;
     const auto& stops = r->params.stop_token_ids;
-    if ((!r->params.ignore_eos && tok == eos) || std::find(stops.begin(), stops.end(), tok) != stops.end())
+    if ((!r->params.ignore_eos && tok == eos) || std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+        extend_text(r, tok))
       finish(r, "stop", out);
     else if (int(r->output.size()) >= r->params.max_tokens)
       finish(r, "length", out);

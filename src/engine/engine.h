@@ -22,11 +22,15 @@
 #include "routes/route_array.h"
 #include "routes/route_capturer.h"
 #include "routes/route_manager.h"
+#include "text/tokenizer.h"
 
 namespace r3 {
 
 struct EngineConfig {
   std::string model;                 // checkpoint directory
+  // Directory with tokenizer.json (+ tokenizer_config.json): "" = the checkpoint's own, when it
+  // has one. With a tokenizer, outputs carry text and requests may use stop strings.
+  std::string tokenizer;
   int block_size = 16;
   int num_kv_blocks = 0;             // 0 = as many as fit in kv_cache_mb
   int kv_cache_mb = 1024;
@@ -49,6 +53,10 @@ struct RequestOutput {
   std::vector<int> prompt_token_ids, token_ids;
   std::vector<float> logprobs;
   std::vector<uint64_t> weight_versions;  // per generated token
+  // The detokenised output (an engine with a tokenizer). While the request runs, the bytes a
+  // stop string could still begin with are held back, so the text only ever grows.
+  std::string text;
+  std::string stop_str;  // the stop string that finished the request (finish_reason "stop")
   // Scoring: the top alternatives of each generated token (top_logprobs > 0), and from
   // prompt_logprobs_start on each prompt token's logprob given the tokens before it (position
   // 0 has none: NaN) with its top alternatives.
@@ -97,6 +105,8 @@ class Engine {
   const ModelConfig& model_config() const { return runner_->config(); }
   const EngineConfig& config() const { return cfg_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  // The tokenizer (EngineConfig::tokenizer), or null when the engine has none.
+  std::shared_ptr<const text::Tokenizer> tokenizer() const { return tokenizer_; }
 
   // Validates and queues a request; throws r3::Error (bad ids, too long, routes not enabled...).
   uint64_t add_request(std::vector<int> prompt, SamplingParams params);
@@ -157,6 +167,8 @@ class Engine {
   void process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& out);
   void drain();
   void finish(Request* r, const std::string& reason, std::vector<RequestOutput>& out);
+  // Appends the new token's text; true when a stop string matched (the text is cut there).
+  bool extend_text(Request* r, int token);
   void finish_aborted(std::vector<RequestOutput>& out);  // every request abort() named
   void drop_prefix_cache();  // published blocks and their shared-cache routes
   RequestOutput make_output(const Request& r);
@@ -165,6 +177,7 @@ class Engine {
 
   EngineConfig cfg_;
   std::shared_ptr<Checkpoint> ckpt_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<ModelRunner> runner_;

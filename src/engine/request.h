@@ -1,10 +1,12 @@
 // A request's live state, owned by the engine and changed only on the engine thread.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/sampling.h"
+#include "text/detokenizer.h"
 
 namespace r3 {
 
@@ -25,6 +27,10 @@ struct Request {
   // Scoring (prompt_logprobs_start >= 0): per prompt position, NaN until scored.
   std::vector<float> prompt_logprobs;
   std::vector<TopLogprobs> prompt_top;
+  // Text (an engine with a tokenizer): the detokenised output, cut at a matched stop string.
+  std::unique_ptr<text::IncrementalDetokenizer> detok;
+  std::string text;
+  std::string stop_str;                 // the stop string that finished it, if one did
 
   // KV state.
   std::vector<int> blocks;              // block table

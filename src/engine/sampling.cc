@@ -20,6 +20,11 @@ void SamplingParams::validate(int vocab_size) const {
     if (t < 0 || t >= vocab_size)
       throw Error("stop_token_ids holds " + std::to_string(t) + ", outside the vocabulary [0, " +
                   std::to_string(vocab_size) + ")");
+  if (stop.size() > kMaxStopStrings)
+    throw Error("stop holds " + std::to_string(stop.size()) + " strings; at most " + std::to_string(kMaxStopStrings));
+  for (const std::string& s : stop)
+    if (s.empty() || s.size() > kMaxStopStringBytes)
+      throw Error("stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) + " bytes long");
   if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
     throw Error("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");

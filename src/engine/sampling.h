@@ -10,6 +10,9 @@
 
 namespace r3 {
 
+// Limits on stop strings: each is searched in the tail of the text after every token.
+constexpr size_t kMaxStopStrings = 64, kMaxStopStringBytes = 1024;
+
 struct SamplingParams {
   int max_tokens = 16;
   float temperature = 1.0f;  // 0 = greedy
@@ -17,6 +20,12 @@ struct SamplingParams {
   int top_k = 0;             // 0 or -1 = off
   uint64_t seed = 0;
   std::vector<int> stop_token_ids;
+  // Text (an engine with a tokenizer): generation stops when the text contains one of `stop`;
+  // the text ends before it (or after it, with include_stop_str_in_output). The tokens, logprobs
+  // and routes keep the token that completed it.
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
   bool ignore_eos = false;
   bool logprobs = true;
   bool return_routed_experts = false;

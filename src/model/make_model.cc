@@ -12,6 +12,7 @@
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "model/tensor_names.h"
+#include "text/tokenizer.h"
 
 namespace r3 {
 
@@ -195,10 +196,23 @@ TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape,
 void make_model(const MakeModelOptions& opt) {
   if (opt.dtype == DType::F16) throw Error("make-model writes bf16 or f32");
   std::string cfg_text = preset_config_json(opt.arch, opt.preset);
+  std::shared_ptr<text::Tokenizer> tok;
+  if (!opt.tokenizer.empty()) {
+    tok = text::Tokenizer::load(opt.tokenizer);  // refused here if r3 cannot read it
+    json j = json::parse(cfg_text);
+    j["vocab_size"] = (tok->vocab_size() + 63) / 64 * 64;
+    if (auto id = tok->bos_id()) j["bos_token_id"] = *id;
+    if (auto id = tok->eos_id()) j["eos_token_id"] = *id;
+    cfg_text = j.dump(2) + "\n";
+  }
   ModelConfig c = parse_config(cfg_text, "preset " + opt.arch + "/" + opt.preset);
   Preset p = get_preset(opt.arch, opt.preset);
   fs::create_directories(opt.out);
   std::ofstream(fs::path(opt.out) / "config.json") << cfg_text;
+  if (tok)
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      if (fs::exists(fs::path(opt.tokenizer) / f))
+        fs::copy_file(fs::path(opt.tokenizer) / f, fs::path(opt.out) / f, fs::copy_options::overwrite_existing);
 
   const int64_t H = c.hidden_size, hd = c.head_dim, qd = int64_t(c.num_heads) * hd,
                 kvd = int64_t(c.num_kv_heads) * hd;

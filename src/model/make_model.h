@@ -14,6 +14,9 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::BF16;    // BF16 or F32
   std::string out;
+  // A directory with tokenizer.json (+ tokenizer_config.json): copied into the checkpoint, the
+  // vocabulary sized to it (rounded up to a multiple of 64) and bos/eos ids taken from it.
+  std::string tokenizer;
 };
 
 // The config.json text of a preset (throws r3::Error for unknown arch or preset).

@@ -62,7 +62,7 @@ int byte_token(const std::string& t) {
 }
 }  // namespace
 
-std::vector<std::string> Decoder::decode(std::vector<std::string> tokens) const {
+std::vector<std::string> Decoder::decode(std::vector<std::string> tokens, bool raw) const {
   for (const Step& st : steps_) {
     std::vector<std::string> out;
     switch (st.kind) {
@@ -82,14 +82,14 @@ std::vector<std::string> Decoder::decode(std::vector<std::string> tokens) const 
           }
           bytes += all ? mine : t;
         }
-        out.push_back(utf8_lossy(bytes));
+        out.push_back(raw ? std::move(bytes) : utf8_lossy(bytes));
         break;
       }
       case Step::ByteFallback: {
         std::string pending;
         auto flush = [&] {
           if (pending.empty()) return;
-          if (is_valid_utf8(pending)) out.push_back(pending);
+          if (raw || is_valid_utf8(pending)) out.push_back(pending);
           else
             for (size_t i = 0; i < pending.size(); ++i) out.push_back("\xEF\xBF\xBD");
           pending.clear();

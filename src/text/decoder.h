@@ -14,8 +14,10 @@ class Decoder {
  public:
   // null, one decoder or a Sequence; an unknown type is an r3::Error naming it.
   static Decoder parse(const nlohmann::json& j);
-  // Invalid UTF-8 that byte tokens produce comes out as U+FFFD (utf8_lossy).
-  std::vector<std::string> decode(std::vector<std::string> tokens) const;
+  // Invalid UTF-8 that byte tokens produce comes out as U+FFFD (utf8_lossy; ByteFallback: one
+  // per byte of an invalid run, as Hugging Face does). raw: the bytes as they are, invalid
+  // sequences included (for streams, which must not decide a character before its last byte).
+  std::vector<std::string> decode(std::vector<std::string> tokens, bool raw = false) const;
   bool empty() const { return steps_.empty(); }
 
  private:

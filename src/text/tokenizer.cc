@@ -233,7 +233,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return out;
 }
 
-std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens, std::optional<bool> clean_up) const {
+std::string Tokenizer::decode_tokens(std::span<const int32_t> ids, bool skip_special_tokens, bool raw) const {
   // Added tokens go through the decoder too, as in Hugging Face's decode (ByteLevel passes a
   // token that is not all byte-level characters through as it is).
   std::vector<std::string> tokens;
@@ -253,9 +253,18 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   if (decoder_.empty())  // Hugging Face joins the tokens with spaces when there is no decoder
     for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
   else
-    for (const std::string& s : decoder_.decode(std::move(tokens))) out += s;
+    for (const std::string& s : decoder_.decode(std::move(tokens), raw)) out += s;
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens, std::optional<bool> clean_up) const {
+  std::string out = decode_tokens(ids, skip_special_tokens, false);
   if (!is_valid_utf8(out)) out = utf8_lossy(out);  // decoders without a ByteLevel step
   return clean_up.value_or(clean_up_spaces_) ? clean_up_tokenization(std::move(out)) : out;
+}
+
+std::string Tokenizer::decode_raw(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  return decode_tokens(ids, skip_special_tokens, true);
 }
 
 std::string clean_up_tokenization(std::string s) {

@@ -42,6 +42,10 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false,
                      std::optional<bool> clean_up = std::nullopt) const;
 
+  // What the decoder makes of ids before any UTF-8 repair: bytes, possibly invalid (streams cut
+  // them at character boundaries themselves). No clean-up.
+  std::string decode_raw(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
@@ -64,6 +68,7 @@ class Tokenizer {
   };
   // Cuts `text` at the added tokens matched on it (those with the given `normalized` flag).
   std::vector<Section> split_added(std::string_view text, bool normalized) const;
+  std::string decode_tokens(std::span<const int32_t> ids, bool skip_special_tokens, bool raw) const;
   void encode_text(std::string_view text, bool first, std::vector<int32_t>& out) const;
 
   Normalizer normalizer_;
