@@ -570,7 +570,8 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
   }
   auto t = cli.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
   ASSERT_TRUE(t);
-  EXPECT_EQ(json::parse(t->body)["error"]["message"], "r3 has no tokenizer; send token ids");
+  EXPECT_EQ(json::parse(t->body)["error"]["message"],
+            "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); send token ids");
   // Still serving.
   json ok = post("/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 2}, {"ignore_eos", true}});
   EXPECT_EQ(ok["choices"][0]["token_ids"].size(), 2u);

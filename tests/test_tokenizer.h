@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <unistd.h>
+
+#include "model/make_model.h"
 #include "text/pre_tokenizer.h"
 
 namespace r3::testing {
@@ -65,6 +68,19 @@ inline std::string write_test_tokenizer(const std::string& dir) {
               {"clean_up_tokenization_spaces", false}, {"chat_template", kTestChatTemplate}};
   std::ofstream(std::filesystem::path(dir) / "tokenizer_config.json") << cfg.dump();
   return dir;
+}
+
+// A tiny qwen3_moe checkpoint carrying the test tokenizer (make-model --tokenizer), made once.
+inline std::string model_with_tokenizer() {
+  static std::string dir;
+  if (!dir.empty()) return dir;
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / ("r3_text_" + std::to_string(getpid()));
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.out = (root / "model").string();
+  o.tokenizer = write_test_tokenizer((root / "tokenizer").string());
+  make_model(o);
+  return dir = o.out;
 }
 
 }  // namespace r3::testing

@@ -22,18 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A tiny model carrying the test tokenizer (make-model --tokenizer).
-std::string model_with_tokenizer() {
-  static std::string dir;
-  if (!dir.empty()) return dir;
-  const fs::path root = fs::temp_directory_path() / ("r3_text_" + std::to_string(getpid()));
-  MakeModelOptions o;
-  o.arch = "qwen3_moe";
-  o.out = (root / "model").string();
-  o.tokenizer = testing::write_test_tokenizer((root / "tokenizer").string());
-  make_model(o);
-  return dir = o.out;
-}
+using testing::model_with_tokenizer;
 
 SamplingParams sampled(int max_tokens, uint64_t seed) {
   SamplingParams p;

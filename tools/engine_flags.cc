@@ -8,6 +8,7 @@ namespace r3::cli {
 
 void add_engine_flags(Args& a) {
   a.opt("model", "", "checkpoint directory (config.json + safetensors)")
+      .opt("tokenizer", "", "directory with tokenizer.json (default: the checkpoint's own, when it has one)")
       .opt("max-num-seqs", "32", "requests in flight at once")
       .opt("max-num-batched-tokens", "512", "token budget of one step (prefill is chunked to fit)")
       .opt("block-size", "16", "tokens per KV block")
@@ -44,6 +45,7 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
 EngineConfig engine_config_from(const Args& a) {
   EngineConfig c;
   c.model = a.str("model");
+  c.tokenizer = a.str("tokenizer");
   if (c.model.empty()) throw Error("--model DIR is required");
   c.max_num_seqs = int(a.integer("max-num-seqs"));
   c.max_num_batched_tokens = int(a.integer("max-num-batched-tokens"));

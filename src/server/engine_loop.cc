@@ -14,6 +14,7 @@ EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
   engine_ = std::make_unique<Engine>(cfg_);
   weight_label_ = "0";
   model_ = engine_->model_config();
+  tokenizer_ = engine_->tokenizer();
   thread_ = std::thread([this] { run(); });
 }
 

@@ -75,6 +75,8 @@ class EngineLoop {
   EngineLoop& operator=(const EngineLoop&) = delete;
 
   const ModelConfig& model_config() const { return model_; }
+  // The model's tokenizer (thread-safe to use from any thread), or null.
+  std::shared_ptr<const text::Tokenizer> tokenizer() const { return tokenizer_; }
   const EngineConfig& engine_config() const { return cfg_; }
 
   // Queues every job under the external id rid (unique among calls in flight); outputs go to
@@ -167,6 +169,7 @@ class EngineLoop {
   EngineConfig cfg_;
   ModelConfig model_;
   std::unique_ptr<Engine> engine_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
   // Loop-thread state.
   std::map<uint64_t, Target> targets_;
   std::map<std::string, std::vector<uint64_t>> rids_;

@@ -22,9 +22,6 @@ void reject_unsupported(const json& sp) {
   need("repetition_penalty", 1.0);
   need("min_new_tokens", 0.0);
   need("n", 1.0);
-  if (sp.contains("stop") && !sp["stop"].is_null() && !(sp["stop"].is_array() && sp["stop"].empty()))
-    throw bad_request("r3 has no tokenizer; stop strings are not supported, use \"stop_token_ids\"",
-                      "sampling_params.stop");
   for (const char* k : {"regex", "json_schema", "ebnf", "structural_tag"})
     if (sp.contains(k) && !sp[k].is_null())
       throw bad_request(std::string("\"sampling_params.") + k + "\" is not supported by r3",
@@ -49,25 +46,32 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t stop_i
 
 }  // namespace
 
-GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds) {
+GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds,
+                                       const text::Tokenizer* tok) {
   // SGLang's GenerateReqInput fields r3 reads or checks; any other (image_data, lora_path,
   // return_hidden_states, ...) is refused by name.
   refuse_unknown_fields(b, "", {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
                                 "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
                                 "return_routed_experts", "routed_experts_start", "routed_experts_start_len",
                                 "routed_experts_format", "sampling_seed", "log_metrics"});
-  if (auto v = opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs"); v && *v)
-    throw bad_request("r3 has no tokenizer: \"return_text_in_logprobs\" cannot be served", "return_text_in_logprobs");
-  if (b.contains("text") && !b["text"].is_null())
-    throw bad_request("r3 has no tokenizer; send token ids in \"input_ids\"", "text");
-  if (!b.contains("input_ids") || b["input_ids"].is_null()) throw bad_request("missing \"input_ids\"", "input_ids");
+  GenerateRequest r;
+  r.tok = tok;
+  r.return_text_in_logprobs = opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs").value_or(false);
+  if (r.return_text_in_logprobs && !tok)
+    throw bad_request("the model has no tokenizer: \"return_text_in_logprobs\" cannot be served",
+                      "return_text_in_logprobs");
+  const bool has_text = b.contains("text") && !b["text"].is_null();
+  const bool has_ids = b.contains("input_ids") && !b["input_ids"].is_null();
+  if (has_text && has_ids) throw bad_request("give one of \"text\" and \"input_ids\"", "text");
+  if (!has_text && !has_ids) throw bad_request("missing \"input_ids\" (or \"text\")", "input_ids");
+  if (has_text && !b["text"].is_string() && !b["text"].is_array())
+    throw bad_request("\"text\" must be a string or a list of strings", "text");
   if (auto s = opt_bool(b, "stream", "stream"); s && *s)
     throw bad_request("streaming /generate is not supported by r3; use /v1/completions with \"stream\": true",
                       "stream");
-  GenerateRequest r;
-  const json& ids = b["input_ids"];
-  r.batch = ids.is_array() && !ids.empty() && ids[0].is_array();
-  std::vector<std::vector<int>> prompts = prompt_batch(ids, "input_ids");
+  const json& prompt = has_text ? b["text"] : b["input_ids"];
+  r.batch = has_text ? prompt.is_array() : (prompt.is_array() && !prompt.empty() && prompt[0].is_array());
+  std::vector<std::vector<int>> prompts = prompt_batch(prompt, has_text ? "text" : "input_ids", tok);
   if (b.contains("rid") && !b["rid"].is_null()) {
     if (b["rid"].is_string()) {
       if (!b["rid"].get<std::string>().empty()) r.rid = b["rid"].get<std::string>();
@@ -99,6 +103,16 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   p.ignore_eos = opt_bool(sp, "ignore_eos", pre + "ignore_eos").value_or(false);
   if (sp.contains("stop_token_ids") && !sp["stop_token_ids"].is_null())
     p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
+  if (sp.contains("stop")) p.stop = stop_strings(sp["stop"], pre + "stop");
+  if (!p.stop.empty() && !tok)
+    throw bad_request("the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
+                      pre + "stop");
+  // SGLang's no_stop_trim keeps the matched stop string in the text.
+  p.include_stop_str_in_output = opt_bool(sp, "no_stop_trim", pre + "no_stop_trim").value_or(false);
+  p.skip_special_tokens = opt_bool(sp, "skip_special_tokens", pre + "skip_special_tokens").value_or(true);
+  // Accepted for compatibility: it only changes SentencePiece "slow" tokenizers, and r3 reads
+  // tokenizer.json (vLLM and SGLang ignore it for those too).
+  (void)opt_bool(sp, "spaces_between_special_tokens", pre + "spaces_between_special_tokens");
   p.logprobs = true;
   // SGLang's scoring fields: logprob_start_len -1 (default) = output tokens only, N = input
   // tokens from position N as well; top_logprobs_num = alternatives per position.
@@ -133,7 +147,10 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
                     const std::string& weight_version) {
   json fr;
   if (o.finish_reason == "stop") {
-    fr = {{"type", "stop"}, {"matched", o.token_ids.empty() ? json(nullptr) : json(o.token_ids.back())}};
+    fr = {{"type", "stop"},
+          {"matched", !o.stop_str.empty()     ? json(o.stop_str)
+                      : o.token_ids.empty()   ? json(nullptr)
+                                              : json(o.token_ids.back())}};
   } else if (o.finish_reason == "length") {
     fr = {{"type", "length"}, {"length", o.token_ids.size()}};
   } else {
@@ -147,9 +164,13 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
                {"weight_version", weight_version},
                {"weight_versions", o.weight_versions}};
   if (req.return_logprob) {
-    // SGLang's shapes: [logprob, token_id, text] per position (text null: no tokenizer), and
-    // per position a list of such triples for the top alternatives.
-    auto triple = [](float lp, int id) { return json::array({std::isnan(lp) ? json(nullptr) : json(double(lp)), id, nullptr}); };
+    // SGLang's shapes: [logprob, token_id, text] per position (text: the token's text with
+    // return_text_in_logprobs, else null), and per position a list of such triples for the top
+    // alternatives.
+    auto triple = [&](float lp, int id) {
+      const json txt = req.return_text_in_logprobs ? json(req.tok->decode(std::vector<int32_t>{id}, false, false)) : json(nullptr);
+      return json::array({std::isnan(lp) ? json(nullptr) : json(double(lp)), id, txt});
+    };
     auto tops = [&](const TopLogprobs& t) {
       json a = json::array();
       for (int j = 0; j < t.n; ++j) a.push_back(triple(t.logprobs[j], t.ids[j]));
@@ -179,7 +200,7 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
   meta["routed_experts"] = nullptr;
   put_routes(meta, o, req.routes);
   if (o.routed_experts) meta["routed_experts_start_len"] = o.routed_experts->start;
-  return {{"text", ""}, {"output_ids", o.token_ids}, {"meta_info", meta}};
+  return {{"text", o.text}, {"output_ids", o.token_ids}, {"meta_info", meta}};
 }
 
 }  // namespace r3::server

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "server/api_error.h"
+#include "text/tokenizer.h"
 
 namespace r3::server {
 
@@ -109,21 +110,59 @@ static bool is_text(const json& v) {
   return true;
 }
 
-std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param) {
-  if (is_text(v)) throw bad_request("r3 has no tokenizer; send token ids", param);
+std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param, const text::Tokenizer* tok,
+                                           bool add_special_tokens) {
+  if (is_text(v)) {
+    if (!tok)
+      throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); send "
+                        "token ids",
+                        param);
+    std::vector<std::vector<int>> out;
+    auto encode = [&](const json& s) {
+      const std::string t = s.get<std::string>();
+      if (t.empty()) throw bad_request("\"" + param + "\" holds an empty prompt", param);
+      std::vector<int32_t> ids;
+      try {
+        ids = tok->encode(t, add_special_tokens);
+      } catch (const Error& e) {
+        throw bad_request(std::string("\"") + param + "\": " + e.what(), param);
+      }
+      out.emplace_back(ids.begin(), ids.end());
+    };
+    if (v.is_string()) encode(v);
+    else
+      for (const auto& s : v) encode(s);
+    return out;
+  }
   if (!v.is_array() || v.empty())
-    throw bad_request("\"" + param + "\" must be a non-empty list of token ids or a list of such lists", param);
+    throw bad_request("\"" + param + "\" must be text, a list of texts, a non-empty list of token ids or a list of such lists",
+                      param);
   std::vector<std::vector<int>> out;
   if (v[0].is_array()) {
     for (const auto& p : v) {
       if (!p.is_array()) throw bad_request("\"" + param + "\" mixes lists and ids", param);
-      if (is_text(p)) throw bad_request("r3 has no tokenizer; send token ids", param);
       out.push_back(token_id_list(p, param));
       if (out.back().empty()) throw bad_request("\"" + param + "\" holds an empty prompt", param);
     }
   } else {
     out.push_back(token_id_list(v, param));
   }
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& v, const std::string& param) {
+  std::vector<std::string> out;
+  if (v.is_null()) return out;
+  if (v.is_string()) out.push_back(v.get<std::string>());
+  else if (v.is_array()) {
+    for (const auto& s : v) {
+      if (!s.is_string()) throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
+      out.push_back(s.get<std::string>());
+    }
+  } else
+    throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
+  for (const std::string& s : out)
+    if (s.empty()) throw bad_request("\"" + param + "\" holds an empty string", param);
   return out;
 }
 

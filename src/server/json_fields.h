@@ -9,6 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace r3::text {
+class Tokenizer;
+}
+
 namespace r3::server {
 
 using json = nlohmann::json;
@@ -30,9 +34,13 @@ void refuse_unknown_fields(const json& obj, const std::string& prefix, std::init
 std::vector<int> token_id_list(const json& v, const std::string& param);
 bool is_token_id_list(const json& v);  // an array whose elements are all integers (may be empty)
 
-// One prompt or a batch: a list of ids, or a list of lists of ids. Text (a string or a list of
-// strings) is a 400: r3 has no tokenizer.
-std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param);
+// One prompt or a batch: a list of ids, a list of lists of ids, a string or a list of strings
+// (encoded with `tok`, its template's special tokens added as Hugging Face's tokenizer(text)
+// does; a 400 when the model has no tokenizer).
+std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param,
+                                           const text::Tokenizer* tok = nullptr, bool add_special_tokens = true);
+// Stop strings: a string or a list of strings (empty list: none).
+std::vector<std::string> stop_strings(const json& v, const std::string& param);
 
 // The request field an engine error message is about ("" when it names none), under the
 // endpoint's own field names.

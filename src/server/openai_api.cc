@@ -25,25 +25,28 @@ void reject_unsupported(const json& b) {
     throw bad_request("\"suffix\" is not supported by r3", "suffix");
   if (b.contains("logit_bias") && !b["logit_bias"].is_null() && !b["logit_bias"].empty())
     throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
-  if (b.contains("stop") && !b["stop"].is_null()) {
-    const json& s = b["stop"];
-    if (!(s.is_array() && s.empty()))
-      throw bad_request("r3 has no tokenizer; stop strings are not supported, use \"stop_token_ids\"", "stop");
-  }
 }
 
-// Tokens are named "token_id:N" (vLLM's return_tokens_as_token_ids form: r3 has no tokenizer).
-std::string token_name(int id) { return "token_id:" + std::to_string(id); }
+// A token as vLLM names it in logprobs: its text, or "token_id:N" (vLLM's
+// return_tokens_as_token_ids form) when the model has no tokenizer.
+std::string token_name(const text::Tokenizer* tok, int id) {
+  if (tok) return tok->decode(std::vector<int32_t>{id}, false, false);
+  return "token_id:" + std::to_string(id);
+}
 
-json logprobs_json(const RequestOutput& o, size_t from) {
+json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* tok) {
   json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
+  size_t offset = 0;  // text_offset: where each token's text starts in the choice's text
+  for (size_t i = 0; i < from && tok; ++i) offset += token_name(tok, o.token_ids[i]).size();
   for (size_t i = from; i < o.token_ids.size(); ++i) {
-    tokens.push_back(token_name(o.token_ids[i]));
+    const std::string name = token_name(tok, o.token_ids[i]);
+    tokens.push_back(name);
     lps.push_back(i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr));
-    offs.push_back(0);
+    offs.push_back(offset);
+    if (tok) offset += name.size();
     if (i < o.top_logprobs.size()) {
       json d = json::object();
-      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_name(o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
+      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_name(tok, o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
       tops.push_back(d);
     }
   }
@@ -56,7 +59,8 @@ json logprobs_json(const RequestOutput& o, size_t from) {
 // vLLM's prompt_logprobs: one entry per prompt position, null for position 0, else
 // {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the top alternatives
 // (rank: 1-based among the alternatives; null for a prompt token outside them).
-json prompt_logprobs_json(const RequestOutput& o) {
+json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
+  auto decoded = [&](int id) { return tok ? json(token_name(tok, id)) : json(nullptr); };
   json out = json::array();
   if (o.prompt_logprobs_start < 0) return nullptr;
   for (int p = 0; p < o.prompt_logprobs_start; ++p) out.push_back(nullptr);
@@ -70,10 +74,11 @@ json prompt_logprobs_json(const RequestOutput& o) {
     if (i < o.prompt_top_logprobs.size())
       for (int j = 0; j < o.prompt_top_logprobs[i].n; ++j)
         d[std::to_string(o.prompt_top_logprobs[i].ids[j])] = {
-            {"logprob", double(o.prompt_top_logprobs[i].logprobs[j])}, {"rank", j + 1}, {"decoded_token", nullptr}};
+            {"logprob", double(o.prompt_top_logprobs[i].logprobs[j])}, {"rank", j + 1},
+            {"decoded_token", decoded(o.prompt_top_logprobs[i].ids[j])}};
     const std::string id = std::to_string(o.prompt_token_ids[pos]);
     if (!d.contains(id))
-      d[id] = {{"logprob", double(o.prompt_logprobs[i])}, {"rank", nullptr}, {"decoded_token", nullptr}};
+      d[id] = {{"logprob", double(o.prompt_logprobs[i])}, {"rank", nullptr}, {"decoded_token", decoded(o.prompt_token_ids[pos])}};
     out.push_back(d);
   }
   return out;
@@ -97,23 +102,31 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, siz
 }
 
 json stop_reason(const RequestOutput& o) {
-  if (o.finish_reason != "stop" || o.token_ids.empty()) return nullptr;
+  if (o.finish_reason != "stop") return nullptr;
+  if (!o.stop_str.empty()) return o.stop_str;  // vLLM: the matched stop string, or the stop token id
+  if (o.token_ids.empty()) return nullptr;
   return o.token_ids.back();
 }
 
 }  // namespace
 
-CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds) {
+CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds,
+                                           const text::Tokenizer* tok) {
   // OpenAI's and vLLM's completion fields r3 reads or checks; any other is refused by name.
   refuse_unknown_fields(b, "", {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "best_of",
                                 "stream", "stream_options", "logprobs", "echo", "suffix", "stop", "stop_token_ids",
                                 "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                                 "user", "ignore_eos", "return_token_ids", "request_id", "return_routed_experts",
-                                "routed_experts_start", "routed_experts_format", "prompt_logprobs"});
+                                "routed_experts_start", "routed_experts_format", "prompt_logprobs",
+                                "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                                "add_special_tokens"});
   reject_unsupported(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
   CompletionRequest r;
-  std::vector<std::vector<int>> prompts = prompt_batch(b["prompt"], "prompt");
+  r.tok = tok;
+  // vLLM's add_special_tokens (default true): the tokenizer template's BOS and the like.
+  const bool add_special = opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(true);
+  std::vector<std::vector<int>> prompts = prompt_batch(b["prompt"], "prompt", tok, add_special);
   r.num_prompts = prompts.size();
   r.n = size_t(opt_int(b, "n", "n", 1, 256).value_or(1));
   if (auto bo = opt_int(b, "best_of", "best_of", 1, 256); bo && size_t(*bo) != r.n)
@@ -142,6 +155,15 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   base.ignore_eos = opt_bool(b, "ignore_eos", "ignore_eos").value_or(false);
   if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null())
     base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
+  if (b.contains("stop")) base.stop = stop_strings(b["stop"], "stop");
+  if (!base.stop.empty() && !tok)
+    throw bad_request("the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")", "stop");
+  base.include_stop_str_in_output =
+      opt_bool(b, "include_stop_str_in_output", "include_stop_str_in_output").value_or(false);
+  base.skip_special_tokens = opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
+  // Accepted for compatibility: vLLM applies it to SentencePiece "slow" tokenizers only; r3 reads
+  // tokenizer.json.
+  (void)opt_bool(b, "spaces_between_special_tokens", "spaces_between_special_tokens");
   base.logprobs = true;
   base.top_logprobs = r.top_logprobs;
   if (auto k = opt_int(b, "prompt_logprobs", "prompt_logprobs", 0, kMaxTopLogprobs)) {
@@ -170,10 +192,10 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
 }
 
 json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
-  json c = {{"index", index}, {"text", ""}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
+  json c = {{"index", index}, {"text", o.text}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
   c["stop_reason"] = stop_reason(o);
-  c["logprobs"] = req.logprobs ? logprobs_json(o, 0) : json(nullptr);
-  if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o);
+  c["logprobs"] = req.logprobs ? logprobs_json(o, 0, req.tok) : json(nullptr);
+  if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o, req.tok);
   if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
   put_routes(c, o, req.routes);
   return c;
@@ -186,10 +208,11 @@ json completion_usage(const CompletionRequest& req, const std::vector<size_t>& c
   return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
 }
 
-json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, const CompletionRequest& req) {
+json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from,
+                             const CompletionRequest& req) {
   std::vector<int> delta(o.token_ids.begin() + long(std::min(from, o.token_ids.size())), o.token_ids.end());
-  json c = {{"index", index}, {"text", ""}, {"token_ids", delta}};
-  c["logprobs"] = req.logprobs ? logprobs_json(o, from) : json(nullptr);
+  json c = {{"index", index}, {"text", o.text.substr(std::min(text_from, o.text.size()))}, {"token_ids", delta}};
+  c["logprobs"] = req.logprobs ? logprobs_json(o, from, req.tok) : json(nullptr);
   if (o.finished) {
     c["finish_reason"] = o.finish_reason;
     c["stop_reason"] = stop_reason(o);

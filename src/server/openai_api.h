@@ -1,6 +1,7 @@
-// POST /v1/completions, OpenAI style: request parsing and reply/stream-chunk building. r3 has
-// no tokenizer, so prompts are token ids, "text" is always "" and every choice carries
-// "token_ids"; routes travel as the extension field "routed_experts" (DESIGN.md transport).
+// POST /v1/completions, OpenAI style: request parsing and reply/stream-chunk building. Prompts
+// are text (the model's tokenizer) or token ids; every choice carries "text" ("" when the model
+// has no tokenizer) and "token_ids"; routes travel as the extension field "routed_experts"
+// (DESIGN.md transport).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@ namespace r3::server {
 
 struct CompletionRequest {
   std::vector<Job> jobs;  // choice i = prompt i / n, sample i % n
+  const text::Tokenizer* tok = nullptr;  // the served model's, or null
   size_t num_prompts = 0, n = 1;
   bool stream = false;
   bool logprobs = false;          // return the sampled tokens' logprobs
@@ -32,15 +34,17 @@ struct CompletionRequest {
 
 // seeds() gives a fresh seed for every choice when the request has none; with "seed" given,
 // sample j of each prompt uses seed + j (so n > 1 gives n different samples, reproducibly).
-CompletionRequest parse_completion_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds);
+// tok: the model's tokenizer (null: none; text prompts and stop strings are then a 400).
+CompletionRequest parse_completion_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds,
+                                           const text::Tokenizer* tok = nullptr);
 
 // One choice of a non-streamed reply.
 nlohmann::json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);
 // {"prompt_tokens","completion_tokens","total_tokens"}
 nlohmann::json completion_usage(const CompletionRequest& req, const std::vector<size_t>& completion_tokens);
-// One streamed choice delta: tokens [from, end) of o; finished outputs carry finish_reason
-// and routes.
-nlohmann::json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from,
+// One streamed choice delta: tokens [from, end) and text bytes [text_from, end) of o; finished
+// outputs carry finish_reason and routes.
+nlohmann::json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from,
                                        const CompletionRequest& req);
 
 }  // namespace r3::server

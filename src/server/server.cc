@@ -20,6 +20,7 @@
 #include "server/json_fields.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/tokenize_api.h"
 
 namespace r3::server {
 
@@ -66,7 +67,7 @@ struct CompletionStream {
   CompletionRequest req;
   std::string id, model;
   int64_t created = 0;
-  std::vector<size_t> sent;
+  std::vector<size_t> sent, sent_text;  // tokens and text bytes streamed, per choice
   std::vector<bool> done;
   size_t num_done = 0;
   uint64_t seen = 0;
@@ -115,9 +116,10 @@ struct CompletionStream {
                                                    o.routes_error + "); the request fails closed",
                                                "routes_error", "", 500)));
       }
-      if (o.token_ids.size() <= sent[i] && !o.finished) continue;
-      out += sse(chunk(json::array({completion_chunk_choice(o, i, sent[i], req)})));
+      if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished) continue;
+      out += sse(chunk(json::array({completion_chunk_choice(o, i, sent[i], sent_text[i], req)})));
       sent[i] = o.token_ids.size();
+      sent_text[i] = o.text.size();
       if (o.finished) {
         done[i] = true;
         ++num_done;
@@ -283,7 +285,7 @@ struct Server::Impl {
   void completions(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
     auto st = std::make_shared<CompletionStream>();
-    st->req = parse_completion_request(body, [this] { return fresh_seed(); });
+    st->req = parse_completion_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     st->req.routes = route_reply(st->req.routes_format, RouteFormat::Vllm);
     st->id = st->req.request_id ? *st->req.request_id : fresh_id("cmpl");
     st->model = opts.model_name;
@@ -310,6 +312,7 @@ struct Server::Impl {
       return;
     }
     st->sent.assign(choices, 0);
+    st->sent_text.assign(choices, 0);
     st->done.assign(choices, false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -331,7 +334,7 @@ struct Server::Impl {
 
   void generate(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
-    GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); });
+    GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     g.routes = route_reply(g.routes_format, RouteFormat::Sglang);
     const std::string rid = g.rid ? *g.rid : fresh_id("gen");
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
@@ -507,7 +510,9 @@ struct Server::Impl {
   json model_info() {
     const ModelConfig& m = loop->model_config();
     return {{"model_path", engine_cfg.model},
-            {"tokenizer_path", nullptr},
+            {"tokenizer_path", !loop->tokenizer()           ? json(nullptr)
+                               : engine_cfg.tokenizer.empty() ? json(engine_cfg.model)
+                                                              : json(engine_cfg.tokenizer)},
             {"is_generation", true},
             {"preferred_sampling_params", nullptr},
             {"weight_version", loop->weight_label()},
@@ -664,6 +669,13 @@ struct Server::Impl {
     configure(http, std::max(1, opts.http_threads), &listen_fd);
     http.Post("/v1/completions", post([this](R q, W s) { completions(q, s); }));
     http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
+    http.Post("/tokenize", post([this](R q, W s) {
+      send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
+                                       loop->model_config().max_position_embeddings));
+    }));
+    http.Post("/detokenize", post([this](R q, W s) {
+      send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get()));
+    }));
     http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
     http.Post("/update_weights_from_tensor",

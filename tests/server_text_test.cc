@@ -1,0 +1,141 @@
+// Text through r3 serve: text prompts on /v1/completions and /generate, stop strings with the
+// peers' names (vLLM's include_stop_str_in_output, SGLang's no_stop_trim), "text" in every
+// reply, streamed text deltas that concatenate to the non-streamed text, the matched stop string
+// in stop_reason / meta_info.finish_reason, token texts in logprobs, and /tokenize and
+// /detokenize with vLLM's fields.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server/server.h"
+#include "test_tokenizer.h"
+#include "text/tokenizer.h"
+
+namespace r3 {
+namespace {
+
+using json = nlohmann::json;
+
+struct TextServer {
+  std::unique_ptr<server::Server> srv;
+  std::shared_ptr<text::Tokenizer> tok;
+  int port = 0;
+  TextServer() {
+    EngineConfig c;
+    c.model = testing::model_with_tokenizer();
+    c.num_kv_blocks = 128;
+    c.max_num_seqs = 8;
+    c.max_num_batched_tokens = 64;
+    c.threads = 1;
+    c.enable_return_routed_experts = true;
+    server::ServerOptions o;
+    o.port = 0;
+    srv = std::make_unique<server::Server>(c, o);
+    port = srv->start();
+    tok = text::Tokenizer::load(c.model);
+  }
+  json post(const std::string& path, const json& body, int want = 200) const {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(60, 0);
+    auto res = cli.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return {};
+    EXPECT_EQ(res->status, want) << path << " " << body.dump() << " -> " << res->body;
+    if (res->body.rfind("data: ", 0) == 0) return res->body;
+    return json::parse(res->body);
+  }
+};
+
+std::string streamed_text(const std::string& body, json* last_choice) {
+  std::string text;
+  for (size_t pos = 0; pos < body.size();) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
+    const json j = json::parse(ev.substr(6));
+    for (const json& c : j["choices"]) {
+      text += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) *last_choice = c;
+    }
+  }
+  return text;
+}
+
+TEST(ServerText, TextPromptsStopStringsAndStreamsAgree) {
+  TextServer s;
+  std::mt19937_64 rng(5);
+  int stopped = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    SCOPED_TRACE(trial);
+    const std::string prompt = "the rain and the " + std::to_string(trial);
+    json body = {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 1.0}, {"seed", trial}, {"ignore_eos", true}};
+    const json full = s.post("/v1/completions", body);
+    const json& c0 = full["choices"][0];
+    const std::string text = c0["text"];
+    EXPECT_EQ(text, s.tok->decode(c0["token_ids"].get<std::vector<int32_t>>(), true, false));
+    // A stop string cut from the middle of the text (bytes of whole characters).
+    std::string stop;
+    for (size_t b = text.size() / 3; b < text.size(); ++b) {
+      if ((static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) continue;
+      size_t e = b + 1 + rng() % 4;
+      while (e < text.size() && (static_cast<unsigned char>(text[e]) & 0xC0) == 0x80) ++e;
+      if (e <= text.size()) stop = text.substr(b, e - b);
+      break;
+    }
+    if (stop.empty()) continue;
+    body["stop"] = stop;
+    const json cut = s.post("/v1/completions", body);
+    const json& c1 = cut["choices"][0];
+    EXPECT_EQ(c1["finish_reason"], "stop");
+    EXPECT_EQ(c1["stop_reason"], stop);
+    EXPECT_EQ(c1["text"], text.substr(0, text.find(stop)));
+    // Streamed: the deltas concatenate to the same text.
+    body["stream"] = true;
+    json last;
+    EXPECT_EQ(streamed_text(s.post("/v1/completions", body).get<std::string>(), &last), c1["text"].get<std::string>());
+    EXPECT_EQ(last["stop_reason"], stop);
+    // SGLang: no_stop_trim keeps the stop string; matched names it.
+    const json g = s.post("/generate", {{"text", prompt},
+                                        {"sampling_params",
+                                         {{"max_new_tokens", 20}, {"temperature", 1.0}, {"seed", trial},
+                                          {"ignore_eos", true}, {"stop", json::array({stop})}, {"no_stop_trim", true}}}});
+    EXPECT_EQ(g["text"], text.substr(0, text.find(stop) + stop.size()));
+    EXPECT_EQ(g["meta_info"]["finish_reason"]["matched"], stop);
+    ++stopped;
+  }
+  EXPECT_GE(stopped, 8);
+}
+
+TEST(ServerText, TokenizeDetokenizeAndTokenTexts) {
+  TextServer s;
+  const json t = s.post("/tokenize", {{"prompt", "the sand<|im_end|>"}, {"return_token_strs", true}});
+  const std::vector<int32_t> ids = s.tok->encode("the sand<|im_end|>", true);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(t["count"], ids.size());
+  EXPECT_EQ(t["max_model_len"], 4096);
+  EXPECT_EQ(t["token_strs"].back(), "<|im_end|>");
+  EXPECT_EQ(s.post("/detokenize", {{"tokens", ids}})["prompt"], "the sand<|im_end|>");
+  EXPECT_EQ(s.post("/detokenize", {{"tokens", {100000}}}, 400)["error"]["param"], "tokens");
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", 5}}, 400)["error"]["param"], "prompt");
+  // Token texts in logprobs: vLLM's tokens and SGLang's triples.
+  const json c = s.post("/v1/completions", {{"prompt", "the"}, {"max_tokens", 4}, {"logprobs", 2}, {"ignore_eos", true}});
+  const json& lp = c["choices"][0]["logprobs"];
+  std::string joined;
+  for (const json& x : lp["tokens"]) joined += x.get<std::string>();
+  const std::vector<int32_t> out = c["choices"][0]["token_ids"];
+  for (size_t i = 0; i < out.size(); ++i)
+    EXPECT_EQ(lp["tokens"][i], s.tok->decode(std::vector<int32_t>{out[i]}, false, false));
+  const json g = s.post("/generate", {{"input_ids", {5, 6}}, {"return_text_in_logprobs", true},
+                                      {"sampling_params", {{"max_new_tokens", 3}, {"ignore_eos", true}}}});
+  for (const json& tr : g["meta_info"]["output_token_logprobs"])
+    EXPECT_EQ(tr[2], s.tok->decode(std::vector<int32_t>{tr[1].get<int32_t>()}, false, false));
+  // Both prompt forms at once is refused by name.
+  EXPECT_EQ(s.post("/generate", {{"input_ids", {5}}, {"text", "x"}}, 400)["error"]["param"], "text");
+}
+
+}  // namespace
+}  // namespace r3
