@@ -128,6 +128,8 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_jso
     if (!c.is_object()) throw Error(cw + ": not a JSON object");
     t->bos_token_ = token_text(c.value("bos_token", json()));
     t->eos_token_ = token_text(c.value("eos_token", json()));
+    for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token"})
+      if (std::string v = token_text(c.value(k, json())); !v.empty()) t->special_tokens_.emplace_back(k, v);
     for (const std::string* tok : {&t->bos_token_, &t->eos_token_})
       if (!tok->empty() && !t->token_to_id(*tok))
         throw Error(cw + ": special token \"" + *tok + "\" is not in the vocabulary");

@@ -52,6 +52,9 @@ class Tokenizer {
   int32_t vocab_size() const { return vocab_end_; }  // one past the largest id
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
+  // bos_token, eos_token, unk_token, pad_token of tokenizer_config.json (those it sets), as a
+  // chat template sees them.
+  const std::vector<std::pair<std::string, std::string>>& special_tokens() const { return special_tokens_; }
   const std::string& bos_token() const { return bos_token_; }  // empty when none
   const std::string& eos_token() const { return eos_token_; }
   std::optional<int32_t> bos_id() const { return bos_token_.empty() ? std::nullopt : token_to_id(bos_token_); }
@@ -83,6 +86,7 @@ class Tokenizer {
   int32_t vocab_end_ = 0;
   std::string bos_token_, eos_token_, chat_template_;
   std::vector<std::pair<std::string, std::string>> named_templates_;
+  std::vector<std::pair<std::string, std::string>> special_tokens_;
   bool clean_up_spaces_ = false;
 };
 

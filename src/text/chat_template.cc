@@ -1,0 +1,59 @@
+#include "text/chat_template.h"
+
+#include "core/error.h"
+
+namespace r3::text {
+
+namespace {
+const std::string& template_of(const Tokenizer& tok, const std::string& source) {
+  if (!source.empty()) return source;
+  if (tok.chat_template().empty())
+    throw Error("the tokenizer has no chat template (tokenizer_config.json has no chat_template); pass one");
+  return tok.chat_template();
+}
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::shared_ptr<const Tokenizer> tok, const std::string& source)
+    : tok_(std::move(tok)), tpl_(template_of(*tok_, source)) {}
+
+std::string ChatTemplate::render(const ChatRequest& req) const {
+  if (!req.messages.is_array() || req.messages.empty()) throw Error("messages must be a non-empty list");
+  for (size_t i = 0; i < req.messages.size(); ++i) {
+    const auto& m = req.messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw Error("messages[" + std::to_string(i) + "] must be an object with a string \"role\"");
+  }
+  if (!req.tools.is_null() && !req.tools.is_array()) throw Error("tools must be a list");
+  if (req.continue_final_message && req.add_generation_prompt)
+    throw Error("continue_final_message and add_generation_prompt cannot both be true");
+  jinja::Dict ctx;
+  ctx.emplace_back("messages", jinja::from_json(req.messages));
+  ctx.emplace_back("tools", jinja::from_json(req.tools));
+  ctx.emplace_back("documents", jinja::Value::none());
+  ctx.emplace_back("add_generation_prompt", jinja::Value::boolean(req.add_generation_prompt));
+  for (const auto& [name, content] : tok_->special_tokens()) ctx.emplace_back(name, jinja::Value::string(content));
+  if (!req.kwargs.is_object()) throw Error("chat_template_kwargs must be an object");
+  for (auto it = req.kwargs.begin(); it != req.kwargs.end(); ++it) {
+    bool replaced = false;
+    for (auto& kv : ctx)
+      if (kv.first == it.key()) kv.second = jinja::from_json(it.value()), replaced = true;
+    if (!replaced) ctx.emplace_back(it.key(), jinja::from_json(it.value()));
+  }
+  std::string text = tpl_.render(ctx);
+  if (req.continue_final_message) {
+    // Cut after the final message's content, as Hugging Face does, so the model continues it.
+    const auto& last = req.messages.back();
+    if (!last.contains("content") || !last["content"].is_string())
+      throw Error("continue_final_message needs a final message with string content");
+    const std::string content = last["content"];
+    const size_t at = text.rfind(content);
+    if (content.empty() || at == std::string::npos)
+      throw Error("continue_final_message: the final message's content is not in the rendered prompt");
+    text.resize(at + content.size());
+  }
+  return text;
+}
+
+std::vector<int32_t> ChatTemplate::encode(const ChatRequest& req) const { return tok_->encode(render(req), false); }
+
+}  // namespace r3::text

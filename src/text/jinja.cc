@@ -1,0 +1,1593 @@
+#include "text/jinja.h"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <cstring>
+#include <set>
+
+#include "core/error.h"
+#include "text/utf8.h"
+
+namespace r3::text::jinja {
+
+namespace {
+
+[[noreturn]] void fail(int line, const std::string& what) {
+  throw Error("chat template line " + std::to_string(line) + ": " + what);
+}
+
+// ---- segments: text and tags, with Hugging Face's whitespace rules applied ----
+
+struct Segment {
+  enum Kind { Text, Expr, Stmt } kind;
+  std::string body;
+  int line;
+};
+
+int line_of(const std::string& s, size_t pos) { return 1 + int(std::count(s.begin(), s.begin() + long(pos), '\n')); }
+
+std::vector<Segment> segments(const std::string& src) {
+  struct Raw {
+    Segment seg;
+    bool strip_before = false, strip_after = false, lstrip = false, trim = false;
+  };
+  std::vector<Raw> raw;
+  size_t pos = 0;
+  while (pos < src.size()) {
+    size_t open = std::string::npos;
+    for (const char* o : {"{{", "{%", "{#"}) open = std::min(open, src.find(o, pos));
+    if (open == std::string::npos) {
+      raw.push_back({{Segment::Text, src.substr(pos), line_of(src, pos)}});
+      break;
+    }
+    if (open > pos) raw.push_back({{Segment::Text, src.substr(pos, open - pos), line_of(src, pos)}});
+    const char kind = src[open + 1];
+    const int line = line_of(src, open);
+    size_t i = open + 2;
+    Raw r;
+    if (i < src.size() && src[i] == '-') r.strip_before = true, ++i;
+    else if (i < src.size() && src[i] == '+') ++i;
+    else r.lstrip = kind != '{';  // lstrip_blocks: block and comment tags
+    const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
+    size_t end;
+    if (kind == '#') {
+      end = src.find(close, i);
+      if (end == std::string::npos) fail(line, "unclosed comment");
+    } else {
+      // The closer outside string literals.
+      char quote = 0;
+      for (end = i; end < src.size(); ++end) {
+        const char c = src[end];
+        if (quote) {
+          if (c == '\\') ++end;
+          else if (c == quote) quote = 0;
+        } else if (c == '\'' || c == '"') {
+          quote = c;
+        } else if (src.compare(end, 2, close) == 0) {
+          break;
+        }
+      }
+      if (end >= src.size()) fail(line, "unclosed " + std::string(kind == '{' ? "{{" : "{%"));
+    }
+    size_t body_end = end;
+    if (body_end > i && src[body_end - 1] == '-') r.strip_after = true, --body_end;
+    else if (body_end > i && src[body_end - 1] == '+') --body_end;
+    else r.trim = kind != '{';  // trim_blocks
+    r.seg = {kind == '{' ? Segment::Expr : Segment::Stmt, src.substr(i, body_end - i), line};
+    // A comment renders nothing; it stays as a marked empty text (line -1) so its whitespace
+    // rules still apply to its neighbours.
+    if (kind == '#') r.seg = {Segment::Text, "", -1};
+    raw.push_back(r);
+    pos = end + 2;
+  }
+  // Whitespace control on the neighbouring text.
+  for (size_t k = 0; k < raw.size(); ++k) {
+    Raw& r = raw[k];
+    const bool tag = r.seg.kind != Segment::Text || r.seg.line == -1;
+    if (!tag) continue;
+    if (k > 0 && raw[k - 1].seg.kind == Segment::Text && raw[k - 1].seg.line != -1) {
+      std::string& t = raw[k - 1].seg.body;
+      if (r.strip_before) {
+        while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+      } else if (r.lstrip) {
+        // Only when the tag starts its line: the text before it on the line is blank.
+        size_t e = t.size();
+        while (e > 0 && (t[e - 1] == ' ' || t[e - 1] == '\t')) --e;
+        if (e == 0 ? k - 1 == 0 : t[e - 1] == '\n') t.resize(e);
+      }
+    }
+    if (k + 1 < raw.size() && raw[k + 1].seg.kind == Segment::Text && raw[k + 1].seg.line != -1) {
+      std::string& t = raw[k + 1].seg.body;
+      if (r.strip_after) {
+        size_t b = 0;
+        while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
+        t.erase(0, b);
+      } else if (r.trim) {
+        if (t.compare(0, 1, "\n") == 0) t.erase(0, 1);
+        else if (t.compare(0, 2, "\r\n") == 0) t.erase(0, 2);
+      }
+    }
+  }
+  std::vector<Segment> out;
+  for (Raw& r : raw)
+    if (!(r.seg.kind == Segment::Text && (r.seg.line == -1 || r.seg.body.empty()))) out.push_back(std::move(r.seg));
+  return out;
+}
+
+// ---- tokens inside a tag ----
+
+struct Tok {
+  enum Kind { Name, Int, Float, Str, Op, End } kind;
+  std::string v;
+};
+
+std::vector<Tok> tokenize(const std::string& s, int line) {
+  std::vector<Tok> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const char c = s[i];
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+      continue;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t j = i;
+      while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
+      out.push_back({Tok::Name, s.substr(i, j - i)});
+      i = j;
+      continue;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t j = i;
+      bool flt = false;
+      while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
+      if (j + 1 < s.size() && s[j] == '.' && std::isdigit(static_cast<unsigned char>(s[j + 1]))) {
+        flt = true;
+        ++j;
+        while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+      }
+      if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+        size_t k = j + 1;
+        if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+        if (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) {
+          flt = true;
+          j = k;
+          while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+        }
+      }
+      std::string num = s.substr(i, j - i);
+      num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
+      out.push_back({flt ? Tok::Float : Tok::Int, num});
+      i = j;
+      continue;
+    }
+    if (c == '\'' || c == '"') {
+      std::string v;
+      size_t j = i + 1;
+      for (; j < s.size() && s[j] != c; ++j) {
+        if (s[j] != '\\' || j + 1 >= s.size()) {
+          v += s[j];
+          continue;
+        }
+        const char e = s[++j];
+        switch (e) {
+          case 'n': v += '\n'; break;
+          case 't': v += '\t'; break;
+          case 'r': v += '\r'; break;
+          case '\\': v += '\\'; break;
+          case '\'': v += '\''; break;
+          case '"': v += '"'; break;
+          case '0': v += '\0'; break;
+          case 'u': {
+            if (j + 4 >= s.size()) fail(line, "bad \\u escape");
+            v += utf8_encode(char32_t(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
+            j += 4;
+            break;
+          }
+          default: v += '\\', v += e;  // Python keeps unknown escapes as written
+        }
+      }
+      if (j >= s.size()) fail(line, "unterminated string");
+      out.push_back({Tok::Str, v});
+      i = j + 1;
+      continue;
+    }
+    static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "|", ".",
+                                 ",", ":", "(", ")", "[", "]", "{", "}", "<", ">", "="};
+    bool found = false;
+    for (const char* op : kOps)
+      if (s.compare(i, std::strlen(op), op) == 0) {
+        out.push_back({Tok::Op, op});
+        i += std::strlen(op);
+        found = true;
+        break;
+      }
+    if (!found) fail(line, std::string("unexpected character '") + c + "'");
+  }
+  out.push_back({Tok::End, ""});
+  return out;
+}
+
+}  // namespace
+
+// ---- syntax tree ----
+
+struct Expr {
+  enum Kind { Literal, Name, Attr, Item, Slice, Call, Filter, Test, Unary, Binary, Cond, ListLit, DictLit } kind;
+  int line = 0;
+  Value literal;
+  std::string name;  // Name, Attr, Filter, Test; Unary/Binary: the operator
+  std::vector<std::shared_ptr<Expr>> args;  // operands, call args, list items, dict keys/values interleaved
+  std::vector<std::pair<std::string, std::shared_ptr<Expr>>> kwargs;
+  bool negated = false;  // Test: "is not"
+};
+using ExprP = std::shared_ptr<Expr>;
+
+struct Node {
+  enum Kind { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, Block } kind;
+  int line = 0;
+  std::string text;
+  ExprP expr;                                        // Output; For: iterable; Set: value
+  std::vector<std::pair<ExprP, std::vector<std::shared_ptr<Node>>>> branches;  // If
+  std::vector<std::shared_ptr<Node>> body, else_body;
+  std::vector<std::string> targets;                  // For / Set (a.b: "a", attr in `attr`)
+  std::string attr;                                  // Set ns.attr
+  ExprP filter;                                      // For ... if cond
+  std::vector<std::pair<std::string, ExprP>> params; // Macro (default may be null)
+};
+using NodeP = std::shared_ptr<Node>;
+
+namespace {
+
+const std::set<std::string> kFilters = {
+    "trim", "length", "count", "tojson", "string", "upper", "lower", "title", "capitalize", "default", "d", "first",
+    "last", "join", "items", "list", "replace", "reverse", "sort", "unique", "map", "selectattr", "rejectattr",
+    "select", "reject", "int", "float", "abs", "round", "safe", "escape", "e", "indent", "wordcount", "sum", "min",
+    "max", "dictsort", "batch"};
+const std::set<std::string> kTests = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
+                                      "number", "string", "mapping", "iterable", "sequence", "callable", "odd",
+                                      "even", "divisibleby", "eq", "equalto", "ne", "lt", "le", "gt", "ge", "in",
+                                      "sameas", "lower", "upper"};
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Segment> segs) : segs_(std::move(segs)) {}
+
+  std::vector<NodeP> parse_all() {
+    std::vector<NodeP> out = parse_block({});
+    if (seg_ < segs_.size()) fail(segs_[seg_].line, "unexpected {% " + first_word(segs_[seg_]) + " %}");
+    return out;
+  }
+
+ private:
+  static std::string first_word(const Segment& s) {
+    size_t b = s.body.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return "";
+    size_t e = b;
+    while (e < s.body.size() && (std::isalnum(static_cast<unsigned char>(s.body[e])) || s.body[e] == '_')) ++e;
+    return s.body.substr(b, e - b);
+  }
+
+  // Statements until a {% tag %} whose first word is in `ends` (left unconsumed).
+  std::vector<NodeP> parse_block(const std::set<std::string>& ends) {
+    std::vector<NodeP> out;
+    while (seg_ < segs_.size()) {
+      const Segment& s = segs_[seg_];
+      if (s.kind == Segment::Text) {
+        auto n = std::make_shared<Node>();
+        n->kind = Node::Text;
+        n->text = s.body;
+        out.push_back(n);
+        ++seg_;
+        continue;
+      }
+      start(s);
+      if (s.kind == Segment::Expr) {
+        auto n = std::make_shared<Node>();
+        n->kind = Node::Output;
+        n->line = s.line;
+        n->expr = expression();
+        expect_end();
+        out.push_back(n);
+        ++seg_;
+        continue;
+      }
+      const std::string w = first_word(s);
+      if (ends.count(w)) return out;
+      ++seg_;
+      out.push_back(statement(w, s.line));
+    }
+    if (!ends.empty()) {
+      std::string names;
+      for (const auto& e : ends) names += (names.empty() ? "" : " or ") + e;
+      fail(segs_.empty() ? 1 : segs_.back().line, "missing {% " + names + " %}");
+    }
+    return out;
+  }
+
+  // The tag that closes a block: its first word must be `w`; returns with its tokens loaded.
+  void close_tag(const std::string& w) {
+    if (seg_ >= segs_.size() || first_word(segs_[seg_]) != w) fail(line_, "missing {% " + w + " %}");
+    start(segs_[seg_]);
+    name_token();
+  }
+
+  NodeP statement(const std::string& w, int line) {
+    auto n = std::make_shared<Node>();
+    n->line = line;
+    name_token();  // the keyword
+    if (w == "if") {
+      n->kind = Node::If;
+      ExprP cond = expression();
+      expect_end();
+      for (;;) {
+        std::vector<NodeP> body = parse_block({"elif", "else", "endif"});
+        n->branches.emplace_back(cond, std::move(body));
+        const std::string k = first_word(segs_[seg_]);
+        start(segs_[seg_]);
+        name_token();
+        ++seg_;
+        if (k == "elif") {
+          cond = expression();
+          expect_end();
+          continue;
+        }
+        if (k == "else") {
+          expect_end();
+          n->else_body = parse_block({"endif"});
+          close_tag("endif");
+          expect_end();
+          ++seg_;
+        } else {
+          expect_end();
+        }
+        break;
+      }
+    } else if (w == "for") {
+      n->kind = Node::For;
+      const bool paren = accept_op("(");
+      n->targets.push_back(name_token());
+      while (accept_op(",")) n->targets.push_back(name_token());
+      if (paren) expect_op(")");
+      if (name_token() != "in") fail(line_, "expected 'in' in {% for %}");
+      n->expr = or_expr();  // the iterable (a conditional here would swallow the loop filter)
+      if (peek_name("if")) {
+        name_token();
+        n->filter = or_expr();
+      }
+      if (peek_name("recursive")) fail(line_, "recursive loops are not supported by r3's template renderer");
+      expect_end();
+      n->body = parse_block({"else", "endfor"});
+      const std::string k = first_word(segs_[seg_]);
+      start(segs_[seg_]);
+      name_token();
+      expect_end();
+      ++seg_;
+      if (k == "else") {
+        n->else_body = parse_block({"endfor"});
+        close_tag("endfor");
+        expect_end();
+        ++seg_;
+      }
+    } else if (w == "set") {
+      const std::string target = name_token();
+      if (accept_op(".")) {
+        n->kind = Node::Set;
+        n->targets = {target};
+        n->attr = name_token();
+      } else {
+        n->targets = {target};
+        while (accept_op(",")) n->targets.push_back(name_token());
+        n->kind = Node::Set;
+      }
+      if (at_end()) {  // {% set x %}...{% endset %}
+        if (n->targets.size() != 1 || !n->attr.empty()) fail(line_, "a {% set %} block assigns one name");
+        n->kind = Node::SetBlock;
+        n->body = parse_block({"endset"});
+        close_tag("endset");
+        expect_end();
+        ++seg_;
+        return n;
+      }
+      expect_op("=");
+      n->expr = expression();
+      if (peek_op(",")) {  // set a = x, y: a tuple
+        auto list = std::make_shared<Expr>();
+        list->kind = Expr::ListLit;
+        list->line = line_;
+        list->args.push_back(n->expr);
+        while (accept_op(",")) list->args.push_back(expression());
+        n->expr = list;
+      }
+      expect_end();
+    } else if (w == "macro") {
+      n->kind = Node::Macro;
+      n->targets = {name_token()};
+      expect_op("(");
+      while (!accept_op(")")) {
+        std::string p = name_token();
+        ExprP dflt;
+        if (accept_op("=")) dflt = expression();
+        n->params.emplace_back(p, dflt);
+        if (!peek_op(")")) expect_op(",");
+      }
+      expect_end();
+      n->body = parse_block({"endmacro"});
+      close_tag("endmacro");
+      expect_end();
+      ++seg_;
+    } else if (w == "break" || w == "continue") {
+      n->kind = w == "break" ? Node::Break : Node::Continue;
+      expect_end();
+    } else if (w == "generation") {  // Hugging Face's assistant-mask marker: renders its body
+      n->kind = Node::Block;
+      expect_end();
+      n->body = parse_block({"endgeneration"});
+      close_tag("endgeneration");
+      expect_end();
+      ++seg_;
+    } else {
+      fail(line, "{% " + w + " %} is not supported by r3's chat template renderer");
+    }
+    return n;
+  }
+
+  // ---- expressions ----
+  void start(const Segment& s) {
+    toks_ = tokenize(s.body, s.line);
+    tok_ = 0;
+    line_ = s.line;
+  }
+  const Tok& peek() const { return toks_[tok_]; }
+  bool at_end() const { return peek().kind == Tok::End; }
+  void expect_end() {
+    if (!at_end()) fail(line_, "unexpected '" + peek().v + "'");
+  }
+  bool peek_op(const char* op) const { return peek().kind == Tok::Op && peek().v == op; }
+  bool peek_name(const char* n) const { return peek().kind == Tok::Name && peek().v == n; }
+  bool accept_op(const char* op) {
+    if (!peek_op(op)) return false;
+    ++tok_;
+    return true;
+  }
+  void expect_op(const char* op) {
+    if (!accept_op(op)) fail(line_, std::string("expected '") + op + "'" + (at_end() ? "" : " before '" + peek().v + "'"));
+  }
+  std::string name_token() {
+    if (peek().kind != Tok::Name) fail(line_, "expected a name" + (at_end() ? std::string() : " before '" + peek().v + "'"));
+    return toks_[tok_++].v;
+  }
+  ExprP make(Expr::Kind k, std::string name = {}) {
+    auto e = std::make_shared<Expr>();
+    e->kind = k;
+    e->line = line_;
+    e->name = std::move(name);
+    return e;
+  }
+  ExprP binary(const std::string& op, ExprP a, ExprP b) {
+    ExprP e = make(Expr::Binary, op);
+    e->args = {std::move(a), std::move(b)};
+    return e;
+  }
+
+  ExprP expression() {
+    ExprP e = or_expr();
+    if (peek_name("if")) {
+      name_token();
+      ExprP c = make(Expr::Cond);
+      ExprP cond = or_expr();
+      ExprP other;
+      if (peek_name("else")) {
+        name_token();
+        other = expression();
+      }
+      c->args = {cond, e, other};
+      return c;
+    }
+    return e;
+  }
+  ExprP or_expr() {
+    ExprP e = and_expr();
+    while (peek_name("or")) {
+      name_token();
+      e = binary("or", e, and_expr());
+    }
+    return e;
+  }
+  ExprP and_expr() {
+    ExprP e = not_expr();
+    while (peek_name("and")) {
+      name_token();
+      e = binary("and", e, not_expr());
+    }
+    return e;
+  }
+  ExprP not_expr() {
+    if (peek_name("not")) {
+      name_token();
+      ExprP e = make(Expr::Unary, "not");
+      e->args = {not_expr()};
+      return e;
+    }
+    return compare();
+  }
+  ExprP compare() {
+    ExprP e = math1();
+    for (;;) {
+      if (peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!=" || peek().v == "<" || peek().v == ">" ||
+                                     peek().v == "<=" || peek().v == ">=")) {
+        const std::string op = toks_[tok_++].v;
+        e = binary(op, e, math1());
+      } else if (peek_name("in")) {
+        name_token();
+        e = binary("in", e, math1());
+      } else if (peek_name("not") && toks_[tok_ + 1].kind == Tok::Name && toks_[tok_ + 1].v == "in") {
+        tok_ += 2;
+        e = binary("not in", e, math1());
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprP math1() {
+    ExprP e = concat();
+    while (peek_op("+") || peek_op("-")) {
+      const std::string op = toks_[tok_++].v;
+      e = binary(op, e, concat());
+    }
+    return e;
+  }
+  ExprP concat() {
+    ExprP e = math2();
+    while (accept_op("~")) e = binary("~", e, math2());
+    return e;
+  }
+  ExprP math2() {
+    ExprP e = power();
+    while (peek_op("*") || peek_op("/") || peek_op("//") || peek_op("%")) {
+      const std::string op = toks_[tok_++].v;
+      e = binary(op, e, power());
+    }
+    return e;
+  }
+  ExprP power() {
+    ExprP e = unary();
+    while (accept_op("**")) e = binary("**", e, unary());
+    return e;
+  }
+  ExprP unary() {
+    if (peek_op("-") || peek_op("+")) {
+      const std::string op = toks_[tok_++].v;
+      ExprP e = make(Expr::Unary, op);
+      e->args = {unary()};
+      return filters(e);
+    }
+    return filters(postfix(primary()));
+  }
+  void call_args(ExprP& e) {
+    while (!accept_op(")")) {
+      if (peek().kind == Tok::Name && toks_[tok_ + 1].kind == Tok::Op && toks_[tok_ + 1].v == "=") {
+        std::string k = name_token();
+        expect_op("=");
+        e->kwargs.emplace_back(k, expression());
+      } else {
+        e->args.push_back(expression());
+      }
+      if (!peek_op(")")) expect_op(",");
+    }
+  }
+  ExprP filters(ExprP e) {
+    for (;;) {
+      if (accept_op("|")) {
+        std::string name = name_token();
+        if (!kFilters.count(name)) fail(line_, "filter '" + name + "' is not supported by r3's chat template renderer");
+        ExprP f = make(Expr::Filter, name);
+        f->args.push_back(e);
+        if (accept_op("(")) call_args(f);
+        e = f;
+      } else if (peek_name("is")) {
+        name_token();
+        bool neg = false;
+        if (peek_name("not")) {
+          name_token();
+          neg = true;
+        }
+        std::string name = peek().kind == Tok::Name ? name_token() : "";
+        if (name.empty() && peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!=")) name = toks_[tok_++].v == "==" ? "eq" : "ne";
+        if (name == "none" || name == "true" || name == "false") {
+        } else if (!kTests.count(name)) {
+          fail(line_, "test '" + name + "' is not supported by r3's chat template renderer");
+        }
+        ExprP t = make(Expr::Test, name);
+        t->negated = neg;
+        t->args.push_back(e);
+        if (accept_op("(")) call_args(t);
+        else if (peek().kind == Tok::Str || peek().kind == Tok::Int || peek().kind == Tok::Float ||
+                 (peek().kind == Tok::Name && !std::set<std::string>{"and", "or", "else", "if", "is", "not", "in"}.count(peek().v)))
+          t->args.push_back(postfix(primary()));
+        e = t;
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprP postfix(ExprP e) {
+    for (;;) {
+      if (accept_op(".")) {
+        ExprP a = make(Expr::Attr, peek().kind == Tok::Int ? toks_[tok_++].v : name_token());
+        a->args = {e};
+        e = a;
+      } else if (accept_op("[")) {
+        // item or slice [a:b:c]
+        ExprP parts[3];
+        int colons = 0;
+        while (!accept_op("]")) {
+          if (accept_op(":")) {
+            if (++colons > 2) fail(line_, "bad slice");
+            continue;
+          }
+          parts[colons] = expression();
+        }
+        if (colons == 0) {
+          if (!parts[0]) fail(line_, "empty subscript");
+          ExprP it = make(Expr::Item);
+          it->args = {e, parts[0]};
+          e = it;
+        } else {
+          ExprP s = make(Expr::Slice);
+          s->args = {e, parts[0], parts[1], parts[2]};
+          e = s;
+        }
+      } else if (accept_op("(")) {
+        ExprP c = make(Expr::Call);
+        c->args.push_back(e);
+        call_args(c);
+        e = c;
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprP primary() {
+    const Tok t = peek();
+    if (t.kind == Tok::Str) {
+      std::string s;
+      while (peek().kind == Tok::Str) s += toks_[tok_++].v;  // adjacent literals concatenate
+      ExprP e = make(Expr::Literal);
+      e->literal = Value::string(s);
+      return e;
+    }
+    if (t.kind == Tok::Int || t.kind == Tok::Float) {
+      ++tok_;
+      ExprP e = make(Expr::Literal);
+      e->literal = t.kind == Tok::Int ? Value::integer(std::stoll(t.v)) : Value::number(std::stod(t.v));
+      return e;
+    }
+    if (t.kind == Tok::Name) {
+      ++tok_;
+      ExprP e = make(Expr::Literal);
+      if (t.v == "true" || t.v == "True") e->literal = Value::boolean(true);
+      else if (t.v == "false" || t.v == "False") e->literal = Value::boolean(false);
+      else if (t.v == "none" || t.v == "None") e->literal = Value::none();
+      else e = make(Expr::Name, t.v);
+      return e;
+    }
+    if (accept_op("(")) {
+      ExprP e = expression();
+      if (peek_op(",")) {  // a tuple: a list to r3
+        ExprP l = make(Expr::ListLit);
+        l->args.push_back(e);
+        while (accept_op(",") && !peek_op(")")) l->args.push_back(expression());
+        e = l;
+      }
+      expect_op(")");
+      return e;
+    }
+    if (accept_op("[")) {
+      ExprP l = make(Expr::ListLit);
+      while (!accept_op("]")) {
+        l->args.push_back(expression());
+        if (!peek_op("]")) expect_op(",");
+      }
+      return l;
+    }
+    if (accept_op("{")) {
+      ExprP d = make(Expr::DictLit);
+      while (!accept_op("}")) {
+        d->args.push_back(expression());
+        expect_op(":");
+        d->args.push_back(expression());
+        if (!peek_op("}")) expect_op(",");
+      }
+      return d;
+    }
+    fail(line_, at_end() ? "unexpected end of expression" : "unexpected '" + t.v + "'");
+  }
+
+  std::vector<Segment> segs_;
+  size_t seg_ = 0;
+  std::vector<Tok> toks_;
+  size_t tok_ = 0;
+  int line_ = 0;
+};
+
+// ---- evaluation ----
+
+struct Scope {
+  std::map<std::string, Value> vars;
+  Scope* parent = nullptr;
+  const Value* find(const std::string& n) const {
+    for (const Scope* s = this; s; s = s->parent) {
+      auto it = s->vars.find(n);
+      if (it != s->vars.end()) return &it->second;
+    }
+    return nullptr;
+  }
+};
+
+enum class Flow { Normal, Break, Continue };
+
+std::vector<std::string> chars_of(const std::string& s) {
+  std::vector<std::string> out;
+  for (std::string_view c : utf8_chars(s)) out.emplace_back(c);
+  return out;
+}
+
+bool is_space_str(const std::string& c) {
+  size_t n;
+  return is_unicode_space(utf8_decode_one(c, 0, &n));
+}
+
+std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right) {
+  std::vector<std::string> cs = chars_of(s);
+  std::vector<std::string> set = chars.is_string() ? chars_of(chars.s) : std::vector<std::string>{};
+  auto strip_it = [&](const std::string& c) {
+    return chars.is_string() ? std::find(set.begin(), set.end(), c) != set.end() : is_space_str(c);
+  };
+  size_t b = 0, e = cs.size();
+  while (left && b < e && strip_it(cs[b])) ++b;
+  while (right && e > b && strip_it(cs[e - 1])) --e;
+  std::string out;
+  for (size_t k = b; k < e; ++k) out += cs[k];
+  return out;
+}
+
+std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 title, 3 capitalize
+  std::string out;
+  bool start = true;
+  for (size_t i = 0; i < s.size();) {
+    size_t n;
+    const char32_t c = utf8_decode_one(s, i, &n);
+    char32_t m = c;
+    const bool alpha = utf8proc_category(utf8proc_int32_t(c)) <= UTF8PROC_CATEGORY_LO &&
+                       utf8proc_category(utf8proc_int32_t(c)) >= UTF8PROC_CATEGORY_LU;
+    if (mode == 0) m = char32_t(utf8proc_tolower(utf8proc_int32_t(c)));
+    else if (mode == 1) m = char32_t(utf8proc_toupper(utf8proc_int32_t(c)));
+    else if (mode == 2) m = char32_t(start ? utf8proc_totitle(utf8proc_int32_t(c)) : utf8proc_tolower(utf8proc_int32_t(c)));
+    else m = char32_t(i == 0 ? utf8proc_toupper(utf8proc_int32_t(c)) : utf8proc_tolower(utf8proc_int32_t(c)));
+    if (mode == 2) start = !alpha;
+    out += utf8_encode(m);
+    i += n;
+  }
+  return out;
+}
+
+std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_t maxsplit) {
+  std::vector<std::string> out;
+  if (!sep.is_string()) {  // runs of whitespace, no empty pieces
+    std::vector<std::string> cs = chars_of(s);
+    std::string cur;
+    bool in = false;
+    for (size_t k = 0; k < cs.size(); ++k) {
+      if (is_space_str(cs[k])) {
+        if (in) {
+          out.push_back(cur);
+          cur.clear();
+          in = false;
+          if (maxsplit >= 0 && int64_t(out.size()) >= maxsplit) {
+            size_t r = k;
+            while (r < cs.size() && is_space_str(cs[r])) ++r;
+            std::string rest;
+            for (; r < cs.size(); ++r) rest += cs[r];
+            if (!rest.empty()) out.push_back(rest);
+            return out;
+          }
+        }
+      } else {
+        cur += cs[k];
+        in = true;
+      }
+    }
+    if (in) out.push_back(cur);
+    return out;
+  }
+  if (sep.s.empty()) throw Error("chat template: split with an empty separator");
+  size_t at = 0;
+  for (;;) {
+    if (maxsplit >= 0 && int64_t(out.size()) >= maxsplit) break;
+    const size_t j = s.find(sep.s, at);
+    if (j == std::string::npos) break;
+    out.push_back(s.substr(at, j - at));
+    at = j + sep.s.size();
+  }
+  out.push_back(s.substr(at));
+  return out;
+}
+
+int64_t py_len(const Value& v, int line) {
+  switch (v.kind) {
+    case Value::Kind::String: return int64_t(utf8_chars(v.s).size());
+    case Value::Kind::List: return int64_t(v.list->size());
+    case Value::Kind::Dict: return int64_t(v.dict->size());
+    case Value::Kind::Undefined: return 0;
+    default: fail(line, "length of a value that has none");
+  }
+}
+
+// The items a for loop (or a filter) walks: a list's elements, a dict's keys, a string's chars.
+List iterate(const Value& v, int line) {
+  switch (v.kind) {
+    case Value::Kind::List: return *v.list;
+    case Value::Kind::Dict: {
+      List keys;
+      for (const auto& [k, x] : *v.dict) keys.push_back(Value::string(k));
+      return keys;
+    }
+    case Value::Kind::String: {
+      List cs;
+      for (std::string& c : chars_of(v.s)) cs.push_back(Value::string(c));
+      return cs;
+    }
+    case Value::Kind::Undefined: return {};
+    default: fail(line, "cannot iterate over " + to_str(v));
+  }
+}
+
+int64_t normalise_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
+
+Value arg(const Args& a, const Kwargs& kw, size_t pos, const char* name, Value dflt = Value::undefined()) {
+  for (const auto& [k, v] : kw)
+    if (k == name) return v;
+  return pos < a.size() ? a[pos] : dflt;
+}
+
+class Renderer {
+ public:
+  explicit Renderer(Scope* globals) : globals_(globals) {}
+
+  Flow exec(const std::vector<NodeP>& body, Scope& scope, std::string& out) {
+    for (const NodeP& n : body) {
+      const Flow f = exec(*n, scope, out);
+      if (f != Flow::Normal) return f;
+    }
+    return Flow::Normal;
+  }
+
+  Flow exec(const Node& n, Scope& scope, std::string& out) {
+    switch (n.kind) {
+      case Node::Text: out += n.text; return Flow::Normal;
+      case Node::Output: out += to_str(eval(*n.expr, scope)); return Flow::Normal;
+      case Node::Block: return exec(n.body, scope, out);
+      case Node::If:
+        for (const auto& [cond, body] : n.branches)
+          if (eval(*cond, scope).truthy()) return exec(body, scope, out);
+        return exec(n.else_body, scope, out);
+      case Node::For: {
+        List items = iterate(eval(*n.expr, scope), n.line);
+        if (n.filter) {
+          List kept;
+          for (Value& it : items) {
+            Scope s{{}, &scope};
+            bind(n, it, s);
+            if (eval(*n.filter, s).truthy()) kept.push_back(it);
+          }
+          items = std::move(kept);
+        }
+        if (items.empty()) return exec(n.else_body, scope, out);
+        const int64_t len = int64_t(items.size());
+        for (int64_t k = 0; k < len; ++k) {
+          Scope s{{}, &scope};
+          bind(n, items[size_t(k)], s);
+          Dict loop = {{"index0", Value::integer(k)},
+                       {"index", Value::integer(k + 1)},
+                       {"revindex0", Value::integer(len - k - 1)},
+                       {"revindex", Value::integer(len - k)},
+                       {"first", Value::boolean(k == 0)},
+                       {"last", Value::boolean(k == len - 1)},
+                       {"length", Value::integer(len)},
+                       {"previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem")},
+                       {"nextitem", k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem")}};
+          s.vars["loop"] = Value::new_dict(std::move(loop));
+          const Flow f = exec(n.body, s, out);
+          if (f == Flow::Break) break;
+        }
+        return Flow::Normal;
+      }
+      case Node::Set: {
+        Value v = eval(*n.expr, scope);
+        if (!n.attr.empty()) {
+          const Value* ns = scope.find(n.targets[0]);
+          if (!ns || ns->kind != Value::Kind::Namespace)
+            fail(n.line, "'" + n.targets[0] + "' is not a namespace (set " + n.targets[0] + "." + n.attr + ")");
+          ns->ns->attrs[n.attr] = std::move(v);
+        } else if (n.targets.size() == 1) {
+          scope.vars[n.targets[0]] = std::move(v);
+        } else {
+          List parts = iterate(v, n.line);
+          if (parts.size() != n.targets.size()) fail(n.line, "cannot unpack " + to_str(v));
+          for (size_t k = 0; k < parts.size(); ++k) scope.vars[n.targets[k]] = parts[k];
+        }
+        return Flow::Normal;
+      }
+      case Node::SetBlock: {
+        std::string captured;
+        exec(n.body, scope, captured);
+        scope.vars[n.targets[0]] = Value::string(captured);
+        return Flow::Normal;
+      }
+      case Node::Macro: {
+        const Node* def = &n;
+        Renderer* self = this;
+        scope.vars[n.targets[0]] = Value::function([def, self](const Args& a, const Kwargs& kw) {
+          Scope s{{}, self->globals_};
+          for (size_t k = 0; k < def->params.size(); ++k) {
+            const auto& [name, dflt] = def->params[k];
+            Value v = arg(a, kw, k, name.c_str());
+            if (v.is_undefined() && dflt) v = self->eval(*dflt, s);
+            s.vars[name] = v;
+          }
+          std::string out;
+          self->exec(def->body, s, out);
+          return Value::string(out);
+        });
+        return Flow::Normal;
+      }
+      case Node::Break: return Flow::Break;
+      case Node::Continue: return Flow::Continue;
+    }
+    return Flow::Normal;
+  }
+
+ private:
+  void bind(const Node& n, const Value& item, Scope& s) {
+    if (n.targets.size() == 1) {
+      s.vars[n.targets[0]] = item;
+      return;
+    }
+    List parts = iterate(item, n.line);
+    if (parts.size() != n.targets.size()) fail(n.line, "cannot unpack " + to_str(item) + " into the loop variables");
+    for (size_t k = 0; k < parts.size(); ++k) s.vars[n.targets[k]] = parts[k];
+  }
+
+  Value eval(const Expr& e, Scope& scope) {
+    switch (e.kind) {
+      case Expr::Literal: return e.literal;
+      case Expr::Name: {
+        if (const Value* v = scope.find(e.name)) return *v;
+        return Value::undefined(e.name);
+      }
+      case Expr::Attr: return attribute(eval(*e.args[0], scope), e.name, e.line);
+      case Expr::Item: {
+        const Value obj = eval(*e.args[0], scope);
+        const Value key = eval(*e.args[1], scope);
+        return item(obj, key, e.line);
+      }
+      case Expr::Slice: return slice(e, scope);
+      case Expr::Call: {
+        const Value f = eval(*e.args[0], scope);
+        Args a;
+        for (size_t k = 1; k < e.args.size(); ++k) a.push_back(eval(*e.args[k], scope));
+        Kwargs kw;
+        for (const auto& [k, x] : e.kwargs) kw.emplace_back(k, eval(*x, scope));
+        if (f.kind != Value::Kind::Function)
+          fail(e.line, (f.is_undefined() ? "'" + f.undefined_name + "' is undefined" : to_str(f) + " is not callable"));
+        return (*f.fn)(a, kw);
+      }
+      case Expr::Filter: return filter(e, scope);
+      case Expr::Test: {
+        const bool r = test(e, scope);
+        return Value::boolean(e.negated ? !r : r);
+      }
+      case Expr::Unary: {
+        const Value v = eval(*e.args[0], scope);
+        if (e.name == "not") return Value::boolean(!v.truthy());
+        if (!v.is_number()) fail(e.line, "unary " + e.name + " of a non-number");
+        if (e.name == "+") return v;
+        return v.kind == Value::Kind::Float ? Value::number(-v.f) : Value::integer(-(v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i));
+      }
+      case Expr::Binary: return binary(e, scope);
+      case Expr::Cond:
+        if (eval(*e.args[0], scope).truthy()) return eval(*e.args[1], scope);
+        return e.args[2] ? eval(*e.args[2], scope) : Value::undefined();
+      case Expr::ListLit: {
+        List l;
+        for (const ExprP& x : e.args) l.push_back(eval(*x, scope));
+        return Value::new_list(std::move(l));
+      }
+      case Expr::DictLit: {
+        Dict d;
+        for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          const Value key = eval(*e.args[k], scope);
+          if (!key.is_string()) fail(e.line, "dict keys must be strings in r3's chat template renderer");
+          set_key(d, key.s, eval(*e.args[k + 1], scope));
+        }
+        return Value::new_dict(std::move(d));
+      }
+    }
+    return Value::undefined();
+  }
+
+  static void set_key(Dict& d, const std::string& k, Value v) {
+    for (auto& kv : d)
+      if (kv.first == k) {
+        kv.second = std::move(v);
+        return;
+      }
+    d.emplace_back(k, std::move(v));
+  }
+
+  Value bound(std::function<Value(const Args&, const Kwargs&)> f) { return Value::function(std::move(f)); }
+
+  Value attribute(const Value& obj, const std::string& name, int line) {
+    switch (obj.kind) {
+      case Value::Kind::Undefined:
+        fail(line, "'" + (obj.undefined_name.empty() ? std::string("value") : obj.undefined_name) +
+                       "' is undefined (reading ." + name + ")");
+      case Value::Kind::Namespace: {
+        auto it = obj.ns->attrs.find(name);
+        return it == obj.ns->attrs.end() ? Value::undefined(name) : it->second;
+      }
+      case Value::Kind::Dict: {
+        if (name == "items")
+          return bound([obj](const Args&, const Kwargs&) {
+            List l;
+            for (const auto& [k, v] : *obj.dict) l.push_back(Value::new_list({Value::string(k), v}));
+            return Value::new_list(std::move(l));
+          });
+        if (name == "keys" || name == "values")
+          return bound([obj, name](const Args&, const Kwargs&) {
+            List l;
+            for (const auto& [k, v] : *obj.dict) l.push_back(name == "keys" ? Value::string(k) : v);
+            return Value::new_list(std::move(l));
+          });
+        if (name == "get")
+          return bound([obj](const Args& a, const Kwargs& kw) {
+            const Value key = arg(a, kw, 0, "key");
+            const Value* v = key.is_string() ? obj.get(key.s) : nullptr;
+            return v ? *v : arg(a, kw, 1, "default", Value::none());
+          });
+        const Value* v = obj.get(name);
+        return v ? *v : Value::undefined(name);
+      }
+      case Value::Kind::String: return string_method(obj.s, name, line);
+      case Value::Kind::List:
+        if (name == "append")
+          return bound([obj](const Args& a, const Kwargs&) {
+            obj.list->push_back(a.empty() ? Value::none() : a[0]);
+            return Value::none();
+          });
+        return Value::undefined(name);
+      default: return Value::undefined(name);
+    }
+  }
+
+  Value string_method(const std::string& s, const std::string& name, int line) {
+    if (name == "startswith" || name == "endswith") {
+      const bool start = name == "startswith";
+      return bound([s, start](const Args& a, const Kwargs&) {
+        if (a.empty()) throw Error("chat template: " + std::string(start ? "startswith" : "endswith") + " needs an argument");
+        List cands = a[0].kind == Value::Kind::List ? *a[0].list : List{a[0]};
+        for (const Value& c : cands) {
+          if (!c.is_string()) continue;
+          if (c.s.size() <= s.size() &&
+              (start ? s.compare(0, c.s.size(), c.s) == 0 : s.compare(s.size() - c.s.size(), c.s.size(), c.s) == 0))
+            return Value::boolean(true);
+        }
+        return Value::boolean(false);
+      });
+    }
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      const bool l = name != "rstrip", r = name != "lstrip";
+      return bound([s, l, r](const Args& a, const Kwargs& kw) {
+        return Value::string(strip_chars(s, arg(a, kw, 0, "chars"), l, r));
+      });
+    }
+    if (name == "split" || name == "rsplit") {
+      if (name == "rsplit") fail(line, "str.rsplit is not supported by r3's chat template renderer");
+      return bound([s](const Args& a, const Kwargs& kw) {
+        const Value sep = arg(a, kw, 0, "sep");
+        const Value max = arg(a, kw, 1, "maxsplit", Value::integer(-1));
+        List l;
+        for (std::string& p : py_split(s, sep.is_none() ? Value::undefined() : sep, max.is_number() ? int64_t(max.as_double()) : -1))
+          l.push_back(Value::string(p));
+        return Value::new_list(std::move(l));
+      });
+    }
+    if (name == "replace")
+      return bound([s](const Args& a, const Kwargs&) {
+        if (a.size() < 2 || !a[0].is_string() || !a[1].is_string()) throw Error("chat template: replace needs two strings");
+        int64_t count = a.size() > 2 && a[2].is_number() ? int64_t(a[2].as_double()) : -1;
+        std::string out;
+        size_t at = 0;
+        if (a[0].s.empty()) return Value::string(s);
+        for (size_t j; count != 0 && (j = s.find(a[0].s, at)) != std::string::npos; --count) {
+          out += s.substr(at, j - at) + a[1].s;
+          at = j + a[0].s.size();
+        }
+        return Value::string(out + s.substr(at));
+      });
+    for (auto [n, mode] : {std::pair{"lower", 0}, {"upper", 1}, {"title", 2}, {"capitalize", 3}})
+      if (name == n) return bound([s, m = mode](const Args&, const Kwargs&) { return Value::string(map_case(s, m)); });
+    if (name == "join")
+      return bound([s](const Args& a, const Kwargs&) {
+        std::string out;
+        List items = a.empty() ? List{} : iterate(a[0], 0);
+        for (size_t k = 0; k < items.size(); ++k) out += (k ? s : "") + to_str(items[k]);
+        return Value::string(out);
+      });
+    if (name == "find" || name == "count")
+      return bound([s, name](const Args& a, const Kwargs&) {
+        if (a.empty() || !a[0].is_string()) throw Error("chat template: " + name + " needs a string");
+        if (name == "count") {
+          int64_t c = 0;
+          for (size_t at = s.find(a[0].s); !a[0].s.empty() && at != std::string::npos; at = s.find(a[0].s, at + a[0].s.size())) ++c;
+          return Value::integer(c);
+        }
+        const size_t at = s.find(a[0].s);
+        return Value::integer(at == std::string::npos ? -1 : int64_t(utf8_chars(s.substr(0, at)).size()));
+      });
+    fail(line, "str." + name + " is not supported by r3's chat template renderer");
+  }
+
+  Value item(const Value& obj, const Value& key, int line) {
+    if (obj.kind == Value::Kind::Dict) {
+      if (!key.is_string()) return Value::undefined();
+      const Value* v = obj.get(key.s);
+      return v ? *v : Value::undefined(key.s);
+    }
+    if (obj.kind == Value::Kind::List || obj.kind == Value::Kind::String) {
+      if (key.kind != Value::Kind::Int) {
+        if (key.is_string()) return attribute(obj, key.s, line);
+        fail(line, "list index must be an integer");
+      }
+      if (obj.kind == Value::Kind::List) {
+        const int64_t i = normalise_index(key.i, int64_t(obj.list->size()));
+        return i >= 0 && i < int64_t(obj.list->size()) ? (*obj.list)[size_t(i)] : Value::undefined();
+      }
+      std::vector<std::string> cs = chars_of(obj.s);
+      const int64_t i = normalise_index(key.i, int64_t(cs.size()));
+      return i >= 0 && i < int64_t(cs.size()) ? Value::string(cs[size_t(i)]) : Value::undefined();
+    }
+    if (obj.kind == Value::Kind::Namespace && key.is_string()) return attribute(obj, key.s, line);
+    if (obj.is_undefined()) fail(line, "'" + obj.undefined_name + "' is undefined (subscript)");
+    return Value::undefined();
+  }
+
+  Value slice(const Expr& e, Scope& scope) {
+    const Value obj = eval(*e.args[0], scope);
+    auto opt = [&](size_t k) -> std::optional<int64_t> {
+      if (!e.args[k]) return std::nullopt;
+      const Value v = eval(*e.args[k], scope);
+      if (v.is_none()) return std::nullopt;
+      if (v.kind != Value::Kind::Int) fail(e.line, "slice indices must be integers");
+      return v.i;
+    };
+    const std::optional<int64_t> start = opt(1), stop = opt(2), step_opt = opt(3);
+    const int64_t step = step_opt.value_or(1);
+    if (step == 0) fail(e.line, "slice step cannot be zero");
+    List items;
+    std::vector<std::string> cs;
+    int64_t n;
+    if (obj.kind == Value::Kind::List) n = int64_t(obj.list->size());
+    else if (obj.kind == Value::Kind::String) cs = chars_of(obj.s), n = int64_t(cs.size());
+    else fail(e.line, "cannot slice " + to_str(obj));
+    // Python's slice.indices.
+    auto clamp = [&](std::optional<int64_t> v, int64_t dflt, bool is_start) {
+      if (!v) return dflt;
+      int64_t x = *v < 0 ? *v + n : *v;
+      if (step > 0) return std::clamp<int64_t>(x, 0, n);
+      (void)is_start;
+      return std::clamp<int64_t>(x, -1, n - 1);
+    };
+    const int64_t b = clamp(start, step > 0 ? 0 : n - 1, true), en = clamp(stop, step > 0 ? n : -1, false);
+    std::string str;
+    for (int64_t k = b; step > 0 ? k < en : k > en; k += step) {
+      if (obj.kind == Value::Kind::List) items.push_back((*obj.list)[size_t(k)]);
+      else str += cs[size_t(k)];
+    }
+    return obj.kind == Value::Kind::List ? Value::new_list(std::move(items)) : Value::string(str);
+  }
+
+  Value binary(const Expr& e, Scope& scope) {
+    const std::string& op = e.name;
+    if (op == "and") {
+      Value a = eval(*e.args[0], scope);
+      return a.truthy() ? eval(*e.args[1], scope) : a;
+    }
+    if (op == "or") {
+      Value a = eval(*e.args[0], scope);
+      return a.truthy() ? a : eval(*e.args[1], scope);
+    }
+    const Value a = eval(*e.args[0], scope), b = eval(*e.args[1], scope);
+    if (op == "==") return Value::boolean(equal(a, b));
+    if (op == "!=") return Value::boolean(!equal(a, b));
+    if (op == "in" || op == "not in") {
+      bool in = false;
+      if (b.is_string()) {
+        if (!a.is_string()) fail(e.line, "'in <string>' needs a string on the left");
+        in = b.s.find(a.s) != std::string::npos;
+      } else if (b.kind == Value::Kind::List) {
+        for (const Value& x : *b.list) in = in || equal(a, x);
+      } else if (b.kind == Value::Kind::Dict) {
+        in = a.is_string() && b.get(a.s);
+      } else if (!b.is_undefined()) {
+        fail(e.line, "'in' needs a string, list or dict on the right");
+      }
+      return Value::boolean(op == "in" ? in : !in);
+    }
+    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      int c;
+      if (a.is_number() && b.is_number()) c = a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
+      else if (a.is_string() && b.is_string()) c = a.s.compare(b.s);
+      else fail(e.line, "cannot compare " + to_str(a) + " and " + to_str(b));
+      return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
+    }
+    if (op == "+") {
+      if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+      if (a.kind == Value::Kind::List && b.kind == Value::Kind::List) {
+        List l = *a.list;
+        l.insert(l.end(), b.list->begin(), b.list->end());
+        return Value::new_list(std::move(l));
+      }
+    }
+    if (op == "*" && ((a.is_string() && b.kind == Value::Kind::Int) || (b.is_string() && a.kind == Value::Kind::Int))) {
+      const std::string& s = a.is_string() ? a.s : b.s;
+      std::string out;
+      for (int64_t k = 0; k < (a.is_string() ? b.i : a.i); ++k) out += s;
+      return Value::string(out);
+    }
+    if (!a.is_number() || !b.is_number())
+      fail(e.line, "unsupported operands for " + op + ": " + to_str(a) + " and " + to_str(b) +
+                       (a.is_undefined() ? " ('" + a.undefined_name + "' is undefined)" : "") +
+                       (b.is_undefined() ? " ('" + b.undefined_name + "' is undefined)" : ""));
+    const bool ints = a.kind != Value::Kind::Float && b.kind != Value::Kind::Float;
+    const int64_t ai = a.kind == Value::Kind::Bool ? a.b : a.i, bi = b.kind == Value::Kind::Bool ? b.b : b.i;
+    const double x = a.as_double(), y = b.as_double();
+    if (op == "+") return ints ? Value::integer(ai + bi) : Value::number(x + y);
+    if (op == "-") return ints ? Value::integer(ai - bi) : Value::number(x - y);
+    if (op == "*") return ints ? Value::integer(ai * bi) : Value::number(x * y);
+    if (op == "/") {
+      if (y == 0) fail(e.line, "division by zero");
+      return Value::number(x / y);
+    }
+    if (op == "//" || op == "%") {
+      if (y == 0) fail(e.line, "division by zero");
+      if (ints) {
+        int64_t q = ai / bi, r = ai % bi;
+        if (r != 0 && ((r < 0) != (bi < 0))) --q, r += bi;
+        return Value::integer(op == "//" ? q : r);
+      }
+      const double q = std::floor(x / y);
+      return Value::number(op == "//" ? q : x - q * y);
+    }
+    if (op == "**") return ints && bi >= 0 ? Value::integer(int64_t(std::llround(std::pow(double(ai), double(bi))))) : Value::number(std::pow(x, y));
+    fail(e.line, "unknown operator " + op);
+  }
+
+  bool test(const Expr& e, Scope& scope) {
+    const Value v = eval(*e.args[0], scope);
+    Args a;
+    for (size_t k = 1; k < e.args.size(); ++k) a.push_back(eval(*e.args[k], scope));
+    const std::string& t = e.name;
+    if (t == "defined") return !v.is_undefined();
+    if (t == "undefined") return v.is_undefined();
+    if (t == "none") return v.is_none();
+    if (t == "boolean") return v.kind == Value::Kind::Bool;
+    if (t == "true") return v.kind == Value::Kind::Bool && v.b;
+    if (t == "false") return v.kind == Value::Kind::Bool && !v.b;
+    if (t == "integer") return v.kind == Value::Kind::Int;
+    if (t == "float") return v.kind == Value::Kind::Float;
+    if (t == "number") return v.is_number();
+    if (t == "string") return v.is_string();
+    if (t == "mapping") return v.kind == Value::Kind::Dict;
+    if (t == "iterable") return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
+    if (t == "sequence") return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
+    if (t == "callable") return v.kind == Value::Kind::Function;
+    if (t == "lower") return v.is_string() && map_case(v.s, 0) == v.s;
+    if (t == "upper") return v.is_string() && map_case(v.s, 1) == v.s;
+    if (a.empty() && t != "odd" && t != "even") fail(e.line, "test '" + t + "' needs an argument");
+    if (t == "odd" || t == "even") {
+      if (v.kind != Value::Kind::Int) fail(e.line, "test '" + t + "' of a non-integer");
+      return (v.i % 2 != 0) == (t == "odd");
+    }
+    if (t == "divisibleby") return v.kind == Value::Kind::Int && a[0].kind == Value::Kind::Int && a[0].i && v.i % a[0].i == 0;
+    if (t == "eq" || t == "equalto" || t == "sameas") return equal(v, a[0]);
+    if (t == "ne") return !equal(v, a[0]);
+    if (t == "in") {
+      const Value& b = a[0];
+      if (b.is_string()) return v.is_string() && b.s.find(v.s) != std::string::npos;
+      if (b.kind == Value::Kind::List)
+        return std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equal(v, x); });
+      if (b.kind == Value::Kind::Dict) return v.is_string() && b.get(v.s);
+      return false;
+    }
+    if (!v.is_number() || !a[0].is_number()) fail(e.line, "test '" + t + "' needs numbers");
+    const double x = v.as_double(), y = a[0].as_double();
+    if (t == "lt") return x < y;
+    if (t == "le") return x <= y;
+    if (t == "gt") return x > y;
+    return x >= y;  // ge
+  }
+
+  Value filter(const Expr& e, Scope& scope) {
+    const Value v = eval(*e.args[0], scope);
+    Args a;
+    for (size_t k = 1; k < e.args.size(); ++k) a.push_back(eval(*e.args[k], scope));
+    Kwargs kw;
+    for (const auto& [k, x] : e.kwargs) kw.emplace_back(k, eval(*x, scope));
+    const std::string& f = e.name;
+    const int line = e.line;
+    if (f == "trim") return Value::string(strip_chars(to_str(v), arg(a, kw, 0, "chars"), true, true));
+    if (f == "length" || f == "count") return Value::integer(py_len(v, line));
+    if (f == "string") return Value::string(to_str(v));
+    if (f == "safe") return v;
+    if (f == "upper") return Value::string(map_case(to_str(v), 1));
+    if (f == "lower") return Value::string(map_case(to_str(v), 0));
+    if (f == "title") return Value::string(map_case(to_str(v), 2));
+    if (f == "capitalize") return Value::string(map_case(to_str(v), 3));
+    if (f == "tojson") {
+      const Value ind = arg(a, kw, 0, "indent", Value::none());
+      const Value sort = arg(a, kw, 3, "sort_keys", Value::boolean(false));
+      const Value seps = arg(a, kw, 2, "separators", Value::none());
+      std::string item_sep = ", ", key_sep = ": ";
+      if (seps.kind == Value::Kind::List && seps.list->size() == 2) item_sep = to_str((*seps.list)[0]), key_sep = to_str((*seps.list)[1]);
+      else if (ind.is_number()) item_sep = ",";
+      std::optional<int> indent;
+      if (ind.is_number()) indent = int(ind.as_double());
+      std::string out = to_json(v, indent, sort.truthy(), item_sep, key_sep);
+      return Value::string(out);
+    }
+    if (f == "default" || f == "d") {
+      const bool boolean = arg(a, kw, 1, "boolean", Value::boolean(false)).truthy();
+      if (v.is_undefined() || (boolean && !v.truthy())) return arg(a, kw, 0, "default_value", Value::string(""));
+      return v;
+    }
+    if (f == "first" || f == "last") {
+      List items = iterate(v, line);
+      if (items.empty()) return Value::undefined();
+      return f == "first" ? items.front() : items.back();
+    }
+    if (f == "join") {
+      const Value sep = arg(a, kw, 0, "d", Value::string(""));
+      const Value attr = arg(a, kw, 1, "attribute");
+      std::string out;
+      List items = iterate(v, line);
+      for (size_t k = 0; k < items.size(); ++k) {
+        Value x = attr.is_string() ? attribute(items[k], attr.s, line) : items[k];
+        out += (k ? to_str(sep) : "") + to_str(x);
+      }
+      return Value::string(out);
+    }
+    if (f == "items") {
+      if (v.kind != Value::Kind::Dict) {
+        if (v.is_undefined()) return Value::new_list();
+        fail(line, "items of a non-dict");
+      }
+      List l;
+      for (const auto& [k, x] : *v.dict) l.push_back(Value::new_list({Value::string(k), x}));
+      return Value::new_list(std::move(l));
+    }
+    if (f == "list") return Value::new_list(iterate(v, line));
+    if (f == "reverse") {
+      if (v.is_string()) {
+        std::vector<std::string> cs = chars_of(v.s);
+        std::string out;
+        for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
+        return Value::string(out);
+      }
+      List l = iterate(v, line);
+      std::reverse(l.begin(), l.end());
+      return Value::new_list(std::move(l));
+    }
+    if (f == "replace") {
+      if (a.size() < 2) fail(line, "replace needs two arguments");
+      return string_method(to_str(v), "replace", line).fn->operator()(a, {});
+    }
+    if (f == "map" || f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") {
+      List items = iterate(v, line), out;
+      const Value attr = f == "map" ? arg(a, kw, 99, "attribute") : Value::undefined();
+      for (const Value& x : items) {
+        if (f == "map") {
+          if (attr.is_string()) out.push_back(attribute(x, attr.s, line));
+          else if (!a.empty() && a[0].is_string()) {
+            auto fe = std::make_shared<Expr>();
+            fe->kind = Expr::Filter;
+            fe->name = a[0].s;
+            fe->line = line;
+            if (!kFilters.count(fe->name)) fail(line, "filter '" + fe->name + "' is not supported");
+            auto lit = std::make_shared<Expr>();
+            lit->kind = Expr::Literal;
+            lit->literal = x;
+            fe->args.push_back(lit);
+            out.push_back(filter(*fe, scope));
+          } else
+            fail(line, "map needs attribute= or a filter name");
+          continue;
+        }
+        const bool by_attr = f == "selectattr" || f == "rejectattr";
+        if (by_attr && (a.empty() || !a[0].is_string())) fail(line, f + " needs an attribute name");
+        const Value subject = by_attr ? attribute(x, a[0].s, line) : x;
+        const size_t ti = by_attr ? 1 : 0;
+        bool ok;
+        if (a.size() <= ti) ok = subject.truthy();
+        else {
+          if (!a[ti].is_string() || !kTests.count(a[ti].s)) fail(line, f + ": unsupported test");
+          auto te = std::make_shared<Expr>();
+          te->kind = Expr::Test;
+          te->name = a[ti].s;
+          te->line = line;
+          for (const Value& extra : std::vector<Value>{subject}) {
+            auto lit = std::make_shared<Expr>();
+            lit->kind = Expr::Literal;
+            lit->literal = extra;
+            te->args.push_back(lit);
+          }
+          for (size_t k = ti + 1; k < a.size(); ++k) {
+            auto lit = std::make_shared<Expr>();
+            lit->kind = Expr::Literal;
+            lit->literal = a[k];
+            te->args.push_back(lit);
+          }
+          ok = test(*te, scope);
+        }
+        if (ok == (f == "selectattr" || f == "select")) out.push_back(x);
+      }
+      return Value::new_list(std::move(out));
+    }
+    if (f == "int") {
+      if (v.is_number()) return Value::integer(int64_t(v.as_double()));
+      if (v.is_string()) {
+        try {
+          return Value::integer(std::stoll(v.s));
+        } catch (...) {
+        }
+      }
+      return arg(a, kw, 0, "default", Value::integer(0));
+    }
+    if (f == "float") {
+      if (v.is_number()) return Value::number(v.as_double());
+      if (v.is_string()) {
+        try {
+          return Value::number(std::stod(v.s));
+        } catch (...) {
+        }
+      }
+      return arg(a, kw, 0, "default", Value::number(0));
+    }
+    if (f == "abs") {
+      if (!v.is_number()) fail(line, "abs of a non-number");
+      return v.kind == Value::Kind::Float ? Value::number(std::fabs(v.f)) : Value::integer(std::llabs(v.i));
+    }
+    if (f == "round") {
+      const int prec = int(arg(a, kw, 0, "precision", Value::integer(0)).as_double());
+      const double m = std::pow(10.0, prec);
+      return Value::number(std::nearbyint(v.as_double() * m) / m);
+    }
+    if (f == "escape" || f == "e") {
+      std::string out;
+      for (char c : to_str(v)) {
+        switch (c) {
+          case '&': out += "&amp;"; break;
+          case '<': out += "&lt;"; break;
+          case '>': out += "&gt;"; break;
+          case '"': out += "&#34;"; break;
+          case '\'': out += "&#39;"; break;
+          default: out += c;
+        }
+      }
+      return Value::string(out);
+    }
+    if (f == "indent") {
+      const int width = int(arg(a, kw, 0, "width", Value::integer(4)).as_double());
+      const bool first = arg(a, kw, 1, "first", Value::boolean(false)).truthy();
+      const bool blank = arg(a, kw, 2, "blank", Value::boolean(false)).truthy();
+      const std::string pad(size_t(width), ' ');
+      std::string s = to_str(v), out;
+      size_t at = 0;
+      bool is_first = true;
+      while (at <= s.size()) {
+        size_t nl = s.find('\n', at);
+        std::string ln = s.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+        if ((is_first && first) || (!is_first && (blank || !ln.empty()))) out += pad;
+        out += ln;
+        if (nl == std::string::npos) break;
+        out += '\n';
+        at = nl + 1;
+        is_first = false;
+      }
+      return Value::string(out);
+    }
+    if (f == "wordcount") return Value::integer(int64_t(py_split(to_str(v), Value::undefined(), -1).size()));
+    if (f == "unique") {
+      List out;
+      for (const Value& x : iterate(v, line))
+        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); })) out.push_back(x);
+      return Value::new_list(std::move(out));
+    }
+    if (f == "sum") {
+      Value acc = Value::integer(0);
+      for (const Value& x : iterate(v, line)) {
+        if (!x.is_number()) fail(line, "sum of non-numbers");
+        acc = acc.kind == Value::Kind::Int && x.kind == Value::Kind::Int ? Value::integer(acc.i + x.i)
+                                                                         : Value::number(acc.as_double() + x.as_double());
+      }
+      return acc;
+    }
+    if (f == "sort" || f == "min" || f == "max" || f == "dictsort" || f == "batch")
+      fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");
+    fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");
+  }
+
+  Scope* globals_;
+};
+
+}  // namespace
+
+Template::Template(const std::string& source) {
+  root_ = std::make_shared<Node>();
+  root_->kind = Node::Block;
+  root_->body = Parser(segments(source)).parse_all();
+}
+
+Template::~Template() = default;
+Template::Template(Template&&) noexcept = default;
+
+std::string Template::render(const Dict& context) const {
+  Scope globals;
+  globals.vars["raise_exception"] = Value::function([](const Args& a, const Kwargs&) -> Value {
+    throw Error("chat template raised an exception: " + (a.empty() ? std::string() : to_str(a[0])));
+  });
+  globals.vars["namespace"] = Value::function([](const Args& a, const Kwargs& kw) {
+    Value v;
+    v.kind = Value::Kind::Namespace;
+    v.ns = std::make_shared<Namespace>();
+    if (!a.empty() && a[0].kind == Value::Kind::Dict)
+      for (const auto& [k, x] : *a[0].dict) v.ns->attrs[k] = x;
+    for (const auto& [k, x] : kw) v.ns->attrs[k] = x;
+    return v;
+  });
+  globals.vars["range"] = Value::function([](const Args& a, const Kwargs&) {
+    int64_t start = 0, stop = 0, step = 1;
+    if (a.size() == 1) stop = int64_t(a[0].as_double());
+    else if (a.size() >= 2) start = int64_t(a[0].as_double()), stop = int64_t(a[1].as_double());
+    if (a.size() >= 3) step = int64_t(a[2].as_double());
+    if (step == 0) throw Error("chat template: range() step must not be zero");
+    List l;
+    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) l.push_back(Value::integer(k));
+    return Value::new_list(std::move(l));
+  });
+  globals.vars["dict"] = Value::function([](const Args&, const Kwargs& kw) {
+    Dict d(kw.begin(), kw.end());
+    return Value::new_dict(std::move(d));
+  });
+  globals.vars["strftime_now"] = Value::function([](const Args& a, const Kwargs&) {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[256];
+    const size_t n = std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_str(a[0]).c_str(), &tm);
+    return Value::string(std::string(buf, n));
+  });
+  Scope top{{}, &globals};
+  for (const auto& [k, v] : context) top.vars[k] = v;
+  std::string out;
+  Renderer r(&globals);
+  r.exec(root_->body, top, out);
+  return out;
+}
+
+}  // namespace r3::text::jinja

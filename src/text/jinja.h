@@ -1,0 +1,32 @@
+// r3's renderer of the Jinja subset Hugging Face chat templates use, with the environment
+// apply_chat_template sets up (trim_blocks, lstrip_blocks, loop controls, a tojson that keeps
+// non-ASCII text, raise_exception, strftime_now). Statements: if/elif/else, for (with loop.*,
+// unpacking, an if filter, else, break/continue), set (names, namespace attributes, blocks),
+// macro; expressions with Python's operators, slices, calls, filters and tests. A construct
+// outside the subset is an r3::Error naming it and the template line, when the template is
+// parsed, never a different rendering.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "text/jinja_value.h"
+
+namespace r3::text::jinja {
+
+struct Node;
+
+class Template {
+ public:
+  // Throws r3::Error ("chat template line N: ...") for syntax outside the subset.
+  explicit Template(const std::string& source);
+  ~Template();
+  Template(Template&&) noexcept;
+  // context: the template's variables (messages, tools, add_generation_prompt, bos_token, ...).
+  // Throws r3::Error for a runtime error, raise_exception's message included.
+  std::string render(const Dict& context) const;
+
+ private:
+  std::shared_ptr<Node> root_;
+};
+
+}  // namespace r3::text::jinja

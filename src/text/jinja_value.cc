@@ -1,0 +1,270 @@
+#include "text/jinja_value.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "text/utf8.h"
+
+namespace r3::text::jinja {
+
+bool Value::truthy() const {
+  switch (kind) {
+    case Kind::Undefined:
+    case Kind::None: return false;
+    case Kind::Bool: return b;
+    case Kind::Int: return i != 0;
+    case Kind::Float: return f != 0;
+    case Kind::String: return !s.empty();
+    case Kind::List: return !list->empty();
+    case Kind::Dict: return !dict->empty();
+    case Kind::Namespace:
+    case Kind::Function: return true;
+  }
+  return false;
+}
+
+double Value::as_double() const {
+  if (kind == Kind::Int) return double(i);
+  if (kind == Kind::Float) return f;
+  if (kind == Kind::Bool) return b ? 1 : 0;
+  throw Error("chat template: expected a number");
+}
+
+const Value* Value::get(const std::string& key) const {
+  if (kind != Kind::Dict) return nullptr;
+  for (const auto& [k, v] : *dict)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+Value from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(int64_t(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return Value::number(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List l;
+      for (const auto& x : j) l.push_back(from_json(x));
+      return Value::new_list(std::move(l));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Dict d;
+      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value()));
+      return Value::new_dict(std::move(d));
+    }
+    default: return Value::none();
+  }
+}
+
+std::string python_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (x == 0) return std::signbit(x) ? "-0.0" : "0.0";
+  // The shortest digits that read back as x, then Python's layout: positional for exponents in
+  // [-4, 16), else d.ddde+XX.
+  char buf[64];
+  int prec = 1;
+  for (; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*e", prec - 1, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  std::string s = buf;  // [-]d.ddde[+-]XX
+  const size_t e = s.find('e');
+  const int exp = std::atoi(s.c_str() + e + 1);
+  std::string mant = s.substr(0, e);
+  const bool neg = mant[0] == '-';
+  if (neg) mant.erase(0, 1);
+  std::string digits;
+  for (char c : mant)
+    if (c != '.') digits += c;
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  std::string out;
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      if (int(digits.size()) <= exp + 1) out = digits + std::string(size_t(exp + 1 - int(digits.size())), '0') + ".0";
+      else out = digits.substr(0, size_t(exp + 1)) + "." + digits.substr(size_t(exp + 1));
+    } else {
+      out = "0." + std::string(size_t(-exp - 1), '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    out += eb;
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+std::string py_repr_string(const std::string& s) {
+  // Python's repr of a str: single quotes unless the text has ' and no ".
+  const bool use_double = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
+  const char q = use_double ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == q) out += std::string("\\") + char(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else
+      out += char(c);
+  }
+  return out + q;
+}
+
+std::string repr(const Value& v) {
+  if (v.kind == Value::Kind::String) return py_repr_string(v.s);
+  return to_str(v);
+}
+
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else
+          out += char(c);
+    }
+  }
+  out += '"';
+}
+
+void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::string& item_sep,
+          const std::string& key_sep, int depth, std::string& out) {
+  auto newline = [&](int d) {
+    out += '\n';
+    out += std::string(size_t(*indent * d), ' ');
+  };
+  // With indent, Python puts items on their own lines and drops the item separator's trailing space.
+  const std::string sep = indent ? (item_sep == ", " ? "," : item_sep) : item_sep;
+  switch (v.kind) {
+    case Value::Kind::Undefined:
+    case Value::Kind::None: out += "null"; break;
+    case Value::Kind::Bool: out += v.b ? "true" : "false"; break;
+    case Value::Kind::Int: out += std::to_string(v.i); break;
+    case Value::Kind::Float:
+      if (std::isnan(v.f)) out += "NaN";
+      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
+      else out += python_float(v.f);
+      break;
+    case Value::Kind::String: json_string(v.s, out); break;
+    case Value::Kind::List:
+      if (v.list->empty()) {
+        out += "[]";
+        break;
+      }
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += sep;
+        if (indent) newline(depth + 1);
+        dump((*v.list)[k], indent, sort_keys, item_sep, key_sep, depth + 1, out);
+      }
+      if (indent) newline(depth);
+      out += ']';
+      break;
+    case Value::Kind::Dict: {
+      if (v.dict->empty()) {
+        out += "{}";
+        break;
+      }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : *v.dict) items.push_back(&kv);
+      if (sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      out += '{';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += sep;
+        if (indent) newline(depth + 1);
+        json_string(items[k]->first, out);
+        out += key_sep;
+        dump(items[k]->second, indent, sort_keys, item_sep, key_sep, depth + 1, out);
+      }
+      if (indent) newline(depth);
+      out += '}';
+      break;
+    }
+    case Value::Kind::Namespace:
+    case Value::Kind::Function: throw Error("chat template: tojson of a value JSON cannot hold");
+  }
+}
+}  // namespace
+
+std::string to_str(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::Undefined: return "";
+    case Value::Kind::None: return "None";
+    case Value::Kind::Bool: return v.b ? "True" : "False";
+    case Value::Kind::Int: return std::to_string(v.i);
+    case Value::Kind::Float: return python_float(v.f);
+    case Value::Kind::String: return v.s;
+    case Value::Kind::List: {
+      std::string out = "[";
+      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      return out + "]";
+    }
+    case Value::Kind::Dict: {
+      std::string out = "{";
+      for (size_t k = 0; k < v.dict->size(); ++k)
+        out += (k ? ", " : "") + py_repr_string((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
+      return out + "}";
+    }
+    case Value::Kind::Namespace: return "<Namespace>";
+    case Value::Kind::Function: return "<function>";
+  }
+  return "";
+}
+
+std::string to_json(const Value& v, std::optional<int> indent, bool sort_keys, const std::string& item_sep,
+                    const std::string& key_sep) {
+  std::string out;
+  dump(v, indent, sort_keys, item_sep, key_sep, 0, out);
+  return out;
+}
+
+bool equal(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
+  if (a.kind != b.kind) return (a.is_undefined() || a.is_none()) && (b.is_undefined() || b.is_none()) && a.kind == b.kind;
+  switch (a.kind) {
+    case Value::Kind::Undefined:
+    case Value::Kind::None: return true;
+    case Value::Kind::String: return a.s == b.s;
+    case Value::Kind::List:
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!equal((*a.list)[k], (*b.list)[k])) return false;
+      return true;
+    case Value::Kind::Dict:
+      if (a.dict->size() != b.dict->size()) return false;
+      for (const auto& [k, v] : *a.dict) {
+        const Value* o = b.get(k);
+        if (!o || !equal(v, *o)) return false;
+      }
+      return true;
+    default: return a.ns == b.ns && a.fn == b.fn;
+  }
+}
+
+}  // namespace r3::text::jinja
