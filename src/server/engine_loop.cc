@@ -12,6 +12,7 @@ namespace r3::server {
 
 EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
   engine_ = std::make_unique<Engine>(cfg_);
+  cfg_ = engine_->config();  // as resolved (KV blocks, cache dtype)
   weight_label_ = "0";
   model_ = engine_->model_config();
   tokenizer_ = engine_->tokenizer();

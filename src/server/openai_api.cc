@@ -27,12 +27,7 @@ void reject_unsupported(const json& b) {
     throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
 }
 
-// A token as vLLM names it in logprobs: its text, or "token_id:N" (vLLM's
-// return_tokens_as_token_ids form) when the model has no tokenizer.
-std::string token_name(const text::Tokenizer* tok, int id) {
-  if (tok) return tok->decode(std::vector<int32_t>{id}, false, false);
-  return "token_id:" + std::to_string(id);
-}
+std::string token_name(const text::Tokenizer* tok, int id) { return token_text(tok, id); }
 
 json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* tok) {
   json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
@@ -101,14 +96,22 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, siz
                       "prompt");
 }
 
-json stop_reason(const RequestOutput& o) {
+json stop_reason(const RequestOutput& o) { return completion_stop_reason(o); }
+
+}  // namespace
+
+// "token_id:N" is vLLM's return_tokens_as_token_ids form, for a model without a tokenizer.
+std::string token_text(const text::Tokenizer* tok, int id) {
+  if (tok) return tok->decode(std::vector<int32_t>{id}, false, false);
+  return "token_id:" + std::to_string(id);
+}
+
+json completion_stop_reason(const RequestOutput& o) {
   if (o.finish_reason != "stop") return nullptr;
   if (!o.stop_str.empty()) return o.stop_str;  // vLLM: the matched stop string, or the stop token id
   if (o.token_ids.empty()) return nullptr;
   return o.token_ids.back();
 }
-
-}  // namespace
 
 CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok) {

@@ -20,6 +20,7 @@ namespace r3::server {
 struct CompletionRequest {
   std::vector<Job> jobs;  // choice i = prompt i / n, sample i % n
   const text::Tokenizer* tok = nullptr;  // the served model's, or null
+  bool chat = false;                     // /v1/chat/completions (chat_api.h)
   size_t num_prompts = 0, n = 1;
   bool stream = false;
   bool logprobs = false;          // return the sampled tokens' logprobs
@@ -37,6 +38,11 @@ struct CompletionRequest {
 // tok: the model's tokenizer (null: none; text prompts and stop strings are then a 400).
 CompletionRequest parse_completion_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok = nullptr);
+
+// A token as vLLM names it in logprobs: its text, or "token_id:N" without a tokenizer.
+std::string token_text(const text::Tokenizer* tok, int id);
+// vLLM's stop_reason: the matched stop string, the stop token id, or null.
+nlohmann::json completion_stop_reason(const RequestOutput& o);
 
 // One choice of a non-streamed reply.
 nlohmann::json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);

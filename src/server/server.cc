@@ -19,6 +19,7 @@
 #include "server/generate_api.h"
 #include "server/json_fields.h"
 #include "server/metrics.h"
+#include "server/chat_api.h"
 #include "server/openai_api.h"
 #include "server/tokenize_api.h"
 
@@ -68,6 +69,7 @@ struct CompletionStream {
   std::string id, model;
   int64_t created = 0;
   std::vector<size_t> sent, sent_text;  // tokens and text bytes streamed, per choice
+  std::vector<bool> started;            // chat: the role delta went out
   std::vector<bool> done;
   size_t num_done = 0;
   uint64_t seen = 0;
@@ -75,8 +77,8 @@ struct CompletionStream {
   Clock::time_point last_write = Clock::now();
 
   json chunk(json choices) const {
-    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-            {"choices", std::move(choices)}};
+    return {{"id", id}, {"object", req.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+            {"model", model}, {"choices", std::move(choices)}};
   }
 
   // One call of the chunked content provider. False: the client is gone (or the write failed).
@@ -117,7 +119,10 @@ struct CompletionStream {
                                                "routes_error", "", 500)));
       }
       if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished) continue;
-      out += sse(chunk(json::array({completion_chunk_choice(o, i, sent[i], sent_text[i], req)})));
+      json choice = req.chat ? chat_chunk_choice(o, i, sent[i], sent_text[i], !started[i], req)
+                             : completion_chunk_choice(o, i, sent[i], sent_text[i], req);
+      started[i] = true;
+      out += sse(chunk(json::array({std::move(choice)})));
       sent[i] = o.token_ids.size();
       sent_text[i] = o.text.size();
       if (o.finished) {
@@ -282,28 +287,37 @@ struct Server::Impl {
     return r;
   }
 
-  void completions(const httplib::Request& hreq, httplib::Response& res) {
+  void completions(const httplib::Request& hreq, httplib::Response& res, bool chat) {
     json body = parse_body(hreq.body);
     auto st = std::make_shared<CompletionStream>();
-    st->req = parse_completion_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
+    if (chat) {
+      const EngineConfig& ec = loop->engine_config();
+      const int max_context =
+          std::min(loop->model_config().max_position_embeddings, ec.num_kv_blocks * ec.block_size);
+      st->req = parse_chat_request(body, hreq.body, [this] { return fresh_seed(); }, loop->tokenizer(), max_context);
+    } else {
+      st->req = parse_completion_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
+    }
     st->req.routes = route_reply(st->req.routes_format, RouteFormat::Vllm);
-    st->id = st->req.request_id ? *st->req.request_id : fresh_id("cmpl");
+    st->id = st->req.request_id ? *st->req.request_id : fresh_id(chat ? "chatcmpl" : "cmpl");
     st->model = opts.model_name;
     st->created = int64_t(std::time(nullptr));
     st->loop = loop.get();
     const size_t choices = st->req.jobs.size();
     st->ch = std::make_shared<Channel>(choices, st->req.stream);
-    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, "prompt", "max_tokens", st->req.n);
+    const std::vector<int> prompt_ids = chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
+    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt", "max_tokens", st->req.n);
     if (!st->req.stream) {
       std::vector<RequestOutput> outs = wait_all(*st->ch);
       json cs = json::array();
       std::vector<size_t> ntok;
       for (size_t i = 0; i < outs.size(); ++i) {
-        cs.push_back(completion_choice(outs[i], i, st->req));
+        cs.push_back(chat ? chat_choice(outs[i], i, st->req) : completion_choice(outs[i], i, st->req));
         ntok.push_back(outs[i].token_ids.size());
       }
-      json reply = {{"id", st->id},     {"object", "text_completion"}, {"created", st->created},
+      json reply = {{"id", st->id},     {"object", chat ? "chat.completion" : "text_completion"}, {"created", st->created},
                     {"model", st->model}, {"choices", cs}, {"usage", completion_usage(st->req, ntok)}};
+      if (chat) reply["prompt_token_ids"] = prompt_ids;
       // vLLM puts the prompt's routes at the top level: there when the call has one prompt (each
       // choice also carries its own, so batches keep them apart).
       if (st->req.num_prompts == 1 && !cs.empty() && cs[0].contains("prompt_routed_experts"))
@@ -313,6 +327,7 @@ struct Server::Impl {
     }
     st->sent.assign(choices, 0);
     st->sent_text.assign(choices, 0);
+    st->started.assign(choices, false);
     st->done.assign(choices, false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -667,7 +682,8 @@ struct Server::Impl {
     using R = const httplib::Request&;
     using W = httplib::Response&;
     configure(http, std::max(1, opts.http_threads), &listen_fd);
-    http.Post("/v1/completions", post([this](R q, W s) { completions(q, s); }));
+    http.Post("/v1/completions", post([this](R q, W s) { completions(q, s, false); }));
+    http.Post("/v1/chat/completions", post([this](R q, W s) { completions(q, s, true); }));
     http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
     http.Post("/tokenize", post([this](R q, W s) {
       send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),

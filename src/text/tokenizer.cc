@@ -246,10 +246,9 @@ std::string Tokenizer::decode_tokens(std::span<const int32_t> ids, bool skip_spe
       if (!(a.special && skip_special_tokens)) tokens.push_back(a.content);
       continue;
     }
-    const std::string* t = model_.token(id);
-    if (!t) throw Error("tokenizer: token id " + std::to_string(id) + " is not in the vocabulary (size " +
-                        std::to_string(vocab_end_) + ")");
-    tokens.push_back(*t);
+    // An id the tokenizer has no token for (a model's vocabulary is often padded past the
+    // tokenizer's) decodes to nothing, as in Hugging Face's decode.
+    if (const std::string* t = model_.token(id)) tokens.push_back(*t);
   }
   std::string out;
   if (decoder_.empty())  // Hugging Face joins the tokens with spaces when there is no decoder

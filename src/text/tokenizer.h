@@ -37,7 +37,8 @@ class Tokenizer {
   // text must be valid UTF-8 (an r3::Error otherwise). Added tokens in the text are matched as
   // such; add_special_tokens applies the post-processor's template (e.g. a BOS).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
-  // Ids outside the vocabulary are an r3::Error. Invalid UTF-8 from byte tokens is U+FFFD.
+  // Ids the tokenizer has no token for (the padding of a model's vocabulary) decode to nothing,
+  // as in Hugging Face's decode. Invalid UTF-8 from byte tokens is U+FFFD.
   // clean_up: nullopt follows tokenizer_config's clean_up_tokenization_spaces.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false,
                      std::optional<bool> clean_up = std::nullopt) const;

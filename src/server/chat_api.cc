@@ -1,0 +1,147 @@
+#include "server/chat_api.h"
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/json_fields.h"
+#include "text/chat_template.h"
+
+namespace r3::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+json chat_logprobs(const RequestOutput& o, size_t from, const CompletionRequest& req) {
+  json content = json::array();
+  for (size_t i = from; i < o.token_ids.size(); ++i) {
+    const std::string t = token_text(req.tok, o.token_ids[i]);
+    json top = json::array();
+    if (i < o.top_logprobs.size())
+      for (int j = 0; j < o.top_logprobs[i].n; ++j) {
+        const std::string a = token_text(req.tok, o.top_logprobs[i].ids[j]);
+        top.push_back({{"token", a}, {"logprob", double(o.top_logprobs[i].logprobs[j])}, {"bytes", bytes_of(a)}});
+      }
+    content.push_back({{"token", t},
+                       {"logprob", i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr)},
+                       {"bytes", bytes_of(t)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+}  // namespace
+
+CompletionRequest parse_chat_request(const json& b, const std::string& raw, const std::function<uint64_t()>& seeds,
+                                     std::shared_ptr<const text::Tokenizer> tok, int max_context) {
+  refuse_unknown_fields(
+      b, "", {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
+              "stream", "stream_options", "logprobs", "top_logprobs", "stop", "stop_token_ids", "seed",
+              "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "user", "ignore_eos",
+              "tools", "tool_choice", "parallel_tool_calls", "chat_template", "chat_template_kwargs",
+              "add_generation_prompt", "continue_final_message", "include_stop_str_in_output",
+              "skip_special_tokens", "spaces_between_special_tokens", "return_token_ids", "request_id",
+              "return_routed_experts", "routed_experts_start", "routed_experts_format", "prompt_logprobs", "echo",
+              "response_format", "add_special_tokens"});
+  if (!tok) throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)", "messages");
+  if (auto e = opt_bool(b, "echo", "echo"); e && *e) throw bad_request("\"echo\" is not supported by r3", "echo");
+  if (b.contains("response_format") && !b["response_format"].is_null()) {
+    const json& rf = b["response_format"];
+    if (!rf.is_object() || rf.value("type", "") != "text")
+      throw bad_request("\"response_format\" other than {\"type\": \"text\"} is not supported by r3 (no constrained decoding)",
+                        "response_format");
+  }
+  if (b.contains("tool_choice") && !b["tool_choice"].is_null()) {
+    const json& tc = b["tool_choice"];
+    if (!tc.is_string() || (tc != "none" && tc != "auto"))
+      throw bad_request("\"tool_choice\" other than \"none\" or \"auto\" is not supported by r3 (it parses no tool calls)",
+                        "tool_choice");
+  }
+  const ojson ob = ojson::parse(raw);  // key order of messages and tools, for the template
+  text::ChatRequest cr;
+  if (!ob.contains("messages") || !ob["messages"].is_array() || ob["messages"].empty())
+    throw bad_request("\"messages\" must be a non-empty list", "messages");
+  cr.messages = ob["messages"];
+  if (ob.contains("tools") && !ob["tools"].is_null()) {
+    if (!ob["tools"].is_array()) throw bad_request("\"tools\" must be a list", "tools");
+    if (!(b.contains("tool_choice") && b["tool_choice"] == "none")) cr.tools = ob["tools"];
+  }
+  if (ob.contains("chat_template_kwargs") && !ob["chat_template_kwargs"].is_null()) {
+    if (!ob["chat_template_kwargs"].is_object())
+      throw bad_request("\"chat_template_kwargs\" must be an object", "chat_template_kwargs");
+    cr.kwargs = ob["chat_template_kwargs"];
+  }
+  cr.continue_final_message = opt_bool(b, "continue_final_message", "continue_final_message").value_or(false);
+  cr.add_generation_prompt =
+      opt_bool(b, "add_generation_prompt", "add_generation_prompt").value_or(!cr.continue_final_message);
+  std::vector<int32_t> ids;
+  try {
+    const text::ChatTemplate ct(tok, opt_string(b, "chat_template", "chat_template").value_or(""));
+    const std::string prompt = ct.render(cr);
+    ids = tok->encode(prompt, opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(false));
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    throw bad_request(std::string("chat template: ") + e.what(), "messages");
+  }
+  // The rest is a completion of the rendered prompt.
+  json cb = json::object();
+  for (const char* k : {"model", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
+                        "stop_token_ids", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                        "logit_bias", "user", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                        "spaces_between_special_tokens", "return_token_ids", "request_id", "return_routed_experts",
+                        "routed_experts_start", "routed_experts_format", "prompt_logprobs"})
+    if (b.contains(k)) cb[k] = b[k];
+  if (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null()) cb["max_tokens"] = b["max_completion_tokens"];
+  else if (b.contains("max_tokens")) cb["max_tokens"] = b["max_tokens"];
+  // vLLM's chat default: as many tokens as the context leaves.
+  if (!cb.contains("max_tokens") || cb["max_tokens"].is_null())
+    cb["max_tokens"] = std::max<int64_t>(1, int64_t(max_context) - int64_t(ids.size()));
+  const bool logprobs = opt_bool(b, "logprobs", "logprobs").value_or(false);
+  const auto top = opt_int(b, "top_logprobs", "top_logprobs", 0, kMaxTopLogprobs);
+  if (top && *top > 0 && !logprobs) throw bad_request("\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
+  if (logprobs) cb["logprobs"] = top.value_or(0);
+  cb["prompt"] = ids;
+  CompletionRequest r = parse_completion_request(cb, seeds, tok.get());
+  r.chat = true;
+  return r;
+}
+
+json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
+  json c = {{"index", index},
+            {"message", {{"role", "assistant"}, {"content", o.text}, {"reasoning_content", nullptr}, {"tool_calls", json::array()}}},
+            {"logprobs", req.logprobs ? chat_logprobs(o, 0, req) : json(nullptr)},
+            {"finish_reason", o.finish_reason},
+            {"stop_reason", completion_stop_reason(o)},
+            {"token_ids", o.token_ids}};
+  if (req.prompt_logprobs) c["prompt_logprobs"] = completion_choice(o, index, req)["prompt_logprobs"];
+  put_routes(c, o, req.routes);
+  return c;
+}
+
+json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from, bool first,
+                       const CompletionRequest& req) {
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  const std::string text = o.text.substr(std::min(text_from, o.text.size()));
+  if (first || !text.empty()) delta["content"] = text;
+  std::vector<int> ids(o.token_ids.begin() + long(std::min(from, o.token_ids.size())), o.token_ids.end());
+  json c = {{"index", index}, {"delta", delta}, {"token_ids", ids}};
+  c["logprobs"] = req.logprobs ? chat_logprobs(o, from, req) : json(nullptr);
+  if (o.finished) {
+    c["finish_reason"] = o.finish_reason;
+    c["stop_reason"] = completion_stop_reason(o);
+    put_routes(c, o, req.routes);
+  } else {
+    c["finish_reason"] = nullptr;
+  }
+  return c;
+}
+
+}  // namespace r3::server
