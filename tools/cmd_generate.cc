@@ -23,11 +23,12 @@ using json = nlohmann::json;
 int cmd_generate(int argc, char** argv) {
   Args a("generate",
          "Runs every prompt of a JSONL file through the engine and writes one JSON line per prompt,\n"
-         "in input order. Input lines: {\"prompt_token_ids\":[...], \"max_tokens\":N, \"temperature\":T,\n"
-         "\"top_p\":P, \"top_k\":K, \"seed\":S, \"stop_token_ids\":[...], \"ignore_eos\":B,\n"
-         "\"return_routed_experts\":true, \"routed_experts_start\":N}; a line without a seed gets a\n"
-         "random one. Route capture is on when a line asks for routes. Output lines: index,\n"
-         "prompt_token_ids, token_ids, logprobs, finish_reason, weight_versions, routed_experts.");
+         "in input order. Input lines: {\"prompt_token_ids\":[...] or \"prompt\":\"text\", \"max_tokens\":N,\n"
+         "\"temperature\":T, \"top_p\":P, \"top_k\":K, \"seed\":S, \"stop_token_ids\":[...], \"stop\":[...],\n"
+         "\"ignore_eos\":B, \"return_routed_experts\":true, \"routed_experts_start\":N}; a line without a\n"
+         "seed gets a random one. Text needs a tokenizer (the checkpoint's tokenizer.json or --tokenizer).\n"
+         "Route capture is on when a line asks for routes. Output lines: index, prompt_token_ids,\n"
+         "token_ids, text, logprobs, finish_reason, stop_reason, weight_versions, routed_experts.");
   add_engine_flags(a);
   a.opt("input", "", "prompts, one JSON object per line (required)")
       .opt("output", "-", "output JSONL file (- = stdout)")
@@ -65,6 +66,11 @@ int cmd_generate(int argc, char** argv) {
   std::map<uint64_t, size_t> index_of;
   for (size_t i = 0; i < reqs.size(); ++i) {
     try {
+      if (!reqs[i].prompt_text.empty()) {
+        if (!engine.tokenizer()) throw Error("a text prompt needs a tokenizer (the checkpoint has no tokenizer.json; pass --tokenizer DIR)");
+        const std::vector<int32_t> ids = engine.tokenizer()->encode(reqs[i].prompt_text, true);
+        reqs[i].prompt.assign(ids.begin(), ids.end());
+      }
       index_of[engine.add_request(reqs[i].prompt, reqs[i].params)] = i;
     } catch (const Error& e) {
       throw Error(a.str("input") + ": request " + std::to_string(i) + ": " + e.what());

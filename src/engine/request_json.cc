@@ -58,6 +58,20 @@ void read_sampling_params(const json& j, SamplingParams& p) {
     p.seed = j["seed"].get<uint64_t>();
   }
   if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) p.stop_token_ids = get_ids(j, "stop_token_ids");
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& st = j["stop"];
+    p.stop.clear();
+    if (st.is_string()) p.stop.push_back(st.get<std::string>());
+    else if (st.is_array())
+      for (const json& x : st) {
+        if (!x.is_string()) throw Error("\"stop\" must be a string or a list of strings");
+        p.stop.push_back(x.get<std::string>());
+      }
+    else
+      throw Error("\"stop\" must be a string or a list of strings");
+  }
+  p.include_stop_str_in_output = get_bool(j, "include_stop_str_in_output", p.include_stop_str_in_output);
+  p.skip_special_tokens = get_bool(j, "skip_special_tokens", p.skip_special_tokens);
   p.ignore_eos = get_bool(j, "ignore_eos", p.ignore_eos);
   if (j.contains("logprobs") && j["logprobs"].is_boolean()) p.logprobs = j["logprobs"].get<bool>();
   p.return_routed_experts = get_bool(j, "return_routed_experts", p.return_routed_experts);
@@ -66,9 +80,14 @@ void read_sampling_params(const json& j, SamplingParams& p) {
 
 ParsedRequest parse_request_json(const json& j) {
   if (!j.is_object()) throw Error("a request must be a JSON object");
-  if (!j.contains("prompt_token_ids")) throw Error("missing \"prompt_token_ids\"");
   ParsedRequest r;
-  r.prompt = get_ids(j, "prompt_token_ids");
+  if (j.contains("prompt") && j["prompt"].is_string() && !j.contains("prompt_token_ids")) {
+    r.prompt_text = j["prompt"].get<std::string>();
+    if (r.prompt_text.empty()) throw Error("\"prompt\" is empty");
+  } else {
+    if (!j.contains("prompt_token_ids")) throw Error("missing \"prompt_token_ids\" (or a \"prompt\" text)");
+    r.prompt = get_ids(j, "prompt_token_ids");
+  }
   read_sampling_params(j, r.params);
   return r;
 }
@@ -78,10 +97,12 @@ json output_to_json(const RequestOutput& o, int64_t index) {
   if (index >= 0) j["index"] = index;
   j["prompt_token_ids"] = o.prompt_token_ids;
   j["token_ids"] = o.token_ids;
+  j["text"] = o.text;
   json lp = json::array();
   for (float f : o.logprobs) lp.push_back(double(f));  // exact: every float is a double
   j["logprobs"] = lp;
   j["finish_reason"] = o.finish_reason;
+  if (!o.stop_str.empty()) j["stop_reason"] = o.stop_str;
   j["weight_versions"] = o.weight_versions;
   if (o.routed_experts) j["routed_experts"] = routes_to_json(*o.routed_experts);
   if (!o.routes_error.empty()) j["routes_error"] = o.routes_error;

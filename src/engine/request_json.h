@@ -1,6 +1,7 @@
 // JSON for requests and outputs, shared by `r3 generate` (JSONL), the HTTP server and tests.
-// Request fields follow vLLM/SGLang names: prompt_token_ids, max_tokens, temperature, top_p,
-// top_k, seed, stop_token_ids, ignore_eos, logprobs, return_routed_experts, routed_experts_start.
+// Request fields follow vLLM/SGLang names: prompt_token_ids (or prompt text), max_tokens,
+// temperature, top_p, top_k, seed, stop_token_ids, stop, include_stop_str_in_output,
+// skip_special_tokens, ignore_eos, logprobs, return_routed_experts, routed_experts_start.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -11,6 +12,7 @@ namespace r3 {
 
 struct ParsedRequest {
   std::vector<int> prompt;
+  std::string prompt_text;  // "prompt" given as text instead of prompt_token_ids (tokenized by the caller)
   SamplingParams params;
 };
 
@@ -18,8 +20,8 @@ struct ParsedRequest {
 ParsedRequest parse_request_json(const nlohmann::json& j);
 // Reads only the sampling fields of j into p (unknown keys are ignored).
 void read_sampling_params(const nlohmann::json& j, SamplingParams& p);
-// index, prompt_token_ids, token_ids, logprobs, finish_reason, weight_versions and, when
-// present, routed_experts in the transport format.
+// index, prompt_token_ids, token_ids, text, logprobs, finish_reason (and stop_reason, the matched
+// stop string), weight_versions and, when present, routed_experts in the transport format.
 nlohmann::json output_to_json(const RequestOutput& o, int64_t index);
 
 }  // namespace r3

@@ -1,5 +1,6 @@
 // r3 serve driven by the official `openai` npm package: /v1/completions streamed and not, with
-// token-id prompts and the routed_experts extension. Routes must decode to [S-1, L, K] and equal
+// token-id prompts and the routed_experts extension, text prompts, and /v1/chat/completions
+// through the released Qwen3 chat template. Routes must decode to [S-1, L, K] and equal
 // the solo run of the same request (`r3 generate`, one request at a time, no prefix cache).
 // Run through scripts/e2e_openai.sh, which starts the server and sets the environment:
 //   R3_BASE_URL, R3_API_KEY, R3_MODEL (checkpoint dir), R3_BIN (the r3 binary).
@@ -76,7 +77,7 @@ test("non-streamed /v1/completions returns token ids and routes equal to the sol
   const solo = soloRuns(prompts.map((p) => ({ prompt_token_ids: p, max_tokens: 12, temperature: 1.0, seed: 1234 })));
   for (const c of data.choices) {
     const p = prompts[c.index];
-    assert.equal(c.text, "");
+    assert.equal(c.text, solo[c.index].text, "text equals the solo run's");
     assert.ok(Array.isArray(c.token_ids) && c.token_ids.length > 0);
     checkRoutes(c.routed_experts, p.length, c.token_ids.length);
     assert.deepEqual(c.token_ids, solo[c.index].token_ids, "tokens equal the solo run's");
@@ -130,10 +131,45 @@ test("streamed /v1/completions: deltas add up to the solo run, routes in the fin
   assert.equal(routes.data, solo.routed_experts.data);
 });
 
+test("chat completions through the released Qwen3 template, streamed and not, give the same text", async () => {
+  const messages = [
+    { role: "system", content: "You are terse." },
+    { role: "user", content: "Say something about the sea. 日本語 😀" },
+  ];
+  const params = { model: modelDir, messages, max_tokens: 12, temperature: 0.8, seed: 5, stop: ["\n\n"] };
+  const once = await client.chat.completions.create(params);
+  assert.equal(once.object, "chat.completion");
+  const choice = once.choices[0];
+  assert.equal(choice.message.role, "assistant");
+  assert.equal(typeof choice.message.content, "string");
+  assert.ok(["stop", "length"].includes(choice.finish_reason));
+  assert.ok(once.usage.prompt_tokens > 10, "the template wrapped the messages");
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  let text = "";
+  let role = null;
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      if (c.delta.role) role = role ?? c.delta.role;
+      if (c.delta.content) text += c.delta.content;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(role, "assistant");
+  assert.equal(text, choice.message.content);
+  assert.equal(finish, choice.finish_reason);
+});
+
+test("text prompts on /v1/completions come back with text", async () => {
+  const r = await client.completions.create({ model: modelDir, prompt: "The sea is", max_tokens: 6, temperature: 0 });
+  assert.equal(typeof r.choices[0].text, "string");
+  assert.equal(r.choices[0].token_ids.length, 6);
+});
+
 test("errors reach the client as APIError", async () => {
-  await assert.rejects(client.completions.create({ model: modelDir, prompt: "text prompt" }), (e) => {
+  await assert.rejects(client.completions.create({ model: modelDir, prompt: [1, 2], stop: "" }), (e) => {
     assert.equal(e.status, 400);
-    assert.match(e.message, /no tokenizer/);
+    assert.match(e.message, /empty string/);
     return true;
   });
   const noKey = new OpenAI({ baseURL: `${base}/v1`, apiKey: "wrong", maxRetries: 0 });
