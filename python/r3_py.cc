@@ -26,6 +26,8 @@
 #include "routes/route_formats.h"
 #include "server/channel.h"
 #include "server/engine_loop.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace py = pybind11;
 
@@ -48,7 +50,8 @@ struct PySamplingParams {
 
 struct CompletionOutput {
   int index = 0;
-  std::string text;  // always "": r3 has no tokenizer
+  std::string text;  // the detokenised output ("" when the model has no tokenizer)
+  py::object stop_reason = py::none();  // vLLM: the matched stop string or stop token id
   std::vector<int> token_ids;
   std::vector<float> logprobs;
   double cumulative_logprob = 0.0;
@@ -123,6 +126,10 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool
     }
     c.top_logprobs = tl;
   }
+  c.text = o.text;
+  if (o.finish_reason == "stop")
+    c.stop_reason = !o.stop_str.empty() ? py::object(py::str(o.stop_str))
+                    : o.token_ids.empty() ? py::none() : py::object(py::int_(o.token_ids.back()));
   c.token_ids = std::move(o.token_ids);
   c.logprobs = std::move(o.logprobs);
   for (float f : c.logprobs) c.cumulative_logprob += double(f);
@@ -179,17 +186,76 @@ std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
   return tensors;
 }
 
-std::vector<int> prompt_of(const py::handle& item) {
-  if (py::isinstance<py::str>(item)) throw r3::Error("r3 has no tokenizer; pass {\"prompt_token_ids\": [...]}");
+// Python values as JSON, dict keys in insertion order (chat messages and tool schemas).
+nlohmann::ordered_json to_ojson(const py::handle& o) {
+  if (o.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(o)) return o.cast<bool>();
+  if (py::isinstance<py::int_>(o)) return o.cast<int64_t>();
+  if (py::isinstance<py::float_>(o)) return o.cast<double>();
+  if (py::isinstance<py::str>(o)) return o.cast<std::string>();
+  if (py::isinstance<py::dict>(o)) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(o)) j[py::str(k).cast<std::string>()] = to_ojson(v);
+    return j;
+  }
+  if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (auto v : o) j.push_back(to_ojson(v));
+    return j;
+  }
+  throw r3::Error("cannot pass a " + py::str(o.get_type()).cast<std::string>() + " to a chat template");
+}
+
+// A prompt: text (encoded with the model's tokenizer, its special tokens added as Hugging
+// Face's tokenizer(text) does), {"prompt": text}, {"prompt_token_ids": [...]} or a list of ids.
+std::vector<int> prompt_of(const py::handle& item, const r3::text::Tokenizer* tok) {
+  auto encode = [&](const std::string& text) {
+    if (!tok) throw r3::Error("the model has no tokenizer (no tokenizer.json; pass tokenizer=DIR); pass token ids");
+    const std::vector<int32_t> ids = tok->encode(text, true);
+    return std::vector<int>(ids.begin(), ids.end());
+  };
+  if (py::isinstance<py::str>(item)) return encode(item.cast<std::string>());
   if (py::isinstance<py::dict>(item)) {
     py::dict d = py::reinterpret_borrow<py::dict>(item);
-    if (!d.contains("prompt_token_ids"))
-      throw r3::Error(d.contains("prompt") ? "r3 has no tokenizer; pass \"prompt_token_ids\""
-                                           : "a prompt dict needs \"prompt_token_ids\"");
-    return d["prompt_token_ids"].cast<std::vector<int>>();
+    if (d.contains("prompt_token_ids")) return d["prompt_token_ids"].cast<std::vector<int>>();
+    if (d.contains("prompt")) return encode(d["prompt"].cast<std::string>());
+    throw r3::Error("a prompt dict needs \"prompt_token_ids\" or \"prompt\"");
   }
   return item.cast<std::vector<int>>();  // a plain list of ids
 }
+
+// r3.Tokenizer: a Hugging Face tokenizer.json (encode, decode, apply_chat_template).
+struct PyTokenizer {
+  std::shared_ptr<const r3::text::Tokenizer> tok;
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
+    return tok->encode(text, add_special_tokens);
+  }
+  std::string decode(const py::object& ids, bool skip_special_tokens) const {
+    return tok->decode(ids.cast<std::vector<int32_t>>(), skip_special_tokens);
+  }
+  py::object apply_chat_template(const py::object& messages, bool tokenize, bool add_generation_prompt,
+                                 bool continue_final_message, const py::object& tools,
+                                 const py::object& chat_template, const py::kwargs& kwargs) const {
+    r3::text::ChatRequest r;
+    r.messages = to_ojson(messages);
+    r.tools = to_ojson(tools);
+    r.add_generation_prompt = add_generation_prompt;
+    r.continue_final_message = continue_final_message;
+    r.kwargs = nlohmann::ordered_json::object();
+    for (auto [k, v] : kwargs) {
+      const std::string key = k.cast<std::string>();
+      if (key == "chat_template_kwargs") {
+        for (auto [k2, v2] : v.cast<py::dict>()) r.kwargs[k2.cast<std::string>()] = to_ojson(v2);
+      } else {
+        r.kwargs[key] = to_ojson(v);
+      }
+    }
+    const r3::text::ChatTemplate ct(tok, chat_template.is_none() ? "" : chat_template.cast<std::string>());
+    if (!tokenize) return py::str(ct.render(r));
+    return py::cast(ct.encode(r));
+  }
+};
 
 class LLM {
  public:
@@ -226,6 +292,7 @@ class LLM {
       else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
       else if (key == "threads") c.threads = v.cast<int>();
       else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
+      else if (key == "tokenizer") c.tokenizer = v.cast<std::string>();
       else if (key == "routed_experts_format") continue;  // the Python side's (vllm_split_from)
       else throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");
     }
@@ -236,14 +303,14 @@ class LLM {
     // Prompts: one dict / id list, or a list of them.
     std::vector<std::vector<int>> ps;
     if (py::isinstance<py::dict>(prompts) || py::isinstance<py::str>(prompts)) {
-      ps.push_back(prompt_of(prompts));
+      ps.push_back(prompt_of(prompts, engine_->tokenizer().get()));
     } else {
       py::list l = py::list(prompts);
       if (l.size() > 0 && !py::isinstance<py::dict>(l[0]) && !py::isinstance<py::str>(l[0]) &&
           !py::isinstance<py::list>(l[0]) && !py::isinstance<py::tuple>(l[0]))
-        ps.push_back(prompt_of(prompts));  // a single list of ids
+        ps.push_back(prompt_of(prompts, engine_->tokenizer().get()));  // a single list of ids
       else
-        for (auto item : l) ps.push_back(prompt_of(item));
+        for (auto item : l) ps.push_back(prompt_of(item, engine_->tokenizer().get()));
     }
     std::vector<PySamplingParams> per_prompt;
     if (params.is_none() || py::isinstance<PySamplingParams>(params)) {
@@ -281,6 +348,34 @@ class LLM {
         else res.back().outputs.push_back(std::move(r.outputs[0]));
       }
     return res;
+  }
+
+  // vLLM's LLM.chat: one conversation (a list of messages) or a list of them, rendered with the
+  // model's chat template (or chat_template), then generated as token-id prompts.
+  std::vector<PyRequestOutput> chat(const py::object& messages, const py::object& params,
+                                    const py::object& chat_template, bool add_generation_prompt,
+                                    bool continue_final_message, const py::object& tools,
+                                    const py::object& chat_template_kwargs) {
+    const PyTokenizer t = get_tokenizer();
+    py::list conversations;
+    py::list l(messages);
+    if (l.size() > 0 && (py::isinstance<py::list>(l[0]) || py::isinstance<py::tuple>(l[0]))) conversations = l;
+    else conversations.append(l);
+    py::list prompts;
+    py::kwargs kw;
+    if (!chat_template_kwargs.is_none()) kw["chat_template_kwargs"] = chat_template_kwargs;
+    for (auto conv : conversations)
+      prompts.append(py::dict(py::arg("prompt_token_ids") =
+                                  t.apply_chat_template(py::reinterpret_borrow<py::object>(conv), true,
+                                                        add_generation_prompt, continue_final_message, tools,
+                                                        chat_template, kw)));
+    return generate(prompts, params);
+  }
+
+  PyTokenizer get_tokenizer() const {
+    if (!engine_->tokenizer())
+      throw r3::Error("the model has no tokenizer (no tokenizer.json in the checkpoint; pass tokenizer=DIR)");
+    return PyTokenizer{engine_->tokenizer()};
   }
 
   void update_weights(const std::string& path, bool flush_cache) {
@@ -400,7 +495,7 @@ class AsyncEngine {
   PyStream submit(const py::object& prompt, const py::object& params, const std::string& request_id) {
     PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
     if (sp.n != 1) throw r3::Error("AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
-    r3::server::Job j{prompt_of(prompt), sp.p};
+    r3::server::Job j{prompt_of(prompt, loop_->tokenizer().get()), sp.p};
     j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
     j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
     auto ch = std::make_shared<r3::server::Channel>(1, true);
@@ -472,8 +567,13 @@ PYBIND11_MODULE(_r3, m) {
   py::class_<PySamplingParams>(m, "SamplingParams")
       .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, std::optional<uint64_t> seed,
                        std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
-                       int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs) {
+                       int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs,
+                       const py::object& stop, bool include_stop_str_in_output, bool skip_special_tokens) {
              PySamplingParams s;
+             if (py::isinstance<py::str>(stop)) s.p.stop = {stop.cast<std::string>()};
+             else if (!stop.is_none()) s.p.stop = stop.cast<std::vector<std::string>>();
+             s.p.include_stop_str_in_output = include_stop_str_in_output;
+             s.p.skip_special_tokens = skip_special_tokens;
              if (n < 1) throw r3::Error("n must be >= 1");
              s.n = n;
              s.logprobs = logprobs;
@@ -496,7 +596,10 @@ PYBIND11_MODULE(_r3, m) {
            py::arg("top_k") = 0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int>{},
            py::arg("ignore_eos") = false, py::arg("return_routed_experts") = py::none(),
            py::arg("routed_experts_start") = 0, py::arg("n") = 1, py::arg("logprobs") = py::none(),
-           py::arg("prompt_logprobs") = py::none())
+           py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
+           py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true)
+      .def_property("stop", [](const PySamplingParams& s) { return s.p.stop; },
+                    [](PySamplingParams& s, std::vector<std::string> v) { s.p.stop = std::move(v); })
       .def_property("max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },
                     [](PySamplingParams& s, int v) { s.p.max_tokens = v; })
       .def_property("temperature", [](const PySamplingParams& s) { return s.p.temperature; },
@@ -526,6 +629,7 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("logprobs", &CompletionOutput::logprobs)
       .def_readonly("cumulative_logprob", &CompletionOutput::cumulative_logprob)
       .def_readonly("finish_reason", &CompletionOutput::finish_reason)
+      .def_readonly("stop_reason", &CompletionOutput::stop_reason)
       .def_readonly("weight_versions", &CompletionOutput::weight_versions)
       .def_readonly("routed_experts", &CompletionOutput::routed_experts)
       .def_readonly("routed_experts_start", &CompletionOutput::routed_experts_start)
@@ -542,6 +646,30 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("prompt_routed_experts", &PyRequestOutput::prompt_routed_experts)
       .def_property_readonly("routed_experts", &PyRequestOutput::routed_experts);
 
+  py::class_<PyTokenizer>(m, "Tokenizer")
+      .def_static("from_pretrained", [](const std::string& dir) { return PyTokenizer{r3::text::Tokenizer::load(dir)}; },
+                  py::arg("path"))
+      .def("encode", &PyTokenizer::encode, py::arg("text"), py::arg("add_special_tokens") = true)
+      .def("decode", &PyTokenizer::decode, py::arg("token_ids"), py::arg("skip_special_tokens") = false)
+      .def("apply_chat_template", &PyTokenizer::apply_chat_template, py::arg("conversation"), py::kw_only(),
+           py::arg("tokenize") = true, py::arg("add_generation_prompt") = false,
+           py::arg("continue_final_message") = false, py::arg("tools") = py::none(),
+           py::arg("chat_template") = py::none())
+      .def("convert_ids_to_tokens", [](const PyTokenizer& t, std::vector<int32_t> ids) {
+        py::list out;
+        for (int32_t id : ids) {
+          auto tok = t.tok->id_to_token(id);
+          out.append(tok ? py::object(py::str(*tok)) : py::object(py::none()));
+        }
+        return out;
+      })
+      .def_property_readonly("vocab_size", [](const PyTokenizer& t) { return t.tok->vocab_size(); })
+      .def_property_readonly("eos_token_id", [](const PyTokenizer& t) { return t.tok->eos_id(); })
+      .def_property_readonly("bos_token_id", [](const PyTokenizer& t) { return t.tok->bos_id(); })
+      .def_property_readonly("eos_token", [](const PyTokenizer& t) { return t.tok->eos_token(); })
+      .def_property_readonly("bos_token", [](const PyTokenizer& t) { return t.tok->bos_token(); })
+      .def_property_readonly("chat_template", [](const PyTokenizer& t) { return t.tok->chat_template(); });
+
   py::class_<LLM>(m, "LLM")
       .def(py::init<const std::string&, bool, const py::kwargs&>(), py::arg("model"),
            py::arg("enable_return_routed_experts") = false)
@@ -555,6 +683,11 @@ PYBIND11_MODULE(_r3, m) {
            "in buckets with finished=False, the last bucket with finished=True applies them all (the version "
            "goes up once). Every tensor's name, shape and dtype is checked first; a refused bucket changes "
            "nothing. Returns the number of tensors staged (or applied).")
+      .def("chat", &LLM::chat, py::arg("messages"), py::arg("sampling_params") = py::none(), py::kw_only(),
+           py::arg("chat_template") = py::none(), py::arg("add_generation_prompt") = true,
+           py::arg("continue_final_message") = false, py::arg("tools") = py::none(),
+           py::arg("chat_template_kwargs") = py::none())
+      .def("get_tokenizer", &LLM::get_tokenizer)
       .def_property_readonly("weight_version", &LLM::weight_version)
       .def("stats", &LLM::stats)
       .def_property_readonly("model_config", &LLM::model_config);
