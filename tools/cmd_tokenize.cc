@@ -5,11 +5,14 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "text/jinja.h"
 #include "text/tokenizer.h"
 
 namespace r3::cli {
@@ -28,9 +31,48 @@ int cmd_tokenize(int argc, char** argv) {
       .opt("decode", "", "a JSON list of ids to decode")
       .opt("bench", "", "a JSON list of strings: encode them all (best of --reps) and print MB/s")
       .opt("reps", "3", "repetitions of --bench")
+      .opt("bench-chat", "", "a JSON list of {\"source\", \"context\"} (tests/tokenizers/chat_oracle.py writes one): time\n"
+                             "rendering each with r3's chat-template renderer, and encoding the result")
       .flag("add-special-tokens", false, "apply the post-processor's template (e.g. a BOS)")
       .flag("skip-special-tokens", false, "decode: leave special tokens out");
   if (!a.parse(argc, argv)) return 0;
+  if (a.given("bench-chat")) {
+    std::ifstream f(a.str("bench-chat"));
+    if (!f) throw Error("tokenize: cannot read " + a.str("bench-chat"));
+    const nlohmann::ordered_json cases = nlohmann::ordered_json::parse(f);
+    std::map<std::string, std::unique_ptr<text::jinja::Template>> compiled;
+    double parse_s = 0, render_s = 0, encode_s = 0;
+    size_t rendered = 0, bytes = 0;
+    const auto tok = a.str("tokenizer").empty() ? nullptr : text::Tokenizer::load(a.str("tokenizer"));
+    for (const auto& c : cases) {
+      const std::string src = c["source"];
+      auto t0 = std::chrono::steady_clock::now();
+      if (!compiled.count(src)) compiled[src] = std::make_unique<text::jinja::Template>(src);
+      auto t1 = std::chrono::steady_clock::now();
+      const text::jinja::Value ctx = text::jinja::from_json(c["context"]);
+      std::string out;
+      try {
+        out = compiled[src]->render(*ctx.dict);
+      } catch (const Error&) {
+        continue;  // the template's raise_exception
+      }
+      auto t2 = std::chrono::steady_clock::now();
+      if (tok) tok->encode(out, false);
+      auto t3 = std::chrono::steady_clock::now();
+      parse_s += std::chrono::duration<double>(t1 - t0).count();
+      render_s += std::chrono::duration<double>(t2 - t1).count();
+      encode_s += std::chrono::duration<double>(t3 - t2).count();
+      ++rendered;
+      bytes += out.size();
+    }
+    std::printf("%s\n", json{{"templates", compiled.size()}, {"renderings", rendered}, {"rendered_bytes", bytes},
+                             {"parse_us_per_template", parse_s / double(std::max<size_t>(1, compiled.size())) * 1e6},
+                             {"render_us_per_conversation", render_s / double(std::max<size_t>(1, rendered)) * 1e6},
+                             {"encode_us_per_conversation", tok ? json(encode_s / double(std::max<size_t>(1, rendered)) * 1e6) : json(nullptr)}}
+                            .dump()
+                            .c_str());
+    return 0;
+  }
   if (a.str("tokenizer").empty()) throw Error("tokenize: --tokenizer DIR is required");
   const auto tok = text::Tokenizer::load(a.str("tokenizer"));
   if (a.given("decode")) {
