@@ -48,20 +48,26 @@ struct TextServer {
   }
 };
 
-std::string streamed_text(const std::string& body, json* last_choice) {
-  std::string text;
+// The JSON events of an SSE body (keep-alives and [DONE] left out).
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> out;
   for (size_t pos = 0; pos < body.size();) {
     size_t end = body.find("\n\n", pos);
     if (end == std::string::npos) end = body.size();
     const std::string ev = body.substr(pos, end - pos);
     pos = end + 2;
-    if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
-    const json j = json::parse(ev.substr(6));
+    if (ev.rfind("data: ", 0) == 0 && ev != "data: [DONE]") out.push_back(json::parse(ev.substr(6)));
+  }
+  return out;
+}
+
+std::string streamed_text(const std::string& body, json* last_choice) {
+  std::string text;
+  for (const json& j : sse_events(body))
     for (const json& c : j["choices"]) {
       text += c["text"].get<std::string>();
       if (!c["finish_reason"].is_null()) *last_choice = c;
     }
-  }
   return text;
 }
 
@@ -140,13 +146,7 @@ TEST(ServerText, TokenizeDetokenizeAndTokenTexts) {
 std::string streamed_chat(const std::string& body, json* last_choice, bool* role_first) {
   std::string text;
   bool first = true;
-  for (size_t pos = 0; pos < body.size();) {
-    size_t end = body.find("\n\n", pos);
-    if (end == std::string::npos) end = body.size();
-    const std::string ev = body.substr(pos, end - pos);
-    pos = end + 2;
-    if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
-    const json j = json::parse(ev.substr(6));
+  for (const json& j : sse_events(body)) {
     EXPECT_EQ(j["object"], "chat.completion.chunk");
     for (const json& c : j["choices"]) {
       if (first) *role_first = c["delta"].value("role", "") == "assistant";
