@@ -767,5 +767,31 @@ TEST(AlignmentSvg, EmptyAndDegenerateInputs) {
   EXPECT_FALSE(contains(svg, "mean nan") || contains(svg, "mean inf"));
 }
 
+
+// The spread filler: forced ids, distinct within a layer, in range, and varying with the position
+// and the layer, so padding rows do not all land on one expert.
+TEST(StagingCall, SpreadFillerVariesAcrossTokensAndLayers) {
+  std::set<int> firsts;
+  for (int T : {7, 8, 9, 24}) {
+    RouteArray r = engine_reply(T, 0);
+    StagedCall c = stage_call(r, 0, T, Filler::Spread, StagePolicy::Strict, kE, 1);
+    ASSERT_EQ(c.filler_rows, 1);
+    for (int l = 0; l < kL; ++l) {
+      std::set<int> ids;
+      for (int j = 0; j < kK; ++j) {
+        const int id = c.rows.at(T - 1, l, j);
+        EXPECT_GE(id, 0);
+        EXPECT_LT(id, kE);
+        ids.insert(id);
+      }
+      EXPECT_EQ(int(ids.size()), kK) << "distinct within a layer";
+      firsts.insert(c.rows.at(T - 1, l, 0));
+    }
+  }
+  EXPECT_GT(firsts.size(), 4u) << "the ids move with the position and the layer";
+  EXPECT_EQ(parse_filler("spread"), Filler::Spread);
+  EXPECT_THROW(parse_filler("zeros"), Error);
+}
+
 }  // namespace
 }  // namespace r3

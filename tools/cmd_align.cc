@@ -43,7 +43,7 @@ int cmd_align(int argc, char** argv) {
       .opt("top-p", "1", "engine nucleus sampling")
       .opt("top-k", "0", "engine top-k sampling (0 = off)")
       .flag("ignore-eos", true, "keep generating past eos, so every turn has --max-tokens tokens")
-      .opt("filler", "minus_one", "filler row of each call's last token: minus_one | arange")
+      .opt("filler", "minus_one", "filler row of each call's last token: minus_one | arange | spread")
       .opt("policy", "strict", "bad or missing routes: strict (drop the rollout) | lenient (drop the call's routes: -1 rows)")
       .flag("repair-boundaries", true, "overwrite a turn's last filler row with the next call's real route")
       .opt("seed", "0", "seed of the random rollouts and of the sampling")
@@ -74,9 +74,7 @@ int cmd_align(int argc, char** argv) {
   opt.repair_boundaries = a.on("repair-boundaries");
   opt.keep_traces = false;
   const std::string filler = a.str("filler"), policy = a.str("policy");
-  if (filler == "minus_one") opt.filler = Filler::MinusOne;
-  else if (filler == "arange") opt.filler = Filler::Arange;
-  else throw Error("r3 align: --filler must be minus_one or arange, got \"" + filler + "\"");
+  opt.filler = parse_filler(filler);
   if (policy == "strict") opt.policy = StagePolicy::Strict;
   else if (policy == "lenient") opt.policy = StagePolicy::Lenient;
   else throw Error("r3 align: --policy must be strict or lenient, got \"" + policy + "\"");

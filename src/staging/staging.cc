@@ -56,6 +56,13 @@ std::string check_row(const int16_t* row, int layers, int k, int num_experts, bo
 
 }  // namespace
 
+Filler parse_filler(const std::string& name) {
+  if (name == "minus_one") return Filler::MinusOne;
+  if (name == "arange") return Filler::Arange;
+  if (name == "spread") return Filler::Spread;
+  throw Error("filler \"" + name + "\" is not one of minus_one, arange, spread");
+}
+
 StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler filler,
                       StagePolicy policy, int num_experts, int call_index) {
   const int N = routes.start;
@@ -150,8 +157,14 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
   // Filler row for the last token (position T-1), if this call keeps it.
   if (new_rows >= 1) {
     int16_t* f = out.rows.row(new_rows - 1);
+    const int64_t pos = T - 1;
     for (int l = 0; l < L; ++l)
-      for (int j = 0; j < K; ++j) f[size_t(l) * K + j] = (filler == Filler::Arange) ? int16_t(j) : int16_t(-1);
+      for (int j = 0; j < K; ++j) {
+        int16_t id = -1;
+        if (filler == Filler::Arange) id = int16_t(j);
+        else if (filler == Filler::Spread) id = int16_t(((pos * L + l) * K + j) % num_experts);
+        f[size_t(l) * K + j] = id;
+      }
     out.filler_rows = 1;
   }
   if (!row_problems.empty()) {

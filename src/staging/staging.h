@@ -11,7 +11,13 @@
 
 namespace r3 {
 
-enum class Filler { MinusOne, Arange };   // -1 row (trainer's router) or experts 0..K-1 forced
+// The row of a call's last token (the engine routed no token after it): -1 (the trainer's router
+// decides), experts 0..K-1 forced, or `Spread`: forced ids that vary with the position and the
+// layer, experts (base + j) mod E with base = (position * L + layer) * K, so padding does not pile
+// onto one expert or rank (the fill slime, SkyRL and miles moved to).
+enum class Filler { MinusOne, Arange, Spread };
+// "minus_one" | "arange" | "spread"; anything else throws r3::Error naming the choices.
+Filler parse_filler(const std::string& name);
 enum class StagePolicy { Strict, Lenient };
 
 struct StagedCall {
