@@ -560,9 +560,13 @@ class AsyncEngine {
 
 }  // namespace
 
+void bind_staging(py::module_& m);  // python/staging_py.cc
+
 PYBIND11_MODULE(_r3, m) {
   m.doc() = "r3: MoE inference with Rollout Routing Replay (routes of every token, per MoE layer)";
   py::register_exception<r3::Error>(m, "Error", PyExc_ValueError);
+  py::module_ staging = m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");
+  bind_staging(staging);
 
   py::class_<PySamplingParams>(m, "SamplingParams")
       .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, std::optional<uint64_t> seed,

@@ -1,0 +1,149 @@
+"""Trainer-side staging of routes, numpy in and out, for routes from any engine.
+
+An RL rollout is a sequence of engine calls (turns). Each call returns routes for the tokens it
+ran, [T-1, L, K] (or a delta from `start`); the trainer needs one row per token of the whole
+rollout, [T_total, L, K], to replay the engine's routing:
+
+    calls = [stage_call(decode_routes(reply_i, "sglang", num_hidden_layers=48, top_k=8,
+                                      moe_layers=moe_layers),
+                        prev_len_i, total_len_i, num_experts, start=start_i, filler="spread")
+             for each call i]
+    rows, report = assemble_rollout(calls)        # [T_total, L, K], turn boundaries repaired
+
+`stage_call` appends a filler row for the call's last token (the engine routed no token after
+it): "minus_one" (the trainer's router decides), "arange" (experts 0..K-1) or "spread" (forced ids
+that move with the position and the layer, so padding does not pile onto one expert or rank) and
+keeps the call's new rows [prev_len, T). Policies, as the staging document has them: "strict"
+raises r3.Error for a call with any bad or missing row (partly -1, duplicate or out-of-range ids,
+an all -1 engine row, the wrong row count); "lenient" drops the whole call's routes with a
+warning (its rows become -1, the trainer's router decides them) and keeps the rollout.
+`assemble_rollout` joins the calls and repairs turn boundaries: when call i+1's reply covers
+position prev_len-1, its real route replaces call i's filler row.
+
+Wire formats (`decode_routes` / `encode_routes`): "sglang" (base64 of little-endian int32
+[rows, num_hidden_layers, K], every decoder layer; pass moe_layers to keep the MoE columns), "vllm"
+(base64 of an .npy array over the MoE layers), "r3" (DESIGN.md's transport object, a dict or its
+JSON text) and "nrlre1" (NeMo-RL's envelope string). `moe_layers_only` and `all_layers` convert
+between the two layer axes. `alignment_metrics` scores train/inference mismatch from arrays.
+Arrays come back as int32.
+"""
+import json
+import warnings
+
+import numpy as np
+
+from ._r3 import Error
+from ._r3 import _staging as _native
+
+StagedCall = _native.StagedCall
+FILLERS = ("minus_one", "arange", "spread")
+POLICIES = ("strict", "lenient")
+FORMATS = ("sglang", "vllm", "r3", "nrlre1")
+
+__all__ = ["FILLERS", "FORMATS", "POLICIES", "StagedCall", "alignment_metrics", "all_layers", "assemble_rollout",
+           "decode_routes", "encode_routes", "moe_layers_only", "stage_call", "validate_routes"]
+
+
+def stage_call(routes, prev_len, total_len, num_experts, *, start=0, filler="minus_one", policy="strict",
+               call_index=0):
+    """One call's rows [total_len - prev_len, L, K] from its engine routes.
+
+    routes: the engine's rows for positions [start, total_len - 1) (None: the engine sent none).
+    Under the lenient policy a bad call warns (RuntimeWarning) and comes back with ok False."""
+    call = _native.stage_call(None if routes is None else np.asarray(routes), int(prev_len), int(total_len),
+                              int(num_experts), start=int(start), filler=filler, policy=policy,
+                              call_index=int(call_index))
+    if not call.ok:
+        warnings.warn(call.warning, RuntimeWarning, stacklevel=2)
+    return call
+
+
+def assemble_rollout(calls, repair_boundaries=True):
+    """Joins staged calls (contiguous: each call's prev_len is the previous call's total_len)
+    into [T_total, L, K]; returns (rows, {"repaired_boundary_rows", "filler_rows"})."""
+    return _native.assemble_rollout(list(calls), bool(repair_boundaries))
+
+
+def validate_routes(routes, num_experts):
+    """The checks NeMo-RL applies to a route tensor [rows, L, K]: rows that are partly -1, ids
+    out of [0, num_experts), duplicate ids within a (row, layer). Returns a list of problems
+    (empty: valid); all -1 rows are allowed (missing routes the trainer's router decides)."""
+    a = np.asarray(routes)
+    if a.ndim != 3:
+        return [f"expected [rows, layers, K], got shape {a.shape}"]
+    problems = []
+    minus = (a == -1)
+    rows_minus = minus.reshape(a.shape[0], -1)
+    partly = np.where(rows_minus.any(axis=1) & ~rows_minus.all(axis=1))[0]
+    for r in partly[:5]:
+        problems.append(f"row {r} is partly -1")
+    bad = np.argwhere(~minus & ((a < 0) | (a >= num_experts)))
+    for r, l, j in bad[:5]:
+        problems.append(f"row {r} layer {l} has expert id {a[r, l, j]} outside [0, {num_experts})")
+    s = np.sort(a, axis=2)
+    dup = np.argwhere(((s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] != -1)).any(axis=2))
+    for r, l in dup[:5]:
+        problems.append(f"row {r} layer {l} repeats an expert id")
+    return problems
+
+
+def moe_layers_only(routes, moe_layers):
+    """[rows, num_hidden_layers, K] (every decoder layer) -> [rows, len(moe_layers), K]."""
+    return np.ascontiguousarray(np.asarray(routes)[:, list(moe_layers), :]).astype(np.int32)
+
+
+def all_layers(routes, moe_layers, num_hidden_layers, fill=0):
+    """[rows, len(moe_layers), K] -> [rows, num_hidden_layers, K]; dense layers hold `fill`
+    (0, as SGLang's capturer leaves them)."""
+    a = np.asarray(routes)
+    out = np.full((a.shape[0], num_hidden_layers, a.shape[2]), fill, dtype=np.int32)
+    out[:, list(moe_layers), :] = a
+    return out
+
+
+def decode_routes(payload, fmt, *, num_hidden_layers=None, top_k=None, moe_layers=None):
+    """A route payload in one of FORMATS -> int32 [rows, L, K].
+
+    sglang: needs num_hidden_layers and top_k; with moe_layers, only those columns are kept
+    (else every decoder layer). r3: a dict or JSON text (its own start and moe_layers are in it).
+    vllm and nrlre1: self-describing."""
+    if fmt == "sglang":
+        if num_hidden_layers is None or top_k is None:
+            raise Error("decode_routes(..., 'sglang') needs num_hidden_layers and top_k")
+        layers = list(moe_layers) if moe_layers is not None else list(range(num_hidden_layers))
+        return _native.decode_sglang(payload, int(num_hidden_layers), int(top_k), layers)
+    if fmt == "vllm":
+        return _native.decode_vllm(payload)
+    if fmt == "r3":
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        rows, _start, _layers = _native.decode_r3(text)
+        return rows
+    if fmt == "nrlre1":
+        return _native.decode_nrlre1(payload)
+    raise Error(f"unknown route format {fmt!r} (one of {', '.join(FORMATS)})")
+
+
+def encode_routes(routes, fmt, *, moe_layers=None, num_hidden_layers=None, start=0):
+    """int [rows, L_moe, K] -> a payload in one of FORMATS (sglang needs moe_layers and
+    num_hidden_layers; r3 gives a dict)."""
+    a = np.asarray(routes)
+    if fmt == "sglang":
+        if moe_layers is None or num_hidden_layers is None:
+            raise Error("encode_routes(..., 'sglang') needs moe_layers and num_hidden_layers")
+        return _native.encode_sglang(a, list(moe_layers), int(num_hidden_layers))
+    if fmt == "vllm":
+        return _native.encode_vllm(a)
+    if fmt == "r3":
+        return json.loads(_native.encode_r3(a, int(start), list(moe_layers or [])))
+    if fmt == "nrlre1":
+        return _native.encode_nrlre1(a)
+    raise Error(f"unknown route format {fmt!r} (one of {', '.join(FORMATS)})")
+
+
+def alignment_metrics(engine_routes, trainer_routes, engine_logprobs, trainer_logprobs, extreme_threshold=2.0):
+    """Train/inference mismatch of one rollout: router disagreement between the engine's routes
+    and the trainer's own [T, L, K] (rows with any -1 in either are left out and counted), and the
+    logprob mismatch of the sampled tokens [T] (k3 KL, extreme-token fraction, |d logprob|)."""
+    return _native.alignment_metrics(np.asarray(engine_routes), np.asarray(trainer_routes),
+                                     [float(x) for x in engine_logprobs], [float(x) for x in trainer_logprobs],
+                                     float(extreme_threshold))
