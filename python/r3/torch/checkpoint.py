@@ -1,0 +1,62 @@
+"""Hugging Face safetensors checkpoints to and from torch tensors (bf16, f16, f32), single file or
+sharded with model.safetensors.index.json. Independent of r3's C++ reader."""
+import json
+import os
+import struct
+
+import numpy as np
+import torch
+
+_DTYPES = {"F32": (np.float32, torch.float32), "F16": (np.float16, torch.float16), "BF16": (np.int16, torch.bfloat16),
+           "I64": (np.int64, torch.int64), "I32": (np.int32, torch.int32)}
+
+
+def _read_file(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        np_dtype, torch_dtype = _DTYPES[e["dtype"]]
+        b, end = e["data_offsets"]
+        arr = np.frombuffer(data[b:end], dtype=np_dtype).reshape(e["shape"]).copy()
+        t = torch.from_numpy(arr)
+        out[name] = t.view(torch.bfloat16) if torch_dtype is torch.bfloat16 else t
+    return out
+
+
+def load_state_dict(model_dir):
+    """Every tensor of a checkpoint directory by its Hugging Face name."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        files = sorted(set(json.load(open(index))["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state = {}
+    for f in files:
+        state.update(_read_file(os.path.join(model_dir, f)))
+    return state
+
+
+def save_state_dict(state, path, dtype=torch.bfloat16):
+    """Writes tensors as one safetensors file (header padded to 8 bytes, as Hugging Face does)."""
+    names = list(state)
+    header, blobs, offset = {}, [], 0
+    for name in names:
+        t = state[name].detach().to(dtype).contiguous().cpu()
+        raw = (t.view(torch.int16).numpy() if dtype is torch.bfloat16 else t.numpy()).tobytes()
+        header[name] = {"dtype": {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}[dtype],
+                        "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)

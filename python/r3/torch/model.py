@@ -1,0 +1,294 @@
+"""r3's GQA MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): the
+module tree mirrors the Hugging Face tensor names, so a checkpoint loads by name and writes back
+the same. One sequence at a time ([T] token ids), fp32 by default; every MoE layer carries a
+RouterReplay, and forward returns the routes it used [T, L_moe, K].
+
+GLM-4.5 and DeepSeek-V3 (sigmoid routers, MLA) are not in this module yet: from_pretrained
+refuses them by name.
+"""
+import json
+import math
+import os
+
+import torch
+from torch import nn
+
+from .checkpoint import load_state_dict, save_state_dict
+from .replay import RouterReplay, gate_weights, live_topk
+
+_ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
+          "Qwen2MoeForCausalLM": "qwen2_moe"}
+
+
+class MoEConfig:
+    """The parts of config.json the forward reads, per family as r3's C++ parser reads them."""
+
+    def __init__(self, raw):
+        archs = raw.get("architectures") or []
+        if not archs or archs[0] not in _ARCHS:
+            raise ValueError(f"r3.torch: architecture {archs[:1]} is not supported (supported: {', '.join(_ARCHS)})")
+        self.raw = raw
+        self.arch = _ARCHS[archs[0]]
+        self.vocab_size = raw["vocab_size"]
+        self.hidden_size = raw["hidden_size"]
+        self.num_layers = raw["num_hidden_layers"]
+        self.num_heads = raw["num_attention_heads"]
+        self.num_kv_heads = raw.get("num_key_value_heads", self.num_heads)
+        self.head_dim = raw.get("head_dim", self.hidden_size // self.num_heads)
+        self.rms_norm_eps = raw.get("rms_norm_eps", 1e-6)
+        self.rope_theta = raw.get("rope_theta", 10000.0)
+        self.top_k = raw["num_experts_per_tok"]
+        self.tie_word_embeddings = raw.get("tie_word_embeddings", False)
+        self.qkv_bias = self.arch == "qwen2_moe" and raw.get("qkv_bias", True)
+        self.qk_norm = {"qwen3_moe": "per_head", "olmoe": "whole"}.get(self.arch)
+        self.clip_qkv = raw.get("clip_qkv") if self.arch == "olmoe" else None
+        self.shared_size = 0
+        if self.arch == "mixtral":
+            self.num_experts = raw["num_local_experts"]
+            self.moe_intermediate = raw["intermediate_size"]
+            self.renormalize = True
+            self.moe_layers = list(range(self.num_layers))
+        else:
+            self.num_experts = raw.get("num_experts", 0)
+            self.moe_intermediate = raw.get("moe_intermediate_size", raw.get("intermediate_size"))
+            self.intermediate = raw.get("intermediate_size", 0)
+            self.renormalize = raw.get("norm_topk_prob", False)
+            if self.arch == "olmoe":
+                self.moe_layers = list(range(self.num_layers))
+            else:
+                step = raw.get("decoder_sparse_step", 1)
+                only = set(raw.get("mlp_only_layers") or [])
+                self.moe_layers = [i for i in range(self.num_layers)
+                                   if i not in only and self.num_experts > 0 and (i + 1) % step == 0]
+            if self.arch == "qwen2_moe":
+                self.shared_size = raw.get("shared_expert_intermediate_size", 0)
+        self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
+
+    @classmethod
+    def from_dir(cls, model_dir):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return cls(json.load(f))
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * w.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+def linear(i, o, bias=False):
+    return nn.Linear(i, o, bias=bias)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); names as Qwen/OLMoE (gate_proj/up_proj/down_proj) or
+    Mixtral's experts (w1/w3/w2)."""
+
+    def __init__(self, hidden, inter, mixtral_names=False):
+        super().__init__()
+        self.names = ("w1", "w3", "w2") if mixtral_names else ("gate_proj", "up_proj", "down_proj")
+        for n, (i, o) in zip(self.names, [(hidden, inter), (hidden, inter), (inter, hidden)]):
+            setattr(self, n, linear(i, o))
+
+    def forward(self, x):
+        g, u, d = (getattr(self, n) for n in self.names)
+        return d(nn.functional.silu(g(x)) * u(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.q_proj = linear(c.hidden_size, qd, c.qkv_bias)
+        self.k_proj = linear(c.hidden_size, kvd, c.qkv_bias)
+        self.v_proj = linear(c.hidden_size, kvd, c.qkv_bias)
+        self.o_proj = linear(qd, c.hidden_size)
+        if c.qk_norm == "per_head":
+            self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+        elif c.qk_norm == "whole":
+            self.q_norm, self.k_norm = RMSNorm(qd, c.rms_norm_eps), RMSNorm(kvd, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin):
+        c, T = self.c, x.shape[0]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if c.clip_qkv is not None:
+            q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
+        if c.qk_norm == "whole":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(T, c.num_heads, c.head_dim)
+        k = k.view(T, c.num_kv_heads, c.head_dim)
+        v = v.view(T, c.num_kv_heads, c.head_dim)
+        if c.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        rep = c.num_heads // c.num_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(c.head_dim)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        out = torch.einsum("hts,shd->thd", p, v).reshape(T, -1)
+        return self.o_proj(out)
+
+
+def rope_tables(T, dim, theta, device):
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def rope(x, cos, sin):
+    """NeoX-style rotation of the first and second halves of each head."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class SparseMoE(nn.Module):
+    """Router, experts (and Qwen2-MoE's gated shared expert) of one MoE layer, with its RouterReplay."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        mixtral = c.arch == "mixtral"
+        self.gate = linear(c.hidden_size, c.num_experts)
+        self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
+        if c.shared_size:
+            self.shared_expert = MLP(c.hidden_size, c.shared_size)
+            self.shared_expert_gate = linear(c.hidden_size, 1)
+        self.replay = RouterReplay()
+
+    def forward(self, h):
+        logits = self.gate(h)
+        ids = self.replay.select(live_topk(logits, self.c.router))
+        w = gate_weights(logits, ids, self.c.router)
+        T, K = ids.shape
+        contrib = h.new_zeros(T, K, h.shape[-1])
+        for e in torch.unique(ids).tolist():
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            contrib[tok, slot] = self.experts[e](h[tok]) * w[tok, slot, None]
+        out = contrib.sum(dim=1)
+        if self.c.shared_size:
+            out = out + self.shared_expert(h) * torch.sigmoid(self.shared_expert_gate(h))
+        return out, ids
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c, i):
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.moe = i in c.moe_layers
+        if c.arch == "mixtral":
+            self.block_sparse_moe = SparseMoE(c)
+        elif self.moe:
+            self.mlp = SparseMoE(c)
+        else:
+            self.mlp = MLP(c.hidden_size, c.intermediate)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin)
+        h = rms_norm(x, self.post_attention_layernorm.weight, self.c.rms_norm_eps)
+        ids = None
+        if self.c.arch == "mixtral":
+            y, ids = self.block_sparse_moe(h)
+        elif self.moe:
+            y, ids = self.mlp(h)
+        else:
+            y = self.mlp(h)
+        return x + y, ids
+
+
+class MoEForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.model.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
+        self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = linear(c.hidden_size, c.vocab_size)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def moe_blocks(self):
+        """The MoE blocks in layer order (each has .replay, a RouterReplay)."""
+        out = []
+        for layer in self.model.layers:
+            if self.config.arch == "mixtral":
+                out.append(layer.block_sparse_moe)
+            elif layer.moe:
+                out.append(layer.mlp)
+        return out
+
+    def forward(self, input_ids):
+        """input_ids [T] -> (logits [T, V] fp32, routes [T, L_moe, K] the ids each MoE layer used)."""
+        c = self.config
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_tables(input_ids.shape[0], c.head_dim, c.rope_theta, x.device)
+        routes = []
+        for layer in self.model.layers:
+            x, ids = layer(x, cos, sin)
+            if ids is not None:
+                routes.append(ids)
+        logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
+        return logits, torch.stack(routes, dim=1)
+
+    def set_replay(self, routes, action=RouterReplay.REPLAY_FORWARD):
+        """Forces routes [T, L_moe, K] (e.g. staged engine routes; -1 rows use the live router) on
+        the next forward of every MoE layer."""
+        routes = torch.as_tensor(routes, dtype=torch.long)
+        for l, block in enumerate(self.moe_blocks()):
+            block.replay.set_target_indices(routes[:, l, :])
+        RouterReplay.set_global_action(action, [b.replay for b in self.moe_blocks()])
+
+    def clear_replay(self):
+        for b in self.moe_blocks():
+            b.replay.clear_indices()
+        RouterReplay.set_global_action(None, [b.replay for b in self.moe_blocks()])
+
+    @classmethod
+    def from_pretrained(cls, model_dir, dtype=torch.float32):
+        """Loads a Hugging Face checkpoint: every stored tensor must have a place in the model and
+        every parameter a tensor (the tied lm_head may be absent), else ValueError naming it."""
+        model = cls(MoEConfig.from_dir(model_dir))
+        state = load_state_dict(model_dir)
+        own = model.state_dict()
+        unknown = [n for n in state if n not in own and not n.endswith("rotary_emb.inv_freq")]
+        if unknown:
+            raise ValueError(f"r3.torch: tensor {unknown[0]} of {model_dir} has no place in the model")
+        missing = [n for n in own if n not in state and not (n == "lm_head.weight" and model.config.tie_word_embeddings)]
+        if missing:
+            raise ValueError(f"r3.torch: {model_dir} lacks tensor {missing[0]}")
+        with torch.no_grad():
+            for n, p in own.items():
+                if n in state:
+                    if tuple(state[n].shape) != tuple(p.shape):
+                        raise ValueError(f"r3.torch: {n} is {tuple(state[n].shape)}, the config says {tuple(p.shape)}")
+                    p.copy_(state[n].to(p.dtype))
+        return model.to(dtype)
+
+    def hf_state_dict(self):
+        """Tensors by Hugging Face name (a tied lm_head left out, as the checkpoints store it)."""
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def save_pretrained(self, out_dir, dtype=torch.bfloat16):
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(self.config.raw, f, indent=2)
+        save_state_dict(self.hf_state_dict(), os.path.join(out_dir, "model.safetensors"), dtype)

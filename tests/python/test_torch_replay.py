@@ -1,0 +1,140 @@
+"""r3.torch: the PyTorch modules load r3's checkpoints (and write them back), agree with the
+engine on its own rollouts, and RouterReplay forces routes: a recorded forward replays bit for bit
+in fp32, forced ids are used exactly, gradients reach the router through the recomputed gate
+weights, and -1 rows fall back to the live router."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import r3  # noqa: E402
+from r3.torch import MoEForCausalLM, RouterReplay, gate_weights, patch_moe_block  # noqa: E402
+from r3.torch.checkpoint import load_state_dict  # noqa: E402
+from r3.torch.replay import live_topk  # noqa: E402
+
+ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch):
+    path = make_model(arch)
+    model = MoEForCausalLM.from_pretrained(path)
+    # Written back: the same tensors by the same names (bf16 in, bf16 out: the same bits).
+    model.save_pretrained(str(tmp_path / "out"))
+    a, b = load_state_dict(path), load_state_dict(str(tmp_path / "out"))
+    assert set(a) == set(b)
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    # The engine's rollout, scored by the torch model: logprobs close, routes mostly the same, and
+    # replaying the engine's routes makes them all the same.
+    llm = r3.LLM(path, enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
+    prompt = [3 + (i * 37) % 400 for i in range(12)]
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=12, temperature=1.0, seed=5,
+                                                                            ignore_eos=True))
+    o = out.outputs[0]
+    ids = torch.tensor(prompt + o.token_ids)
+    engine_routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
+    with torch.no_grad():
+        logits, own = model(ids)
+        model.set_replay(engine_routes)
+        logits_r, forced = model(ids)
+        model.clear_replay()
+    P = len(prompt)
+    lp = torch.log_softmax(logits, -1)[P - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
+    lp_r = torch.log_softmax(logits_r, -1)[P - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
+    rows = o.routed_experts.shape[0]
+    agree = (np.sort(own.numpy()[:rows], -1) == np.sort(o.routed_experts, -1)).all(-1).mean()
+    assert agree > 0.9, agree
+    assert (forced.numpy()[:rows] == o.routed_experts).all(), "replayed routes are the engine's, exactly"
+    assert (lp_r - torch.tensor(o.logprobs)).abs().max() < 0.05
+    assert (lp_r - torch.tensor(o.logprobs)).abs().mean() <= (lp - torch.tensor(o.logprobs)).abs().mean() + 1e-3
+
+
+def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(make_model):
+    model = MoEForCausalLM.from_pretrained(make_model("qwen3_moe"))
+    ids = torch.tensor([5, 9, 33, 7, 120, 64, 3, 18])
+    blocks = model.moe_blocks()
+    with torch.no_grad():
+        RouterReplay.set_global_action(RouterReplay.RECORD, [b.replay for b in blocks])
+        logits, routes = model(ids)
+        recorded = torch.stack([b.replay.get_recorded_indices()[0] for b in blocks], dim=1)
+        assert torch.equal(recorded, routes)
+        model.set_replay(recorded)
+        logits2, routes2 = model(ids)
+        assert torch.equal(logits, logits2), "the replayed forward is the recorded one, bit for bit"
+        # REPLAY_BACKWARD forces the same ids again (activation recomputation).
+        RouterReplay.set_global_action(RouterReplay.REPLAY_BACKWARD, [b.replay for b in blocks])
+        logits3, _ = model(ids)
+        assert torch.equal(logits, logits3)
+        # Arbitrary forced sets are used exactly; -1 rows take the live router's.
+        E, K = model.config.num_experts, model.config.top_k
+        g = torch.Generator().manual_seed(0)
+        forced = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(ids.shape[0] * len(blocks))])
+        forced = forced.view(ids.shape[0], len(blocks), K)
+        forced[2] = -1
+        model.set_replay(forced)
+        _, used = model(ids)
+        model.clear_replay()
+    keep = torch.ones(ids.shape[0], dtype=torch.bool)
+    keep[2] = False
+    assert torch.equal(used[keep], forced[keep])
+    # Row 2 (-1) is routed live: at the first MoE layer its input does not depend on the forced
+    # rows yet, so the live choice is the recorded one there.
+    assert torch.equal(used[2, 0], routes[2, 0])
+
+
+def test_minus_one_rows_fall_back_to_the_live_router_and_gradients_reach_the_router():
+    torch.manual_seed(0)
+    E, K, H = 8, 2, 4
+    for router in ({"kind": "softmax", "top_k": K, "renormalize": True},
+                   {"kind": "softmax", "top_k": K, "renormalize": False},
+                   {"kind": "sigmoid", "top_k": K, "renormalize": True, "scaling": 2.5},
+                   {"kind": "topk_softmax", "top_k": K}):
+        W = torch.randn(E, H, requires_grad=True)
+        h = torch.randn(5, H)
+        logits = h @ W.t()
+        rr = RouterReplay()
+        forced = torch.tensor([[0, 1], [2, 3], [-1, -1], [4, 5], [6, 7]])
+        rr.set_target_indices(forced)
+        rr.action = RouterReplay.REPLAY_FORWARD
+        ids = rr.select(live_topk(logits, router))
+        assert torch.equal(ids[2], live_topk(logits, router)[2])
+        assert torch.equal(ids[[0, 1, 3, 4]], forced[[0, 1, 3, 4]])
+        w = gate_weights(logits, ids, router)
+        (w * torch.arange(1.0, K + 1)).sum().backward()
+        assert W.grad is not None and W.grad.abs().sum() > 0, router
+        # The weights are the live router's at the forced ids.
+        if router["kind"] == "softmax" and not router["renormalize"]:
+            assert torch.allclose(w, torch.softmax(logits, -1).gather(1, ids))
+    with pytest.raises(RuntimeError, match="no target"):
+        rr = RouterReplay()
+        rr.action = RouterReplay.REPLAY_FORWARD
+        rr.select(torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_patch_moe_block_puts_replay_on_a_users_own_block():
+    torch.manual_seed(1)
+    E, K, H = 6, 2, 4
+
+    class UserMoE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = torch.nn.Linear(H, E, bias=False)
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(H, H) for _ in range(E))
+
+    def experts(block, h, ids, w):
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(ids.shape[1]):
+                out[t] += w[t, j] * block.experts[int(ids[t, j])](h[t])
+        return out
+
+    block = UserMoE()
+    rr = patch_moe_block(block, lambda b, h: b.router(h), experts, {"kind": "softmax", "top_k": K, "renormalize": True})
+    x = torch.randn(3, H)
+    rr.set_target_indices(torch.tensor([[0, 1], [2, 3], [4, 5]]))
+    rr.action = RouterReplay.REPLAY_FORWARD
+    y = block(x)
+    y.sum().backward()
+    assert block.router.weight.grad.abs().sum() > 0
+    assert block.experts[5].weight.grad is not None and block.experts[5].weight.grad.abs().sum() > 0
