@@ -12,7 +12,7 @@ from r3.torch import MoEForCausalLM, RouterReplay, gate_weights, patch_moe_block
 from r3.torch.checkpoint import load_state_dict  # noqa: E402
 from r3.torch.replay import live_topk  # noqa: E402
 
-ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe"]
+ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -50,8 +50,9 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
     assert (lp_r - torch.tensor(o.logprobs)).abs().mean() <= (lp - torch.tensor(o.logprobs)).abs().mean() + 1e-3
 
 
-def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(make_model):
-    model = MoEForCausalLM.from_pretrained(make_model("qwen3_moe"))
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe"])
+def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(make_model, arch):
+    model = MoEForCausalLM.from_pretrained(make_model(arch))
     ids = torch.tensor([5, 9, 33, 7, 120, 64, 3, 18])
     blocks = model.moe_blocks()
     with torch.no_grad():
@@ -81,6 +82,11 @@ def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(m
     # Row 2 (-1) is routed live: at the first MoE layer its input does not depend on the forced
     # rows yet, so the live choice is the recorded one there.
     assert torch.equal(used[2, 0], routes[2, 0])
+
+
+def test_deepseek_v3_is_refused_by_name(make_model):
+    with pytest.raises(ValueError, match="DeepseekV3ForCausalLM"):
+        MoEForCausalLM.from_pretrained(make_model("deepseek_v3"))
 
 
 def test_minus_one_rows_fall_back_to_the_live_router_and_gradients_reach_the_router():

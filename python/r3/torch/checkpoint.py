@@ -42,13 +42,15 @@ def load_state_dict(model_dir):
 
 
 def save_state_dict(state, path, dtype=torch.bfloat16):
-    """Writes tensors as one safetensors file (header padded to 8 bytes, as Hugging Face does)."""
+    """Writes tensors as one safetensors file (header padded to 8 bytes, as Hugging Face does).
+    dtype: one for all, or a dict by name (names it lacks: bf16)."""
     names = list(state)
     header, blobs, offset = {}, [], 0
     for name in names:
-        t = state[name].detach().to(dtype).contiguous().cpu()
-        raw = (t.view(torch.int16).numpy() if dtype is torch.bfloat16 else t.numpy()).tobytes()
-        header[name] = {"dtype": {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}[dtype],
+        dt = dtype.get(name, torch.bfloat16) if isinstance(dtype, dict) else dtype
+        t = state[name].detach().to(dt).contiguous().cpu()
+        raw = (t.view(torch.int16).numpy() if dt is torch.bfloat16 else t.numpy()).tobytes()
+        header[name] = {"dtype": {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}[dt],
                         "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)

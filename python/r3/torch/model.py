@@ -1,10 +1,10 @@
-"""r3's GQA MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): the
-module tree mirrors the Hugging Face tensor names, so a checkpoint loads by name and writes back
-the same. One sequence at a time ([T] token ids), fp32 by default; every MoE layer carries a
-RouterReplay, and forward returns the routes it used [T, L_moe, K].
+"""r3's GQA MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
+GLM-4.5): the module tree mirrors the Hugging Face tensor names, so a checkpoint loads by name and
+writes back the same. Token ids [T] or [B, T], fp32 by default; every MoE layer carries a
+RouterReplay, and forward returns the routes it used.
 
-GLM-4.5 and DeepSeek-V3 (sigmoid routers, MLA) are not in this module yet: from_pretrained
-refuses them by name.
+DeepSeek-V3 (multi-head latent attention) is not in this module yet: from_pretrained refuses it
+by name.
 """
 import json
 import math
@@ -17,7 +17,7 @@ from .checkpoint import load_state_dict, save_state_dict
 from .replay import RouterReplay, gate_weights, live_topk
 
 _ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
-          "Qwen2MoeForCausalLM": "qwen2_moe"}
+          "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe"}
 
 
 class MoEConfig:
@@ -39,8 +39,14 @@ class MoEConfig:
         self.rope_theta = raw.get("rope_theta", 10000.0)
         self.top_k = raw["num_experts_per_tok"]
         self.tie_word_embeddings = raw.get("tie_word_embeddings", False)
-        self.qkv_bias = self.arch == "qwen2_moe" and raw.get("qkv_bias", True)
+        self.qkv_bias = (self.arch == "qwen2_moe" and raw.get("qkv_bias", True)) or \
+            (self.arch == "glm4_moe" and raw.get("attention_bias", False))
         self.qk_norm = {"qwen3_moe": "per_head", "olmoe": "whole"}.get(self.arch)
+        if self.arch == "glm4_moe" and raw.get("use_qk_norm", False):
+            self.qk_norm = "per_head"
+        self.rotary_dim = self.head_dim
+        if self.arch == "glm4_moe":
+            self.rotary_dim = int(self.head_dim * raw.get("partial_rotary_factor", 0.5))
         self.clip_qkv = raw.get("clip_qkv") if self.arch == "olmoe" else None
         self.shared_size = 0
         if self.arch == "mixtral":
@@ -62,7 +68,20 @@ class MoEConfig:
                                    if i not in only and self.num_experts > 0 and (i + 1) % step == 0]
             if self.arch == "qwen2_moe":
                 self.shared_size = raw.get("shared_expert_intermediate_size", 0)
-        self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
+        if self.arch == "glm4_moe":
+            # The DeepSeek-V3 router: sigmoid scores, a selection-only bias, group-limited choice.
+            self.num_experts = raw.get("n_routed_experts", raw.get("num_experts"))
+            self.moe_intermediate = raw["moe_intermediate_size"]
+            self.intermediate = raw["intermediate_size"]
+            self.renormalize = raw.get("norm_topk_prob", True)
+            dense = raw.get("first_k_dense_replace", 0)
+            self.moe_layers = list(range(dense, self.num_layers))
+            self.shared_size = raw.get("n_shared_experts", 0) * self.moe_intermediate
+            self.router = {"kind": "sigmoid", "top_k": self.top_k, "renormalize": self.renormalize,
+                           "scaling": raw["routed_scaling_factor"], "n_group": raw["n_group"],
+                           "topk_group": raw["topk_group"]}
+        else:
+            self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
 
     @classmethod
     def from_dir(cls, model_dir):
@@ -119,24 +138,25 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(qd, c.rms_norm_eps), RMSNorm(kvd, c.rms_norm_eps)
 
     def forward(self, x, cos, sin):
-        c, T = self.c, x.shape[0]
+        """x [B, T, H] -> [B, T, H], causal within each sequence."""
+        c, B, T = self.c, x.shape[0], x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm == "whole":
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(T, c.num_heads, c.head_dim)
-        k = k.view(T, c.num_kv_heads, c.head_dim)
-        v = v.view(T, c.num_kv_heads, c.head_dim)
+        q = q.view(B, T, c.num_heads, c.head_dim)
+        k = k.view(B, T, c.num_kv_heads, c.head_dim)
+        v = v.view(B, T, c.num_kv_heads, c.head_dim)
         if c.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        q, k = rope(q, cos, sin, c.rotary_dim), rope(k, cos, sin, c.rotary_dim)
         rep = c.num_heads // c.num_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(c.head_dim)
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(c.head_dim)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-        out = torch.einsum("hts,shd->thd", p, v).reshape(T, -1)
+        out = torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1)
         return self.o_proj(out)
 
 
@@ -146,12 +166,13 @@ def rope_tables(T, dim, theta, device):
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
-def rope(x, cos, sin):
-    """NeoX-style rotation of the first and second halves of each head."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+def rope(x, cos, sin, rotary_dim):
+    """NeoX-style rotation of the halves of each head's first rotary_dim dims (the rest pass)."""
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    x1, x2 = rot[..., :half], rot[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
 
 
 class SparseMoE(nn.Module):
@@ -163,24 +184,38 @@ class SparseMoE(nn.Module):
         mixtral = c.arch == "mixtral"
         self.gate = linear(c.hidden_size, c.num_experts)
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
-        if c.shared_size:
+        if c.arch == "glm4_moe":
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(c.num_experts), requires_grad=False)
+            if c.shared_size:
+                self.shared_experts = MLP(c.hidden_size, c.shared_size)
+        elif c.shared_size:
             self.shared_expert = MLP(c.hidden_size, c.shared_size)
             self.shared_expert_gate = linear(c.hidden_size, 1)
         self.replay = RouterReplay()
 
-    def forward(self, h):
+    def router(self):
+        if self.c.arch == "glm4_moe":
+            return {**self.c.router, "bias": self.gate.e_score_correction_bias.float()}
+        return self.c.router
+
+    def forward(self, x):
+        """x [B, T, H] -> ([B, T, H], ids [B*T, K]); tokens flattened in (batch, position) order."""
+        h = x.reshape(-1, x.shape[-1])
         logits = self.gate(h)
-        ids = self.replay.select(live_topk(logits, self.c.router))
-        w = gate_weights(logits, ids, self.c.router)
+        router = self.router()
+        ids = self.replay.select(live_topk(logits, router))
+        w = gate_weights(logits, ids, router)
         T, K = ids.shape
         contrib = h.new_zeros(T, K, h.shape[-1])
         for e in torch.unique(ids).tolist():
             tok, slot = (ids == e).nonzero(as_tuple=True)
             contrib[tok, slot] = self.experts[e](h[tok]) * w[tok, slot, None]
         out = contrib.sum(dim=1)
-        if self.c.shared_size:
+        if self.c.arch == "glm4_moe" and self.c.shared_size:
+            out = out + self.shared_experts(h)
+        elif self.c.shared_size:
             out = out + self.shared_expert(h) * torch.sigmoid(self.shared_expert_gate(h))
-        return out, ids
+        return out.view_as(x), ids
 
 
 class DecoderLayer(nn.Module):
@@ -234,22 +269,28 @@ class MoEForCausalLM(nn.Module):
         return out
 
     def forward(self, input_ids):
-        """input_ids [T] -> (logits [T, V] fp32, routes [T, L_moe, K] the ids each MoE layer used)."""
+        """input_ids [T] or [B, T] (sequences of one length) -> (logits [.., T, V] fp32, routes
+        [.., T, L_moe, K]: the ids each MoE layer used)."""
         c = self.config
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_tables(input_ids.shape[0], c.head_dim, c.rope_theta, x.device)
+        single = input_ids.dim() == 1
+        ids = input_ids[None] if single else input_ids
+        B, T = ids.shape
+        x = self.model.embed_tokens(ids)
+        cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device)
         routes = []
         for layer in self.model.layers:
-            x, ids = layer(x, cos, sin)
-            if ids is not None:
-                routes.append(ids)
+            x, r = layer(x, cos, sin)
+            if r is not None:
+                routes.append(r.view(B, T, -1))
         logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
-        return logits, torch.stack(routes, dim=1)
+        routes = torch.stack(routes, dim=2)
+        return (logits[0], routes[0]) if single else (logits, routes)
 
     def set_replay(self, routes, action=RouterReplay.REPLAY_FORWARD):
-        """Forces routes [T, L_moe, K] (e.g. staged engine routes; -1 rows use the live router) on
-        the next forward of every MoE layer."""
+        """Forces routes [T, L_moe, K] or [B, T, L_moe, K] (e.g. staged engine routes; -1 rows use
+        the live router) on the next forward of every MoE layer."""
         routes = torch.as_tensor(routes, dtype=torch.long)
+        routes = routes.reshape(-1, routes.shape[-2], routes.shape[-1])
         for l, block in enumerate(self.moe_blocks()):
             block.replay.set_target_indices(routes[:, l, :])
         RouterReplay.set_global_action(action, [b.replay for b in self.moe_blocks()])
@@ -272,6 +313,7 @@ class MoEForCausalLM(nn.Module):
         missing = [n for n in own if n not in state and not (n == "lm_head.weight" and model.config.tie_word_embeddings)]
         if missing:
             raise ValueError(f"r3.torch: {model_dir} lacks tensor {missing[0]}")
+        model.hf_dtypes = {n: t.dtype for n, t in state.items()}
         with torch.no_grad():
             for n, p in own.items():
                 if n in state:
@@ -287,8 +329,16 @@ class MoEForCausalLM(nn.Module):
             sd.pop("lm_head.weight", None)
         return sd
 
-    def save_pretrained(self, out_dir, dtype=torch.bfloat16):
+    def checkpoint_dtypes(self):
+        """The dtype each tensor is stored in: as loaded, else bf16 (fp32 for the selection bias)."""
+        known = getattr(self, "hf_dtypes", {})
+        return {n: known.get(n, torch.float32 if n.endswith("e_score_correction_bias") else torch.bfloat16)
+                for n in self.hf_state_dict()}
+
+    def save_pretrained(self, out_dir, dtype=None):
+        """config.json and model.safetensors; each tensor in its checkpoint dtype unless `dtype`."""
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(self.config.raw, f, indent=2)
-        save_state_dict(self.hf_state_dict(), os.path.join(out_dir, "model.safetensors"), dtype)
+        save_state_dict(self.hf_state_dict(), os.path.join(out_dir, "model.safetensors"),
+                        dtype if dtype is not None else self.checkpoint_dtypes())
