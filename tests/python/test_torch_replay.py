@@ -12,7 +12,7 @@ from r3.torch import MoEForCausalLM, RouterReplay, gate_weights, patch_moe_block
 from r3.torch.checkpoint import load_state_dict  # noqa: E402
 from r3.torch.replay import live_topk  # noqa: E402
 
-ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe"]
+ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -50,7 +50,7 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
     assert (lp_r - torch.tensor(o.logprobs)).abs().mean() <= (lp - torch.tensor(o.logprobs)).abs().mean() + 1e-3
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "deepseek_v3"])
 def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(make_model, arch):
     model = MoEForCausalLM.from_pretrained(make_model(arch))
     ids = torch.tensor([5, 9, 33, 7, 120, 64, 3, 18])
@@ -84,9 +84,14 @@ def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(m
     assert torch.equal(used[2, 0], routes[2, 0])
 
 
-def test_deepseek_v3_is_refused_by_name(make_model):
-    with pytest.raises(ValueError, match="DeepseekV3ForCausalLM"):
-        MoEForCausalLM.from_pretrained(make_model("deepseek_v3"))
+def test_unsupported_configs_are_refused_by_name(make_model):
+    from r3.torch import MoEConfig
+    with pytest.raises(ValueError, match="rope_scaling"):
+        MoEConfig({"architectures": ["DeepseekV3ForCausalLM"], "rope_scaling": {"type": "yarn", "factor": 4},
+                   "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
+                   "num_experts_per_tok": 1})
+    with pytest.raises(ValueError, match="FooForCausalLM"):
+        MoEConfig({"architectures": ["FooForCausalLM"]})
 
 
 def test_minus_one_rows_fall_back_to_the_live_router_and_gradients_reach_the_router():

@@ -1,10 +1,8 @@
-"""r3's GQA MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
-GLM-4.5): the module tree mirrors the Hugging Face tensor names, so a checkpoint loads by name and
-writes back the same. Token ids [T] or [B, T], fp32 by default; every MoE layer carries a
-RouterReplay, and forward returns the routes it used.
-
-DeepSeek-V3 (multi-head latent attention) is not in this module yet: from_pretrained refuses it
-by name.
+"""r3's MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, GLM-4.5,
+DeepSeek-V3 with multi-head latent attention): the module tree mirrors the Hugging Face tensor
+names, so a checkpoint loads by name and writes back the same. Token ids [T] or [B, T], fp32 by
+default; every MoE layer carries a RouterReplay, and forward returns the routes it used.
+Refused by name: DeepSeek-V3 configs with rope_scaling (YaRN) and attention biases.
 """
 import json
 import math
@@ -17,7 +15,8 @@ from .checkpoint import load_state_dict, save_state_dict
 from .replay import RouterReplay, gate_weights, live_topk
 
 _ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
-          "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe"}
+          "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe",
+          "DeepseekV3ForCausalLM": "deepseek_v3"}
 
 
 class MoEConfig:
@@ -68,7 +67,19 @@ class MoEConfig:
                                    if i not in only and self.num_experts > 0 and (i + 1) % step == 0]
             if self.arch == "qwen2_moe":
                 self.shared_size = raw.get("shared_expert_intermediate_size", 0)
-        if self.arch == "glm4_moe":
+        self.mla = None
+        self.num_mtp_layers = raw.get("num_nextn_predict_layers", 0) or 0
+        if self.arch == "deepseek_v3":
+            if raw.get("rope_scaling"):
+                raise ValueError("r3.torch: DeepSeek-V3 with rope_scaling (YaRN) is not supported yet")
+            if raw.get("attention_bias", False):
+                raise ValueError("r3.torch: DeepSeek-V3 with attention_bias is not supported")
+            self.mla = {"q_lora_rank": raw.get("q_lora_rank") or 0, "kv_lora_rank": raw["kv_lora_rank"],
+                        "nope": raw["qk_nope_head_dim"], "rope": raw["qk_rope_head_dim"], "v": raw["v_head_dim"],
+                        "interleave": raw.get("rope_interleave", True)}
+            self.rotary_dim = self.mla["rope"]
+            self.qkv_bias = False
+        if self.arch in ("glm4_moe", "deepseek_v3"):
             # The DeepSeek-V3 router: sigmoid scores, a selection-only bias, group-limited choice.
             self.num_experts = raw.get("n_routed_experts", raw.get("num_experts"))
             self.moe_intermediate = raw["moe_intermediate_size"]
@@ -160,6 +171,47 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
+class MlaAttention(nn.Module):
+    """DeepSeek-V3's multi-head latent attention in its Hugging Face form: q (optionally through a
+    low-rank q_a/q_b), a shared compressed KV (kv_a -> norm -> kv_b) plus one rotary key part for
+    all heads; RoPE on interleaved pairs when rope_interleave."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c, m = c, c.mla
+        qk = m["nope"] + m["rope"]
+        if m["q_lora_rank"]:
+            self.q_a_proj = linear(c.hidden_size, m["q_lora_rank"])
+            self.q_a_layernorm = RMSNorm(m["q_lora_rank"], 1e-6)
+            self.q_b_proj = linear(m["q_lora_rank"], c.num_heads * qk)
+        else:
+            self.q_proj = linear(c.hidden_size, c.num_heads * qk)
+        self.kv_a_proj_with_mqa = linear(c.hidden_size, m["kv_lora_rank"] + m["rope"])
+        self.kv_a_layernorm = RMSNorm(m["kv_lora_rank"], 1e-6)
+        self.kv_b_proj = linear(m["kv_lora_rank"], c.num_heads * (m["nope"] + m["v"]))
+        self.o_proj = linear(c.num_heads * m["v"], c.hidden_size)
+
+    def forward(self, x, cos, sin):
+        c, m = self.c, self.c.mla
+        B, T, nh = x.shape[0], x.shape[1], c.num_heads
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m["q_lora_rank"] else self.q_proj(x)
+        q = q.view(B, T, nh, m["nope"] + m["rope"])
+        q_nope, q_pe = q[..., :m["nope"]], q[..., m["nope"]:]
+        ckv = self.kv_a_proj_with_mqa(x)
+        latent, k_pe = ckv[..., :m["kv_lora_rank"]], ckv[..., m["kv_lora_rank"]:].reshape(B, T, 1, m["rope"])
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, nh, m["nope"] + m["v"])
+        k_nope, v = kv[..., :m["nope"]], kv[..., m["nope"]:]
+        if m["interleave"]:  # pairs (0,1),(2,3).. -> halves, as Hugging Face's interleaved rotation
+            q_pe, k_pe = (t.reshape(*t.shape[:-1], -1, 2).transpose(-1, -2).reshape(t.shape) for t in (q_pe, k_pe))
+        q_pe, k_pe = rope(q_pe, cos, sin, m["rope"]), rope(k_pe, cos, sin, m["rope"])
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(B, T, nh, m["rope"])], dim=-1)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(m["nope"] + m["rope"])
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        return self.o_proj(torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1))
+
+
 def rope_tables(T, dim, theta, device):
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
     ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
@@ -184,7 +236,7 @@ class SparseMoE(nn.Module):
         mixtral = c.arch == "mixtral"
         self.gate = linear(c.hidden_size, c.num_experts)
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
-        if c.arch == "glm4_moe":
+        if c.arch in ("glm4_moe", "deepseek_v3"):
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(c.num_experts), requires_grad=False)
             if c.shared_size:
                 self.shared_experts = MLP(c.hidden_size, c.shared_size)
@@ -194,7 +246,7 @@ class SparseMoE(nn.Module):
         self.replay = RouterReplay()
 
     def router(self):
-        if self.c.arch == "glm4_moe":
+        if self.c.arch in ("glm4_moe", "deepseek_v3"):
             return {**self.c.router, "bias": self.gate.e_score_correction_bias.float()}
         return self.c.router
 
@@ -211,7 +263,7 @@ class SparseMoE(nn.Module):
             tok, slot = (ids == e).nonzero(as_tuple=True)
             contrib[tok, slot] = self.experts[e](h[tok]) * w[tok, slot, None]
         out = contrib.sum(dim=1)
-        if self.c.arch == "glm4_moe" and self.c.shared_size:
+        if self.c.arch in ("glm4_moe", "deepseek_v3") and self.c.shared_size:
             out = out + self.shared_experts(h)
         elif self.c.shared_size:
             out = out + self.shared_expert(h) * torch.sigmoid(self.shared_expert_gate(h))
@@ -224,7 +276,7 @@ class DecoderLayer(nn.Module):
         self.c = c
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c)
+        self.self_attn = MlaAttention(c) if c.mla else Attention(c)
         self.moe = i in c.moe_layers
         if c.arch == "mixtral":
             self.block_sparse_moe = SparseMoE(c)
@@ -307,6 +359,8 @@ class MoEForCausalLM(nn.Module):
         model = cls(MoEConfig.from_dir(model_dir))
         state = load_state_dict(model_dir)
         own = model.state_dict()
+        mtp = tuple(f"model.layers.{model.config.num_layers + i}." for i in range(model.config.num_mtp_layers))
+        state = {n: t for n, t in state.items() if not (mtp and n.startswith(mtp))}  # MTP layers: not used
         unknown = [n for n in state if n not in own and not n.endswith("rotary_emb.inv_freq")]
         if unknown:
             raise ValueError(f"r3.torch: tensor {unknown[0]} of {model_dir} has no place in the model")
