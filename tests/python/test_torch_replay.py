@@ -2,6 +2,8 @@
 engine on its own rollouts, and RouterReplay forces routes: a recorded forward replays bit for bit
 in fp32, forced ids are used exactly, gradients reach the router through the recomputed gate
 weights, and -1 rows fall back to the live router."""
+import os
+
 import numpy as np
 import pytest
 
@@ -12,12 +14,24 @@ from r3.torch import MoEForCausalLM, RouterReplay, gate_weights, patch_moe_block
 from r3.torch.checkpoint import load_state_dict  # noqa: E402
 from r3.torch.replay import live_topk  # noqa: E402
 
-ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"]
+ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v3_yarn"]
+
+
+def with_yarn(path, out):
+    """A copy of a checkpoint with DeepSeek-V3's YaRN rope_scaling in its config."""
+    import json
+    import shutil
+    shutil.copytree(path, out)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 32,
+                           "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    return out
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch):
-    path = make_model(arch)
+    path = make_model(arch) if arch != "deepseek_v3_yarn" else with_yarn(make_model("deepseek_v3"), str(tmp_path / "yarn"))
     model = MoEForCausalLM.from_pretrained(path)
     # Written back: the same tensors by the same names (bf16 in, bf16 out: the same bits).
     model.save_pretrained(str(tmp_path / "out"))
@@ -86,8 +100,8 @@ def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(m
 
 def test_unsupported_configs_are_refused_by_name(make_model):
     from r3.torch import MoEConfig
-    with pytest.raises(ValueError, match="rope_scaling"):
-        MoEConfig({"architectures": ["DeepseekV3ForCausalLM"], "rope_scaling": {"type": "yarn", "factor": 4},
+    with pytest.raises(ValueError, match="linear"):
+        MoEConfig({"architectures": ["DeepseekV3ForCausalLM"], "rope_scaling": {"type": "linear", "factor": 4},
                    "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
                    "num_experts_per_tok": 1})
     with pytest.raises(ValueError, match="FooForCausalLM"):

@@ -2,7 +2,8 @@
 DeepSeek-V3 with multi-head latent attention): the module tree mirrors the Hugging Face tensor
 names, so a checkpoint loads by name and writes back the same. Token ids [T] or [B, T], fp32 by
 default; every MoE layer carries a RouterReplay, and forward returns the routes it used.
-Refused by name: DeepSeek-V3 configs with rope_scaling (YaRN) and attention biases.
+RoPE scaling: YaRN, as r3's C++ config parser and transformers compute it; other types are
+refused by name, as are DeepSeek-V3 attention biases.
 """
 import json
 import math
@@ -69,9 +70,8 @@ class MoEConfig:
                 self.shared_size = raw.get("shared_expert_intermediate_size", 0)
         self.mla = None
         self.num_mtp_layers = raw.get("num_nextn_predict_layers", 0) or 0
+        self.yarn = parse_yarn(raw.get("rope_scaling"), raw.get("max_position_embeddings", 0))
         if self.arch == "deepseek_v3":
-            if raw.get("rope_scaling"):
-                raise ValueError("r3.torch: DeepSeek-V3 with rope_scaling (YaRN) is not supported yet")
             if raw.get("attention_bias", False):
                 raise ValueError("r3.torch: DeepSeek-V3 with attention_bias is not supported")
             self.mla = {"q_lora_rank": raw.get("q_lora_rank") or 0, "kv_lora_rank": raw["kv_lora_rank"],
@@ -98,6 +98,60 @@ class MoEConfig:
     def from_dir(cls, model_dir):
         with open(os.path.join(model_dir, "config.json")) as f:
             return cls(json.load(f))
+
+
+def parse_yarn(rs, max_position_embeddings):
+    """rope_scaling -> None or YaRN's parameters (transformers' _compute_yarn_parameters, and the
+    MLA softmax mscale of DeepseekV3Attention), as r3's C++ parser reads them."""
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind != "yarn":
+        raise ValueError(f"r3.torch: rope_scaling {kind!r} is not supported (only yarn)")
+    known = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "attention_factor", "truncate"}
+    extra = set(rs) - known
+    if extra:
+        raise ValueError(f"r3.torch: rope_scaling key {sorted(extra)[0]!r} is not supported")
+
+    def mscale_of(scale, m):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = float(rs["factor"])
+    y = {"factor": factor, "original": int(rs.get("original_max_position_embeddings") or max_position_embeddings),
+         "beta_fast": float(rs.get("beta_fast") or 32.0), "beta_slow": float(rs.get("beta_slow") or 1.0),
+         "truncate": bool(rs.get("truncate", True))}
+    m, m_all = float(rs.get("mscale") or 0), float(rs.get("mscale_all_dim") or 0)
+    if rs.get("attention_factor") is not None:
+        y["attention_factor"] = float(rs["attention_factor"])
+    elif m and m_all:
+        y["attention_factor"] = mscale_of(factor, m) / mscale_of(factor, m_all)
+    else:
+        y["attention_factor"] = mscale_of(factor, 1.0)
+    y["softmax_mscale"] = mscale_of(factor, m_all) ** 2 if m_all else 1.0
+    return y
+
+
+def rope_inv_freq(dim, theta, yarn):
+    half = dim // 2
+    if not yarn:
+        return [theta ** (-2.0 * i / dim) for i in range(half)]
+
+    def correction_dim(rotations):
+        return dim * math.log(yarn["original"] / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(yarn["beta_fast"]), correction_dim(yarn["beta_slow"])
+    if yarn["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, dim - 1.0)
+    if low == high:
+        high += 0.001
+    out = []
+    for i in range(half):
+        pos = theta ** (2.0 * i / dim)
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append((1.0 / (yarn["factor"] * pos)) * ramp + (1.0 / pos) * (1.0 - ramp))
+    return out
 
 
 def rms_norm(x, w, eps):
@@ -206,16 +260,18 @@ class MlaAttention(nn.Module):
         q_pe, k_pe = rope(q_pe, cos, sin, m["rope"]), rope(k_pe, cos, sin, m["rope"])
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(B, T, nh, m["rope"])], dim=-1)
-        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(m["nope"] + m["rope"])
+        mscale = c.yarn["softmax_mscale"] if c.yarn else 1.0
+        scores = torch.einsum("bthd,bshd->bhts", q, k) * (mscale / math.sqrt(m["nope"] + m["rope"]))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         return self.o_proj(torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1))
 
 
-def rope_tables(T, dim, theta, device):
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+def rope_tables(T, dim, theta, device, yarn=None):
+    inv = torch.tensor(rope_inv_freq(dim, theta, yarn), dtype=torch.float64, device=device)
     ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
-    return torch.cos(ang).float(), torch.sin(ang).float()
+    a = yarn["attention_factor"] if yarn else 1.0
+    return (torch.cos(ang) * a).float(), (torch.sin(ang) * a).float()
 
 
 def rope(x, cos, sin, rotary_dim):
@@ -328,7 +384,7 @@ class MoEForCausalLM(nn.Module):
         ids = input_ids[None] if single else input_ids
         B, T = ids.shape
         x = self.model.embed_tokens(ids)
-        cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device)
+        cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device, c.yarn)
         routes = []
         for layer in self.model.layers:
             x, r = layer(x, cos, sin)
