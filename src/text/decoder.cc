@@ -10,15 +10,8 @@ namespace r3::text {
 
 using json = nlohmann::json;
 
-void Decoder::add(const json& j, std::vector<Step>& steps) {
-  if (j.is_null()) return;
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    throw Error("tokenizer.json: decoder without a \"type\"");
+Decoder::Step Decoder::parse_step(const json& j) {
   const std::string type = j["type"];
-  if (type == "Sequence") {
-    for (const json& d : j.value("decoders", json::array())) add(d, steps);
-    return;
-  }
   Step s{};
   if (type == "ByteLevel") s.kind = Step::ByteLevel;
   else if (type == "ByteFallback") s.kind = Step::ByteFallback;
@@ -40,12 +33,12 @@ void Decoder::add(const json& j, std::vector<Step>& steps) {
   } else
     throw Error("tokenizer.json: decoder \"" + type + "\" is not supported by r3 (supported: ByteLevel, ByteFallback, "
                 "Fuse, Strip, Replace, Metaspace, Sequence)");
-  steps.push_back(std::move(s));
+  return s;
 }
 
 Decoder Decoder::parse(const json& j) {
   Decoder d;
-  add(j, d.steps_);
+  for (const json& step : component_steps(j, "decoder", "decoders")) d.steps_.push_back(parse_step(step));
   return d;
 }
 

@@ -28,7 +28,7 @@ class Decoder {
     int start = 0, stop = 0;
     bool prepend = true;  // Metaspace: a leading replacement on the first token was prepended
   };
-  static void add(const nlohmann::json& j, std::vector<Step>& steps);
+  static Step parse_step(const nlohmann::json& j);
   std::vector<Step> steps_;
 };
 

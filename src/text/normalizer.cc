@@ -38,15 +38,24 @@ std::string Pattern::replace_all(std::string_view s, std::string_view with) cons
   return out;
 }
 
-void Normalizer::add(const json& j, std::vector<Step>& steps) {
-  if (j.is_null()) return;
+std::vector<json> component_steps(const json& j, const char* what, const char* list_key) {
+  std::vector<json> out;
+  if (j.is_null()) return out;
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    throw Error("tokenizer.json: normalizer without a \"type\"");
-  const std::string type = j["type"];
-  if (type == "Sequence") {
-    for (const json& n : j.value("normalizers", json::array())) add(n, steps);
-    return;
+    throw Error(std::string("tokenizer.json: ") + what + " without a \"type\"");
+  if (j["type"] != "Sequence") {
+    out.push_back(j);
+    return out;
   }
+  const json items = j.value(list_key, json::array());
+  if (!items.is_array()) throw Error(std::string("tokenizer.json: ") + what + " Sequence without a \"" + list_key + "\" list");
+  for (const json& item : items)
+    for (json& step : component_steps(item, what, list_key)) out.push_back(std::move(step));
+  return out;
+}
+
+Normalizer::Step Normalizer::parse_step(const json& j) {
+  const std::string type = j["type"];
   Step s{};
   if (type == "NFC") s.kind = Step::NFC;
   else if (type == "NFD") s.kind = Step::NFD;
@@ -69,12 +78,12 @@ void Normalizer::add(const json& j, std::vector<Step>& steps) {
   } else
     throw Error("tokenizer.json: normalizer \"" + type + "\" is not supported by r3 (supported: NFC, NFD, NFKC, NFKD, "
                 "Lowercase, Replace, Prepend, Strip, Sequence)");
-  steps.push_back(std::move(s));
+  return s;
 }
 
 Normalizer Normalizer::parse(const json& j) {
   Normalizer n;
-  add(j, n.steps_);
+  for (const json& step : component_steps(j, "normalizer", "normalizers")) n.steps_.push_back(parse_step(step));
   return n;
 }
 

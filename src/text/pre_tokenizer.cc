@@ -37,15 +37,8 @@ const ByteTables& byte_tables() {
 const std::array<std::string, 256>& byte_level_chars() { return byte_tables().chars; }
 int byte_level_byte(char32_t c) { return c < 512 ? byte_tables().bytes[c] : -1; }
 
-void PreTokenizer::add(const json& j, std::vector<Step>& steps) {
-  if (j.is_null()) return;
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    throw Error("tokenizer.json: pre_tokenizer without a \"type\"");
+PreTokenizer::Step PreTokenizer::parse_step(const json& j) {
   const std::string type = j["type"];
-  if (type == "Sequence") {
-    for (const json& p : j.value("pretokenizers", json::array())) add(p, steps);
-    return;
-  }
   Step s{};
   if (type == "Split") {
     s.kind = Step::Split;
@@ -82,12 +75,12 @@ void PreTokenizer::add(const json& j, std::vector<Step>& steps) {
   } else
     throw Error("tokenizer.json: pre_tokenizer \"" + type + "\" is not supported by r3 (supported: Split, ByteLevel, "
                 "Digits, Metaspace, WhitespaceSplit, Sequence)");
-  steps.push_back(std::move(s));
+  return s;
 }
 
 PreTokenizer PreTokenizer::parse(const json& j) {
   PreTokenizer p;
-  add(j, p.steps_);
+  for (const json& step : component_steps(j, "pre_tokenizer", "pretokenizers")) p.steps_.push_back(parse_step(step));
   return p;
 }
 

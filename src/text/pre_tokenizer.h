@@ -38,7 +38,7 @@ class PreTokenizer {
     std::string prepend_scheme;
     bool split_words = true;
   };
-  static void add(const nlohmann::json& j, std::vector<Step>& steps);
+  static Step parse_step(const nlohmann::json& j);
   static void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, Behavior b,
                        bool invert, std::vector<std::string>& out);
   std::vector<Step> steps_;

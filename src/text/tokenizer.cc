@@ -84,13 +84,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_jso
       std::stable_sort(v.begin(), v.end(),
                        [&](size_t a, size_t b) { return t->added_[a].content.size() > t->added_[b].content.size(); });
     // The post-processor: only what it adds to a single sequence matters to encode.
-    std::vector<json> procs;
-    const json pp = j.value("post_processor", json());
-    if (!pp.is_null()) {
-      if (pp.value("type", "") == "Sequence") procs = pp.value("processors", json::array()).get<std::vector<json>>();
-      else procs.push_back(pp);
-    }
-    for (const json& p : procs) {
+    for (const json& p : component_steps(j.value("post_processor", json()), "post_processor", "processors")) {
       const std::string type = p.value("type", "");
       auto id_of = [&](const std::string& tok) {
         auto id = t->token_to_id(tok);
