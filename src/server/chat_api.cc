@@ -120,7 +120,7 @@ json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& 
             {"finish_reason", o.finish_reason},
             {"stop_reason", completion_stop_reason(o)},
             {"token_ids", o.token_ids}};
-  if (req.prompt_logprobs) c["prompt_logprobs"] = completion_choice(o, index, req)["prompt_logprobs"];
+  if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o, req.tok);
   put_routes(c, o, req.routes);
   return c;
 }

@@ -27,21 +27,20 @@ void reject_unsupported(const json& b) {
     throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
 }
 
-std::string token_name(const text::Tokenizer* tok, int id) { return token_text(tok, id); }
 
 json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* tok) {
   json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
   size_t offset = 0;  // text_offset: where each token's text starts in the choice's text
-  for (size_t i = 0; i < from && tok; ++i) offset += token_name(tok, o.token_ids[i]).size();
+  for (size_t i = 0; i < from && tok; ++i) offset += token_text(tok, o.token_ids[i]).size();
   for (size_t i = from; i < o.token_ids.size(); ++i) {
-    const std::string name = token_name(tok, o.token_ids[i]);
+    const std::string name = token_text(tok, o.token_ids[i]);
     tokens.push_back(name);
     lps.push_back(i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr));
     offs.push_back(offset);
     if (tok) offset += name.size();
     if (i < o.top_logprobs.size()) {
       json d = json::object();
-      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_name(tok, o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
+      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_text(tok, o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
       tops.push_back(d);
     }
   }
@@ -51,11 +50,44 @@ json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* t
           {"text_offset", offs}};
 }
 
+
+// Every choice gets its own copy of its prompt and of stop_token_ids, so a small body could
+// expand to gigabytes (prompts x n x stop ids). A request may expand to at most this much.
+constexpr size_t kMaxChoices = size_t(1) << 16;
+constexpr size_t kMaxExpandedIds = size_t(1) << 24;
+
+void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, size_t stop_ids) {
+  size_t ids = 0;
+  for (const auto& p : prompts) ids += (p.size() + stop_ids) * n;
+  const size_t choices = prompts.size() * n;
+  if (choices > kMaxChoices || ids > kMaxExpandedIds)
+    throw bad_request("the request is too large: " + std::to_string(choices) + " choices (prompts x n) holding " +
+                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
+                          std::to_string(kMaxChoices) + " and " + std::to_string(kMaxExpandedIds) +
+                          ": split it into several requests",
+                      "prompt");
+}
+
+}  // namespace
+
+// "token_id:N" is vLLM's return_tokens_as_token_ids form, for a model without a tokenizer.
+std::string token_text(const text::Tokenizer* tok, int id) {
+  if (tok) return tok->decode(std::vector<int32_t>{id}, false, false);
+  return "token_id:" + std::to_string(id);
+}
+
+json completion_stop_reason(const RequestOutput& o) {
+  if (o.finish_reason != "stop") return nullptr;
+  if (!o.stop_str.empty()) return o.stop_str;  // vLLM: the matched stop string, or the stop token id
+  if (o.token_ids.empty()) return nullptr;
+  return o.token_ids.back();
+}
+
 // vLLM's prompt_logprobs: one entry per prompt position, null for position 0, else
 // {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the top alternatives
 // (rank: 1-based among the alternatives; null for a prompt token outside them).
 json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
-  auto decoded = [&](int id) { return tok ? json(token_name(tok, id)) : json(nullptr); };
+  auto decoded = [&](int id) { return tok ? json(token_text(tok, id)) : json(nullptr); };
   json out = json::array();
   if (o.prompt_logprobs_start < 0) return nullptr;
   for (int p = 0; p < o.prompt_logprobs_start; ++p) out.push_back(nullptr);
@@ -77,40 +109,6 @@ json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
     out.push_back(d);
   }
   return out;
-}
-
-// Every choice gets its own copy of its prompt and of stop_token_ids, so a small body could
-// expand to gigabytes (prompts x n x stop ids). A request may expand to at most this much.
-constexpr size_t kMaxChoices = size_t(1) << 16;
-constexpr size_t kMaxExpandedIds = size_t(1) << 24;
-
-void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, size_t stop_ids) {
-  size_t ids = 0;
-  for (const auto& p : prompts) ids += (p.size() + stop_ids) * n;
-  const size_t choices = prompts.size() * n;
-  if (choices > kMaxChoices || ids > kMaxExpandedIds)
-    throw bad_request("the request is too large: " + std::to_string(choices) + " choices (prompts x n) holding " +
-                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
-                          std::to_string(kMaxChoices) + " and " + std::to_string(kMaxExpandedIds) +
-                          ": split it into several requests",
-                      "prompt");
-}
-
-json stop_reason(const RequestOutput& o) { return completion_stop_reason(o); }
-
-}  // namespace
-
-// "token_id:N" is vLLM's return_tokens_as_token_ids form, for a model without a tokenizer.
-std::string token_text(const text::Tokenizer* tok, int id) {
-  if (tok) return tok->decode(std::vector<int32_t>{id}, false, false);
-  return "token_id:" + std::to_string(id);
-}
-
-json completion_stop_reason(const RequestOutput& o) {
-  if (o.finish_reason != "stop") return nullptr;
-  if (!o.stop_str.empty()) return o.stop_str;  // vLLM: the matched stop string, or the stop token id
-  if (o.token_ids.empty()) return nullptr;
-  return o.token_ids.back();
 }
 
 CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds,
@@ -196,7 +194,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
 
 json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
   json c = {{"index", index}, {"text", o.text}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
-  c["stop_reason"] = stop_reason(o);
+  c["stop_reason"] = completion_stop_reason(o);
   c["logprobs"] = req.logprobs ? logprobs_json(o, 0, req.tok) : json(nullptr);
   if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o, req.tok);
   if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
@@ -218,7 +216,7 @@ json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, 
   c["logprobs"] = req.logprobs ? logprobs_json(o, from, req.tok) : json(nullptr);
   if (o.finished) {
     c["finish_reason"] = o.finish_reason;
-    c["stop_reason"] = stop_reason(o);
+    c["stop_reason"] = completion_stop_reason(o);
     if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
     put_routes(c, o, req.routes);
   } else {

@@ -44,6 +44,10 @@ std::string token_text(const text::Tokenizer* tok, int id);
 // vLLM's stop_reason: the matched stop string, the stop token id, or null.
 nlohmann::json completion_stop_reason(const RequestOutput& o);
 
+// vLLM's prompt_logprobs: one entry per prompt position, null for position 0, else
+// {"<id>": {"logprob", "rank", "decoded_token"}}; null when the prompt was not scored.
+nlohmann::json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok);
+
 // One choice of a non-streamed reply.
 nlohmann::json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);
 // {"prompt_tokens","completion_tokens","total_tokens"}
