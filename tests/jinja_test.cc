@@ -50,6 +50,9 @@ TEST(Jinja, ScopesValuesFiltersAndTests) {
             "False True True True True");
   EXPECT_EQ(render("{% macro f(a, b='!') %}[{{ a }}{{ b }}]{% endmacro %}{{ f('x') }}{{ f('y', b='?') }}"), "[x!][y?]");
   EXPECT_EQ(render("{{ 'yes' if 1 > 2 else 'no' }} {{ 'a' ~ 1 }} {{ 'ab' in 'cabd' }} {{ 2 not in [1] }}"), "no a1 True True");
+  EXPECT_EQ(render("{{ xs | map('upper') | join(',') }} {{ ms | selectattr('n', 'gt', 1) | map(attribute='n') | list }}",
+                   {{"xs", {"a", "b"}}, {"ms", {{{"n", 1}}, {{"n", 2}}, {{"n", 3}}}}}),
+            "A,B [2, 3]");
 }
 
 TEST(Jinja, UnsupportedConstructsAndRaisesAreErrorsWithTheirLine) {
@@ -64,6 +67,8 @@ TEST(Jinja, UnsupportedConstructsAndRaisesAreErrorsWithTheirLine) {
   };
   refused("a\n{% include 'x' %}", "line 2: {% include %} is not supported");
   refused("{{ x | frobnicate }}", "filter 'frobnicate' is not supported");
+  refused("\n{{ [2, 1] | sort }}", "line 2: filter 'sort' is not supported");  // at parse, with its line
+  EXPECT_THROW(Template("{{ [2, 1] | sort }}"), Error);
   refused("\n\n{{ x is prime }}", "line 3: test 'prime' is not supported");
   refused("{% if true %}", "missing {% elif or else or endif %}");
   refused("{{ 'a' + }}", "unexpected end of expression");

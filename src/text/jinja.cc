@@ -244,9 +244,8 @@ namespace {
 
 const std::set<std::string> kFilters = {
     "trim", "length", "count", "tojson", "string", "upper", "lower", "title", "capitalize", "default", "d", "first",
-    "last", "join", "items", "list", "replace", "reverse", "sort", "unique", "map", "selectattr", "rejectattr",
-    "select", "reject", "int", "float", "abs", "round", "safe", "escape", "e", "indent", "wordcount", "sum", "min",
-    "max", "dictsort", "batch"};
+    "last", "join", "items", "list", "replace", "reverse", "unique", "map", "selectattr", "rejectattr", "select",
+    "reject", "int", "float", "abs", "round", "safe", "escape", "e", "indent", "wordcount", "sum"};
 const std::set<std::string> kTests = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
                                       "number", "string", "mapping", "iterable", "sequence", "callable", "odd",
                                       "even", "divisibleby", "eq", "equalto", "ne", "lt", "le", "gt", "ge", "in",
@@ -1020,6 +1019,22 @@ class Renderer {
     return Value::undefined();
   }
 
+  // A filter or test node applied to values (map('filter'), selectattr(attr, 'test', ...)), so
+  // those run through filter() and test() themselves.
+  static ExprP applied(Expr::Kind kind, const std::string& name, const std::vector<Value>& args, int line) {
+    auto e = std::make_shared<Expr>();
+    e->kind = kind;
+    e->name = name;
+    e->line = line;
+    for (const Value& v : args) {
+      auto lit = std::make_shared<Expr>();
+      lit->kind = Expr::Literal;
+      lit->literal = v;
+      e->args.push_back(lit);
+    }
+    return e;
+  }
+
   static void set_key(Dict& d, const std::string& k, Value v) {
     for (auto& kv : d)
       if (kv.first == k) {
@@ -1404,16 +1419,8 @@ class Renderer {
         if (f == "map") {
           if (attr.is_string()) out.push_back(attribute(x, attr.s, line));
           else if (!a.empty() && a[0].is_string()) {
-            auto fe = std::make_shared<Expr>();
-            fe->kind = Expr::Filter;
-            fe->name = a[0].s;
-            fe->line = line;
-            if (!kFilters.count(fe->name)) fail(line, "filter '" + fe->name + "' is not supported");
-            auto lit = std::make_shared<Expr>();
-            lit->kind = Expr::Literal;
-            lit->literal = x;
-            fe->args.push_back(lit);
-            out.push_back(filter(*fe, scope));
+            if (!kFilters.count(a[0].s)) fail(line, "filter '" + a[0].s + "' is not supported");
+            out.push_back(filter(*applied(Expr::Filter, a[0].s, {x}, line), scope));
           } else
             fail(line, "map needs attribute= or a filter name");
           continue;
@@ -1426,23 +1433,9 @@ class Renderer {
         if (a.size() <= ti) ok = subject.truthy();
         else {
           if (!a[ti].is_string() || !kTests.count(a[ti].s)) fail(line, f + ": unsupported test");
-          auto te = std::make_shared<Expr>();
-          te->kind = Expr::Test;
-          te->name = a[ti].s;
-          te->line = line;
-          for (const Value& extra : std::vector<Value>{subject}) {
-            auto lit = std::make_shared<Expr>();
-            lit->kind = Expr::Literal;
-            lit->literal = extra;
-            te->args.push_back(lit);
-          }
-          for (size_t k = ti + 1; k < a.size(); ++k) {
-            auto lit = std::make_shared<Expr>();
-            lit->kind = Expr::Literal;
-            lit->literal = a[k];
-            te->args.push_back(lit);
-          }
-          ok = test(*te, scope);
+          std::vector<Value> test_args = {subject};
+          test_args.insert(test_args.end(), a.begin() + long(ti) + 1, a.end());
+          ok = test(*applied(Expr::Test, a[ti].s, test_args, line), scope);
         }
         if (ok == (f == "selectattr" || f == "select")) out.push_back(x);
       }
@@ -1527,9 +1520,7 @@ class Renderer {
       }
       return acc;
     }
-    if (f == "sort" || f == "min" || f == "max" || f == "dictsort" || f == "batch")
-      fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");
-    fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");
+    fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");  // kFilters lists only the above
   }
 
   Scope* globals_;
