@@ -80,6 +80,7 @@ TEST(ChatTemplate, RendersWithTheTokenizersSpecialTokensAndContinuesTheFinalMess
   const std::string dir = testing::write_test_tokenizer(
       (std::filesystem::temp_directory_path() / ("r3_jinja_" + std::to_string(getpid()))).string());
   auto tok = Tokenizer::load(dir);
+  EXPECT_EQ(tok->parsed_chat_template(), tok->parsed_chat_template());  // parsed once, not per request
   ChatTemplate ct(tok);
   ChatRequest r;
   r.messages = {{{"role", "user"}, {"content", "hi"}}};

@@ -4,17 +4,9 @@
 
 namespace r3::text {
 
-namespace {
-const std::string& template_of(const Tokenizer& tok, const std::string& source) {
-  if (!source.empty()) return source;
-  if (tok.chat_template().empty())
-    throw Error("the tokenizer has no chat template (tokenizer_config.json has no chat_template); pass one");
-  return tok.chat_template();
-}
-}  // namespace
-
 ChatTemplate::ChatTemplate(std::shared_ptr<const Tokenizer> tok, const std::string& source)
-    : tok_(std::move(tok)), tpl_(template_of(*tok_, source)) {}
+    : tok_(std::move(tok)),
+      tpl_(source.empty() ? tok_->parsed_chat_template() : std::make_shared<const jinja::Template>(source)) {}
 
 std::string ChatTemplate::render(const ChatRequest& req) const {
   if (!req.messages.is_array() || req.messages.empty()) throw Error("messages must be a non-empty list");
@@ -39,7 +31,7 @@ std::string ChatTemplate::render(const ChatRequest& req) const {
       if (kv.first == it.key()) kv.second = jinja::from_json(it.value()), replaced = true;
     if (!replaced) ctx.emplace_back(it.key(), jinja::from_json(it.value()));
   }
-  std::string text = tpl_.render(ctx);
+  std::string text = tpl_->render(ctx);
   if (req.continue_final_message) {
     // Cut after the final message's content, as Hugging Face does, so the model continues it.
     const auto& last = req.messages.back();

@@ -23,8 +23,8 @@ struct ChatRequest {
 
 class ChatTemplate {
  public:
-  // The tokenizer's template, or `source` when given. r3::Error when there is none, and for a
-  // template outside r3's Jinja subset (naming the construct and line).
+  // The tokenizer's template (parsed once per tokenizer), or `source` when given. r3::Error when
+  // there is none, and for a template outside r3's Jinja subset (naming the construct and line).
   ChatTemplate(std::shared_ptr<const Tokenizer> tok, const std::string& source = "");
   // The prompt text. r3::Error for bad messages and for the template's own raise_exception.
   std::string render(const ChatRequest& req) const;
@@ -34,7 +34,7 @@ class ChatTemplate {
 
  private:
   std::shared_ptr<const Tokenizer> tok_;
-  jinja::Template tpl_;
+  std::shared_ptr<const jinja::Template> tpl_;
 };
 
 }  // namespace r3::text

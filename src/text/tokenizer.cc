@@ -150,6 +150,14 @@ const std::string* Tokenizer::named_chat_template(const std::string& name) const
   return nullptr;
 }
 
+std::shared_ptr<const jinja::Template> Tokenizer::parsed_chat_template() const {
+  if (chat_template_.empty())
+    throw Error("the tokenizer has no chat template (tokenizer_config.json has no chat_template); pass one");
+  std::lock_guard<std::mutex> lk(parsed_mu_);
+  if (!parsed_) parsed_ = std::make_shared<const jinja::Template>(chat_template_);
+  return parsed_;
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const AddedToken& a : added_)
     if (a.content == token) return a.id;

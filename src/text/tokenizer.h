@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "text/bpe.h"
 #include "text/decoder.h"
+#include "text/jinja.h"
 #include "text/normalizer.h"
 #include "text/pre_tokenizer.h"
 
@@ -64,6 +66,9 @@ class Tokenizer {
   const std::string& chat_template() const { return chat_template_; }
   // A named template of a list-form chat_template (e.g. "tool_use"), or nullptr.
   const std::string* named_chat_template(const std::string& name) const;
+  // chat_template() parsed, once: every chat request renders it. r3::Error when there is none
+  // or it is outside r3's Jinja subset (thrown again on every call).
+  std::shared_ptr<const jinja::Template> parsed_chat_template() const;
 
  private:
   struct Section {
@@ -89,6 +94,8 @@ class Tokenizer {
   std::vector<std::pair<std::string, std::string>> named_templates_;
   std::vector<std::pair<std::string, std::string>> special_tokens_;
   bool clean_up_spaces_ = false;
+  mutable std::mutex parsed_mu_;
+  mutable std::shared_ptr<const jinja::Template> parsed_;
 };
 
 // Hugging Face's clean_up_tokenization_spaces: " ." -> "." and the like.
