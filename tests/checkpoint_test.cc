@@ -23,6 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "model/tensor_names.h"
 #include "test_models.h"
 #include "model/safetensors.h"
 
@@ -137,13 +138,15 @@ std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeig
       if (!t->empty()) v.push_back({t->name, t});
     if (!L.q_norm.empty()) v.push_back({"q_norm", &L.q_norm});
     if (!L.k_norm.empty()) v.push_back({"k_norm", &L.k_norm});
-    for (const TensorView* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.router_bias, &L.shared.gate, &L.shared.up,
-                                &L.shared.down, &L.shared_gate})
+    for (const TensorView* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.sinks, &L.router_bias, &L.shared.gate,
+                                &L.shared.up, &L.shared.down, &L.shared_gate})
       if (!t->empty()) v.push_back({t->name, t});
     if (L.moe) {
       v.push_back({"router", &L.router});
+      // Fused experts (GPT-OSS) are split into copies: FusedExpertsSplitAsTransformersReadsThem.
       for (auto& e : L.experts)
-        for (const TensorView* t : {&e.gate, &e.up, &e.down}) v.push_back({t->name, t});
+        for (const TensorView* t : {&e.gate, &e.up, &e.down})
+          if (!layer_tensor_names(w.config.arch).fused_experts) v.push_back({t->name, t});
     } else {
       for (const TensorView* t : {&L.dense.gate, &L.dense.up, &L.dense.down}) v.push_back({t->name, t});
     }
@@ -242,6 +245,10 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
   }
 
   std::set<std::string> loaded, files_used;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  for (int i = 0; i < c.num_layers && N.fused_experts; ++i)
+    for (const std::string* n : {&N.fused_gate_up, &N.fused_gate_up_bias, &N.fused_down, &N.fused_down_bias})
+      loaded.insert(layer_tensor(i, *n));
   for (auto& [role, v] : all_views(w)) {
     ASSERT_FALSE(v->empty()) << role;
     loaded.insert(v->name);
@@ -253,7 +260,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     const RawTensor& r = tit->second;
     EXPECT_EQ(dtype_name(v->dtype), r.dtype) << v->name;
     EXPECT_EQ(v->shape, r.shape) << v->name;
-    if (v != &w.layers[0].router_bias && v->name.find("e_score_correction_bias") == std::string::npos)
+    if (v->name.find("e_score_correction_bias") == std::string::npos)
       EXPECT_EQ(v->dtype, p.dtype) << v->name;
     ASSERT_EQ(v->nbytes(), r.bytes.size()) << v->name;
     EXPECT_EQ(std::memcmp(v->data, r.bytes.data(), r.bytes.size()), 0) << v->name;
@@ -282,7 +289,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_EQ(L.router.name, router_name(c, i));
       EXPECT_EQ(L.router.shape, (std::vector<int64_t>{c.num_experts, H}));
       ASSERT_EQ(int(L.experts.size()), c.num_experts);
-      EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
+      if (!N.fused_experts) EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
     } else {
       EXPECT_TRUE(L.experts.empty());
       EXPECT_EQ(L.dense.gate.name, dense_name(c, i, "gate"));
@@ -296,7 +303,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.layers[size_t(i)].attention.qk_norm == QkNorm::PerHead)) {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
-    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3) {
+    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3 || c.arch == Arch::GptOss) {
       EXPECT_TRUE(L.q_norm.empty());
     } else {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{int64_t(c.num_heads) * c.head_dim}));
@@ -308,15 +315,21 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     const LayerWeights& L = w.layers[size_t(i)];
     const bool biased = c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe;
     const bool deepseek_router = c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3;
-    EXPECT_EQ(L.q_bias.empty(), !biased);
+    const bool gpt_oss = c.arch == Arch::GptOss;
+    EXPECT_EQ(L.q_bias.empty(), !biased && !gpt_oss);
+    EXPECT_EQ(L.o_bias.empty(), !gpt_oss);
+    EXPECT_EQ(L.sinks.empty(), !gpt_oss);
+    if (L.moe) EXPECT_EQ(L.experts[0].down_bias.empty(), !gpt_oss);
     if (biased) EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
     EXPECT_EQ(L.shared.gate.empty(), !((biased || deepseek_router) && L.moe));
     EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
-    EXPECT_EQ(L.router_bias.empty(), !(deepseek_router && L.moe));
+    EXPECT_EQ(L.router_bias.empty(), !((deepseek_router || gpt_oss) && L.moe));
     EXPECT_EQ(L.kv_b.empty(), !c.mla);
     EXPECT_EQ(c.layers[size_t(i)].attention.kind, c.mla ? AttentionKind::Mla : AttentionKind::Gqa);
     if (c.mla) EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0);
-    if (!L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
+    if (deepseek_router && !L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
+    // GPT-OSS: sliding and full attention alternate, sliding first (layer_types).
+    if (gpt_oss) EXPECT_EQ(c.layers[size_t(i)].attention.sliding_window > 0, i % 2 == 0);
   }
   if (c.arch == Arch::Glm4Moe) {
     EXPECT_FALSE(w.layers[0].moe);  // first_k_dense_replace = 1
@@ -343,6 +356,89 @@ INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip, ::testing::Values
                          [](const ::testing::TestParamInfo<RoundTripCase>& i) {
                            return i.param.arch + "_" + i.param.preset + "_" + dtype_name(i.param.dtype);
                          });
+
+// GPT-OSS stores the experts of a layer fused, inputs first: gate_up_proj [E, H, 2I] with gate
+// and up interleaved (transformers' GptOssExperts reads gate_up[..., ::2] and [..., 1::2]),
+// down_proj [E, I, H], and their biases. Each expert's split views are checked element by
+// element against the file, indexed as transformers indexes them.
+TEST(CheckpointFusedExperts, SplitAsTransformersReadsThem) {
+  TmpDir d("fused");
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const std::string dir = make(d, "gpt_oss", "tiny", dt, 5, std::string("gpt_oss_") + dtype_name(dt));
+    auto raw = raw_tensors(file_in(dir, "model.safetensors"));
+    auto ck = Checkpoint::open(dir);
+    const ModelConfig& c = ck->config();
+    const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+    const size_t es = dtype_size(dt);
+    auto elem = [&](const std::string& bytes, int64_t i) {
+      if (es == 4) {
+        float f;
+        std::memcpy(&f, bytes.data() + 4 * i, 4);
+        return f;
+      }
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      return bf16_to_f32(h);
+    };
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string& gu = raw.at(layer_prefix(l) + "mlp.experts.gate_up_proj").bytes;
+      const std::string& gub = raw.at(layer_prefix(l) + "mlp.experts.gate_up_proj_bias").bytes;
+      const std::string& dn = raw.at(layer_prefix(l) + "mlp.experts.down_proj").bytes;
+      const std::string& dnb = raw.at(layer_prefix(l) + "mlp.experts.down_proj_bias").bytes;
+      for (int64_t e = 0; e < E; ++e) {
+        const ExpertWeights& w = ck->weights().layers[size_t(l)].experts[size_t(e)];
+        ASSERT_EQ(w.gate.shape, (std::vector<int64_t>{I, H}));
+        ASSERT_EQ(w.down.shape, (std::vector<int64_t>{H, I}));
+        for (int64_t i = 0; i < I; ++i) {
+          for (int64_t h = 0; h < H; ++h) {
+            ASSERT_EQ(w.gate.at(i * H + h), elem(gu, (e * H + h) * 2 * I + 2 * i)) << e << " " << i << " " << h;
+            ASSERT_EQ(w.up.at(i * H + h), elem(gu, (e * H + h) * 2 * I + 2 * i + 1));
+            ASSERT_EQ(w.down.at(h * I + i), elem(dn, (e * I + i) * H + h));
+          }
+          ASSERT_EQ(w.gate_bias.at(i), elem(gub, e * 2 * I + 2 * i));
+          ASSERT_EQ(w.up_bias.at(i), elem(gub, e * 2 * I + 2 * i + 1));
+        }
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(w.down_bias.at(h), elem(dnb, e * H + h));
+      }
+    }
+  }
+}
+
+// GptOssConfig's keys as r3 reads them: layer_types (or the alternating default), sliding_window,
+// swiglu_limit, attention_bias; unknown layer types refused by name.
+TEST(CheckpointConfig, GptOssLayerTypesWindowsAndLimits) {
+  json j = json::parse(preset_config_json("gpt_oss", "small"));
+  ModelConfig c = parse_config(j.dump(), "gpt_oss");
+  EXPECT_EQ(c.router.scoring, RouterScoring::TopkSoftmax);
+  EXPECT_TRUE(c.router.logit_bias);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerConfig& l = c.layers[size_t(i)];
+    EXPECT_EQ(l.attention.sliding_window, i % 2 == 0 ? 24 : 0);
+    EXPECT_TRUE(l.attention.sinks && l.attention.o_bias && l.attention.qkv_bias);
+    EXPECT_TRUE(l.expert_bias && l.activation.clamped);
+    EXPECT_EQ(l.activation.limit, 7.f);
+    EXPECT_EQ(l.activation.alpha, 1.702f);
+  }
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  j["layer_types"] = {"full_attention", "full_attention", "sliding_attention", "full_attention"};
+  j["swiglu_limit"] = 3.5;
+  j["sliding_window"] = 5;
+  c = parse_config(j.dump(), "gpt_oss");
+  EXPECT_EQ(c.layers[0].attention.sliding_window, 0);
+  EXPECT_EQ(c.layers[2].attention.sliding_window, 5);
+  EXPECT_EQ(c.layers[1].activation.limit, 3.5f);
+  j.erase("layer_types");
+  c = parse_config(j.dump(), "gpt_oss");
+  EXPECT_EQ(c.layers[0].attention.sliding_window, 5);  // the default alternates, sliding first
+  EXPECT_EQ(c.layers[1].attention.sliding_window, 0);
+  j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("chunked_attention"), std::string::npos);
+  j["layer_types"] = {"full_attention"};
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("layer_types"), std::string::npos);
+  j.erase("layer_types");
+  j["quantization_config"] = {{"quant_method", "mxfp4"}};
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("quantization_config"), std::string::npos);
+}
 
 // The bf16 checkpoint is the f32 one of the same seed, rounded to nearest even: an independent
 // recomputation of what make_model writes.

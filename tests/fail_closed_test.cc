@@ -60,7 +60,15 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
         {"num_experts_per_tok", 1},
         {"intermediate_size", cfg.value("intermediate_size", 64) * 2},
     };
-    if (arch != "mixtral") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
+    // GptOssConfig has no norm_topk_prob (the key is ignored, as transformers ignores it).
+    if (arch != "mixtral" && arch != "gpt_oss") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
+    if (arch == "gpt_oss")
+      for (auto& [key, value] : std::vector<std::pair<std::string, json>>{
+               {"sliding_window", 4},
+               {"swiglu_limit", 5.0},
+               {"layer_types", json::array({"full_attention", "full_attention"})},
+               {"attention_bias", false}})
+        changes.push_back({key, value});
     if (arch == "olmoe") changes.push_back({"clip_qkv", 3.0});
     if (arch == "qwen3_moe" || arch == "qwen2_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
     if (arch == "qwen2_moe") changes.push_back({"shared_expert_intermediate_size", 64});

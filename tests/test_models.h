@@ -12,7 +12,7 @@
 namespace r3::testing {
 
 // Every architecture r3 implements, for tests that run on each.
-inline const std::vector<std::string> kAllArchs = {"mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"};
+inline const std::vector<std::string> kAllArchs = {"mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"};
 
 inline std::string test_model(const std::string& arch, const std::string& preset = "tiny",
                               uint64_t seed = 0, DType dtype = DType::BF16) {

@@ -13,7 +13,6 @@ namespace r3 {
 using kernels::Activations;
 using kernels::rms_norm;
 
-namespace {
 // x[i] += b[i], the bias widened to fp32.
 void add_bias(float* x, const TensorView& b, int n) {
   if (b.dtype == DType::BF16) {
@@ -26,7 +25,6 @@ void add_bias(float* x, const TensorView& b, int n) {
     for (int i = 0; i < n; ++i) x[i] += b.at(i);
   }
 }
-}  // namespace
 
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), per
 // (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
@@ -52,6 +50,8 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   }
   const int G = int(attn_groups_.size());
   const int stride = rope_.max_pos() + block_size_;
+  const AttentionSpec& spec = c.layers[size_t(layer)].attention;
+  const TensorView& sinks = weights_.layers[size_t(layer)].sinks;
   auto attend_head = [&](int head, const AttentionGroup& g) {
     thread_local std::vector<float> scores;
     if (scores.size() < size_t(kernels::kMaxGroup) * size_t(stride))
@@ -71,8 +71,10 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
       os[k] = out + at;
       pos[k] = plan.tokens[size_t(g.first + k)].position;
     }
-    const kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
-                                     int64_t(kv_dim_), int64_t(head / group) * hd};
+    kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
+                               int64_t(kv_dim_), int64_t(head / group) * hd};
+    kv.window = spec.sliding_window;
+    if (spec.sinks) kv.has_sink = true, kv.sink = sinks.at(head);
     kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
   };
   // Items handed out dynamically (later positions have more keys). A decode step's tokens share

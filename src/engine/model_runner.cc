@@ -84,6 +84,7 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   slot_token_.resize(T * K);
   slot_of_.resize(T * K);
   const int L = c.num_moe_layers();
+  moe_layers_ = c.moe_layers();
   for (int l = 0; l < L; ++l) {
     load_.emplace_back(new std::atomic<uint64_t>[size_t(c.num_experts)]());
     phys_load_.emplace_back(new std::atomic<uint64_t>[size_t(2 * c.num_experts)]());
@@ -240,6 +241,8 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
     round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
+    if (!L.o_bias.empty())
+      for (int t = 0; t < T; ++t) add_bias(tmp_.data() + size_t(t) * H, L.o_bias, H);
     add_and_norm(tmp_.data(), L.post_norm, T);
     if (L.moe)
       moe(L, moe_layer++, T, ffn_.data(), slot, num_real);

@@ -24,6 +24,9 @@
 
 namespace r3 {
 
+// x[i] += b[i] for i < n, the bias (bf16 or f32) widened to fp32.
+void add_bias(float* x, const TensorView& b, int n);
+
 class ModelRunner {
  public:
   // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows; kv_dtype
@@ -103,6 +106,7 @@ class ModelRunner {
   size_t kv_dim_;  // K elements per token and layer: the kv heads' keys, or MLA's latent row
   AnyKvCache kv_;
   EplbMap eplb_;
+  std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
   // Scratch, sized once (no allocation per step in the steady state).

@@ -38,6 +38,25 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
   pool->parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
 }
 
+// x[i] += b[from + i] for i < n, the bias widened to fp32.
+void add_bias_rows(float* x, const TensorView& b, int from, int n) {
+  if (b.dtype == DType::BF16) {
+    const uint16_t* bb = static_cast<const uint16_t*>(b.data) + from;
+    for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
+  } else {
+    for (int i = 0; i < n; ++i) x[i] += b.at(from + i);
+  }
+}
+
+// GPT-OSS's gated activation (GptOssExperts): g = min(gate, limit), u = clamp(up, -limit, limit),
+// out = (u + 1) * (g * sigmoid(alpha g)). Scalar, so every instruction set gives these bits.
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, const ExpertActivation& a) {
+  for (int i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], a.limit), u = std::clamp(up[i], -a.limit, a.limit);
+    out[i] = (u + 1.f) * (g * kernels::sigmoid(g * a.alpha));
+  }
+}
+
 }  // namespace
 
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
@@ -94,24 +113,34 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   auto weights_of = [&](int p) -> const ExpertWeights& {
     return L.experts[size_t(eplb_.logical_of(moe_layer, p))];
   };
+  const ExpertActivation& act = c.layers[size_t(moe_layers_[size_t(moe_layer)])].activation;
   for_group_rows(pool_, group_offsets_, I, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
     const Activations xg{h_.data(), hb_.data(), n, slot_token_.data() + off};  // the group's tokens in place
     matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
     matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
-    // SiLU-gating of the rows just computed, while they are in cache.
+    // Biases and the gating of the rows just computed, while they are in cache.
     const int len = it.end - it.begin;
     for (int r = off; r < off + n; ++r) {
       const size_t at = size_t(r) * I + size_t(it.begin);
-      kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
+      if (!w.gate_bias.empty()) {
+        add_bias_rows(gate_.data() + at, w.gate_bias, it.begin, len);
+        add_bias_rows(up_.data() + at, w.up_bias, it.begin, len);
+      }
+      if (act.clamped) clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act);
+      else kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }
   });
   for_group_rows(pool_, group_offsets_, H, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
-    matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, weights_of(it.group).down,
+    const ExpertWeights& w = weights_of(it.group);
+    matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, w.down,
                 expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
+    if (!w.down_bias.empty())
+      for (int r = off; r < off + n; ++r)
+        add_bias_rows(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.begin, it.end - it.begin);
   });
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

@@ -14,6 +14,11 @@ void route_token(const RouterSpec& spec, float* logits, const float* bias, int E
   if (spec.scoring == RouterScoring::Softmax) {
     kernels::softmax(logits, E, logits);
     kernels::router_topk(logits, E, K, spec.renormalize, ids, weights);
+  } else if (spec.scoring == RouterScoring::TopkSoftmax) {
+    if (bias)
+      for (int e = 0; e < E; ++e) logits[e] += bias[e];
+    kernels::router_topk(logits, E, K, false, ids, weights);  // weights: the chosen logits
+    kernels::softmax(weights, K, weights);
   } else {
     float* s = logits;
     for (int e = 0; e < E; ++e) s[e] = kernels::sigmoid(s[e]);

@@ -10,6 +10,8 @@
 //   (descending, ties to the lower group) are eligible; the k best biased scores among eligible
 //   experts are chosen, descending, ties to the lower id. Gate weights are the unbiased s of the
 //   chosen, divided by (their sum + 1e-20) when `renormalize`, then times routed_scaling_factor.
+// - top-k then softmax (GPT-OSS): logit + bias per expert; the k largest, descending, ties to the
+//   lower id; gate weights are the softmax over those k biased logits.
 //
 // Ids come out in that choice order (the order routes are captured in). Ineligible experts are
 // excluded outright, where Hugging Face's DeepseekV3TopkRouter fills their scores with 0: the
@@ -22,7 +24,7 @@
 
 namespace r3 {
 
-// logits: [E], replaced by the scores (softmax or sigmoid). bias: [E] or null. scratch: reused.
+// logits: [E], replaced by the scores (softmax, sigmoid, or biased logits). bias: [E] or null. scratch: reused.
 void route_token(const RouterSpec& spec, float* logits, const float* bias, int E, int K, int16_t* ids,
                  float* weights, std::vector<float>& scratch);
 

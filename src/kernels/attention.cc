@@ -38,15 +38,15 @@ inline const KvT* k_block(const PagedHead<KvT>& kv, int b) {
   return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + kv.head_offset) * kv.block_size;
 }
 
-// Scores of keys 0..pos into s, one key at a time (any block size; the vector path's lanes do
-// the same operations).
+// Scores of keys first..pos into s[first..pos], one key at a time (any block size; the vector
+// path's lanes do the same operations).
 template <typename KvT>
-void scores_portable(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
+void scores_portable(const float* q, int hd, int first, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
   const int bs = kv.block_size, n = pos + 1;
-  for (int b = 0; b * bs < n; ++b) {
+  for (int b = first / bs; b * bs < n; ++b) {
     const KvT* kt = k_block(kv, b);
     const int m = std::min(bs, n - b * bs);
-    for (int j = 0; j < m; ++j) {
+    for (int j = b == first / bs ? first % bs : 0; j < m; ++j) {
       float acc = 0.f;
       for (int d = 0; d < hd; ++d) acc = std::fma(q[d], widen(kt[d * bs + j]), acc);
       s[b * bs + j] = acc * scale;
@@ -54,14 +54,20 @@ void scores_portable(const float* q, int hd, int pos, float scale, const PagedHe
   }
 }
 
-// Scores of the first n keys become their softmax numerators exp(s - max); returns their sum
-// (taken in key order).
-float softmax_weights(float* s, int n) {
-  float m = -INFINITY;
+// Scores of n keys become their softmax numerators exp(s - max); returns their sum (taken in key
+// order), plus the sink's numerator last when the head has one (the max includes the sink).
+template <typename KvT>
+float softmax_weights(float* s, int n, const PagedHead<KvT>& kv) {
+  float m = kv.has_sink ? kv.sink : -INFINITY;
   for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
   exp_below_max(s, n, m, 1.f, s);
   float sum = 0.f;
   for (int j = 0; j < n; ++j) sum += s[j];
+  if (kv.has_sink) {
+    float e;
+    exp_below_max(&kv.sink, 1, m, 1.f, &e);
+    sum += e;
+  }
   return sum;
 }
 
@@ -125,34 +131,34 @@ inline void score_groups(const float* const* q, int hd, float scale, const Paged
     for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (g0 + i) * 16);
 }
 
-// Scores of keys 0..n_max-1 (rounded up to whole lane groups) for Q queries, at least 4 chains
+// Scores of keys first..n_max-1 (widened to whole lane groups) for Q queries, at least 4 chains
 // at a time where the groups allow.
 template <int Q, typename KvT>
-void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int n_max, float* s,
-                  int stride) {
+void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int first, int n_max,
+                  float* s, int stride) {
   constexpr int B = Q >= 4 ? 1 : 4 / Q;
   const int groups = (n_max + 15) / 16, blocks = (n_max + kv.block_size - 1) / kv.block_size;
   const int ahead = ahead_blocks(kv.block_size);
-  int g = 0;
+  int g = first / 16;
   for (; g + B <= groups; g += B) score_groups<Q, B>(q, hd, scale, kv, g, blocks, ahead, s, stride);
   for (; g < groups; ++g) score_groups<Q, 1>(q, hd, scale, kv, g, blocks, ahead, s, stride);
 }
 
-// out[i][d] = sum_j w_i[j] * v_j[d] over keys [0, n_min) in key order for Q queries, each V
+// out[i][d] = sum_j w_i[j] * v_j[d] over keys [first, n_min) in key order for Q queries, each V
 // row loaded once, Q x NV accumulators kept in registers across keys; outputs stored unscaled.
 template <int NV, int Q, typename KvT>
-void group_values(const float* w, int stride, int n_min, const PagedHead<KvT>& kv, float* const* out) {
+void group_values(const float* w, int stride, int first, int n_min, const PagedHead<KvT>& kv, float* const* out) {
   Vec16 acc[Q][NV];
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[i][v] = Vec16::zero();
   const int bs = kv.block_size;
-  for (int j0 = 0; j0 < n_min; j0 += bs) {
+  for (int j0 = first; j0 < n_min; j0 = (j0 / bs + 1) * bs) {
     const KvT* row = v_row(kv, j0, 16 * NV);
-    const int next = j0 + std::max(1, 32 / bs) * bs;  // half as far as the scores: V is read faster
+    const int next = (j0 / bs + std::max(1, 32 / bs)) * bs;  // half as far as the scores: V is read faster
     if (next < n_min) prefetch_block(v_row(kv, next, 16 * NV), 16 * NV, bs);
-    const int m = std::min(bs, n_min - j0);
+    const int m = std::min(bs - j0 % bs, n_min - j0);
     for (int j = j0; j < j0 + m; ++j, row += 16 * NV) {
       Vec16 vv[NV];
 #pragma GCC unroll 8
@@ -176,10 +182,10 @@ void attend_group_fixed(const float* const* q, const int* pos, int hd, float sca
                         float* scores, int stride, float* const* out) {
   int n_min = pos[0] + 1, n_max = pos[0] + 1;
   for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1), n_max = std::max(n_max, pos[i] + 1);
-  group_scores<Q>(q, hd, scale, kv, n_max, scores, stride);
+  group_scores<Q>(q, hd, scale, kv, 0, n_max, scores, stride);
   float sum[Q];
-  for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1);
-  group_values<NV, Q>(scores, stride, n_min, kv, out);
+  for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1, kv);
+  group_values<NV, Q>(scores, stride, 0, n_min, kv, out);
   for (int i = 0; i < Q; ++i) {
     weighted_values_tail(scores + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
     const float inv = 1.f / sum[i];
@@ -205,7 +211,8 @@ template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                   float* scores, int stride, float* const* out) {
 #if defined(R3_VEC16)
-  if (kv.block_size % 16 == 0 && nq >= 1 && nq <= kMaxGroup) {
+  // Queries of a windowed layer read different key ranges: each on its own.
+  if (kv.window == 0 && kv.block_size % 16 == 0 && nq >= 1 && nq <= kMaxGroup) {
     if (hd == 64) return attend_group_nv<4>(q, pos, nq, hd, scale, kv, scores, stride, out);
     if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
   }
@@ -215,24 +222,24 @@ void attend_group(const float* const* q, const int* pos, int nq, int hd, float s
 
 template <typename KvT>
 void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out) {
-  const int n = pos + 1;
+  const int n = pos + 1, first = kv.first_key(pos);
   bool vector_scores = false, vector_values = false;
 #if defined(R3_VEC16)
   vector_scores = kv.block_size % 16 == 0;
   vector_values = vector_scores && hd % 16 == 0 && hd <= 128;
-  if (vector_scores) group_scores<1>(&q, hd, scale, kv, n, scores, 0);
+  if (vector_scores) group_scores<1>(&q, hd, scale, kv, first, n, scores, 0);
 #endif
-  if (!vector_scores) scores_portable(q, hd, pos, scale, kv, scores);
-  const float sum = softmax_weights(scores, n);  // weights replace the scores
+  if (!vector_scores) scores_portable(q, hd, first, pos, scale, kv, scores);
+  const float sum = softmax_weights(scores + first, n - first, kv);  // weights replace the scores
 #if defined(R3_VEC16)
   if (vector_values)
     [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((hd == 16 * (I + 1) ? group_values<I + 1, 1>(scores, 0, n, kv, &out) : void()), ...);
+      ((hd == 16 * (I + 1) ? group_values<I + 1, 1>(scores, 0, first, n, kv, &out) : void()), ...);
     }(std::make_integer_sequence<int, 8>{});
 #endif
   if (!vector_values) {
     std::fill(out, out + hd, 0.f);
-    weighted_values_tail(scores, 0, n, kv, hd, out);
+    weighted_values_tail(scores, first, n, kv, hd, out);
   }
   const float inv = 1.f / sum;
   for (int d = 0; d < hd; ++d) out[d] *= inv;

@@ -19,11 +19,19 @@ struct PagedHead {
   int block_size;
   int64_t kv_dim;         // elements per (block, slot)
   int64_t head_offset;    // offset of this kv head inside kv_dim
+  // Sliding window (0: none): a query at pos reads keys max(0, pos - window + 1)..pos only, and
+  // no block before the first of them (they may have been freed).
+  int window = 0;
+  // Attention sink (GPT-OSS): a logit joining the softmax's max and denominator, with no value.
+  bool has_sink = false;
+  float sink = 0.f;
+  int first_key(int pos) const { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 };
 
 // Score of key j: fma over d = 0..head_dim-1 in order (acc = fma(q[d], k[d], acc)), times scale.
-// Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum in key order; out[d]: fma of
-// weight and v[d] in key order, then times 1/sum.
+// Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum in key order, then the sink's
+// weight (the max includes the sink); out[d]: fma of weight and v[d] in key order, then times
+// 1/sum. Keys are first_key(pos)..pos; scores are indexed by absolute key position.
 // scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
 template <typename KvT>
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores,

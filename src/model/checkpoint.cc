@@ -149,6 +149,13 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
 
 void Checkpoint::load_weights() {
   const ModelConfig& c = weights_.config;
+  auto mlp = [](const TensorView& gate, const TensorView& up, const TensorView& down) {
+    ExpertWeights w;
+    w.gate = gate;
+    w.up = up;
+    w.down = down;
+    return w;
+  };
   const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
   const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
   weights_.embed = require("model.embed_tokens.weight", {V, H});
@@ -199,6 +206,8 @@ void Checkpoint::load_weights() {
       L.k_bias = require(name(N.k_bias), {kvd});
       L.v_bias = require(name(N.v_bias), {kvd});
     }
+    if (attn.o_bias) L.o_bias = require(name(N.o_bias), {H});
+    if (attn.sinks) L.sinks = require(name(N.sinks), {int64_t(c.num_heads)});
     if (attn.qk_norm == QkNorm::PerHead) {
       L.q_norm = require(name(N.q_norm), {hd});
       L.k_norm = require(name(N.k_norm), {hd});
@@ -210,22 +219,24 @@ void Checkpoint::load_weights() {
     if (L.moe) {
       const int64_t I = c.moe_intermediate_size;
       L.router = require(router_name(c, i), {c.num_experts, H});
-      if (c.router.selection_bias) L.router_bias = require(router_bias_name(c, i), {c.num_experts});
+      if (c.router.selection_bias || c.router.logit_bias)
+        L.router_bias = require(router_bias_name(c, i), {c.num_experts});
       const LayerConfig& lc = c.layers[size_t(i)];
       if (lc.shared_intermediate > 0) {
         const int64_t S = lc.shared_intermediate;
-        L.shared = {require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
-                    require(shared_expert_name(c, i, "down"), {H, S})};
+        L.shared = mlp(require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
+                       require(shared_expert_name(c, i, "down"), {H, S}));
         if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
       }
-      for (int e = 0; e < c.num_experts; ++e)
-        L.experts.push_back({require(expert_name(c, i, e, "gate"), {I, H}),
-                             require(expert_name(c, i, e, "up"), {I, H}),
-                             require(expert_name(c, i, e, "down"), {H, I})});
+      if (N.fused_experts) L.experts = split_fused_experts(i);
+      for (int e = 0; e < c.num_experts && !N.fused_experts; ++e)
+        L.experts.push_back(mlp(require(expert_name(c, i, e, "gate"), {I, H}),
+                                require(expert_name(c, i, e, "up"), {I, H}),
+                                require(expert_name(c, i, e, "down"), {H, I})));
     } else {
       const int64_t I = c.intermediate_size;
-      L.dense = {require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
-                 require(dense_name(c, i, "down"), {H, I})};
+      L.dense = mlp(require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
+                    require(dense_name(c, i, "down"), {H, I}));
     }
     weights_.layers.push_back(std::move(L));
   }
@@ -243,6 +254,59 @@ void Checkpoint::load_weights() {
     throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
                 " (a feature r3 does not implement, or a different architecture)");
   }
+}
+
+std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
+  const ModelConfig& c = weights_.config;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+  const bool biased = c.layers[size_t(layer)].expert_bias;
+  const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
+  const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
+  const TensorView* gate_up_bias = biased ? &require(layer_tensor(layer, N.fused_gate_up_bias), {E, 2 * I}) : nullptr;
+  const TensorView* down_bias = biased ? &require(layer_tensor(layer, N.fused_down_bias), {E, H}) : nullptr;
+  // out[r, k] = src[base + k * in_stride + r * out_stride]: a transposed, strided copy.
+  auto view = [&](const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
+                  int64_t row_stride, int64_t col_stride) {
+    const size_t es = dtype_size(src.dtype);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    derived_.emplace_back(size_t(n) * es);
+    uint8_t* dst = derived_.back().data();
+    const auto* from = static_cast<const uint8_t*>(src.data);
+    const int64_t cols = shape.size() > 1 ? shape[1] : 1;
+    auto copy = [&](auto element) {
+      using T = decltype(element);
+      T* d = reinterpret_cast<T*>(dst);
+      const T* f = reinterpret_cast<const T*>(from);
+      for (int64_t r = 0; r < n / cols; ++r)
+        for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
+    };
+    if (es == 2) copy(uint16_t());
+    else copy(uint32_t());
+    TensorView v;
+    v.name = src.name + what;
+    v.file = src.file;
+    v.dtype = src.dtype;
+    v.shape = std::move(shape);
+    v.data = dst;
+    return v;
+  };
+  std::vector<ExpertWeights> out(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string tag = "[" + std::to_string(e) + "]";
+    ExpertWeights& w = out[size_t(e)];
+    // gate row i is column 2i of expert e's [H, 2I] block, up row i column 2i + 1.
+    w.gate = view(gate_up, tag + ".gate", {I, H}, e * H * 2 * I, 2, 2 * I);
+    w.up = view(gate_up, tag + ".up", {I, H}, e * H * 2 * I + 1, 2, 2 * I);
+    w.down = view(down, tag, {H, I}, e * I * H, 1, H);
+    if (biased) {
+      w.gate_bias = view(*gate_up_bias, tag + ".gate", {I}, e * 2 * I, 2, 0);
+      w.up_bias = view(*gate_up_bias, tag + ".up", {I}, e * 2 * I + 1, 2, 0);
+      w.down_bias = view(*down_bias, tag, {H}, e * H, 1, 0);
+    }
+  }
+  return out;
 }
 
 // Tensors that carry nothing r3 needs: RoPE inverse frequencies that old exports stored
@@ -323,9 +387,12 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors) 
   }
   widened_.clear();
   owned_.clear();
+  derived_.clear();
   used_.clear();
   weights_.layers.clear();
   load_weights();
+  // Derived copies (split fused experts) are new buffers: whatever was packed from them is rebuilt.
+  for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());
   return out;
 }
 

@@ -16,6 +16,7 @@ namespace r3 {
 
 struct ExpertWeights {
   TensorView gate, up, down;  // [I, H], [I, H], [H, I]
+  TensorView gate_bias, up_bias, down_bias;  // [I], [I], [H]; empty without expert biases
 };
 
 struct LayerWeights {
@@ -27,9 +28,12 @@ struct LayerWeights {
   // o [H, nh*v].
   TensorView q_a, q_a_norm, kv_a, kv_a_norm, kv_b;
   TensorView q_norm, k_norm;         // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
+  TensorView o_bias;                 // [H] or empty
+  TensorView sinks;                  // [nh] per-head sink logits, or empty
   bool moe = false;
   TensorView router;                 // [E, H]
-  TensorView router_bias;            // [E] selection-only bias (e_score_correction_bias) or empty
+  TensorView router_bias;            // [E] selection-only bias (e_score_correction_bias), or the
+                                     // logit bias of RouterSpec::logit_bias; or empty
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;              // shared experts as one MLP [S, H], [S, H], [H, S]; empty if none
   TensorView shared_gate;            // [1, H]: the shared output is scaled by sigmoid(gate . h); or empty
@@ -79,6 +83,9 @@ class Checkpoint {
  private:
   const TensorView& require(const std::string& name, std::vector<int64_t> shape);
   void load_weights();
+  // Per-expert [out, in] views of a layer's fused expert tensors (LayerTensorNames::fused_experts),
+  // copied into derived_ in the source dtype.
+  std::vector<ExpertWeights> split_fused_experts(int layer);
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
@@ -86,6 +93,7 @@ class Checkpoint {
   std::set<std::string> used_;  // names load_weights read
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32
   std::vector<std::vector<float>> owned_;
+  std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
   std::vector<TensorView> memory_views_;
   struct Adopted {                          // apply_update: a sent tensor's bytes and their view

@@ -67,6 +67,7 @@ std::string arch_short_name(Arch a) {
     case Arch::Qwen2Moe: return "qwen2_moe";
     case Arch::Glm4Moe: return "glm4_moe";
     case Arch::DeepseekV3: return "deepseek_v3";
+    case Arch::GptOss: return "gpt_oss";
   }
   return "?";
 }
@@ -136,6 +137,7 @@ bool reads_key(Arch a, const std::string& key) {
            key == "num_nextn_predict_layers";
   if (a == Arch::DeepseekV3)
     return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
+  if (a == Arch::GptOss) return key == "layer_types";
   return false;
 }
 
@@ -227,10 +229,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else if (arch == "Qwen2MoeForCausalLM") c.arch = Arch::Qwen2Moe;
   else if (arch == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
   else if (arch == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
+  else if (arch == "GptOssForCausalLM") c.arch = Arch::GptOss;
   else
     throw Error(path + ": unknown architecture \"" + arch +
                 "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM)");
+                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
 
   for (const char* key : kUnimplemented)
     if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
@@ -313,12 +316,14 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   // attention_bias; o_proj never. Elsewhere attention_bias = true is refused.
   if (c.arch == Arch::Qwen2Moe) attn.qkv_bias = r.opt_bool("qkv_bias", true);
   else if (c.arch == Arch::Glm4Moe) attn.qkv_bias = r.opt_bool("attention_bias", false);
+  else if (c.arch == Arch::GptOss) attn.qkv_bias = attn.o_bias = r.opt_bool("attention_bias", true);
   else if (r.opt_bool("attention_bias", false))
     throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 for " + arch +
                 " (no q/k/v/o biases)");
   attn.rotary_dim = c.mla ? c.mla->qk_rope_head_dim : c.head_dim;
   // A sliding window at least as long as the context changes nothing; a shorter one would.
-  const bool window_used = c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false);
+  const bool window_used =
+      c.arch != Arch::GptOss && (c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false));
   if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     const int w = r.opt_int("sliding_window", 0);
     if (w < c.max_position_embeddings)
@@ -327,6 +332,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
 
   std::vector<bool> moe(size_t(c.num_layers), true);  // per decoder layer: routed experts or dense
+  std::vector<int> window(size_t(c.num_layers), 0);    // per decoder layer: sliding window or 0
+  ExpertActivation activation;
+  bool expert_bias = false;
   int shared = 0;  // shared-expert MLP size of every MoE layer
   bool shared_gate = false;
   switch (c.arch) {
@@ -417,6 +425,39 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         throw Error(path + ": key \"routed_scaling_factor\" must be a positive finite number");
       break;
     }
+    case Arch::GptOss: {
+      // GptOssConfig: every layer MoE with biased experts and the clamped SwiGLU, a router with
+      // a logit bias (top-k of the logits, softmax over the k), attention with q/k/v/o biases and
+      // per-head sinks, layer_types alternating sliding and full attention (sliding first).
+      c.num_experts = r.req_int("num_local_experts");
+      c.moe_intermediate_size = r.req_int("intermediate_size");
+      c.norm_topk_prob = false;
+      c.router.scoring = RouterScoring::TopkSoftmax;
+      c.router.logit_bias = true;
+      attn.sinks = true;
+      expert_bias = true;
+      activation.clamped = true;
+      activation.limit = r.opt_float("swiglu_limit", 7.f);
+      if (!(activation.limit > 0.f && activation.limit < 1e30f))
+        throw Error(path + ": key \"swiglu_limit\" must be a positive finite number");
+      const int w = r.opt_int("sliding_window", 128);
+      require_range(path, "sliding_window", w, 1, kMaxPositions);
+      std::vector<std::string> types;
+      if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+        if (!j["layer_types"].is_array() || int(j["layer_types"].size()) != c.num_layers)
+          throw Error(path + ": layer_types must be a list of num_hidden_layers entries");
+        for (auto& t : j["layer_types"]) {
+          if (t != "sliding_attention" && t != "full_attention")
+            throw Error(path + ": layer_types entry " + t.dump() + " is not implemented by r3 "
+                        "(sliding_attention or full_attention)");
+          types.push_back(t.get<std::string>());
+        }
+      } else {
+        for (int i = 0; i < c.num_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+      }
+      for (int i = 0; i < c.num_layers; ++i) window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
+      break;
+    }
     case Arch::Olmoe:
       c.num_experts = r.req_int("num_experts");
       c.moe_intermediate_size = r.req_int("intermediate_size");
@@ -430,9 +471,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       }
       break;
   }
-  require_range(path, c.arch == Arch::Mixtral ? "num_local_experts" : "num_experts", c.num_experts, 0,
-                kMaxExperts);
-  const bool moe_key = c.arch != Arch::Mixtral && c.arch != Arch::Olmoe;
+  require_range(path, c.arch == Arch::Mixtral || c.arch == Arch::GptOss ? "num_local_experts" : "num_experts",
+                c.num_experts, 0, kMaxExperts);
+  const bool moe_key = c.arch != Arch::Mixtral && c.arch != Arch::Olmoe && c.arch != Arch::GptOss;
   require_range(path, moe_key ? "moe_intermediate_size" : "intermediate_size", c.moe_intermediate_size, 1,
                 kMaxIntermediate);
   if (c.intermediate_size)
@@ -460,6 +501,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
     l.shared_intermediate = l.moe ? shared : 0;
     l.shared_gate = l.moe && shared_gate;
+    l.attention.sliding_window = window[size_t(i)];
+    l.expert_bias = l.moe && expert_bias;
+    l.activation = activation;
     c.layers.push_back(l);
   }
   return c;
@@ -500,11 +544,12 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
       const AttentionSpec& a = l.attention;
       o << (a.kind == AttentionKind::Mla ? "mla" : "gqa") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
         << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
-        << (a.rope_interleaved ? " interleaved" : "") << "; ";
+        << (a.rope_interleaved ? " interleaved" : "") << (a.o_bias ? "/o bias" : "") << (a.sinks ? "/sinks" : "")
+        << "/window " << a.sliding_window << "; ";
     }
     return o.str();
   };
-  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims)", attention_of(a), attention_of(b),
+  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims, o bias, sinks, sliding window)", attention_of(a), attention_of(b),
       [](const std::string& v) { return v; });
   auto yarn_of = [](const ModelConfig& m) {
     const RopeScaling& y = m.rope_scaling;
@@ -525,7 +570,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   };
   cmp("MLA (q_lora_rank/kv_lora_rank/qk_nope/qk_rope/v_head_dim)", mla_of(a), mla_of(b),
       [](const std::string& v) { return v; });
-  cmp("router scoring (0 softmax, 1 sigmoid)", int(a.router.scoring), int(b.router.scoring), num);
+  cmp("router scoring (0 softmax, 1 sigmoid, 2 top-k then softmax)", int(a.router.scoring), int(b.router.scoring), num);
   cmp("n_group", a.router.n_group, b.router.n_group, num);
   cmp("topk_group", a.router.topk_group, b.router.topk_group, num);
   cmp("routed_scaling_factor", a.router.routed_scaling_factor, b.router.routed_scaling_factor, num);
@@ -535,6 +580,16 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     return s;
   };
   cmp("shared experts per layer", shared_of(a), shared_of(b), [](const std::string& v) { return v; });
+  auto experts_of = [](const ModelConfig& m) {
+    std::ostringstream o;
+    o.precision(17);
+    for (const LayerConfig& l : m.layers)
+      o << (l.expert_bias ? "bias " : "") << (l.activation.clamped ? "clamped " : "") << l.activation.alpha << "/"
+        << l.activation.limit << "; ";
+    return o.str();
+  };
+  cmp("expert biases and activation per layer", experts_of(a), experts_of(b), [](const std::string& v) { return v; });
+  cmp("router logit bias", a.router.logit_bias, b.router.logit_bias, num);
   cmp("rope_theta", a.rope_theta, b.rope_theta, num);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
   cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);

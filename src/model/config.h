@@ -9,16 +9,18 @@
 
 namespace r3 {
 
-enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3 };
+enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3, GptOss };
 
 // Where q/k RMSNorm sits: none (Mixtral), per head before RoPE (Qwen3-MoE), or over the whole
 // projection before the heads are split (OLMoE).
 enum class QkNorm { None, PerHead, Whole };
 
-// How a MoE layer picks its experts and weighs them (kernels/router.h implements it).
-enum class RouterScoring { Softmax, Sigmoid };
+// How a MoE layer picks its experts and weighs them (engine/router.h implements it).
+// TopkSoftmax (GPT-OSS): the k largest logits, weighted by a softmax over those k only.
+enum class RouterScoring { Softmax, Sigmoid, TopkSoftmax };
 struct RouterSpec {
   RouterScoring scoring = RouterScoring::Softmax;  // softmax over all experts, or per-expert sigmoid
+  bool logit_bias = false;      // the router has a bias added to its logits (GPT-OSS mlp.router.bias)
   bool selection_bias = false;  // e_score_correction_bias: added to the scores for choosing only
   int n_group = 1, topk_group = 1;  // group-limited choice: the experts of the topk_group best groups
   bool renormalize = false;         // gate weights divided by their sum over the k chosen
@@ -61,7 +63,18 @@ struct AttentionSpec {
   std::optional<float> clip_qkv;  // GQA: q, k, v clamped after the norms (OLMoE)
   int rotary_dim = 0;             // leading dims of each head that RoPE rotates
   bool rope_interleaved = false;  // RoPE rotates pairs (2i, 2i+1) instead of (i, i + dim/2)
+  bool o_bias = false;            // GQA: o_proj carries a bias (GPT-OSS)
+  bool sinks = false;             // GQA: a learned logit per head joins each softmax's denominator
+  int sliding_window = 0;         // > 0: a query at p attends keys p - sliding_window + 1 .. p only
   bool operator==(const AttentionSpec&) const = default;
+};
+
+// The experts' gated activation: SwiGLU, silu(gate) * up, or GPT-OSS's clamped form
+// (gate clamped above at `limit`, up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha gate)).
+struct ExpertActivation {
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.f;
+  bool operator==(const ExpertActivation&) const = default;
 };
 
 // One decoder layer: its attention, and its FFN kind and sizes.
@@ -71,6 +84,8 @@ struct LayerConfig {
   int intermediate = 0;               // per expert (MoE) or of the dense MLP
   int shared_intermediate = 0;        // shared experts fused as one MLP of this size (0: none)
   bool shared_gate = false;           // the shared MLP's output scaled by sigmoid(gate . h)
+  bool expert_bias = false;           // each expert's gate, up and down carry biases (GPT-OSS)
+  ExpertActivation activation;        // of the routed experts
 };
 
 struct ModelConfig {

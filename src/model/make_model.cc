@@ -32,6 +32,7 @@ Preset get_preset(const std::string& arch, const std::string& preset) {
     if (arch == "mixtral") return {4, 256, 8, 2, 32, 16, 4, 128, 512, 2048, 2};
     if (arch == "qwen3_moe" || arch == "qwen2_moe") return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
     if (arch == "glm4_moe" || arch == "deepseek_v3") return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
+    if (arch == "gpt_oss") return {4, 256, 8, 2, 64, 16, 4, 128, 512, 2048, 2};
     return {4, 256, 8, 8, 32, 64, 8, 64, 512, 2048, 2};
   }
   if (preset == "bench") return {12, 1024, 16, 16, 64, 64, 8, 512, 2048, 32000, 6};
@@ -161,8 +162,32 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     }
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
+  } else if (arch == "gpt_oss") {
+    // GPT-OSS's layout: biased router (top-k of the logits, softmax over the k), fused experts
+    // with biases and the clamped SwiGLU, q/k/v/o biases, per-head sinks, sliding and full
+    // attention alternating. Windows short enough that the tests' sequences slide past them;
+    // small and bench add YaRN with truncate false, as the release configures it.
+    const bool tiny = preset == "tiny";
+    j["architectures"] = {"GptOssForCausalLM"};
+    j["model_type"] = "gpt_oss";
+    j["num_local_experts"] = p.experts;
+    j["intermediate_size"] = p.moe_inter;
+    j["sliding_window"] = tiny ? 8 : preset == "small" ? 24 : 128;
+    json types = json::array();
+    for (int i = 0; i < p.layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["attention_bias"] = true;
+    j["swiglu_limit"] = 7.0;
+    j["rope_theta"] = 150000.0;
+    if (!tiny) {
+      j["max_position_embeddings"] = 4096;
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0},    {"beta_fast", 32.0},
+                           {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 1024}};
+    }
+    j["tie_word_embeddings"] = false;
+    j["hidden_act"] = "silu";
   } else {
-    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3)");
+    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss)");
   }
   if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3") j["head_dim"] = p.head_dim;
   return j.dump(2) + "\n";
@@ -230,6 +255,9 @@ void make_model(const MakeModelOptions& opt) {
   auto vec = [&](const std::string& n, int64_t d, float sd, DType type) {
     return [=] { return random_tensor(n, {d}, type, seed, sd); };
   };
+  auto tensor = [&](const std::string& n, std::vector<int64_t> shape, float sd) {
+    return [=] { return random_tensor(n, shape, dt, seed, sd); };
+  };
   std::vector<std::function<TensorToWrite()>> head = {mat("model.embed_tokens.weight", c.vocab_size, H, 1.f)};
   groups.push_back(head);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -265,6 +293,9 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(vec(name(N.k_bias), kvd, 0.1f, dt));
       g.push_back(vec(name(N.v_bias), kvd, 0.1f, dt));
     }
+    if (attn.o_bias) g.push_back(vec(name(N.o_bias), H, 0.1f, dt));
+    // Sink logits around the scores' scale: some heads give the sink much weight, some little.
+    if (attn.sinks) g.push_back(vec(name(N.sinks), c.num_heads, 1.f, dt));
     if (attn.qk_norm == QkNorm::PerHead) {
       g.push_back(norm(name(N.q_norm), hd));
       g.push_back(norm(name(N.k_norm), hd));
@@ -279,8 +310,16 @@ void make_model(const MakeModelOptions& opt) {
       // The selection bias is fp32 in released checkpoints; spread ~0.05 against sigmoid scores
       // in (0, 1) lets it change some choices.
       if (c.router.selection_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.05f, DType::F32));
-      const int64_t I = c.moe_intermediate_size;
-      for (int e = 0; e < c.num_experts; ++e) {
+      if (c.router.logit_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.3f, dt));
+      const int64_t I = c.moe_intermediate_size, E = c.num_experts;
+      if (N.fused_experts) {
+        // Gate and up scaled up so that some pre-activations reach the clamp (swiglu_limit).
+        g.push_back(tensor(name(N.fused_gate_up), {E, H, 2 * I}, 4.f * s_in));
+        g.push_back(tensor(name(N.fused_gate_up_bias), {E, 2 * I}, 0.5f));
+        g.push_back(tensor(name(N.fused_down), {E, I, H}, 0.25f / std::sqrt(float(I))));
+        g.push_back(tensor(name(N.fused_down_bias), {E, H}, 0.1f));
+      }
+      for (int e = 0; e < c.num_experts && !N.fused_experts; ++e) {
         g.push_back(mat(expert_name(c, i, e, "gate"), I, H, s_in));
         g.push_back(mat(expert_name(c, i, e, "up"), I, H, s_in));
         g.push_back(mat(expert_name(c, i, e, "down"), H, I, 1.f / std::sqrt(float(I))));

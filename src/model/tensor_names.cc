@@ -19,13 +19,23 @@ LayerTensorNames qwen2_moe() {
   return n;
 }
 
+LayerTensorNames gpt_oss() {
+  LayerTensorNames n;
+  n.router = "mlp.router.weight";
+  n.router_bias = "mlp.router.bias";
+  n.fused_experts = true;
+  return n;
+}
+
 }  // namespace
 
 const LayerTensorNames& layer_tensor_names(Arch a) {
-  static const LayerTensorNames standard, mixtral_names = mixtral(), qwen2_names = qwen2_moe();
+  static const LayerTensorNames standard, mixtral_names = mixtral(), qwen2_names = qwen2_moe(),
+                                gpt_oss_names = gpt_oss();
   switch (a) {
     case Arch::Mixtral: return mixtral_names;
     case Arch::Qwen2Moe: return qwen2_names;
+    case Arch::GptOss: return gpt_oss_names;
     default: return standard;  // Qwen3-MoE, OLMoE, GLM-4.5, DeepSeek-V3
   }
 }

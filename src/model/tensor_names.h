@@ -16,6 +16,7 @@ struct LayerTensorNames {
               o = "self_attn.o_proj.weight";
   std::string q_bias = "self_attn.q_proj.bias", k_bias = "self_attn.k_proj.bias", v_bias = "self_attn.v_proj.bias";
   std::string q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
+  std::string o_bias = "self_attn.o_proj.bias", sinks = "self_attn.sinks";
   // MLA (q is q_proj without q_lora_rank)
   std::string q_a = "self_attn.q_a_proj.weight", q_a_norm = "self_attn.q_a_layernorm.weight",
               q_b = "self_attn.q_b_proj.weight", kv_a = "self_attn.kv_a_proj_with_mqa.weight",
@@ -27,6 +28,12 @@ struct LayerTensorNames {
   std::array<std::string, 3> shared = {"mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight",
                                        "mlp.shared_experts.down_proj.weight"};
   std::string shared_gate = "mlp.shared_expert_gate.weight";
+  // Experts stored fused, one tensor for all of them (GPT-OSS): gate_up [E, H, 2I] with gate and
+  // up interleaved along the last axis, its bias [E, 2I]; down [E, I, H], its bias [E, H]. The
+  // inputs come first (x @ W), unlike nn.Linear.
+  bool fused_experts = false;
+  std::string fused_gate_up = "mlp.experts.gate_up_proj", fused_gate_up_bias = "mlp.experts.gate_up_proj_bias",
+              fused_down = "mlp.experts.down_proj", fused_down_bias = "mlp.experts.down_proj_bias";
   // Dense MLP
   std::array<std::string, 3> dense = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
 };

@@ -187,16 +187,29 @@ void sigmoid_choice(const RouterSpec& rs, const float* s, const TensorView& bias
   argmax_k(choice.data(), E, &ok, K, chosen);
 }
 
-// out = down(silu(gate h) * up h); g and u are scratch of the FFN's intermediate size.
+// out = down(act(gate h, up h)) with the expert's biases where it has them: act is
+// silu(g) * u, or GPT-OSS's clamped form (GptOssExperts): g = min(g, limit),
+// u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha g). g and u: scratch.
 void ffn(const ExpertWeights& e, const float* h, float* out, std::vector<float>& g,
-         std::vector<float>& u) {
+         std::vector<float>& u, const ExpertActivation& act = {}) {
   const size_t I = size_t(e.gate.shape[0]);
   g.resize(I);
   u.resize(I);
   matvec(e.gate, h, g.data());
   matvec(e.up, h, u.data());
-  for (size_t i = 0; i < I; ++i) g[i] = silu(g[i]) * u[i];
+  if (!e.gate_bias.empty())
+    for (size_t i = 0; i < I; ++i) g[i] += wt(e.gate_bias, int64_t(i)), u[i] += wt(e.up_bias, int64_t(i));
+  for (size_t i = 0; i < I; ++i) {
+    if (act.clamped) {
+      const float gi = std::min(g[i], act.limit), ui = std::clamp(u[i], -act.limit, act.limit);
+      g[i] = (ui + 1.f) * (gi * sigmoid(gi * act.alpha));
+    } else {
+      g[i] = silu(g[i]) * u[i];
+    }
+  }
   matvec(e.down, g.data(), out);
+  if (!e.down_bias.empty())
+    for (int64_t i = 0; i < e.down.shape[0]; ++i) out[i] += wt(e.down_bias, i);
 }
 
 std::string row_str(const int16_t* row, int K) {
@@ -270,7 +283,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   // The residual stream of every position, and per-layer activations of the whole sequence.
   std::vector<float> x(size_t(S) * H);
   std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd);
-  std::vector<float> att(qd), scores(S), delta(H), eo(H), g, u;
+  std::vector<float> att(qd), scores(S + 1), delta(H), eo(H), g, u, logits(E);
 
   for (int p = 0; p < S; ++p)
     for (int i = 0; i < H; ++i) x[size_t(p) * H + i] = wt(w.embed, int64_t(tokens[size_t(p)]) * H + i);
@@ -313,26 +326,33 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       for (int hh = 0; hh < nh; ++hh) rotary.apply(qp + hh * hd, p);
       for (int hh = 0; hh < nkv; ++hh) rotary.apply(kp + hh * hd, p);
     }
-    // Causal attention per position and head; GQA: query head hh reads kv head hh / group.
+    // Causal attention per position and head; GQA: query head hh reads kv head hh / group. A
+    // sliding-window layer reads only the last sliding_window keys (the query's own included);
+    // with sinks, head hh's sink logit joins the softmax as one more entry that has no value
+    // (GptOssAttention's eager_attention_forward).
     for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
+      const int first = attn.sliding_window > 0 ? std::max(0, p - attn.sliding_window + 1) : 0;
+      const int n = p + 1 - first;
       for (int hh = 0; hh < nh; ++hh) {
         const float* qh = &q[size_t(p) * qd + hh * hd];
         const int kh = hh / group;
-        for (int j = 0; j <= p; ++j) {
+        for (int j = first; j <= p; ++j) {
           const float* kj = &k[size_t(j) * kvd + kh * hd];
           float dot = 0.f;
           for (int i = 0; i < hd; ++i) dot += qh[i] * kj[i];
-          scores[size_t(j)] = dot * scale;
+          scores[size_t(j - first)] = dot * scale;
         }
-        softmax(scores.data(), p + 1);
+        if (attn.sinks) scores[size_t(n)] = wt(L.sinks, hh);
+        softmax(scores.data(), n + (attn.sinks ? 1 : 0));
         float* out = &att[size_t(hh) * hd];
         for (int i = 0; i < hd; ++i) out[i] = 0.f;
-        for (int j = 0; j <= p; ++j) {
+        for (int j = first; j <= p; ++j) {
           const float* vj = &v[size_t(j) * kvd + kh * hd];
-          for (int i = 0; i < hd; ++i) out[i] += scores[size_t(j)] * vj[i];
+          for (int i = 0; i < hd; ++i) out[i] += scores[size_t(j - first)] * vj[i];
         }
       }
       matvec(L.o, att.data(), delta.data());
+      if (attn.o_bias) add_bias(delta.data(), L.o_bias, H);
       for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
     }
     // (x was updated in place per position: the attention of later positions reads only the
@@ -345,9 +365,13 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
       if (!L.moe) {
         ffn(L.dense, h.data(), delta.data(), g, u);
       } else {
-        // Router: softmax over all E experts in fp32, or each expert's sigmoid.
+        // Router: softmax over all E experts in fp32, or each expert's sigmoid. A logit bias
+        // (GPT-OSS) is added first; its top-k-then-softmax router reports the full softmax too
+        // (same order as the logits), but weighs with a softmax over the chosen logits only.
         float* probs = &r.router_probs[(size_t(p) * Lm + col) * E];
         matvec(L.router, h.data(), probs);
+        if (c.router.logit_bias) add_bias(probs, L.router_bias, E);
+        std::copy(probs, probs + E, logits.begin());
         if (sigmoid_router)
           for (int e = 0; e < E; ++e) probs[e] = sigmoid(probs[e]);
         else
@@ -360,6 +384,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
           for (int kk = 0; kk < K; ++kk) chosen[kk] = forced[kk];
         } else if (sigmoid_router) {
           sigmoid_choice(c.router, probs, L.router_bias, E, K, chosen);
+        } else if (c.router.scoring == RouterScoring::TopkSoftmax) {
+          argmax_k(logits.data(), E, nullptr, K, chosen);  // own top-k of the logits
         } else {
           argmax_k(probs, E, nullptr, K, chosen);  // own top-k
         }
@@ -371,13 +397,17 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
           gate[size_t(kk)] = probs[chosen[kk]];
           sum += gate[size_t(kk)];
         }
+        if (c.router.scoring == RouterScoring::TopkSoftmax) {
+          for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] = logits[size_t(chosen[kk])];
+          softmax(gate.data(), K);
+        }
         if (renorm)
           for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] /= sigmoid_router ? sum + 1e-20f : sum;
         for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] *= c.router.routed_scaling_factor;
         // Weighted sum of the experts, accumulated in router (or replayed) order.
         for (int i = 0; i < H; ++i) delta[size_t(i)] = 0.f;
         for (int kk = 0; kk < K; ++kk) {
-          ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u);
+          ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u, c.layers[size_t(layer)].activation);
           for (int i = 0; i < H; ++i) delta[size_t(i)] += gate[size_t(kk)] * eo[size_t(i)];
         }
         if (!L.shared.gate.empty()) {  // shared experts, after the routed sum

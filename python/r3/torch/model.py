@@ -326,6 +326,11 @@ class SparseMoE(nn.Module):
         return out.view_as(x), ids
 
 
+def round_to(x, dtype):
+    """x rounded to dtype and back (a residual stream kept in bf16, as bf16 trainers keep it), or x."""
+    return x if dtype is None else x.to(dtype).to(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, c, i):
         super().__init__()
@@ -341,8 +346,9 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(c.hidden_size, c.intermediate)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin)
+    def forward(self, x, cos, sin, residual_dtype=None):
+        x = round_to(x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin),
+                     residual_dtype)
         h = rms_norm(x, self.post_attention_layernorm.weight, self.c.rms_norm_eps)
         ids = None
         if self.c.arch == "mixtral":
@@ -351,7 +357,7 @@ class DecoderLayer(nn.Module):
             y, ids = self.mlp(h)
         else:
             y = self.mlp(h)
-        return x + y, ids
+        return round_to(x + y, residual_dtype), ids
 
 
 class MoEForCausalLM(nn.Module):
@@ -365,6 +371,9 @@ class MoEForCausalLM(nn.Module):
         self.lm_head = linear(c.hidden_size, c.vocab_size)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # None: the residual stream in fp32. torch.bfloat16: rounded to bf16 after the embedding
+        # and every residual add, as Megatron and FSDP trainers with bf16 parameters carry it.
+        self.residual_dtype = None
 
     def moe_blocks(self):
         """The MoE blocks in layer order (each has .replay, a RouterReplay)."""
@@ -383,11 +392,11 @@ class MoEForCausalLM(nn.Module):
         single = input_ids.dim() == 1
         ids = input_ids[None] if single else input_ids
         B, T = ids.shape
-        x = self.model.embed_tokens(ids)
+        x = round_to(self.model.embed_tokens(ids), self.residual_dtype)
         cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device, c.yarn)
         routes = []
         for layer in self.model.layers:
-            x, r = layer(x, cos, sin)
+            x, r = layer(x, cos, sin, self.residual_dtype)
             if r is not None:
                 routes.append(r.view(B, T, -1))
         logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
