@@ -734,6 +734,51 @@ TEST(CheckpointErrors, UnsupportedDtypeEntry) {
   EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"model.step_counter\"", "unsupported dtype", "I64");
 }
 
+// MXFP4 experts: a scale that would leave bf16's normal range, missing scales, and blocks stored
+// in a float dtype are refused by name.
+TEST(CheckpointErrors, Mxfp4ScalesAndBlocks) {
+  TmpDir d("mxfp4err");
+  auto fresh = [&](const std::string& sub) {
+    MakeModelOptions o;
+    o.arch = "gpt_oss";
+    o.quant = "mxfp4";
+    o.out = d / sub;
+    make_model(o);
+    return o.out;
+  };
+  const std::string scales = "model.layers.1.mlp.experts.down_proj_scales";
+  {
+    const std::string dir = fresh("scale");
+    const std::string st = file_in(dir, "model.safetensors");
+    RawFile r = raw_read(st);
+    const uint64_t at = r.header[scales]["data_offsets"][0];
+    r.buffer[size_t(at) + 5] = char(255);
+    raw_write(st, r);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "\"" + scales + "\"", "scale byte 255", "outside [2, 252]");
+  }
+  {
+    const std::string dir = fresh("missing");
+    const std::string st = file_in(dir, "model.safetensors");
+    RawFile r = raw_read(st);
+    drop_tensor(r, scales);
+    raw_write(st, r);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "missing tensor", scales);
+  }
+  {
+    const std::string dir = fresh("dtype");
+    const std::string st = file_in(dir, "model.safetensors");
+    RawFile r = raw_read(st);
+    const std::string blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+    auto& e = r.header[blocks];
+    auto shape = e["shape"].get<std::vector<int64_t>>();
+    shape.back() /= 2;  // the same bytes as BF16
+    e["shape"] = shape;
+    e["dtype"] = "BF16";
+    raw_write(st, r);
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), blocks);
+  }
+}
+
 TEST(CheckpointErrors, RequiredTensorStoredAsI8) {
   Corrupt c;
   const std::string victim = "model.layers.0.self_attn.q_proj.weight";

@@ -14,6 +14,8 @@ namespace r3::testing {
 // Every architecture r3 implements, for tests that run on each.
 inline const std::vector<std::string> kAllArchs = {"mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"};
 
+// `arch` may carry a layout suffix: "gpt_oss_mxfp4" (MXFP4 experts, as released) or
+// "gpt_oss_mxfp4_dequantized" (the same weights decoded into the bf16 layout).
 inline std::string test_model(const std::string& arch, const std::string& preset = "tiny",
                               uint64_t seed = 0, DType dtype = DType::BF16) {
   static std::map<std::string, std::string> made;
@@ -24,6 +26,13 @@ inline std::string test_model(const std::string& arch, const std::string& preset
                            ("r3_models_" + std::to_string(getpid())) / key).string();
   MakeModelOptions o;
   o.arch = arch;
+  for (const char* quant : {"_mxfp4_dequantized", "_mxfp4"}) {
+    const size_t at = arch.find(quant);
+    if (at != std::string::npos && o.quant.empty()) {
+      o.arch = arch.substr(0, at);
+      o.quant = std::string(quant + 1) == "mxfp4_dequantized" ? "mxfp4-dequantized" : "mxfp4";
+    }
+  }
   o.preset = preset;
   o.seed = seed;
   o.dtype = dtype;

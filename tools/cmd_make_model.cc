@@ -8,12 +8,14 @@ namespace r3::cli {
 int cmd_make_model(int argc, char** argv) {
   Args a("make-model", "Writes a checkpoint with seeded random weights in the Hugging Face layout\n"
                        "(config.json + safetensors, sharded for small and bench).");
-  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3")
+  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss")
       .opt("preset", "tiny", "tiny | small | bench")
       .opt("seed", "0", "weight seed")
       .opt("dtype", "bf16", "bf16 | f32")
       .opt("out", "", "output directory (required)")
-      .opt("tokenizer", "", "directory with a tokenizer.json to copy in (the vocabulary is sized to it)");
+      .opt("tokenizer", "", "directory with a tokenizer.json to copy in (the vocabulary is sized to it)")
+      .opt("quant", "", "gpt_oss experts: mxfp4 (blocks and scales, as released) or mxfp4-dequantized (the same\n"
+                        "weights decoded into the --dtype layout); empty: random float experts");
   if (!a.parse(argc, argv)) return 0;
   MakeModelOptions o;
   o.arch = a.str("arch");
@@ -25,6 +27,7 @@ int cmd_make_model(int argc, char** argv) {
   else throw Error("r3 make-model: --dtype must be bf16 or f32, got \"" + dt + "\"");
   o.out = a.str("out");
   o.tokenizer = a.str("tokenizer");
+  o.quant = a.str("quant");
   if (o.out.empty()) throw Error("r3 make-model: --out DIR is required");
   make_model(o);
   return 0;

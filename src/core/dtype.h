@@ -7,12 +7,32 @@
 
 namespace r3 {
 
-enum class DType { F32, BF16, F16 };
+// F32, BF16, F16 and U8 are stored (safetensors); MXFP4 exists only as a view of U8 blocks and
+// scales (core/tensor_view.h): 4-bit e2m1 values, two per byte, low nibble first, each block of
+// 32 along a row scaled by 2^(scale - 127) (OCP microscaling, as GPT-OSS is released).
+enum class DType { F32, BF16, F16, U8, MXFP4 };
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType t) {
-  return t == DType::F32 ? "F32" : t == DType::BF16 ? "BF16" : "F16";
+// Bytes per element; MXFP4's half byte (and its scales) are counted by TensorView::nbytes.
+inline size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : t == DType::BF16 || t == DType::F16 ? 2 : 1;
 }
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::U8: return "U8";
+    case DType::MXFP4: return "MXFP4";
+  }
+  return "?";
+}
+inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// MXFP4: the e2m1 values of the 16 nibbles, and one element as fp32 (exact: ldexp of a value
+// with two significant bits).
+inline constexpr float kE2m1Values[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                          -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+inline float mxfp4_value(uint8_t nibble, uint8_t scale) { return std::ldexp(kE2m1Values[nibble & 15], int(scale) - 127); }
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

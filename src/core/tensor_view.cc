@@ -13,6 +13,11 @@ float TensorView::at(int64_t i) const {
     case DType::F32: return static_cast<const float*>(data)[i];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::U8: return float(static_cast<const uint8_t*>(data)[i]);
+    case DType::MXFP4: {
+      const uint8_t byte = static_cast<const uint8_t*>(data)[i / 2];
+      return mxfp4_value(i % 2 ? byte >> 4 : byte & 15, scales[i / 32]);
+    }
   }
   return 0.f;
 }

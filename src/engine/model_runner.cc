@@ -112,12 +112,16 @@ void ModelRunner::release_packed_weights() {
 }
 
 namespace {
+// Whether any of t's bytes (MXFP4: its blocks or its scales) lies in `ranges`.
 bool overlaps(const TensorView& t, const ModelRunner::ByteRanges& ranges) {
-  const auto* b = static_cast<const uint8_t*>(t.data);
-  const uint8_t* e = b + t.nbytes();
-  for (const auto& r : ranges)
-    if (r.data() < e && b < r.data() + r.size()) return true;
-  return false;
+  auto hit = [&](const uint8_t* b, size_t n) {
+    for (const auto& r : ranges)
+      if (r.data() < b + n && b < r.data() + r.size()) return true;
+    return false;
+  };
+  if (t.dtype == DType::MXFP4)
+    return hit(static_cast<const uint8_t*>(t.data), size_t(t.numel()) / 2) || hit(t.scales, size_t(t.numel()) / 32);
+  return hit(static_cast<const uint8_t*>(t.data), t.nbytes());
 }
 }  // namespace
 
@@ -143,7 +147,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   std::vector<TensorView*> bf16;
   std::vector<bool> always;  // repacked whatever changed
   for (size_t i = 0; i < mats.size(); ++i)
-    if (!mats[i]->empty() && mats[i]->dtype == DType::BF16) {
+    if (!mats[i]->empty() && (mats[i]->dtype == DType::BF16 || mats[i]->dtype == DType::MXFP4)) {
       bf16.push_back(mats[i]);
       always.push_back(i >= copies_from);
     }

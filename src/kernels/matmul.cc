@@ -41,9 +41,12 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
   });
 }
 
+void pack_mxfp4_as_bf16(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
+
 namespace {
 void check_packable(const TensorView& W) {
-  if (W.dtype != DType::BF16 || W.shape.size() != 2) throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 matrix");
+  if ((W.dtype != DType::BF16 && W.dtype != DType::MXFP4) || W.shape.size() != 2)
+    throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 or MXFP4 matrix");
   if (W.shape[1] % 2)
     throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(W.shape[1]));
 }
@@ -62,7 +65,33 @@ PackedBf16 pack_bf16(const TensorView& W) {
 
 void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   check_packable(W);
+  if (W.dtype == DType::MXFP4) return pack_mxfp4_as_bf16(W, packed, panel_begin, panel_end);
   active_kernels().pack_panels(W, packed, panel_begin, panel_end);
+}
+
+// MXFP4 [O, I] into the bf16 panel layout: each value decoded exactly (e2m1 times a power of two
+// is a bf16 number for the scales the loader accepts), so the matmul gives the bits of the same
+// weights stored as bf16.
+void pack_mxfp4_as_bf16(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2;
+  const auto* blocks = static_cast<const uint8_t*>(W.data);
+  uint16_t lut[256][16];  // [scale][nibble] -> bf16 bits, for the scales this matrix uses
+  bool made[256] = {};
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    uint16_t* panel = packed + size_t(p * pairs) * 32;
+    for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
+      const int64_t lane = r - p * kPanelRows;
+      for (int64_t q = 0; q < pairs; ++q) {
+        const uint8_t byte = blocks[r * pairs + q], scale = W.scales[(r * I + 2 * q) / 32];
+        if (!made[scale]) {
+          for (int n = 0; n < 16; ++n) lut[scale][n] = f32_to_bf16(mxfp4_value(uint8_t(n), scale));
+          made[scale] = true;
+        }
+        panel[q * 32 + lane * 2] = lut[scale][byte & 15];
+        panel[q * 32 + lane * 2 + 1] = lut[scale][byte >> 4];
+      }
+    }
+  }
 }
 
 void round_to_bf16(float* x, int64_t n, uint16_t* bits) {

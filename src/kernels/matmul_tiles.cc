@@ -410,8 +410,8 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
 
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
   const int n = int(W.shape[1]);
-  if (W.dtype == DType::BF16) {
-    if (!W.packed) throw Error("matmul: bf16 weight \"" + W.name + "\" was not packed (pack_bf16)");
+  if (W.dtype == DType::BF16 || W.dtype == DType::MXFP4) {
+    if (!W.packed) throw Error("matmul: weight \"" + W.name + "\" was not packed (pack_bf16)");
     matmul_packed(x, W, y, ldy, o_begin, o_end);
   } else
     matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);

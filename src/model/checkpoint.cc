@@ -126,7 +126,7 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
   return ck;
 }
 
-const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape) {
+const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape, bool bytes) {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");
   used_.insert(name);
@@ -137,6 +137,9 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
     throw Error(t.file + ": tensor \"" + name + "\" has shape " + t.shape_str() + ", expected " +
                 want.shape_str());
   }
+  if (bytes ? t.dtype != DType::U8 : !is_float_dtype(t.dtype))
+    throw Error(t.file + ": tensor \"" + name + "\" is " + dtype_name(t.dtype) + ", expected " +
+                (bytes ? "U8" : "F32, BF16 or F16"));
   if (t.dtype == DType::F16) {
     owned_.push_back(t.to_f32());
     TensorView w = t;
@@ -261,10 +264,11 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   const bool biased = c.layers[size_t(layer)].expert_bias;
-  const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
-  const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
   const TensorView* gate_up_bias = biased ? &require(layer_tensor(layer, N.fused_gate_up_bias), {E, 2 * I}) : nullptr;
   const TensorView* down_bias = biased ? &require(layer_tensor(layer, N.fused_down_bias), {E, H}) : nullptr;
+  if (c.experts_mxfp4) return split_mxfp4_experts(layer, gate_up_bias, down_bias);
+  const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
+  const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
   // out[r, k] = src[base + k * in_stride + r * out_stride]: a transposed, strided copy.
   auto view = [&](const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
                   int64_t row_stride, int64_t col_stride) {
@@ -305,6 +309,81 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
       w.up_bias = view(*gate_up_bias, tag + ".up", {I}, e * 2 * I + 1, 2, 0);
       w.down_bias = view(*down_bias, tag, {H}, e * H, 1, 0);
     }
+  }
+  return out;
+}
+
+// The MXFP4 layout (GPT-OSS as released): {gate_up,down}_proj_blocks [E, rows, in/32, 16] and
+// _scales [E, rows, in/32], rows in the output order (gate_up's row 2i is gate i, 2i + 1 up i,
+// as transformers' dequantization and its ::2 split give them). Each expert's gate and up rows
+// are copied out (derived_); down is a view into the stored bytes. Scales must keep every value
+// a normal bf16 number (the engine decodes to bf16 by moving the exponent): byte 2..252.
+std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer, const TensorView* gate_up_bias,
+                                                           const TensorView* down_bias) {
+  const ModelConfig& c = weights_.config;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+  const std::string gu = layer_tensor(layer, N.fused_gate_up), dn = layer_tensor(layer, N.fused_down);
+  const TensorView& gu_blocks = require(gu + "_blocks", {E, 2 * I, H / 32, 16}, true);
+  const TensorView& gu_scales = require(gu + "_scales", {E, 2 * I, H / 32}, true);
+  const TensorView& dn_blocks = require(dn + "_blocks", {E, H, I / 32, 16}, true);
+  const TensorView& dn_scales = require(dn + "_scales", {E, H, I / 32}, true);
+  for (const TensorView* s : {&gu_scales, &dn_scales}) {
+    const auto* b = static_cast<const uint8_t*>(s->data);
+    for (int64_t i = 0; i < s->numel(); ++i)
+      if (b[i] < 2 || b[i] > 252)
+        throw Error(s->file + ": tensor \"" + s->name + "\" holds scale byte " + std::to_string(b[i]) + " at " +
+                    std::to_string(i) + ", outside [2, 252] (MXFP4 values would leave bf16's normal range)");
+  }
+  auto view = [](const std::string& name, const std::string& file, int64_t rows, int64_t in, const uint8_t* blocks,
+                 const uint8_t* scales) {
+    TensorView v;
+    v.name = name;
+    v.file = file;
+    v.dtype = DType::MXFP4;
+    v.shape = {rows, in};
+    v.data = blocks;
+    v.scales = scales;
+    return v;
+  };
+  // Rows parity, parity + 2, ... of expert e's gate_up: blocks then scales in one derived buffer.
+  auto every_other_row = [&](int64_t e, int parity) {
+    const int64_t rb = H / 2, rs = H / 32;  // bytes per row
+    derived_.emplace_back(size_t(I * (rb + rs)));
+    uint8_t* out = derived_.back().data();
+    const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
+    const auto* s = static_cast<const uint8_t*>(gu_scales.data) + size_t(e * 2 * I * rs);
+    for (int64_t i = 0; i < I; ++i) {
+      std::memcpy(out + i * rb, b + (2 * i + parity) * rb, size_t(rb));
+      std::memcpy(out + I * rb + i * rs, s + (2 * i + parity) * rs, size_t(rs));
+    }
+    return view(gu + "[" + std::to_string(e) + (parity ? "].up" : "].gate"), gu_blocks.file, I, H, out, out + I * rb);
+  };
+  std::vector<ExpertWeights> out(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& w = out[size_t(e)];
+    w.gate = every_other_row(e, 0);
+    w.up = every_other_row(e, 1);
+    w.down = view(dn + "[" + std::to_string(e) + "]", dn_blocks.file, H, I,
+                  static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2),
+                  static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32));
+  }
+  // Biases as in the float layout (gate_up_proj_bias interleaved, down_proj_bias per expert).
+  for (int64_t e = 0; e < E && gate_up_bias; ++e) {
+    auto bias = [&](const TensorView& src, int64_t n, int64_t base, int64_t stride, const std::string& what) {
+      const size_t es = dtype_size(src.dtype);
+      derived_.emplace_back(size_t(n) * es);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(derived_.back().data() + i * es, static_cast<const uint8_t*>(src.data) + (base + i * stride) * es, es);
+      TensorView v = src;
+      v.name = src.name + "[" + std::to_string(e) + "]" + what;
+      v.shape = {n};
+      v.data = derived_.back().data();
+      return v;
+    };
+    out[size_t(e)].gate_bias = bias(*gate_up_bias, I, e * 2 * I, 2, ".gate");
+    out[size_t(e)].up_bias = bias(*gate_up_bias, I, e * 2 * I + 1, 2, ".up");
+    out[size_t(e)].down_bias = bias(*down_bias, H, e * H, 1, "");
   }
   return out;
 }

@@ -81,11 +81,13 @@ class Checkpoint {
   Update apply_update(std::vector<TensorToWrite> tensors);
 
  private:
-  const TensorView& require(const std::string& name, std::vector<int64_t> shape);
+  // A float tensor of this shape (F16 widened to F32); U8 with `bytes`.
+  const TensorView& require(const std::string& name, std::vector<int64_t> shape, bool bytes = false);
   void load_weights();
   // Per-expert [out, in] views of a layer's fused expert tensors (LayerTensorNames::fused_experts),
   // copied into derived_ in the source dtype.
   std::vector<ExpertWeights> split_fused_experts(int layer);
+  std::vector<ExpertWeights> split_mxfp4_experts(int layer, const TensorView* gate_up_bias, const TensorView* down_bias);
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -137,7 +137,7 @@ bool reads_key(Arch a, const std::string& key) {
            key == "num_nextn_predict_layers";
   if (a == Arch::DeepseekV3)
     return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
-  if (a == Arch::GptOss) return key == "layer_types";
+  if (a == Arch::GptOss) return key == "layer_types" || key == "quantization_config";
   return false;
 }
 
@@ -456,6 +456,13 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         for (int i = 0; i < c.num_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
       }
       for (int i = 0; i < c.num_layers; ++i) window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
+      if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+        const json& q = j["quantization_config"];
+        if (!q.is_object() || q.value("quant_method", json()) != "mxfp4")
+          throw Error(path + ": key \"quantization_config\" = " + q.dump() +
+                      " is not implemented by r3 (GPT-OSS: quant_method \"mxfp4\" only)");
+        c.experts_mxfp4 = true;
+      }
       break;
     }
     case Arch::Olmoe:
@@ -479,6 +486,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   if (c.intermediate_size)
     require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
   if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
+  if (c.experts_mxfp4 && (c.hidden_size % 32 || c.moe_intermediate_size % 32))
+    throw Error(path + ": MXFP4 experts need hidden_size and intermediate_size divisible by 32 (the block size)");
   if (c.num_experts > 0 && c.top_k > c.num_experts)
     throw Error(path + ": num_experts_per_tok exceeds the number of experts");
   if (std::count(moe.begin(), moe.end(), true) == 0) throw Error(path + ": the model has no MoE layer");
@@ -590,6 +599,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   };
   cmp("expert biases and activation per layer", experts_of(a), experts_of(b), [](const std::string& v) { return v; });
   cmp("router logit bias", a.router.logit_bias, b.router.logit_bias, num);
+  cmp("experts in MXFP4 (quantization_config)", a.experts_mxfp4, b.experts_mxfp4, num);
   cmp("rope_theta", a.rope_theta, b.rope_theta, num);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
   cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);

@@ -101,6 +101,9 @@ struct ModelConfig {
   std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
   RouterSpec router;
+  // quantization_config {"quant_method": "mxfp4"} (GPT-OSS as released): the routed experts are
+  // stored as MXFP4 blocks and scales, everything else in the checkpoint's float dtype.
+  bool experts_mxfp4 = false;
   std::vector<LayerConfig> layers;  // per decoder layer
   float rope_theta = 10000.f, rms_norm_eps = 1e-5f;
   bool tie_word_embeddings = false;

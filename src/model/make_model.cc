@@ -216,11 +216,65 @@ TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape,
   return t;
 }
 
+// Seeded random MXFP4 experts of one fused tensor: blocks [E, rows, in/32, 16] and scales
+// [E, rows, in/32], values of about `stddev` (uniform nibbles average |x| ~2.4 before scaling; the
+// scales vary by a factor 2 either way so blocks differ).
+struct Mxfp4Tensor {
+  std::vector<uint8_t> blocks, scales;
+};
+Mxfp4Tensor random_mxfp4(const std::string& name, int64_t E, int64_t rows, int64_t in, uint64_t seed, float stddev) {
+  uint64_t key = seed;
+  for (char ch : name) key = hash_pair(key, uint64_t(uint8_t(ch)));
+  Mxfp4Tensor t;
+  t.blocks.resize(size_t(E * rows * in / 2));
+  t.scales.resize(size_t(E * rows * in / 32));
+  for (size_t i = 0; i < t.blocks.size(); ++i) t.blocks[i] = uint8_t(hash_pair(key, i) & 0xff);
+  const int base = 127 + int(std::lround(std::log2(stddev / 2.4f)));
+  for (size_t i = 0; i < t.scales.size(); ++i) t.scales[i] = uint8_t(base + int(hash_pair(key ^ 0x5ca1e, i) % 3) - 1);
+  return t;
+}
+
+// The float layout of MXFP4 experts (transformers' convert_moe_packed_tensors, then the transpose
+// to [E, in, rows]): element [e, k, r] = value k of row r.
+TensorToWrite dequantized(const std::string& name, const Mxfp4Tensor& m, int64_t E, int64_t rows, int64_t in, DType dt) {
+  TensorToWrite t{name, dt, {E, in, rows}, std::vector<uint8_t>(size_t(E * in * rows) * dtype_size(dt))};
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < in; ++k) {
+        const size_t at = size_t((e * rows + r) * in + k);
+        const uint8_t byte = m.blocks[at / 2];
+        const float v = mxfp4_value(k % 2 ? byte >> 4 : byte & 15, m.scales[at / 32]);
+        const size_t to = size_t((e * in + k) * rows + r);
+        if (dt == DType::F32) {
+          std::memcpy(t.bytes.data() + 4 * to, &v, 4);
+        } else {
+          const uint16_t h = f32_to_bf16(v);
+          std::memcpy(t.bytes.data() + 2 * to, &h, 2);
+        }
+      }
+  return t;
+}
+
+TensorToWrite bytes_tensor(const std::string& name, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+  return TensorToWrite{name, DType::U8, std::move(shape), std::move(bytes)};
+}
+
 }  // namespace
 
 void make_model(const MakeModelOptions& opt) {
   if (opt.dtype == DType::F16) throw Error("make-model writes bf16 or f32");
+  if (!opt.quant.empty() && opt.quant != "mxfp4" && opt.quant != "mxfp4-dequantized")
+    throw Error("make-model: unknown quantization \"" + opt.quant + "\" (mxfp4, mxfp4-dequantized)");
+  if (!opt.quant.empty() && opt.arch != "gpt_oss")
+    throw Error("make-model: --quant " + opt.quant + " is for gpt_oss (its experts are released in MXFP4)");
   std::string cfg_text = preset_config_json(opt.arch, opt.preset);
+  if (opt.quant == "mxfp4") {
+    json j = json::parse(cfg_text);
+    j["quantization_config"] = {{"quant_method", "mxfp4"},
+                                {"modules_to_not_convert",
+                                 {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+    cfg_text = j.dump(2) + "\n";
+  }
   std::shared_ptr<text::Tokenizer> tok;
   if (!opt.tokenizer.empty()) {
     tok = text::Tokenizer::load(opt.tokenizer);  // refused here if r3 cannot read it
@@ -312,11 +366,29 @@ void make_model(const MakeModelOptions& opt) {
       if (c.router.selection_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.05f, DType::F32));
       if (c.router.logit_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.3f, dt));
       const int64_t I = c.moe_intermediate_size, E = c.num_experts;
-      if (N.fused_experts) {
+      if (N.fused_experts && opt.quant.empty()) {
         // Gate and up scaled up so that some pre-activations reach the clamp (swiglu_limit).
         g.push_back(tensor(name(N.fused_gate_up), {E, H, 2 * I}, 4.f * s_in));
-        g.push_back(tensor(name(N.fused_gate_up_bias), {E, 2 * I}, 0.5f));
         g.push_back(tensor(name(N.fused_down), {E, I, H}, 0.25f / std::sqrt(float(I))));
+      } else if (N.fused_experts) {
+        // MXFP4 weights of the same scales; blocks and scales, or their float decoding.
+        const std::string gu = name(N.fused_gate_up), dn = name(N.fused_down);
+        const bool packed = opt.quant == "mxfp4";
+        g.push_back([=] {
+          const Mxfp4Tensor m = random_mxfp4(gu, E, 2 * I, H, seed, 4.f * s_in);
+          return packed ? bytes_tensor(gu + "_blocks", {E, 2 * I, H / 32, 16}, m.blocks)
+                        : dequantized(gu, m, E, 2 * I, H, dt);
+        });
+        if (packed) g.push_back([=] { return bytes_tensor(gu + "_scales", {E, 2 * I, H / 32}, random_mxfp4(gu, E, 2 * I, H, seed, 4.f * s_in).scales); });
+        const float sd = 0.25f / std::sqrt(float(I));
+        g.push_back([=] {
+          const Mxfp4Tensor m = random_mxfp4(dn, E, H, I, seed, sd);
+          return packed ? bytes_tensor(dn + "_blocks", {E, H, I / 32, 16}, m.blocks) : dequantized(dn, m, E, H, I, dt);
+        });
+        if (packed) g.push_back([=] { return bytes_tensor(dn + "_scales", {E, H, I / 32}, random_mxfp4(dn, E, H, I, seed, sd).scales); });
+      }
+      if (N.fused_experts) {
+        g.push_back(tensor(name(N.fused_gate_up_bias), {E, 2 * I}, 0.5f));
         g.push_back(tensor(name(N.fused_down_bias), {E, H}, 0.1f));
       }
       for (int e = 0; e < c.num_experts && !N.fused_experts; ++e) {

@@ -9,7 +9,7 @@
 namespace r3 {
 
 struct MakeModelOptions {
-  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3
+  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss
   std::string preset = "tiny";  // tiny | small | bench
   uint64_t seed = 0;
   DType dtype = DType::BF16;    // BF16 or F32
@@ -17,6 +17,10 @@ struct MakeModelOptions {
   // A directory with tokenizer.json (+ tokenizer_config.json): copied into the checkpoint, the
   // vocabulary sized to it (rounded up to a multiple of 64) and bos/eos ids taken from it.
   std::string tokenizer;
+  // gpt_oss experts: "" (float, `dtype`), "mxfp4" (blocks and scales with quantization_config, as
+  // released), or "mxfp4-dequantized" (the same MXFP4 weights decoded into the float layout, as
+  // transformers' dequantize writes them): the last two hold identical values.
+  std::string quant;
 };
 
 // The config.json text of a preset (throws r3::Error for unknown arch or preset).

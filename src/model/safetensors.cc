@@ -21,7 +21,8 @@ static DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "F32") return DType::F32;
   if (s == "BF16") return DType::BF16;
   if (s == "F16") return DType::F16;
-  throw Error(where + ": unsupported dtype \"" + s + "\" (r3 reads F32, BF16, F16)");
+  if (s == "U8") return DType::U8;
+  throw Error(where + ": unsupported dtype \"" + s + "\" (r3 reads F32, BF16, F16, and U8 for MXFP4 blocks and scales)");
 }
 
 static uint64_t round_up64(uint64_t n) { return (n + 63) & ~uint64_t(63); }

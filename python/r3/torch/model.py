@@ -202,8 +202,9 @@ class Attention(nn.Module):
         elif c.qk_norm == "whole":
             self.q_norm, self.k_norm = RMSNorm(qd, c.rms_norm_eps), RMSNorm(kvd, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin):
-        """x [B, T, H] -> [B, T, H], causal within each sequence."""
+    def forward(self, x, cos, sin, low_dtype=None):
+        """x [B, T, H] -> [B, T, H], causal within each sequence; low_dtype: the attention
+        probabilities rounded to it before they weigh the values (as flash attention does in bf16)."""
         c, B, T = self.c, x.shape[0], x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if c.clip_qkv is not None:
@@ -220,7 +221,7 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(c.head_dim)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        p = round_to(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), low_dtype)
         out = torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1)
         return self.o_proj(out)
 
@@ -245,7 +246,7 @@ class MlaAttention(nn.Module):
         self.kv_b_proj = linear(m["kv_lora_rank"], c.num_heads * (m["nope"] + m["v"]))
         self.o_proj = linear(c.num_heads * m["v"], c.hidden_size)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, low_dtype=None):
         c, m = self.c, self.c.mla
         B, T, nh = x.shape[0], x.shape[1], c.num_heads
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m["q_lora_rank"] else self.q_proj(x)
@@ -263,7 +264,7 @@ class MlaAttention(nn.Module):
         mscale = c.yarn["softmax_mscale"] if c.yarn else 1.0
         scores = torch.einsum("bthd,bshd->bhts", q, k) * (mscale / math.sqrt(m["nope"] + m["rope"]))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        p = round_to(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), low_dtype)
         return self.o_proj(torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1))
 
 
@@ -347,8 +348,8 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(c.hidden_size, c.intermediate)
 
     def forward(self, x, cos, sin, residual_dtype=None):
-        x = round_to(x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin),
-                     residual_dtype)
+        x = round_to(x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin,
+                                        residual_dtype), residual_dtype)
         h = rms_norm(x, self.post_attention_layernorm.weight, self.c.rms_norm_eps)
         ids = None
         if self.c.arch == "mixtral":
@@ -371,8 +372,9 @@ class MoEForCausalLM(nn.Module):
         self.lm_head = linear(c.hidden_size, c.vocab_size)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # None: the residual stream in fp32. torch.bfloat16: rounded to bf16 after the embedding
-        # and every residual add, as Megatron and FSDP trainers with bf16 parameters carry it.
+        # None: fp32 activations. torch.bfloat16: the residual stream rounded to bf16 after the
+        # embedding and every residual add, and the attention probabilities before they weigh the
+        # values, as Megatron and FSDP trainers with bf16 parameters and flash attention carry them.
         self.residual_dtype = None
 
     def moe_blocks(self):
