@@ -437,7 +437,12 @@ TEST(CheckpointConfig, GptOssLayerTypesWindowsAndLimits) {
   EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("layer_types"), std::string::npos);
   j.erase("layer_types");
   j["quantization_config"] = {{"quant_method", "mxfp4"}};
+  EXPECT_TRUE(parse_config(j.dump(), "gpt_oss").experts_mxfp4);
+  j["quantization_config"] = {{"quant_method", "awq"}};
   EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("quantization_config"), std::string::npos);
+  j = json::parse(preset_config_json("olmoe", "tiny"));
+  j["quantization_config"] = {{"quant_method", "mxfp4"}};
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "olmoe"); }).find("quantization_config"), std::string::npos);
 }
 
 // The bf16 checkpoint is the f32 one of the same seed, rounded to nearest even: an independent
