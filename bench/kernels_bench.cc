@@ -67,6 +67,45 @@ BENCHMARK(BM_MatmulBf16)
     ->Args({256, 1024, 1024})
     ->UseRealTime();
 
+// MXFP4 weights (decoded inside the matmul), the same shapes: bytes/s counts the 4.25 bits per
+// weight really read.
+struct Mxfp4Weights {
+  std::vector<uint8_t> blocks, scales;
+  r3::kernels::PackedBf16 packed;
+  r3::TensorView view;
+  Mxfp4Weights(int rows, int cols) : blocks(size_t(rows) * cols / 2), scales(size_t(rows) * cols / 32) {
+    std::mt19937 rng(1);
+    for (auto& b : blocks) b = uint8_t(rng());
+    for (auto& s : scales) s = uint8_t(118 + rng() % 4);
+    view.dtype = r3::DType::MXFP4;
+    view.shape = {rows, cols};
+    view.data = blocks.data();
+    view.scales = scales.data();
+    packed = r3::kernels::pack_bf16(view);
+    view.packed = packed.data();
+  }
+};
+
+void BM_MatmulMxfp4(benchmark::State& state) {
+  const int T = int(state.range(0)), rows = int(state.range(1)), cols = int(state.range(2));
+  const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / (int64_t(rows) * cols / 2)));
+  std::vector<Mxfp4Weights> ws;
+  for (int i = 0; i < copies; ++i) ws.emplace_back(rows, cols);
+  std::vector<float> x(size_t(T) * cols, 0.5f), y(size_t(T) * rows);
+  std::vector<uint16_t> xb(x.size());
+  r3::kernels::round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+  int i = 0;
+  for (auto _ : state) {
+    r3::kernels::matmul({x.data(), xb.data(), T}, ws[size_t(i)].view, y.data(), &pool());
+    i = (i + 1) % copies;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(ws[0].view.nbytes()));
+  state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 2.0 * T * rows * cols / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulMxfp4)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
+
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
 // (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores,
 // gate/up then down. Arg: tokens per expert, or 0 for the batch-32 top-8 draw (binomial 32, 1/8).

@@ -74,6 +74,41 @@ TEST(KernelSet, UnknownOrUnsupportedSetIsRefused) {
   }
 }
 
+// MXFP4 weights, decoded inside the matmul on every set, give the bits of the bf16 matmul of
+// the same values (decoded here independently, through TensorView::at), scales at the edges of
+// the accepted range included.
+TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
+  const KernelSet& portable = kernel_set_portable();
+  std::mt19937_64 rng(11);
+  for (int n : {32, 64, 1056})
+    for (int T : {1, 2, 6, 7, 13}) {
+      const int O = 53;
+      std::vector<uint8_t> blocks(size_t(O) * n / 2), scales(size_t(O) * n / 32);
+      for (uint8_t& b : blocks) b = uint8_t(rng());
+      for (size_t i = 0; i < scales.size(); ++i) scales[i] = i % 7 == 0 ? (i % 2 ? 2 : 252) : uint8_t(120 + rng() % 14);
+      TensorView Wq{.dtype = DType::MXFP4, .shape = {O, n}, .data = blocks.data()};
+      Wq.scales = scales.data();
+      std::vector<uint16_t> wb(size_t(O) * n);
+      for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
+      for (size_t i = 0; i < wb.size(); ++i) ASSERT_EQ(bf16_to_f32(wb[i]), Wq.at(int64_t(i)));  // exact in bf16
+      TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
+      PackedBf16 pb = pack_bf16(Wb), pq = pack_bf16(Wq);
+      Wb.packed = pb.data();
+      Wq.packed = pq.data();
+      std::vector<float> x = random_values(size_t(T) * n, rng, false);
+      std::vector<uint16_t> xb(x.size());
+      round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+      std::vector<float> want(size_t(T) * O);
+      portable.matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
+      for (const KernelSet* set : supported_kernel_sets()) {
+        std::vector<float> got(size_t(T) * O);
+        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
+        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
+        expect_same_bits(got, want, std::string(set->name) + " mxfp4 n=" + std::to_string(n) + " T=" + std::to_string(T));
+      }
+    }
+}
+
 TEST(KernelSet, MatmulSameBitsOnEverySet) {
   const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(7);

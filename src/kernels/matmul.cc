@@ -41,7 +41,7 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
   });
 }
 
-void pack_mxfp4_as_bf16(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
+void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
 
 namespace {
 void check_packable(const TensorView& W) {
@@ -54,7 +54,10 @@ void check_packable(const TensorView& W) {
 
 size_t packed_bf16_size(const TensorView& W) {
   check_packable(W);
-  return size_t((W.shape[0] + kPanelRows - 1) / kPanelRows) * size_t(W.shape[1] / 2) * 32;
+  const size_t panels = size_t((W.shape[0] + kPanelRows - 1) / kPanelRows), pairs = size_t(W.shape[1] / 2);
+  // MXFP4: 16 bytes per pair row and 16 scale bytes per 16 pairs, in uint16_t elements.
+  if (W.dtype == DType::MXFP4) return panels * pairs * 17 / 2;
+  return panels * pairs * 32;
 }
 
 PackedBf16 pack_bf16(const TensorView& W) {
@@ -65,31 +68,24 @@ PackedBf16 pack_bf16(const TensorView& W) {
 
 void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   check_packable(W);
-  if (W.dtype == DType::MXFP4) return pack_mxfp4_as_bf16(W, packed, panel_begin, panel_end);
+  if (W.dtype == DType::MXFP4) return pack_mxfp4(W, packed, panel_begin, panel_end);
   active_kernels().pack_panels(W, packed, panel_begin, panel_end);
 }
 
-// MXFP4 [O, I] into the bf16 panel layout: each value decoded exactly (e2m1 times a power of two
-// is a bf16 number for the scales the loader accepts), so the matmul gives the bits of the same
-// weights stored as bf16.
-void pack_mxfp4_as_bf16(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
-  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2;
+// MXFP4 [O, I] into 4-bit panels (matmul_tiles.cc decodes them): per panel of 16 rows, pair row
+// q holds each row's byte of inputs 2q, 2q + 1 (16 bytes), then each row's scale of every block
+// of 16 pairs (16 bytes per block). Rows past O stay zero bytes (they decode to 0).
+void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, blocks_per_row = I / 32;
   const auto* blocks = static_cast<const uint8_t*>(W.data);
-  uint16_t lut[256][16];  // [scale][nibble] -> bf16 bits, for the scales this matrix uses
-  bool made[256] = {};
+  auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
-    uint16_t* panel = packed + size_t(p * pairs) * 32;
+    uint8_t* panel = out + size_t(p * pairs) * 17;
+    uint8_t* scales = panel + size_t(pairs) * 16;
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
       const int64_t lane = r - p * kPanelRows;
-      for (int64_t q = 0; q < pairs; ++q) {
-        const uint8_t byte = blocks[r * pairs + q], scale = W.scales[(r * I + 2 * q) / 32];
-        if (!made[scale]) {
-          for (int n = 0; n < 16; ++n) lut[scale][n] = f32_to_bf16(mxfp4_value(uint8_t(n), scale));
-          made[scale] = true;
-        }
-        panel[q * 32 + lane * 2] = lut[scale][byte & 15];
-        panel[q * 32 + lane * 2 + 1] = lut[scale][byte >> 4];
-      }
+      for (int64_t q = 0; q < pairs; ++q) panel[q * 16 + lane] = blocks[r * pairs + q];
+      for (int64_t g = 0; g < blocks_per_row; ++g) scales[g * 16 + lane] = W.scales[r * blocks_per_row + g];
     }
   }
 }

@@ -307,6 +307,103 @@ void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* 
 #endif
 }
 
+// ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
+//
+// The panel layout (pack_mxfp4, matmul.cc): per panel of 16 rows, pair row q is 16 bytes (row
+// r's byte holds its inputs 2q and 2q + 1, low nibble first), then the scales, 16 bytes per
+// block of 16 pairs. Decoding is exact: the e2m1 value as bf16 bits, its exponent field moved by
+// scale - 127 (the loader keeps every result a normal number); zero stays zero. The decoded pair
+// rows are the bf16 panel of the same weights, so the tiles and their bits are the bf16 ones.
+
+constexpr uint16_t kE2m1Bf16[16] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+                                    0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+
+void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
+  const uint8_t* scales = panel + size_t(pairs) * 16;
+#if R3_ISA_AVX512
+  const __m512i lut = _mm512_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000,
+                                        0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0);
+  const __m512i nibble = _mm512_set1_epi32(15), magnitude = _mm512_set1_epi32(0x7fff);
+  for (int g = 0; g < pairs / 16; ++g) {
+    const __m512i k = _mm512_slli_epi32(
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * g))),
+                         _mm512_set1_epi32(127)),
+        7);
+    for (int q = 16 * g; q < 16 * g + 16; ++q) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q) * 16 + 1024), _MM_HINT_T0);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + size_t(q) * 16)));
+      __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(b, nibble), lut);
+      __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(b, 4), lut);
+      lo = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(lo, magnitude), lo, k);
+      hi = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(hi, magnitude), hi, k);
+      _mm512_storeu_si512(out + size_t(q) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+#elif R3_ISA_AVX2
+  // 8 lanes: the magnitude from an 8-entry table, the sign bit moved into place.
+  const __m256i lut = _mm256_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0);
+  const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8), zero = _mm256_setzero_si256();
+  auto decode = [&](__m256i n, __m256i k) {
+    const __m256i mag = _mm256_permutevar8x32_epi32(lut, _mm256_and_si256(n, seven));
+    const __m256i nonzero = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
+    const __m256i scaled = _mm256_add_epi32(mag, _mm256_and_si256(k, nonzero));
+    return _mm256_or_si256(scaled, _mm256_slli_epi32(_mm256_and_si256(n, eight), 12));
+  };
+  for (int g = 0; g < pairs / 16; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i k = _mm256_slli_epi32(
+          _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 16 * g + 8 * h))),
+                           _mm256_set1_epi32(127)),
+          7);
+      for (int q = 16 * g; q < 16 * g + 16; ++q) {
+        const __m256i b =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + size_t(q) * 16 + 8 * h)));
+        const __m256i lo = decode(b, k), hi = decode(_mm256_srli_epi32(b, 4), k);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(q) * 32 + 16 * h),
+                            _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+      }
+    }
+#else
+  for (int q = 0; q < pairs; ++q)
+    for (int r = 0; r < kPanel; ++r) {
+      const uint8_t b = panel[size_t(q) * 16 + size_t(r)];
+      const int k = (int(scales[size_t(q / 16) * 16 + size_t(r)]) - 127) * 128;
+      auto one = [&](int n) {
+        const uint16_t v = kE2m1Bf16[n];
+        return uint16_t(v & 0x7fff ? v + k : v);
+      };
+      out[size_t(q) * 32 + size_t(r) * 2] = one(b & 15);
+      out[size_t(q) * 32 + size_t(r) * 2 + 1] = one(b >> 4);
+    }
+#endif
+}
+
+void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+#if R3_ISA_AVX2
+  const FlushDenormals ftz_daz;
+#endif
+  const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+  const size_t panel_elems = size_t(pairs) * 32;
+  thread_local PackedBf16 decoded;  // one panel as bf16 pair rows (stays in L2)
+  if (decoded.size() < panel_elems) decoded.resize(panel_elems);
+  const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
+  for (int p = o_begin / kPanel; p * kPanel < hi; ++p) {
+    decode_mxfp4_panel(packed + size_t(p) * size_t(pairs) * 17, pairs, decoded.data());
+#if R3_ISA_AVX2 && !R3_ISA_AVX512
+    panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+#else
+#if R3_ISA_AVX512BF16
+    constexpr bool kDpForFew = true;
+#else
+    constexpr bool kDpForFew = false;
+#endif
+    if (x.rows < 2) panel_tokens<1, 1, kDpForFew>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    else if (x.rows < 7) panel_tokens<1, 6, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    else panel_tokens<1, 8, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+#endif
+  }
+}
+
 // Rows in blocks of 4 (remainder one by one), tokens in blocks of 4 (remainder 1..3).
 void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, int o0, int o1) {
   const size_t ldw = size_t(n);
@@ -412,7 +509,8 @@ void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, i
   const int n = int(W.shape[1]);
   if (W.dtype == DType::BF16 || W.dtype == DType::MXFP4) {
     if (!W.packed) throw Error("matmul: weight \"" + W.name + "\" was not packed (pack_bf16)");
-    matmul_packed(x, W, y, ldy, o_begin, o_end);
+    if (W.dtype == DType::MXFP4) matmul_mxfp4(x, W, y, ldy, o_begin, o_end);
+    else matmul_packed(x, W, y, ldy, o_begin, o_end);
   } else
     matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);
 }
