@@ -378,11 +378,101 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
 #endif
 }
 
+#if R3_ISA_AVX512
+// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy. Lane r of a pair
+// row's weights is its e2m1 value as fp32 times 2^(scale - 127) (an exact product, built from the
+// scale byte as an fp32 exponent), then the bf16 tile's fma chain: w[2q + 1] x[2q + 1] first,
+// then w[2q] x[2q], so the bits are the bf16 path's.
+template <int P, int C>
+void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x, int t0, int pairs, float* y, int ldy,
+                int row0, int lo, int hi) {
+  const size_t ldx = size_t(2) * size_t(pairs);
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  __m512 acc[P][C];
+  __mmask16 rows_mask[P];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int r0 = row0 + p * kPanel;
+    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
+    rows_mask[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  }
+  const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
+                                    -4.f, -6.f);
+  const __m512i nibble = _mm512_set1_epi32(15);
+  for (int g = 0; g < pairs / 16; ++g) {
+    __m512 scale[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+      scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(panels + size_t(p) * panel_bytes + size_t(pairs) * 16 + 16 * size_t(g)))),
+          23));
+    for (int q = 16 * g; q < 16 * g + 16; ++q) {
+      __m512 w0[P], w1[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const uint8_t* at = panels + size_t(p) * panel_bytes + size_t(q) * 16;
+        _mm_prefetch(reinterpret_cast<const char*>(at + 1024), _MM_HINT_T0);
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+        w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(b, nibble), lut), scale[p]);
+        w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), scale[p]);
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
+        const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+}
+
+// Panels [p, p_end) x all tokens, P panels at a time (4 weight streams in flight), tokens in
+// tiles of up to 4.
+template <int P>
+int mxfp4_panels_from(const Activations& x, const uint8_t* packed, int pairs, float* y, int ldy, int p, int p_end,
+                      int lo, int hi) {
+  const size_t panel_bytes = size_t(pairs) * 17;
+  for (; p + P <= p_end; p += P)
+    for (int t = 0; t < x.rows; t += 4) {
+      const uint8_t* at = packed + size_t(p) * panel_bytes;
+      switch (std::min(4, x.rows - t)) {
+        case 4: mxfp4_tile<P, 4>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
+        case 3: mxfp4_tile<P, 3>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
+        case 2: mxfp4_tile<P, 2>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
+        default: mxfp4_tile<P, 1>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
+      }
+    }
+  if constexpr (P > 1) p = mxfp4_panels_from<P / 2>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
+  return p;
+}
+#endif
+
 void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
 #if R3_ISA_AVX2
   const FlushDenormals ftz_daz;
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+#if R3_ISA_AVX512
+  if (x.rows <= 4) {
+    mxfp4_panels_from<4>(x, reinterpret_cast<const uint8_t*>(W.packed), pairs, y, ldy, o_begin / kPanel,
+                         (hi + kPanel - 1) / kPanel, o_begin, hi);
+    return;
+  }
+#endif
+  // More tokens: each panel decoded once into bf16 pair rows, then the bf16 tiles.
   const size_t panel_elems = size_t(pairs) * 32;
   thread_local PackedBf16 decoded;  // one panel as bf16 pair rows (stays in L2)
   if (decoded.size() < panel_elems) decoded.resize(panel_elems);
