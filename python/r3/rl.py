@@ -104,8 +104,6 @@ def to_engine(model):
 def run_arm(replay, base_dir, args, log):
     torch.manual_seed(args.seed)
     model = MoEForCausalLM.from_pretrained(base_dir)
-    if args.trainer_dtype == "bf16":
-        model.residual_dtype = torch.bfloat16
     llm = r3.LLM(base_dir, enable_return_routed_experts=True, threads=args.threads, num_kv_blocks=512,
                  max_num_seqs=64, max_num_batched_tokens=1024)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -223,8 +221,7 @@ def main(argv=None):
     ap.add_argument("--warmup-lr", type=float, default=3e-3)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--trainer-dtype", choices=["fp32", "bf16"], default="bf16",
-                    help="the RL trainer's forward: bf16 (autocast matmuls and a bf16 residual stream, as "
-                         "Megatron and FSDP train with bf16 parameters) or fp32")
+                    help="the RL trainer's forward: bf16 autocast (mixed precision, as Megatron and FSDP train) or fp32")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=0, help="engine and torch threads (0: all cores)")

@@ -202,9 +202,8 @@ class Attention(nn.Module):
         elif c.qk_norm == "whole":
             self.q_norm, self.k_norm = RMSNorm(qd, c.rms_norm_eps), RMSNorm(kvd, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, low_dtype=None):
-        """x [B, T, H] -> [B, T, H], causal within each sequence; low_dtype: the attention
-        probabilities rounded to it before they weigh the values (as flash attention does in bf16)."""
+    def forward(self, x, cos, sin):
+        """x [B, T, H] -> [B, T, H], causal within each sequence."""
         c, B, T = self.c, x.shape[0], x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if c.clip_qkv is not None:
@@ -221,7 +220,7 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(c.head_dim)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = round_to(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), low_dtype)
+        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         out = torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1)
         return self.o_proj(out)
 
@@ -246,7 +245,7 @@ class MlaAttention(nn.Module):
         self.kv_b_proj = linear(m["kv_lora_rank"], c.num_heads * (m["nope"] + m["v"]))
         self.o_proj = linear(c.num_heads * m["v"], c.hidden_size)
 
-    def forward(self, x, cos, sin, low_dtype=None):
+    def forward(self, x, cos, sin):
         c, m = self.c, self.c.mla
         B, T, nh = x.shape[0], x.shape[1], c.num_heads
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m["q_lora_rank"] else self.q_proj(x)
@@ -264,7 +263,7 @@ class MlaAttention(nn.Module):
         mscale = c.yarn["softmax_mscale"] if c.yarn else 1.0
         scores = torch.einsum("bthd,bshd->bhts", q, k) * (mscale / math.sqrt(m["nope"] + m["rope"]))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = round_to(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), low_dtype)
+        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         return self.o_proj(torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1))
 
 
@@ -327,11 +326,6 @@ class SparseMoE(nn.Module):
         return out.view_as(x), ids
 
 
-def round_to(x, dtype):
-    """x rounded to dtype and back (a residual stream kept in bf16, as bf16 trainers keep it), or x."""
-    return x if dtype is None else x.to(dtype).to(x.dtype)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, c, i):
         super().__init__()
@@ -347,9 +341,8 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(c.hidden_size, c.intermediate)
 
-    def forward(self, x, cos, sin, residual_dtype=None):
-        x = round_to(x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin,
-                                        residual_dtype), residual_dtype)
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin)
         h = rms_norm(x, self.post_attention_layernorm.weight, self.c.rms_norm_eps)
         ids = None
         if self.c.arch == "mixtral":
@@ -358,7 +351,7 @@ class DecoderLayer(nn.Module):
             y, ids = self.mlp(h)
         else:
             y = self.mlp(h)
-        return round_to(x + y, residual_dtype), ids
+        return x + y, ids
 
 
 class MoEForCausalLM(nn.Module):
@@ -372,10 +365,6 @@ class MoEForCausalLM(nn.Module):
         self.lm_head = linear(c.hidden_size, c.vocab_size)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # None: fp32 activations. torch.bfloat16: the residual stream rounded to bf16 after the
-        # embedding and every residual add, and the attention probabilities before they weigh the
-        # values, as Megatron and FSDP trainers with bf16 parameters and flash attention carry them.
-        self.residual_dtype = None
 
     def moe_blocks(self):
         """The MoE blocks in layer order (each has .replay, a RouterReplay)."""
@@ -394,11 +383,11 @@ class MoEForCausalLM(nn.Module):
         single = input_ids.dim() == 1
         ids = input_ids[None] if single else input_ids
         B, T = ids.shape
-        x = round_to(self.model.embed_tokens(ids), self.residual_dtype)
+        x = self.model.embed_tokens(ids)
         cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device, c.yarn)
         routes = []
         for layer in self.model.layers:
-            x, r = layer(x, cos, sin, self.residual_dtype)
+            x, r = layer(x, cos, sin)
             if r is not None:
                 routes.append(r.view(B, T, -1))
         logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
