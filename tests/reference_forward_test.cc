@@ -119,7 +119,14 @@ class Naive {
     mixtral_ = arch_ == "MixtralForCausalLM";
     qwen2_ = arch_ == "Qwen2MoeForCausalLM";
     shared_ = qwen2_ && c.value("shared_expert_intermediate_size", 0) > 0;
-    E_ = mixtral_ ? c["num_local_experts"].get<int>() : c["num_experts"].get<int>();
+    gpt_oss_ = arch_ == "GptOssForCausalLM";
+    E_ = mixtral_ || gpt_oss_ ? c["num_local_experts"].get<int>() : c["num_experts"].get<int>();
+    if (gpt_oss_) {
+      window_ = c.value("sliding_window", 0);
+      limit_ = c.value("swiglu_limit", 7.0);
+      for (int i = 0; i < c["num_hidden_layers"].get<int>(); ++i)
+        sliding_.push_back(c["layer_types"][size_t(i)] == "sliding_attention");
+    }
     K_ = c["num_experts_per_tok"];
     eps_ = c["rms_norm_eps"];
     theta_ = c["rope_theta"];
@@ -164,7 +171,7 @@ class Naive {
       Mat Q = linear(h, P + "self_attn.q_proj.weight");
       Mat Kt = linear(h, P + "self_attn.k_proj.weight");
       Mat Vt = linear(h, P + "self_attn.v_proj.weight");
-      if (qwen2_) {  // q/k/v biases
+      if (qwen2_ || gpt_oss_) {  // q/k/v biases
         add_bias(Q, P + "self_attn.q_proj.bias");
         add_bias(Kt, P + "self_attn.k_proj.bias");
         add_bias(Vt, P + "self_attn.v_proj.bias");
@@ -192,9 +199,20 @@ class Naive {
           for (int j = 0; j < S; ++j) {
             double d = 0;
             for (int t = 0; t < hd_; ++t) d += Q[size_t(i)][size_t(hq * hd_ + t)] * Kt[size_t(j)][size_t(hk * hd_ + t)];
-            A[size_t(i)][size_t(j)] = j <= i ? d / std::sqrt(double(hd_)) : -INFINITY;
+            // GPT-OSS sliding layers: keys j > i - sliding_window only.
+            const bool seen = j <= i && !(gpt_oss_ && sliding_[size_t(l)] && j <= i - window_);
+            A[size_t(i)][size_t(j)] = seen ? d / std::sqrt(double(hd_)) : -INFINITY;
           }
-        for (auto& row : A) softmax(row);
+        if (gpt_oss_) {  // the head's sink joins each softmax as one more logit, then is dropped
+          const double sink = w(P + "self_attn.sinks")[size_t(hq)];
+          for (auto& row : A) {
+            row.push_back(sink);
+            softmax(row);
+            row.pop_back();
+          }
+        } else {
+          for (auto& row : A) softmax(row);
+        }
         for (int i = 0; i < S; ++i)
           for (int t = 0; t < hd_; ++t) {
             double acc = 0;
@@ -202,15 +220,19 @@ class Naive {
             O[size_t(i)][size_t(hq * hd_ + t)] = acc;
           }
       }
-      add(X, linear(O, P + "self_attn.o_proj.weight"));
+      Mat attn_out = linear(O, P + "self_attn.o_proj.weight");
+      if (gpt_oss_) add_bias(attn_out, P + "self_attn.o_proj.bias");
+      add(X, attn_out);
 
       h = rmsnorm_rows(X, w(P + "post_attention_layernorm.weight"), H_);
       if (!moe_[size_t(l)]) {
         add(X, mlp(h, P + "mlp.gate_proj.weight", P + "mlp.up_proj.weight", P + "mlp.down_proj.weight"));
         continue;
       }
-      const std::string R = mixtral_ ? P + "block_sparse_moe.gate.weight" : P + "mlp.gate.weight";
+      const std::string R = mixtral_ ? P + "block_sparse_moe.gate.weight"
+                                     : gpt_oss_ ? P + "mlp.router.weight" : P + "mlp.gate.weight";
       Mat logits = linear(h, R);
+      if (gpt_oss_) add_bias(logits, P + "mlp.router.bias");
       Mat moe_out = zeros(S, H_);
       for (int s = 0; s < S; ++s) {
         std::vector<double> p = logits[size_t(s)];
@@ -227,7 +249,17 @@ class Naive {
         double total = 0;
         for (int id : ids) total += p[size_t(id)];
         Mat hs{h[size_t(s)]};
-        for (int k = 0; k < K_; ++k) {
+        // GPT-OSS (GptOssTopKRouter): the weights are a softmax over the chosen logits.
+        std::vector<double> chosen_logits;
+        for (int id : ids) chosen_logits.push_back(logits[size_t(s)][size_t(id)]);
+        softmax(chosen_logits);
+        for (int k = 0; k < K_ && gpt_oss_; ++k) {
+          const int e = ids[size_t(k)];
+          out.routes[(size_t(s) * Lm + col) * K_ + k] = int16_t(e);
+          const std::vector<double> y = gpt_oss_expert(hs[0], P, e);
+          for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += chosen_logits[size_t(k)] * y[size_t(i)];
+        }
+        for (int k = 0; k < K_ && !gpt_oss_; ++k) {
           const int e = ids[size_t(k)];
           out.routes[(size_t(s) * Lm + col) * K_ + k] = int16_t(e);
           const double gw = renorm_ ? p[size_t(e)] / total : p[size_t(e)];
@@ -273,6 +305,35 @@ class Naive {
         Y[s][o] = acc;
       }
     return Y;
+  }
+
+  // GptOssExperts for one token and expert e, from the fused tensors as stored: gate_up =
+  // h @ gate_up_proj[e] + bias ([E, H, 2I], inputs first), gate = [::2], up = [1::2], gate
+  // clamped above and up both ways at swiglu_limit, (up + 1) * gate * sigmoid(1.702 gate), then
+  // @ down_proj[e] ([E, I, H]) + bias.
+  std::vector<double> gpt_oss_expert(const std::vector<double>& h, const std::string& P, int e) const {
+    const auto& gu = w(P + "mlp.experts.gate_up_proj");
+    const auto& gub = w(P + "mlp.experts.gate_up_proj_bias");
+    const auto& dn = w(P + "mlp.experts.down_proj");
+    const auto& dnb = w(P + "mlp.experts.down_proj_bias");
+    const size_t I2 = gub.size() / size_t(E_), I = I2 / 2, H = size_t(H_);
+    std::vector<double> act(I), y(H);
+    for (size_t i = 0; i < I; ++i) {
+      double g = gub[size_t(e) * I2 + 2 * i], u = gub[size_t(e) * I2 + 2 * i + 1];
+      for (size_t k = 0; k < H; ++k) {
+        g += h[k] * gu[(size_t(e) * H + k) * I2 + 2 * i];
+        u += h[k] * gu[(size_t(e) * H + k) * I2 + 2 * i + 1];
+      }
+      g = std::min(g, limit_);
+      u = std::min(std::max(u, -limit_), limit_);
+      act[i] = (u + 1) * g / (1 + std::exp(-1.702 * g));
+    }
+    for (size_t o = 0; o < H; ++o) {
+      double acc = dnb[size_t(e) * H + o];
+      for (size_t i = 0; i < I; ++i) acc += act[i] * dn[(size_t(e) * I + i) * H + o];
+      y[o] = acc;
+    }
+    return y;
   }
 
   void add_bias(Mat& A, const std::string& name) const {
@@ -328,7 +389,10 @@ class Naive {
   std::string arch_;
   int H_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, layers_ = 0, E_ = 0, K_ = 0;
   double eps_ = 0, theta_ = 0;
-  bool mixtral_ = false, renorm_ = false, tied_ = false, qwen2_ = false, shared_ = false;
+  bool mixtral_ = false, renorm_ = false, tied_ = false, qwen2_ = false, shared_ = false, gpt_oss_ = false;
+  int window_ = 0;
+  double limit_ = 7.0;
+  std::vector<bool> sliding_;
   std::optional<double> clip_;
   std::vector<bool> moe_;
   std::map<std::string, std::vector<float>> w_;
@@ -404,6 +468,10 @@ const Case kCases[] = {
     {"olmoe_tiny_f32_clip_half", "olmoe", "tiny", DType::F32, {{"clip_qkv", 0.5}}, 48},
     {"olmoe_tiny_bf16_norm_topk", "olmoe", "tiny", DType::BF16, {{"norm_topk_prob", true}}, 48},
     {"mixtral_small_bf16", "mixtral", "small", DType::BF16, json::object(), 32},
+    // Sinks, sliding window 8 on even layers (the sequence slides past it), q/k/v/o biases,
+    // biased top-k-then-softmax router, fused biased experts with the clamped SwiGLU.
+    {"gpt_oss_tiny_bf16", "gpt_oss", "tiny", DType::BF16, json::object(), 40},
+    {"gpt_oss_tiny_f32_window3_limit1", "gpt_oss", "tiny", DType::F32, {{"sliding_window", 3}, {"swiglu_limit", 1.0}}, 40},
 };
 
 INSTANTIATE_TEST_SUITE_P(Reference, ReferenceVsNaive, ::testing::ValuesIn(kCases),
@@ -525,7 +593,8 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
 TEST(ReferenceForward, ReplayOfOwnRoutesIsBitIdentical) {
   for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
                               {"qwen3_moe", "small"}, {"qwen2_moe", "tiny"}, {"glm4_moe", "tiny"},
-                              {"glm4_moe", "small"}, {"deepseek_v3", "tiny"}, {"deepseek_v3", "small"}}) {
+                              {"glm4_moe", "small"}, {"deepseek_v3", "tiny"}, {"deepseek_v3", "small"},
+                              {"gpt_oss", "tiny"}, {"gpt_oss", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
     auto tok = make_tokens(24, w.config.vocab_size, 9);
@@ -592,8 +661,9 @@ std::vector<int16_t> least_likely(const ReferenceResult& r, int rows) {
 }
 
 TEST(ReferenceForward, ReplayOfOtherExpertsIsForcedAndMatchesNaive) {
-  // Mixtral renormalises, OLMoE does not, Qwen3 small has a dense layer and norm_topk_prob.
-  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"olmoe", "tiny"}, {"qwen3_moe", "small"}}) {
+  // Mixtral renormalises, OLMoE does not, Qwen3 small has a dense layer and norm_topk_prob,
+  // GPT-OSS weighs with a softmax over the forced ids' biased logits.
+  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"olmoe", "tiny"}, {"qwen3_moe", "small"}, {"gpt_oss", "tiny"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     std::string dir = models().dir(arch, preset, DType::BF16);
     const auto& w = models().weights(dir);
