@@ -14,7 +14,7 @@ from r3.torch import MoEForCausalLM, RouterReplay, gate_weights, patch_moe_block
 from r3.torch.checkpoint import load_state_dict  # noqa: E402
 from r3.torch.replay import live_topk  # noqa: E402
 
-ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v3_yarn"]
+ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v3_yarn", "gpt_oss"]
 
 
 def with_yarn(path, out):
@@ -64,7 +64,7 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
     assert (lp_r - torch.tensor(o.logprobs)).abs().mean() <= (lp - torch.tensor(o.logprobs)).abs().mean() + 1e-3
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss"])
 def test_replay_of_a_recorded_forward_is_bit_identical_and_forced_ids_are_used(make_model, arch):
     model = MoEForCausalLM.from_pretrained(make_model(arch))
     ids = torch.tensor([5, 9, 33, 7, 120, 64, 3, 18])
@@ -163,3 +163,27 @@ def test_patch_moe_block_puts_replay_on_a_users_own_block():
     y.sum().backward()
     assert block.router.weight.grad.abs().sum() > 0
     assert block.experts[5].weight.grad is not None and block.experts[5].weight.grad.abs().sum() > 0
+
+
+def test_gpt_oss_mxfp4_is_refused_and_its_dequantized_layout_loads(r3_bin, tmp_path):
+    import subprocess
+    for quant in ("mxfp4", "mxfp4-dequantized"):
+        subprocess.run([r3_bin, "make-model", "--arch", "gpt_oss", "--quant", quant, "--out", str(tmp_path / quant)],
+                       check=True, stdout=subprocess.DEVNULL)
+    with pytest.raises(ValueError, match="dequantize"):
+        MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4"))
+    model = MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4-dequantized"))
+    # The engine serves the MXFP4 checkpoint; the torch model of its dequantized weights agrees.
+    llm = r3.LLM(str(tmp_path / "mxfp4"), enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
+    prompt = [3 + (i * 53) % 400 for i in range(20)]
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=8, temperature=1.0, seed=3,
+                                                                            ignore_eos=True))
+    o = out.outputs[0]
+    routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
+    with torch.no_grad():
+        model.set_replay(routes)
+        logits, used = model(torch.tensor(prompt + o.token_ids))
+        model.clear_replay()
+    lp = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
+    assert (lp - torch.tensor(o.logprobs)).abs().max() < 0.05
+    assert (used.numpy()[:o.routed_experts.shape[0]] == o.routed_experts).all()

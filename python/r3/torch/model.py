@@ -1,5 +1,6 @@
 """r3's MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, GLM-4.5,
-DeepSeek-V3 with multi-head latent attention): the module tree mirrors the Hugging Face tensor
+DeepSeek-V3 with multi-head latent attention, GPT-OSS in its dequantized layout with sinks and
+sliding windows): the module tree mirrors the Hugging Face tensor
 names, so a checkpoint loads by name and writes back the same. Token ids [T] or [B, T], fp32 by
 default; every MoE layer carries a RouterReplay, and forward returns the routes it used.
 RoPE scaling: YaRN, as r3's C++ config parser and transformers compute it; other types are
@@ -17,7 +18,7 @@ from .replay import RouterReplay, gate_weights, live_topk
 
 _ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
           "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe",
-          "DeepseekV3ForCausalLM": "deepseek_v3"}
+          "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
 
 
 class MoEConfig:
@@ -93,6 +94,24 @@ class MoEConfig:
                            "topk_group": raw["topk_group"]}
         else:
             self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
+        self.o_bias = self.sinks = False
+        self.windows = [0] * self.num_layers
+        if self.arch == "gpt_oss":
+            # GptOssConfig: biased router (top-k of the logits, softmax over the k), fused biased
+            # experts with the clamped SwiGLU, q/k/v/o biases, sinks, sliding and full layers.
+            if raw.get("quantization_config"):
+                raise ValueError("r3.torch: GPT-OSS with quantization_config (MXFP4) is not supported; load its "
+                                 "dequantized layout (transformers' dequantize, or r3 make-model --quant mxfp4-dequantized)")
+            self.num_experts = raw["num_local_experts"]
+            self.moe_intermediate = raw["intermediate_size"]
+            self.moe_layers = list(range(self.num_layers))
+            self.qkv_bias = self.o_bias = raw.get("attention_bias", True)
+            self.sinks = True
+            types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                               for i in range(self.num_layers)]
+            self.windows = [raw.get("sliding_window", 128) if t == "sliding_attention" else 0 for t in types]
+            self.swiglu_limit = raw.get("swiglu_limit", 7.0)
+            self.router = {"kind": "topk_softmax", "top_k": self.top_k}
 
     @classmethod
     def from_dir(cls, model_dir):
@@ -196,7 +215,10 @@ class Attention(nn.Module):
         self.q_proj = linear(c.hidden_size, qd, c.qkv_bias)
         self.k_proj = linear(c.hidden_size, kvd, c.qkv_bias)
         self.v_proj = linear(c.hidden_size, kvd, c.qkv_bias)
-        self.o_proj = linear(qd, c.hidden_size)
+        self.o_proj = linear(qd, c.hidden_size, c.o_bias)
+        if c.sinks:
+            self.sinks = nn.Parameter(torch.zeros(c.num_heads))
+        self.window = 0  # set per layer (DecoderLayer)
         if c.qk_norm == "per_head":
             self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
         elif c.qk_norm == "whole":
@@ -220,7 +242,14 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(c.head_dim)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        if self.window:  # keys j > t - window only
+            mask = mask | torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-self.window)
+        scores = scores.masked_fill(mask, float("-inf"))
+        if c.sinks:  # one more logit per head in every softmax, dropped after it (GptOssAttention)
+            sink = self.sinks.float().view(1, -1, 1, 1).expand(B, -1, T, 1)
+            p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(scores, dim=-1)
         out = torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1)
         return self.o_proj(out)
 
@@ -290,6 +319,11 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.c = c
         mixtral = c.arch == "mixtral"
+        if c.arch == "gpt_oss":
+            self.router = linear(c.hidden_size, c.num_experts, bias=True)
+            self.experts = FusedExperts(c)
+            self.replay = RouterReplay()
+            return
         self.gate = linear(c.hidden_size, c.num_experts)
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
         if c.arch in ("glm4_moe", "deepseek_v3"):
@@ -301,7 +335,7 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = linear(c.hidden_size, 1)
         self.replay = RouterReplay()
 
-    def router(self):
+    def router_spec(self):
         if self.c.arch in ("glm4_moe", "deepseek_v3"):
             return {**self.c.router, "bias": self.gate.e_score_correction_bias.float()}
         return self.c.router
@@ -309,10 +343,12 @@ class SparseMoE(nn.Module):
     def forward(self, x):
         """x [B, T, H] -> ([B, T, H], ids [B*T, K]); tokens flattened in (batch, position) order."""
         h = x.reshape(-1, x.shape[-1])
-        logits = self.gate(h)
-        router = self.router()
+        logits = self.router(h) if self.c.arch == "gpt_oss" else self.gate(h)
+        router = self.router_spec()
         ids = self.replay.select(live_topk(logits, router))
         w = gate_weights(logits, ids, router)
+        if self.c.arch == "gpt_oss":
+            return self.experts(h, ids, w).view_as(x), ids
         T, K = ids.shape
         contrib = h.new_zeros(T, K, h.shape[-1])
         for e in torch.unique(ids).tolist():
@@ -326,6 +362,33 @@ class SparseMoE(nn.Module):
         return out.view_as(x), ids
 
 
+class FusedExperts(nn.Module):
+    """GPT-OSS's experts as transformers stores them (GptOssExperts): gate_up_proj [E, H, 2I]
+    (inputs first; gate and up interleaved), down_proj [E, I, H], their biases; activation
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(1.702 g), g = gate clamped above at limit."""
+
+    def __init__(self, c):
+        super().__init__()
+        E, H, I = c.num_experts, c.hidden_size, c.moe_intermediate
+        self.limit = c.swiglu_limit
+        self.gate_up_proj = nn.Parameter(torch.zeros(E, H, 2 * I))
+        self.gate_up_proj_bias = nn.Parameter(torch.zeros(E, 2 * I))
+        self.down_proj = nn.Parameter(torch.zeros(E, I, H))
+        self.down_proj_bias = nn.Parameter(torch.zeros(E, H))
+
+    def forward(self, h, ids, w):
+        """h [T, H], ids and weights [T, K] -> sum_k w[t, k] expert_{ids[t, k]}(h[t])."""
+        T, K = ids.shape
+        contrib = h.new_zeros(T, K, h.shape[-1])
+        for e in torch.unique(ids).tolist():
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            gu = h[tok] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            gate, up = gu[..., ::2].clamp(max=self.limit), gu[..., 1::2].clamp(-self.limit, self.limit)
+            y = ((up + 1) * (gate * torch.sigmoid(gate * 1.702))) @ self.down_proj[e] + self.down_proj_bias[e]
+            contrib[tok, slot] = y * w[tok, slot, None]
+        return contrib.sum(dim=1)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, c, i):
         super().__init__()
@@ -333,6 +396,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = MlaAttention(c) if c.mla else Attention(c)
+        if not c.mla:
+            self.self_attn.window = c.windows[i]
         self.moe = i in c.moe_layers
         if c.arch == "mixtral":
             self.block_sparse_moe = SparseMoE(c)
