@@ -36,12 +36,15 @@ r3::ThreadPool& pool() {
   return p;
 }
 
-// Many distinct matrices so the weights stream from memory, as in decode.
-void BM_MatmulBf16(benchmark::State& state) {
+// Many distinct matrices so the weights stream from memory, as in decode. Bytes/s counts the
+// bytes the kernel really reads (MXFP4: 4.25 bits per weight).
+template <typename W>
+void matmul_streaming(benchmark::State& state) {
   const int T = int(state.range(0)), rows = int(state.range(1)), cols = int(state.range(2));
-  const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / (int64_t(rows) * cols * 2)));
-  std::vector<Weights> ws;
-  for (int i = 0; i < copies; ++i) ws.emplace_back(rows, cols);
+  std::vector<W> ws;
+  ws.emplace_back(rows, cols);
+  const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / int64_t(ws[0].view.nbytes())));
+  while (int(ws.size()) < copies) ws.emplace_back(rows, cols);
   std::vector<float> x(size_t(T) * cols, 0.5f), y(size_t(T) * rows);
   std::vector<uint16_t> xb(x.size());
   r3::kernels::round_to_bf16(x.data(), int64_t(x.size()), xb.data());
@@ -51,10 +54,12 @@ void BM_MatmulBf16(benchmark::State& state) {
     i = (i + 1) % copies;
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * rows * cols * 2);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(ws[0].view.nbytes()));
   state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 2.0 * T * rows * cols / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
+
+void BM_MatmulBf16(benchmark::State& state) { matmul_streaming<Weights>(state); }
 BENCHMARK(BM_MatmulBf16)
     ->Args({1, 1024, 1024})
     ->Args({1, 512, 1024})
@@ -67,8 +72,7 @@ BENCHMARK(BM_MatmulBf16)
     ->Args({256, 1024, 1024})
     ->UseRealTime();
 
-// MXFP4 weights (decoded inside the matmul), the same shapes: bytes/s counts the 4.25 bits per
-// weight really read.
+// MXFP4 weights (decoded inside the matmul), the same shapes.
 struct Mxfp4Weights {
   std::vector<uint8_t> blocks, scales;
   r3::kernels::PackedBf16 packed;
@@ -86,24 +90,7 @@ struct Mxfp4Weights {
   }
 };
 
-void BM_MatmulMxfp4(benchmark::State& state) {
-  const int T = int(state.range(0)), rows = int(state.range(1)), cols = int(state.range(2));
-  const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / (int64_t(rows) * cols / 2)));
-  std::vector<Mxfp4Weights> ws;
-  for (int i = 0; i < copies; ++i) ws.emplace_back(rows, cols);
-  std::vector<float> x(size_t(T) * cols, 0.5f), y(size_t(T) * rows);
-  std::vector<uint16_t> xb(x.size());
-  r3::kernels::round_to_bf16(x.data(), int64_t(x.size()), xb.data());
-  int i = 0;
-  for (auto _ : state) {
-    r3::kernels::matmul({x.data(), xb.data(), T}, ws[size_t(i)].view, y.data(), &pool());
-    i = (i + 1) % copies;
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(ws[0].view.nbytes()));
-  state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 2.0 * T * rows * cols / 1e9,
-                                                 benchmark::Counter::kIsRate);
-}
+void BM_MatmulMxfp4(benchmark::State& state) { matmul_streaming<Mxfp4Weights>(state); }
 BENCHMARK(BM_MatmulMxfp4)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
 
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts

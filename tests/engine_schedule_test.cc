@@ -120,6 +120,8 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::ValuesIn(kAllArchs));
+// GPT-OSS with its experts in MXFP4, as released (decoded inside the matmul).
+INSTANTIATE_TEST_SUITE_P(Mxfp4, EngineFuzz, ::testing::Values("gpt_oss_mxfp4"));
 
 }  // namespace
 }  // namespace r3::testing

@@ -1,7 +1,7 @@
 // MXFP4 experts (GPT-OSS as released) against the same weights decoded into the bf16 layout:
 // the reference forward decodes them independently (TensorView::at) and must give identical
-// logits; the engine must give identical tokens, logprobs and routes, and every request under a
-// randomised schedule must match its solo run bit for bit.
+// logits; the engine must give identical tokens, logprobs and routes. (EngineFuzz runs the
+// everything-on schedule on gpt_oss_mxfp4 too: every request bit-identical to its solo run.)
 #include <gtest/gtest.h>
 
 #include <random>
@@ -52,30 +52,6 @@ TEST(Mxfp4, EngineIdenticalToTheDequantizedCheckpoint) {
     ASSERT_TRUE(q.outputs[i].routed_experts && d.outputs[i].routed_experts);
     EXPECT_EQ(q.outputs[i].routed_experts->data, d.outputs[i].routed_experts->data) << i;
   }
-}
-
-// Every feature on at once (the EngineFuzz workload) on MXFP4 weights.
-TEST(Mxfp4, EverythingOnBitIdenticalToSoloRuns) {
-  const std::string model = test_model("gpt_oss_mxfp4");
-  const Workload w = make_workload(99, 120, 512, 0.05);
-  const auto solo = solo_runs(model, w);
-  EngineConfig cfg;
-  cfg.model = model;
-  cfg.num_kv_blocks = 20;
-  cfg.max_num_batched_tokens = 40;
-  cfg.max_num_seqs = 12;
-  cfg.overlap_scheduler = true;
-  cfg.decode_buckets = {1, 2, 4, 8, 16};
-  cfg.enable_return_routed_experts = true;
-  cfg.eplb_redundant_experts = 2;
-  RunResult r = run_workload(cfg, w);
-  for (size_t i = 0; i < w.prompts.size(); ++i)
-    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
-  EXPECT_EQ(r.stats.routed_experts_gaps, 0u);
-  EXPECT_GT(r.stats.preemptions, 0u);
-  EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
-  EXPECT_GT(r.stats.chunked_prefills, 0u);
-  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks);
 }
 
 }  // namespace

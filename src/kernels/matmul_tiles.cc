@@ -53,6 +53,40 @@ inline __m512i pair_row(const uint16_t* panel, int q, ptrdiff_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T0);
   return _mm512_loadu_si512(at);
 }
+
+// Lane masks of P panels' rows inside [lo, hi).
+template <int P>
+inline void panel_row_masks(int row0, int lo, int hi, __mmask16* masks) {
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int r0 = row0 + p * kPanel;
+    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
+    masks[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+  }
+}
+
+// One input pair of C tokens into P x C accumulators: w[2q + 1] x[2q + 1] first, then
+// w[2q] x[2q] (the per-row order of dot.h).
+template <int P, int C>
+inline void fma_pair(const __m512* w0, const __m512* w1, const float* const* xf, int q, __m512 (*acc)[C]) {
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
+    const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
+  }
+}
+
+template <int P, int C>
+inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* masks, const __m512 (*acc)[C]) {
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, masks[p], acc[p][c]);
+}
 #endif
 
 // P panels x C tokens over input pairs [q0, q1): starts from zero at q0 = 0, else from the
@@ -70,15 +104,13 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
   for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
   __mmask16 rows_mask[P];
+  panel_row_masks<P>(row0, lo, hi, rows_mask);
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    const int r0 = row0 + p * kPanel;
-    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
-    rows_mask[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+  for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
-      acc[p][c] = q0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows_mask[p], y + size_t(t0 + c) * ldy + r0);
-  }
+      acc[p][c] = q0 == 0 ? _mm512_setzero_ps()
+                          : _mm512_maskz_loadu_ps(rows_mask[p], y + size_t(t0 + c) * ldy + row0 + p * kPanel);
 #if R3_ISA_AVX512BF16
   if constexpr (kDp) {
     const uint16_t* xb[C];
@@ -109,22 +141,10 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
         w1[p] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
         w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       }
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
-        const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
-      }
+      fma_pair<P, C>(w0, w1, xf, q, acc);
     }
   }
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+  store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
 #elif R3_ISA_AVX2
   // 8 lanes: each panel's 16 rows are two halves (pair row bytes 0-31 and 32-63), otherwise
   // the same per-row fma order as the AVX-512 path.
@@ -392,14 +412,11 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x,
   for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
   __mmask16 rows_mask[P];
+  panel_row_masks<P>(row0, lo, hi, rows_mask);
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    const int r0 = row0 + p * kPanel;
-    const int a = std::max(lo, r0) - r0, b = std::min(hi, r0 + kPanel) - r0;
-    rows_mask[p] = a < b ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+  for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
-  }
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
   const __m512i nibble = _mm512_set1_epi32(15);
@@ -421,22 +438,10 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x,
         w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(b, nibble), lut), scale[p]);
         w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), scale[p]);
       }
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
-        const __m512 x0 = _mm512_set1_ps(xf[c][2 * size_t(q)]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w1[p], x1, acc[p][c]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(w0[p], x0, acc[p][c]);
-      }
+      fma_pair<P, C>(w0, w1, xf, q, acc);
     }
   }
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, rows_mask[p], acc[p][c]);
+  store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
 }
 
 // Panels [p, p_end) x all tokens, P panels at a time (4 weight streams in flight), tokens in
