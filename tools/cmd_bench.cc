@@ -1,9 +1,12 @@
 // r3 bench: a fixed suite of engine workloads, each run with the engine's route option off, on
-// but unused, and on with every request asking for routes, measured side by side (interleaved,
-// best of --reps, over two builds of the engine pair), beside the machine's streaming-read
-// bandwidth and bf16 and fp32 FMA peaks measured in the same run.
+// but unused, and on with every request asking for routes, measured side by side (interleaved
+// over --reps, over two builds of the engine pair; median and spread reported), beside the
+// machine's streaming-read bandwidth and bf16 and fp32 FMA peaks, measured before the suite and
+// again after every entry, so the fractions rest on their median and the spread shows how much
+// the machine itself moved during the run.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -34,8 +37,33 @@ struct Timing {
   double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0;
 };
 
+// Median, min and max of samples (empty: zeros).
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread spread_of(std::vector<double> v) {
+  Spread s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+json spread_json(const Spread& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
+
+// A fraction of a machine limit, or a flag where the achieved rate exceeds it (the limit was
+// measured low, or the entry reads from cache): never a fraction over 100%.
+std::string fraction(double achieved, double limit) {
+  char b[32];
+  if (achieved > limit) return "> limit";
+  std::snprintf(b, sizeof b, "%.0f%%", 100 * achieved / limit);
+  return b;
+}
+
 // Per-token matmul FLOPs of the model (2 per weight element a token touches) plus attention at
-// an average context of `avg_ctx` positions.
+// an average context of `avg_ctx` positions (capped at a sliding layer's window).
 double flops_per_token(const ModelConfig& c, double avg_ctx) {
   const double H = c.hidden_size, qd = double(c.num_heads) * c.head_dim, kvd = double(c.num_kv_heads) * c.head_dim;
   double f = 0;
@@ -50,8 +78,9 @@ double flops_per_token(const ModelConfig& c, double avg_ctx) {
                 nh * m.v_head_dim * H);
       f += 2 * avg_ctx * nh * (m.latent_width() + m.kv_lora_rank);
     } else {
+      const int window = c.layers[size_t(l)].attention.sliding_window;
       f += 2 * (H * qd * 2 + H * kvd * 2);
-      f += 2 * 2 * avg_ctx * qd;
+      f += 2 * 2 * (window > 0 ? std::min(avg_ctx, double(window)) : avg_ctx) * qd;
     }
     const LayerConfig& lc = c.layers[size_t(l)];
     if (lc.moe)
@@ -177,7 +206,7 @@ int cmd_bench(int argc, char** argv) {
          "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
   add_engine_flags(a);
   a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync", "entries to run")
-      .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (best is reported)")
+      .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
       .opt("json", "", "write the results as a JSON list here");
@@ -201,14 +230,30 @@ int cmd_bench(int argc, char** argv) {
     if (!found) throw Error("r3 bench: unknown suite entry \"" + n + "\"");
   }
   ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
-  const kernels::MachineLimits m = kernels::measure_machine(&probe_pool);
-  std::printf("machine: %s kernels, streaming read %.1f GB/s, bf16 peak %.0f GFLOP/s (%s), fp32 fma peak %.0f GFLOP/s, %d threads\n",
-              m.kernels.c_str(), m.read_gb_per_s, m.peak_gflops, m.peak_instruction.c_str(), m.fma_peak_gflops, probe_pool.size());
+  std::vector<kernels::MachineLimits> machine = {kernels::measure_machine(&probe_pool)};
+  const kernels::MachineLimits m0 = machine[0];  // a copy: machine grows below
+  std::printf("machine: %s kernels, bf16 peak instruction %s, %d threads (limits measured before the suite and after "
+              "every entry; table below)\n",
+              m0.kernels.c_str(), m0.peak_instruction.c_str(), probe_pool.size());
   std::fflush(stdout);
-  std::printf("%-14s %12s %12s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off",
-              "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
-  json results = json::array();
-  for (const Entry& en : suite) {
+  // Entries adapt to the model: a prompt never runs past the positions it allows (less one
+  // generated token).
+  const int max_positions = Engine(base).model_config().max_position_embeddings;
+  struct Row {
+    Entry en;
+    Spread off, unused, on, gb, gflops;
+    double ratio;
+  };
+  std::vector<Row> rows;
+  for (Entry en : suite) {
+    const int longest = max_positions - en.max_tokens - 1;
+    if (en.prompt_len > longest) {
+      std::fprintf(stderr, "r3 bench: %s runs %d-token prompts (the model allows %d positions), not %d\n",
+                   en.name.c_str(), longest, max_positions, en.prompt_len);
+      en.prompt_len = longest;
+      en.shared_prefix = std::min(en.shared_prefix, longest);
+    }
+    std::fprintf(stderr, "r3 bench: running %s\n", en.name.c_str());
     EngineConfig cfg = base;
     cfg.max_num_seqs = std::max(cfg.max_num_seqs, en.requests);
     if (en.measure == Entry::Prefill) cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
@@ -216,8 +261,14 @@ int cmd_bench(int argc, char** argv) {
     EngineConfig cfg_off = cfg;
     cfg_off.enable_return_routed_experts = false;
     cfg.enable_return_routed_experts = true;
-    Timing best_off, best_unused, best_on;
-    auto keep = [](Timing& b, const Timing& t) { if (t.tokens_per_s > b.tokens_per_s) b = t; };
+    std::vector<double> off, unused, on, gb, gflops;
+    auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
+    auto keep_unused = [&](const Timing& t) {
+      unused.push_back(t.tokens_per_s);
+      gb.push_back(t.weight_gb_per_s);
+      gflops.push_back(t.gflops);
+    };
+    auto keep_on = [&](const Timing& t) { on.push_back(t.tokens_per_s); };
     const int reps = int(a.integer("reps"));
     uint64_t run = 0;
     // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
@@ -232,38 +283,58 @@ int cmd_bench(int argc, char** argv) {
       run_entry(*e_on, en, true, vocab, run++);
       for (int rep = build; rep < reps; rep += 2)
         for (int k = 0; k < 3; ++k) switch ((rep + k) % 3) {
-            case 0: keep(best_off, run_entry(*e_off, en, false, vocab, run++)); break;
-            case 1: keep(best_unused, run_entry(*e_on, en, false, vocab, run++)); break;
-            default: keep(best_on, run_entry(*e_on, en, true, vocab, run++)); break;
+            case 0: keep_off(run_entry(*e_off, en, false, vocab, run++)); break;
+            case 1: keep_unused(run_entry(*e_on, en, false, vocab, run++)); break;
+            default: keep_on(run_entry(*e_on, en, true, vocab, run++)); break;
           }
     }
-    const double ratio = best_on.tokens_per_s / best_unused.tokens_per_s;
-    const bool bw = en.measure == Entry::Decode;
-    const bool fl = en.measure != Entry::Decode;
-    std::printf("%-14s %12.1f %12.1f %12.1f %8.3f %10.2f %7.0f%% %10.1f %7.0f%% %7.0f%%\n", en.name.c_str(),
-                best_off.tokens_per_s, best_unused.tokens_per_s, best_on.tokens_per_s, ratio,
-                best_unused.weight_gb_per_s, 100 * best_unused.weight_gb_per_s / m.read_gb_per_s,
-                best_unused.gflops, 100 * best_unused.gflops / m.peak_gflops,
-                100 * best_unused.gflops / m.fma_peak_gflops);
-    std::fflush(stdout);
-    json j = {{"name", en.name},
-              {"tokens_per_s_routes_off", best_unused.tokens_per_s},
-              {"tokens_per_s_routes_on", best_on.tokens_per_s},
-              {"tokens_per_s_engine_option_off", best_off.tokens_per_s},
-              {"routes_ratio", ratio},
-              {"engine_option_ratio", best_unused.tokens_per_s / best_off.tokens_per_s},
-              {"weight_gb_per_s", best_unused.weight_gb_per_s},
-              {"machine_kernels", m.kernels},
-              {"machine_read_gb_per_s", m.read_gb_per_s},
-              {"machine_peak_gflops", m.peak_gflops},
-              {"machine_fma_peak_gflops", m.fma_peak_gflops}};
-    if (bw) j["weight_bandwidth_fraction"] = best_unused.weight_gb_per_s / m.read_gb_per_s;
-    if (fl) {
-      j["flops_fraction"] = best_unused.gflops / m.peak_gflops;
-      j["fma_flops_fraction"] = best_unused.gflops / m.fma_peak_gflops;
+    Row row{en, spread_of(off), spread_of(unused), spread_of(on), spread_of(gb), spread_of(gflops), 0};
+    row.ratio = row.on.median / row.unused.median;
+    rows.push_back(row);
+    machine.push_back(kernels::measure_machine(&probe_pool));
+  }
+  // The limits: median and spread over every measurement of this run.
+  std::vector<double> reads, peaks, fmas;
+  for (const auto& mm : machine) reads.push_back(mm.read_gb_per_s), peaks.push_back(mm.peak_gflops), fmas.push_back(mm.fma_peak_gflops);
+  const Spread read = spread_of(reads), peak = spread_of(peaks), fma = spread_of(fmas);
+  std::printf("limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s [%.0f-%.0f], "
+              "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
+              machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median, fma.min, fma.max);
+  std::printf("%-14s %12s %20s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off [min-max]",
+              "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
+  json results = json::array();
+  for (const Row& r : rows) {
+    char off_range[48];
+    std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
+    std::printf("%-14s %12.1f %20s %12.1f %8.3f %10.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median, off_range,
+                r.on.median, r.ratio, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.gflops.median,
+                fraction(r.gflops.median, peak.median).c_str(), fraction(r.gflops.median, fma.median).c_str());
+    json j = {{"name", r.en.name},
+              {"prompt_len", r.en.prompt_len},
+              {"tokens_per_s_routes_off", r.unused.median},
+              {"tokens_per_s_routes_off_spread", spread_json(r.unused)},
+              {"tokens_per_s_routes_on", r.on.median},
+              {"tokens_per_s_routes_on_spread", spread_json(r.on)},
+              {"tokens_per_s_engine_option_off", r.off.median},
+              {"routes_ratio", r.ratio},
+              {"engine_option_ratio", r.unused.median / r.off.median},
+              {"weight_gb_per_s", r.gb.median},
+              {"gflops", r.gflops.median},
+              {"machine_kernels", m0.kernels},
+              {"machine_read_gb_per_s", spread_json(read)},
+              {"machine_peak_gflops", spread_json(peak)},
+              {"machine_fma_peak_gflops", spread_json(fma)},
+              {"weight_bandwidth_over_read", r.gb.median > read.median}};
+    if (r.en.measure == Entry::Decode) j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
+    else {
+      j["flops_fraction"] = r.gflops.median / peak.median;
+      j["fma_flops_fraction"] = r.gflops.median / fma.median;
     }
     results.push_back(j);
   }
+  std::fflush(stdout);
+  kernels::MachineLimits m = m0;
+  m.read_gb_per_s = read.median;
   if (weight_sync) results.push_back(bench_weight_sync(base, m, int(a.integer("reps"))));
   if (!a.str("json").empty()) {
     std::ofstream out(a.str("json"));

@@ -1,0 +1,28 @@
+"""r3 bench reports medians and spreads against limits measured several times in the run, flags
+rates above a limit instead of printing fractions over 100%, and fits entries to the model."""
+import json
+import subprocess
+
+
+def test_bench_medians_spreads_flags_and_fitted_prompts(make_model, r3_bin, tmp_path):
+    model = make_model("olmoe")  # tiny: 4096 positions, weights that fit in cache
+    out = tmp_path / "bench.json"
+    run = subprocess.run([r3_bin, "bench", "--model", model, "--suite", "decode_b1,prefill_2k", "--reps", "2",
+                          "--decode-tokens", "4", "--prefill-tokens", "9000", "--json", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "prefill_2k runs 4094-token prompts (the model allows 4096 positions), not 9000" in run.stderr
+    assert "limits over 3 measurements" in run.stdout  # before the suite and after each entry
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    assert rows["prefill_2k"]["prompt_len"] == 4094
+    for r in rows.values():
+        s = r["tokens_per_s_routes_off_spread"]
+        assert s["min"] <= s["median"] <= s["max"]
+        assert r["tokens_per_s_routes_off"] == s["median"]
+        m = r["machine_read_gb_per_s"]
+        assert m["min"] <= m["median"] <= m["max"]
+    d = rows["decode_b1"]
+    assert d["weight_bandwidth_fraction"] <= 1.0
+    # A tiny model's weights sit in cache: a rate over the read bandwidth is flagged, not a fraction.
+    if d["weight_bandwidth_over_read"]:
+        line = next(l for l in run.stdout.splitlines() if l.startswith("decode_b1"))
+        assert "> limit" in line
