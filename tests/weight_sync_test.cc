@@ -63,9 +63,10 @@ TEST(WeightSync, BucketsApplyAtOnceAndEqualAFreshEngine) {
 
 // A refit of a few tensors repacks only their panels, in place: the engine then equals a fresh
 // engine on a checkpoint holding the new tensors and the old rest, over two refits in a row. On
-// DeepSeek-V3 the refit of layer 1 includes kv_b, whose absorbed per-head copies must follow.
+// DeepSeek-V3 the refit of layer 1 includes kv_b, whose absorbed per-head copies must follow; on
+// GPT-OSS its fused experts (float, or MXFP4 blocks and scales), whose per-expert split must.
 TEST(WeightSync, APartialRefitEqualsAFreshEngineOnTheMixedWeights) {
-  for (const char* arch : {"olmoe", "deepseek_v3"}) {
+  for (const char* arch : {"olmoe", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(arch);
     const std::string a = test_model(arch, "tiny", 0), b = test_model(arch, "tiny", 7);
     const std::vector<TensorToWrite> new_all = tensors_of(b);
