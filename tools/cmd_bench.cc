@@ -34,7 +34,7 @@ struct Entry {
 };
 
 struct Timing {
-  double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0;
+  double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0, kv_gb_per_s = 0;
 };
 
 // Median, min and max of samples (empty: zeros).
@@ -91,6 +91,17 @@ double flops_per_token(const ModelConfig& c, double avg_ctx) {
   return f;
 }
 
+// KV-cache bytes attention reads per token at a context of `ctx` positions: every layer's cached
+// row (K and V, or MLA's latent) per position it attends, a sliding layer's at most its window.
+double kv_bytes_per_token(const ModelConfig& c, double ctx, double element_bytes) {
+  double b = 0;
+  for (const LayerConfig& l : c.layers) {
+    const int w = l.attention.sliding_window;
+    b += double(c.kv_cache_width()) * (w > 0 ? std::min(ctx, double(w)) : ctx) * element_bytes;
+  }
+  return b;
+}
+
 // `run` salts the prompts: every run gets its own, so no run finds the previous run's prompts in
 // the prefix cache (prefixes are shared only within a run, as the entry intends).
 Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_t run) {
@@ -105,10 +116,18 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
     prompts.push_back(p);
   }
   SamplingParams sp;
-  sp.max_tokens = en.max_tokens;
   sp.temperature = 1.f;
   sp.ignore_eos = true;
   sp.return_routed_experts = ask_routes;
+  if (en.measure == Entry::Decode) {
+    // Untimed: the prompts once, one token each, so their KV sits in the prefix cache. The timed
+    // run then starts every request at once (a cache hit, not a chunked prefill that lets the
+    // first requests finish before the last begins) and measures decode at the full context.
+    sp.max_tokens = 1;
+    for (int r = 0; r < en.requests; ++r) e.add_request(prompts[size_t(r)], sp);
+    while (e.has_unfinished()) e.step();
+  }
+  sp.max_tokens = en.max_tokens;
   for (int r = 0; r < en.requests; ++r) {
     sp.seed = uint64_t(r);
     e.add_request(prompts[size_t(r)], sp);
@@ -144,6 +163,9 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
   t.weight_gb_per_s = double(s2.weight_bytes_read - start_s.weight_bytes_read) / secs / 1e9;
   const double avg_ctx = en.measure == Entry::Prefill ? en.prompt_len / 2.0 : en.prompt_len + en.max_tokens / 2.0;
   t.gflops = tokens * flops_per_token(e.model_config(), avg_ctx) / secs / 1e9;
+  // KV bytes read per second over the whole timed span (a lower bound on attention's own rate).
+  const double kv_element = e.stats().kv_cache_dtype == "bf16" ? 2.0 : 4.0;
+  t.kv_gb_per_s = tokens * kv_bytes_per_token(e.model_config(), avg_ctx, kv_element) / secs / 1e9;
   return t;
 }
 
@@ -198,14 +220,16 @@ json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m,
 
 int cmd_bench(int argc, char** argv) {
   Args a("bench",
-         "Runs the benchmark suite (decode_b1, decode_b32, prefill_2k, mixed_rollout) with routes off\n"
+         "Runs the benchmark suite (decode_b1, decode_b32, prefill_2k, mixed_rollout; decode_b32_ctx8k and\n"
+         "rollout_long on request) with routes off\n"
          "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
          "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
          "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
          "pass over the weights at the measured read bandwidth, and the RSS that\n"
          "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
   add_engine_flags(a);
-  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync", "entries to run")
+  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync",
+        "entries to run (also: decode_b32_ctx8k, rollout_long)")
       .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
@@ -218,6 +242,9 @@ int cmd_bench(int argc, char** argv) {
       {"decode_b32", 32, 16, 0, dec, Entry::Decode},
       {"prefill_2k", 1, pre, 0, 1, Entry::Prefill},
       {"mixed_rollout", 32, 160, 128, 2 * dec, Entry::Total},
+      // RL-shaped, long: not in the default suite (minutes per repetition on the bench preset).
+      {"decode_b32_ctx8k", 32, 8192, 0, dec, Entry::Decode},
+      {"rollout_long", 64, 1024, 896, 2048, Entry::Total},
   };
   std::vector<Entry> suite;
   std::stringstream ss(a.str("suite"));
@@ -238,18 +265,31 @@ int cmd_bench(int argc, char** argv) {
   std::fflush(stdout);
   // Entries adapt to the model: a prompt never runs past the positions it allows (less one
   // generated token).
-  const int max_positions = Engine(base).model_config().max_position_embeddings;
+  int max_positions = 0, kv_tokens = 0;
+  {
+    Engine probe(base);
+    max_positions = probe.model_config().max_position_embeddings;
+    kv_tokens = probe.stats().num_blocks * probe.stats().block_size;
+  }
   struct Row {
     Entry en;
-    Spread off, unused, on, gb, gflops;
+    Spread off, unused, on, gb, gflops, kv;
     double ratio;
   };
   std::vector<Row> rows;
   for (Entry en : suite) {
-    const int longest = max_positions - en.max_tokens - 1;
+    // ... nor past what the KV pool holds for all of the entry's requests at once (no preemption
+    // inside a measurement; a block of slack per request).
+    const int longest = std::min(max_positions - en.max_tokens - 1,
+                                 kv_tokens / en.requests - en.max_tokens - base.block_size);
+    if (longest < 16) {
+      std::fprintf(stderr, "r3 bench: %s skipped: %d requests of %d generated tokens do not fit the KV pool (%d tokens)\n",
+                   en.name.c_str(), en.requests, en.max_tokens, kv_tokens);
+      continue;
+    }
     if (en.prompt_len > longest) {
-      std::fprintf(stderr, "r3 bench: %s runs %d-token prompts (the model allows %d positions), not %d\n",
-                   en.name.c_str(), longest, max_positions, en.prompt_len);
+      std::fprintf(stderr, "r3 bench: %s runs %d-token prompts, not %d (the model allows %d positions; the KV pool "
+                   "holds %d tokens)\n", en.name.c_str(), longest, en.prompt_len, max_positions, kv_tokens);
       en.prompt_len = longest;
       en.shared_prefix = std::min(en.shared_prefix, longest);
     }
@@ -257,16 +297,17 @@ int cmd_bench(int argc, char** argv) {
     EngineConfig cfg = base;
     cfg.max_num_seqs = std::max(cfg.max_num_seqs, en.requests);
     if (en.measure == Entry::Prefill) cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
-    cfg.enable_prefix_caching = en.shared_prefix > 0 && base.enable_prefix_caching;
+    cfg.enable_prefix_caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && base.enable_prefix_caching;
     EngineConfig cfg_off = cfg;
     cfg_off.enable_return_routed_experts = false;
     cfg.enable_return_routed_experts = true;
-    std::vector<double> off, unused, on, gb, gflops;
+    std::vector<double> off, unused, on, gb, gflops, kv;
     auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
     auto keep_unused = [&](const Timing& t) {
       unused.push_back(t.tokens_per_s);
       gb.push_back(t.weight_gb_per_s);
       gflops.push_back(t.gflops);
+      kv.push_back(t.kv_gb_per_s);
     };
     auto keep_on = [&](const Timing& t) { on.push_back(t.tokens_per_s); };
     const int reps = int(a.integer("reps"));
@@ -288,7 +329,7 @@ int cmd_bench(int argc, char** argv) {
             default: keep_on(run_entry(*e_on, en, true, vocab, run++)); break;
           }
     }
-    Row row{en, spread_of(off), spread_of(unused), spread_of(on), spread_of(gb), spread_of(gflops), 0};
+    Row row{en, spread_of(off), spread_of(unused), spread_of(on), spread_of(gb), spread_of(gflops), spread_of(kv), 0};
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -300,15 +341,16 @@ int cmd_bench(int argc, char** argv) {
   std::printf("limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s [%.0f-%.0f], "
               "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
               machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median, fma.min, fma.max);
-  std::printf("%-14s %12s %20s %12s %8s %10s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off [min-max]",
-              "routes on", "ratio", "weight GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
+  std::printf("%-16s %12s %20s %12s %8s %10s %8s %8s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off [min-max]",
+              "routes on", "ratio", "weight GB/s", "of read", "KV GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
   json results = json::array();
   for (const Row& r : rows) {
     char off_range[48];
     std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
-    std::printf("%-14s %12.1f %20s %12.1f %8.3f %10.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median, off_range,
-                r.on.median, r.ratio, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.gflops.median,
-                fraction(r.gflops.median, peak.median).c_str(), fraction(r.gflops.median, fma.median).c_str());
+    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10.2f %8s %8.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median,
+                off_range, r.on.median, r.ratio, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.kv.median,
+                fraction(r.kv.median, read.median).c_str(), r.gflops.median, fraction(r.gflops.median, peak.median).c_str(),
+                fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
               {"prompt_len", r.en.prompt_len},
               {"tokens_per_s_routes_off", r.unused.median},
@@ -319,6 +361,7 @@ int cmd_bench(int argc, char** argv) {
               {"routes_ratio", r.ratio},
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
+              {"kv_gb_per_s", r.kv.median},
               {"gflops", r.gflops.median},
               {"machine_kernels", m0.kernels},
               {"machine_read_gb_per_s", spread_json(read)},
