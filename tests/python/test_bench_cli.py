@@ -10,7 +10,7 @@ def test_bench_medians_spreads_flags_and_fitted_prompts(make_model, r3_bin, tmp_
     run = subprocess.run([r3_bin, "bench", "--model", model, "--suite", "decode_b1,prefill_2k", "--reps", "2",
                           "--decode-tokens", "4", "--prefill-tokens", "9000", "--json", str(out)],
                          capture_output=True, text=True, check=True)
-    assert "prefill_2k runs 4094-token prompts (the model allows 4096 positions), not 9000" in run.stderr
+    assert "prefill_2k runs 4094-token prompts, not 9000 (the model allows 4096 positions" in run.stderr
     assert "limits over 3 measurements" in run.stdout  # before the suite and after each entry
     rows = {r["name"]: r for r in json.loads(out.read_text())}
     assert rows["prefill_2k"]["prompt_len"] == 4094
