@@ -4,6 +4,8 @@
 // The real release templates are compared with python3-jinja2 in chat_template_oracle_test.cc.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <filesystem>
 
 #include "core/error.h"
@@ -94,6 +96,21 @@ TEST(ChatTemplate, RendersWithTheTokenizersSpecialTokensAndContinuesTheFinalMess
   r.messages = nlohmann::ordered_json::array();
   EXPECT_THROW(ct.render(r), Error);
   EXPECT_THROW(ChatTemplate(tok, "{% bogus %}"), Error);
+}
+
+// chat_template.jinja beside tokenizer.json (how GPT-OSS and newer exports store it) is the
+// template, in place of tokenizer_config.json's, as transformers loads it.
+TEST(ChatTemplate, AChatTemplateJinjaFileReplacesTheConfigsTemplate) {
+  const std::string dir = testing::write_test_tokenizer(
+      (std::filesystem::temp_directory_path() / ("r3_jinja_file_" + std::to_string(getpid()))).string());
+  std::ofstream(std::filesystem::path(dir) / "chat_template.jinja")
+      << "{%- for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+         "{%- if add_generation_prompt %}[assistant] {%- endif %}";
+  ChatTemplate ct(Tokenizer::load(dir));
+  ChatRequest r;
+  r.messages = {{{"role", "user"}, {"content", "hi"}}};
+  EXPECT_EQ(ct.render(r), "[user] hi\n[assistant]");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -289,7 +289,7 @@ void make_model(const MakeModelOptions& opt) {
   fs::create_directories(opt.out);
   std::ofstream(fs::path(opt.out) / "config.json") << cfg_text;
   if (tok)
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
       if (fs::exists(fs::path(opt.tokenizer) / f))
         fs::copy_file(fs::path(opt.tokenizer) / f, fs::path(opt.out) / f, fs::copy_options::overwrite_existing);
 

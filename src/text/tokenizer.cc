@@ -48,7 +48,12 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& dir) {
   const fs::path tj = fs::path(dir) / "tokenizer.json", tc = fs::path(dir) / "tokenizer_config.json";
   if (!fs::exists(tj)) throw Error(dir + ": no tokenizer.json (r3 reads Hugging Face fast-tokenizer files)");
   const std::string config = fs::exists(tc) ? read_text_file(tc.string(), kTokenizerFileLimit, "tokenizer_config") : "";
-  return from_json(read_text_file(tj.string(), kTokenizerFileLimit, "tokenizer"), config, dir);
+  auto t = from_json(read_text_file(tj.string(), kTokenizerFileLimit, "tokenizer"), config, dir);
+  // Newer checkpoints (GPT-OSS among them) store the chat template as its own file; transformers
+  // then uses it in place of tokenizer_config.json's chat_template.
+  const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja_file)) t->chat_template_ = read_text_file(jinja_file.string(), kTokenizerFileLimit, "chat_template");
+  return t;
 }
 
 std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json, const std::string& config_json,
@@ -152,7 +157,8 @@ const std::string* Tokenizer::named_chat_template(const std::string& name) const
 
 std::shared_ptr<const jinja::Template> Tokenizer::parsed_chat_template() const {
   if (chat_template_.empty())
-    throw Error("the tokenizer has no chat template (tokenizer_config.json has no chat_template); pass one");
+    throw Error("the tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); "
+                "pass one");
   std::lock_guard<std::mutex> lk(parsed_mu_);
   if (!parsed_) parsed_ = std::make_shared<const jinja::Template>(chat_template_);
   return parsed_;

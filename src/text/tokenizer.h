@@ -28,7 +28,8 @@ struct AddedToken {
 
 class Tokenizer {
  public:
-  // dir holds tokenizer.json and, optionally, tokenizer_config.json.
+  // dir holds tokenizer.json and, optionally, tokenizer_config.json and chat_template.jinja (which,
+  // as in transformers, replaces tokenizer_config.json's chat_template).
   static std::shared_ptr<Tokenizer> load(const std::string& dir);
   // The same from the files' text; `where` names them in errors.
   static std::shared_ptr<Tokenizer> from_json(const std::string& tokenizer_json, const std::string& config_json,
