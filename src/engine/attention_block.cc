@@ -13,16 +13,16 @@ namespace r3 {
 using kernels::Activations;
 using kernels::rms_norm;
 
-// x[i] += b[i], the bias widened to fp32.
-void add_bias(float* x, const TensorView& b, int n) {
+// x[i] += b[from + i], the bias widened to fp32.
+void add_bias(float* x, const TensorView& b, int n, int from) {
   if (b.dtype == DType::BF16) {
-    const uint16_t* bb = static_cast<const uint16_t*>(b.data);
+    const uint16_t* bb = static_cast<const uint16_t*>(b.data) + from;
     for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
   } else if (b.dtype == DType::F32) {
-    const float* bf = static_cast<const float*>(b.data);
+    const float* bf = static_cast<const float*>(b.data) + from;
     for (int i = 0; i < n; ++i) x[i] += bf[i];
   } else {
-    for (int i = 0; i < n; ++i) x[i] += b.at(i);
+    for (int i = 0; i < n; ++i) x[i] += b.at(from + i);
   }
 }
 

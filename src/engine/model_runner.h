@@ -24,8 +24,8 @@
 
 namespace r3 {
 
-// x[i] += b[i] for i < n, the bias (bf16 or f32) widened to fp32.
-void add_bias(float* x, const TensorView& b, int n);
+// x[i] += b[from + i] for i < n, the bias widened to fp32.
+void add_bias(float* x, const TensorView& b, int n, int from = 0);
 
 class ModelRunner {
  public:

@@ -38,16 +38,6 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows,
   pool->parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
 }
 
-// x[i] += b[from + i] for i < n, the bias widened to fp32.
-void add_bias_rows(float* x, const TensorView& b, int from, int n) {
-  if (b.dtype == DType::BF16) {
-    const uint16_t* bb = static_cast<const uint16_t*>(b.data) + from;
-    for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
-  } else {
-    for (int i = 0; i < n; ++i) x[i] += b.at(from + i);
-  }
-}
-
 // GPT-OSS's gated activation (GptOssExperts): g = min(gate, limit), u = clamp(up, -limit, limit),
 // out = (u + 1) * (g * sigmoid(alpha g)). Scalar, so every instruction set gives these bits.
 void clamped_swiglu(const float* gate, const float* up, float* out, int n, const ExpertActivation& a) {
@@ -125,8 +115,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     for (int r = off; r < off + n; ++r) {
       const size_t at = size_t(r) * I + size_t(it.begin);
       if (!w.gate_bias.empty()) {
-        add_bias_rows(gate_.data() + at, w.gate_bias, it.begin, len);
-        add_bias_rows(up_.data() + at, w.up_bias, it.begin, len);
+        add_bias(gate_.data() + at, w.gate_bias, len, it.begin);
+        add_bias(up_.data() + at, w.up_bias, len, it.begin);
       }
       if (act.clamped) clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act);
       else kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
@@ -140,7 +130,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
                 expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
     if (!w.down_bias.empty())
       for (int r = off; r < off + n; ++r)
-        add_bias_rows(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.begin, it.end - it.begin);
+        add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.end - it.begin, it.begin);
   });
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

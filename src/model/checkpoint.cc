@@ -259,56 +259,56 @@ void Checkpoint::load_weights() {
   }
 }
 
+// A strided copy of src into derived_: out[r, k] = src[base + r * row_stride + k * col_stride]
+// (a vector when shape has one dimension), in src's dtype, named src.name + what.
+TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape,
+                                    int64_t base, int64_t row_stride, int64_t col_stride) {
+  const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  derived_.emplace_back(size_t(rows * cols) * dtype_size(src.dtype));
+  auto copy = [&](auto element) {
+    using T = decltype(element);
+    T* d = reinterpret_cast<T*>(derived_.back().data());
+    const T* f = static_cast<const T*>(src.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
+  };
+  if (dtype_size(src.dtype) == 2) copy(uint16_t());
+  else copy(uint32_t());  // F32 (F16 was widened by require)
+  TensorView v = src;
+  v.name = src.name + what;
+  v.shape = std::move(shape);
+  v.data = derived_.back().data();
+  return v;
+}
+
 std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   const ModelConfig& c = weights_.config;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
-  const bool biased = c.layers[size_t(layer)].expert_bias;
-  const TensorView* gate_up_bias = biased ? &require(layer_tensor(layer, N.fused_gate_up_bias), {E, 2 * I}) : nullptr;
-  const TensorView* down_bias = biased ? &require(layer_tensor(layer, N.fused_down_bias), {E, H}) : nullptr;
-  if (c.experts_mxfp4) return split_mxfp4_experts(layer, gate_up_bias, down_bias);
-  const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
-  const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
-  // out[r, k] = src[base + k * in_stride + r * out_stride]: a transposed, strided copy.
-  auto view = [&](const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
-                  int64_t row_stride, int64_t col_stride) {
-    const size_t es = dtype_size(src.dtype);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    derived_.emplace_back(size_t(n) * es);
-    uint8_t* dst = derived_.back().data();
-    const auto* from = static_cast<const uint8_t*>(src.data);
-    const int64_t cols = shape.size() > 1 ? shape[1] : 1;
-    auto copy = [&](auto element) {
-      using T = decltype(element);
-      T* d = reinterpret_cast<T*>(dst);
-      const T* f = reinterpret_cast<const T*>(from);
-      for (int64_t r = 0; r < n / cols; ++r)
-        for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
-    };
-    if (es == 2) copy(uint16_t());
-    else copy(uint32_t());
-    TensorView v;
-    v.name = src.name + what;
-    v.file = src.file;
-    v.dtype = src.dtype;
-    v.shape = std::move(shape);
-    v.data = dst;
-    return v;
-  };
-  std::vector<ExpertWeights> out(static_cast<size_t>(E));
+  std::vector<ExpertWeights> out;
+  if (c.experts_mxfp4) {
+    out = split_mxfp4_experts(layer);
+  } else {
+    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
+    const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
+    out.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string tag = "[" + std::to_string(e) + "]";
+      // gate row i is column 2i of expert e's [H, 2I] block, up row i column 2i + 1.
+      out[size_t(e)].gate = derived_copy(gate_up, tag + ".gate", {I, H}, e * H * 2 * I, 2, 2 * I);
+      out[size_t(e)].up = derived_copy(gate_up, tag + ".up", {I, H}, e * H * 2 * I + 1, 2, 2 * I);
+      out[size_t(e)].down = derived_copy(down, tag, {H, I}, e * I * H, 1, H);
+    }
+  }
+  // The biases, in both layouts: gate_up_proj_bias [E, 2I] interleaved, down_proj_bias [E, H].
+  if (!c.layers[size_t(layer)].expert_bias) return out;
+  const TensorView& gate_up_bias = require(layer_tensor(layer, N.fused_gate_up_bias), {E, 2 * I});
+  const TensorView& down_bias = require(layer_tensor(layer, N.fused_down_bias), {E, H});
   for (int64_t e = 0; e < E; ++e) {
     const std::string tag = "[" + std::to_string(e) + "]";
-    ExpertWeights& w = out[size_t(e)];
-    // gate row i is column 2i of expert e's [H, 2I] block, up row i column 2i + 1.
-    w.gate = view(gate_up, tag + ".gate", {I, H}, e * H * 2 * I, 2, 2 * I);
-    w.up = view(gate_up, tag + ".up", {I, H}, e * H * 2 * I + 1, 2, 2 * I);
-    w.down = view(down, tag, {H, I}, e * I * H, 1, H);
-    if (biased) {
-      w.gate_bias = view(*gate_up_bias, tag + ".gate", {I}, e * 2 * I, 2, 0);
-      w.up_bias = view(*gate_up_bias, tag + ".up", {I}, e * 2 * I + 1, 2, 0);
-      w.down_bias = view(*down_bias, tag, {H}, e * H, 1, 0);
-    }
+    out[size_t(e)].gate_bias = derived_copy(gate_up_bias, tag + ".gate", {I}, e * 2 * I, 2, 0);
+    out[size_t(e)].up_bias = derived_copy(gate_up_bias, tag + ".up", {I}, e * 2 * I + 1, 2, 0);
+    out[size_t(e)].down_bias = derived_copy(down_bias, tag, {H}, e * H, 1, 0);
   }
   return out;
 }
@@ -318,8 +318,7 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
 // as transformers' dequantization and its ::2 split give them). Each expert's gate and up rows
 // are copied out (derived_); down is a view into the stored bytes. Scales must keep every value
 // a normal bf16 number (the engine decodes to bf16 by moving the exponent): byte 2..252.
-std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer, const TensorView* gate_up_bias,
-                                                           const TensorView* down_bias) {
+std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const ModelConfig& c = weights_.config;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
@@ -367,23 +366,6 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer, const Tens
     w.down = view(dn + "[" + std::to_string(e) + "]", dn_blocks.file, H, I,
                   static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2),
                   static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32));
-  }
-  // Biases as in the float layout (gate_up_proj_bias interleaved, down_proj_bias per expert).
-  for (int64_t e = 0; e < E && gate_up_bias; ++e) {
-    auto bias = [&](const TensorView& src, int64_t n, int64_t base, int64_t stride, const std::string& what) {
-      const size_t es = dtype_size(src.dtype);
-      derived_.emplace_back(size_t(n) * es);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(derived_.back().data() + i * es, static_cast<const uint8_t*>(src.data) + (base + i * stride) * es, es);
-      TensorView v = src;
-      v.name = src.name + "[" + std::to_string(e) + "]" + what;
-      v.shape = {n};
-      v.data = derived_.back().data();
-      return v;
-    };
-    out[size_t(e)].gate_bias = bias(*gate_up_bias, I, e * 2 * I, 2, ".gate");
-    out[size_t(e)].up_bias = bias(*gate_up_bias, I, e * 2 * I + 1, 2, ".up");
-    out[size_t(e)].down_bias = bias(*down_bias, H, e * H, 1, "");
   }
   return out;
 }

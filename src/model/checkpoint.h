@@ -87,7 +87,9 @@ class Checkpoint {
   // Per-expert [out, in] views of a layer's fused expert tensors (LayerTensorNames::fused_experts),
   // copied into derived_ in the source dtype.
   std::vector<ExpertWeights> split_fused_experts(int layer);
-  std::vector<ExpertWeights> split_mxfp4_experts(int layer, const TensorView* gate_up_bias, const TensorView* down_bias);
+  std::vector<ExpertWeights> split_mxfp4_experts(int layer);  // without the biases
+  TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
+                          int64_t row_stride, int64_t col_stride);
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

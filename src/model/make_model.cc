@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -195,12 +196,18 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
 
 namespace {
 
-// One tensor's deterministic contents: key = hash(seed, name), so a tensor does not depend on
-// which other tensors exist or their order.
-TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape, DType dt,
-                            uint64_t seed, float stddev, float mean = 0.f) {
+// The key of a tensor's random stream, hash(seed, name): a tensor does not depend on which other
+// tensors exist or their order.
+uint64_t tensor_key(const std::string& name, uint64_t seed) {
   uint64_t key = seed;
   for (char ch : name) key = hash_pair(key, uint64_t(uint8_t(ch)));
+  return key;
+}
+
+// One tensor's deterministic contents.
+TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape, DType dt,
+                            uint64_t seed, float stddev, float mean = 0.f) {
+  const uint64_t key = tensor_key(name, seed);
   int64_t n = 1;
   for (auto d : shape) n *= d;
   TensorToWrite t{name, dt, shape, std::vector<uint8_t>(size_t(n) * dtype_size(dt))};
@@ -216,23 +223,25 @@ TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape,
   return t;
 }
 
-// Seeded random MXFP4 experts of one fused tensor: blocks [E, rows, in/32, 16] and scales
-// [E, rows, in/32], values of about `stddev` (uniform nibbles average |x| ~2.4 before scaling; the
-// scales vary by a factor 2 either way so blocks differ).
+// Seeded random MXFP4 experts of one fused tensor: blocks [E, rows, in/32, 16] (uniform nibbles,
+// |x| ~2.4 on average before scaling) and scales [E, rows, in/32] giving values of about `stddev`,
+// varied by a factor 2 either way so blocks differ. Each is made on its own, as each is a tensor.
+std::vector<uint8_t> mxfp4_blocks(const std::string& name, int64_t count, uint64_t seed) {
+  const uint64_t key = tensor_key(name, seed);
+  std::vector<uint8_t> b(static_cast<size_t>(count / 2));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(hash_pair(key, i) & 0xff);
+  return b;
+}
+std::vector<uint8_t> mxfp4_scales(const std::string& name, int64_t count, uint64_t seed, float stddev) {
+  const uint64_t key = tensor_key(name, seed) ^ 0x5ca1e;
+  const int base = 127 + int(std::lround(std::log2(stddev / 2.4f)));
+  std::vector<uint8_t> s(static_cast<size_t>(count / 32));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(base + int(hash_pair(key, i) % 3) - 1);
+  return s;
+}
 struct Mxfp4Tensor {
   std::vector<uint8_t> blocks, scales;
 };
-Mxfp4Tensor random_mxfp4(const std::string& name, int64_t E, int64_t rows, int64_t in, uint64_t seed, float stddev) {
-  uint64_t key = seed;
-  for (char ch : name) key = hash_pair(key, uint64_t(uint8_t(ch)));
-  Mxfp4Tensor t;
-  t.blocks.resize(size_t(E * rows * in / 2));
-  t.scales.resize(size_t(E * rows * in / 32));
-  for (size_t i = 0; i < t.blocks.size(); ++i) t.blocks[i] = uint8_t(hash_pair(key, i) & 0xff);
-  const int base = 127 + int(std::lround(std::log2(stddev / 2.4f)));
-  for (size_t i = 0; i < t.scales.size(); ++i) t.scales[i] = uint8_t(base + int(hash_pair(key ^ 0x5ca1e, i) % 3) - 1);
-  return t;
-}
 
 // The float layout of MXFP4 experts (transformers' convert_moe_packed_tensors, then the transpose
 // to [E, in, rows]): element [e, k, r] = value k of row r.
@@ -372,20 +381,20 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back(tensor(name(N.fused_down), {E, I, H}, 0.25f / std::sqrt(float(I))));
       } else if (N.fused_experts) {
         // MXFP4 weights of the same scales; blocks and scales, or their float decoding.
-        const std::string gu = name(N.fused_gate_up), dn = name(N.fused_down);
-        const bool packed = opt.quant == "mxfp4";
-        g.push_back([=] {
-          const Mxfp4Tensor m = random_mxfp4(gu, E, 2 * I, H, seed, 4.f * s_in);
-          return packed ? bytes_tensor(gu + "_blocks", {E, 2 * I, H / 32, 16}, m.blocks)
-                        : dequantized(gu, m, E, 2 * I, H, dt);
-        });
-        if (packed) g.push_back([=] { return bytes_tensor(gu + "_scales", {E, 2 * I, H / 32}, random_mxfp4(gu, E, 2 * I, H, seed, 4.f * s_in).scales); });
-        const float sd = 0.25f / std::sqrt(float(I));
-        g.push_back([=] {
-          const Mxfp4Tensor m = random_mxfp4(dn, E, H, I, seed, sd);
-          return packed ? bytes_tensor(dn + "_blocks", {E, H, I / 32, 16}, m.blocks) : dequantized(dn, m, E, H, I, dt);
-        });
-        if (packed) g.push_back([=] { return bytes_tensor(dn + "_scales", {E, H, I / 32}, random_mxfp4(dn, E, H, I, seed, sd).scales); });
+        // Per fused tensor (name, rows, inputs, value scale): its blocks and scales, or their decoding.
+        const std::tuple<std::string, int64_t, int64_t, float> fused[] = {
+            {name(N.fused_gate_up), 2 * I, H, 4.f * s_in}, {name(N.fused_down), H, I, 0.25f / std::sqrt(float(I))}};
+        for (const auto& [n, rows, in, sd] : fused) {
+          const int64_t count = E * rows * in;
+          if (opt.quant == "mxfp4") {
+            g.push_back([=] { return bytes_tensor(n + "_blocks", {E, rows, in / 32, 16}, mxfp4_blocks(n, count, seed)); });
+            g.push_back([=] { return bytes_tensor(n + "_scales", {E, rows, in / 32}, mxfp4_scales(n, count, seed, sd)); });
+          } else {
+            g.push_back([=] {
+              return dequantized(n, {mxfp4_blocks(n, count, seed), mxfp4_scales(n, count, seed, sd)}, E, rows, in, dt);
+            });
+          }
+        }
       }
       if (N.fused_experts) {
         g.push_back(tensor(name(N.fused_gate_up_bias), {E, 2 * I}, 0.5f));
