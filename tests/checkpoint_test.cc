@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -445,6 +446,36 @@ TEST(CheckpointConfig, GptOssLayerTypesWindowsAndLimits) {
   EXPECT_NE(error_of([&] { parse_config(j.dump(), "olmoe"); }).find("quantization_config"), std::string::npos);
 }
 
+// quantization_config fp8 as DeepSeek-V3 and Qwen3 FP8 write it; what r3 cannot compute exactly
+// so (static activation scales, another format, odd column blocks, another method) is refused.
+TEST(CheckpointConfig, Fp8QuantizationConfig) {
+  json j = json::parse(preset_config_json("deepseek_v3", "tiny"));
+  j["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                              {"weight_block_size", {128, 64}}};
+  ModelConfig c = parse_config(j.dump(), "ds");
+  EXPECT_EQ(c.fp8_block_rows, 128);
+  EXPECT_EQ(c.fp8_block_cols, 64);
+  j["quantization_config"].erase("weight_block_size");
+  EXPECT_EQ(parse_config(j.dump(), "ds").fp8_block_cols, 128);  // FineGrainedFP8Config's default
+  auto refused = [&](const char* key, json value, const char* needle) {
+    json k = j;
+    k["quantization_config"][key] = value;
+    EXPECT_NE(error_of([&] { parse_config(k.dump(), "ds"); }).find(needle), std::string::npos) << key << value.dump();
+  };
+  refused("activation_scheme", "static", "dynamic");
+  refused("fmt", "e5m2", "e4m3");
+  refused("weight_block_size", {128, 63}, "even");
+  refused("weight_block_size", {0, 128}, "weight_block_size");
+  refused("weight_block_size", {128}, "weight_block_size");
+  refused("quant_method", "gptq", "not implemented");
+  j = json::parse(preset_config_json("gpt_oss", "tiny"));
+  j["quantization_config"] = {{"quant_method", "fp8"}};
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("mxfp4"), std::string::npos);
+  ModelConfig a = parse_config(preset_config_json("qwen3_moe", "tiny"), "q"), b = a;
+  b.fp8_block_rows = b.fp8_block_cols = 128;
+  EXPECT_FALSE(config_differences(a, b).empty());
+}
+
 // The bf16 checkpoint is the f32 one of the same seed, rounded to nearest even: an independent
 // recomputation of what make_model writes.
 TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
@@ -781,6 +812,54 @@ TEST(CheckpointErrors, Mxfp4ScalesAndBlocks) {
     e["dtype"] = "BF16";
     raw_write(st, r);
     EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), blocks);
+  }
+}
+
+// FP8 weights: a NaN code, a block scale out of range, missing or misshapen scales, and F8_E4M3
+// without quantization_config are refused by name.
+TEST(CheckpointErrors, Fp8ValuesAndScales) {
+  TmpDir d("fp8err");
+  auto fresh = [&](const std::string& sub) {
+    MakeModelOptions o;
+    o.arch = "deepseek_v3";
+    o.quant = "fp8";
+    o.fp8_block[0] = 32;
+    o.fp8_block[1] = 48;
+    o.out = d / sub;
+    make_model(o);
+    return o.out;
+  };
+  const std::string weight = "model.layers.1.mlp.experts.3.down_proj.weight", scales = weight + "_scale_inv";
+  auto edited = [&](const std::string& sub, const std::function<void(RawFile&)>& edit) {
+    const std::string dir = fresh(sub);
+    const std::string st = file_in(dir, "model.safetensors");
+    RawFile r = raw_read(st);
+    edit(r);
+    raw_write(st, r);
+    return dir;
+  };
+  EXPECT_NO_THROW(Checkpoint::open(fresh("ok")));
+  auto at = [](RawFile& r, const std::string& name) { return size_t(r.header[name]["data_offsets"][0].get<uint64_t>()); };
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(edited("nan", [&](RawFile& r) { r.buffer[at(r, weight) + 7] = char(0xff); })),
+                        "\"" + weight + "\"", "NaN", "element 7");
+  for (float bad : {-1.f, INFINITY, 0x1p119f, 0x1p-118f}) {
+    const std::string dir = edited("scale", [&](RawFile& r) { std::memcpy(&r.buffer[at(r, scales) + 4], &bad, 4); });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "\"" + scales + "\"", "block scale", "element 1");
+  }
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(edited("missing", [&](RawFile& r) { drop_tensor(r, scales); })), "missing tensor",
+                        scales, weight);
+  {
+    const std::string dir = edited("shape", [&](RawFile& r) {
+      r.header[scales]["shape"] = {1, 2};  // down_proj [64, 32] in 32 x 48 blocks: [2, 1]
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), scales, "expected float");
+  }
+  {
+    const std::string dir = fresh("noconfig");
+    json cfg = json::parse(std::ifstream(dir + "/config.json"));
+    cfg.erase("quantization_config");
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "F8_E4M3", "quantization_config");
   }
 }
 
@@ -1335,7 +1414,8 @@ TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
       {"olmoe", "attention_bias", true},
       {"qwen3_moe", "use_sliding_window", true},  // with the config's sliding_window below
       {"mixtral", "sliding_window", 64},
-      {"olmoe", "quantization_config", json{{"quant_method", "fp8"}}},
+      {"olmoe", "quantization_config", json{{"quant_method", "awq"}}},
+      {"olmoe", "quantization_config", json{{"quant_method", "fp8"}, {"activation_scheme", "static"}}},
       {"olmoe", "hidden_act", "gelu"},
       {"mixtral", "rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 4.0}}},
       {"deepseek_v3", "rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}, {"low_freq_factor", 1.0}}},

@@ -122,6 +122,8 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
 INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::ValuesIn(kAllArchs));
 // GPT-OSS with its experts in MXFP4, as released (decoded inside the matmul).
 INSTANTIATE_TEST_SUITE_P(Mxfp4, EngineFuzz, ::testing::Values("gpt_oss_mxfp4"));
+// DeepSeek-V3 with block-scaled FP8 weights, as released (decoded inside the matmul).
+INSTANTIATE_TEST_SUITE_P(Fp8, EngineFuzz, ::testing::Values("deepseek_v3_fp8"));
 
 }  // namespace
 }  // namespace r3::testing

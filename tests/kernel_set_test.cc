@@ -109,6 +109,46 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
     }
 }
 
+// Block-scaled FP8 weights, decoded inside the matmul on every set, give the bits of the bf16
+// matmul of their values rounded once to bf16 (decoded here through TensorView::at): blocks
+// that end mid-panel and mid-row, zero scales, the smallest accepted scale and a large one, and
+// every e4m3 code but NaN.
+TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
+  const KernelSet& portable = kernel_set_portable();
+  std::mt19937_64 rng(13);
+  for (auto [n, br, bc] : {std::tuple{32, 5, 6}, {64, 16, 64}, {1030, 128, 128}, {200, 7, 2}})
+    for (int T : {1, 2, 6, 7, 13}) {
+      const int O = 53;
+      std::vector<uint8_t> values(size_t(O) * n);
+      for (uint8_t& b : values) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+      std::vector<float> scales(size_t((O + br - 1) / br) * size_t((n + bc - 1) / bc));
+      for (size_t i = 0; i < scales.size(); ++i)
+        scales[i] = i % 11 == 3 ? 0.f : i % 5 == 1 ? std::ldexp(1.f + 0x3p-8f, -int(i % 4))  // ties to an odd bf16: rounded up
+                   : i % 7 == 0 ? (i % 2 ? 0x1p-117f : 0x1p100f) : std::ldexp(1.f + float(rng() % 1000) / 999.f, -int(rng() % 12));
+      TensorView Wq{.dtype = DType::F8_E4M3, .shape = {O, n}, .data = values.data()};
+      Wq.scale_inv = scales.data();
+      Wq.block_rows = br;
+      Wq.block_cols = bc;
+      std::vector<uint16_t> wb(size_t(O) * n);
+      for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
+      TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
+      PackedBf16 pb = pack_bf16(Wb), pq = pack_bf16(Wq);
+      Wb.packed = pb.data();
+      Wq.packed = pq.data();
+      std::vector<float> x = random_values(size_t(T) * n, rng, false);
+      std::vector<uint16_t> xb(x.size());
+      round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+      std::vector<float> want(size_t(T) * O);
+      portable.matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
+      for (const KernelSet* set : supported_kernel_sets()) {
+        std::vector<float> got(size_t(T) * O);
+        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
+        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
+        expect_same_bits(got, want, std::string(set->name) + " fp8 n=" + std::to_string(n) + " T=" + std::to_string(T));
+      }
+    }
+}
+
 TEST(KernelSet, MatmulSameBitsOnEverySet) {
   const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(7);

@@ -15,7 +15,9 @@ namespace r3::testing {
 inline const std::vector<std::string> kAllArchs = {"mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"};
 
 // `arch` may carry a layout suffix: "gpt_oss_mxfp4" (MXFP4 experts, as released) or
-// "gpt_oss_mxfp4_dequantized" (the same weights decoded into the bf16 layout).
+// "gpt_oss_mxfp4_dequantized" (the same weights decoded into the bf16 layout); "<arch>_fp8"
+// (block-scaled FP8 linear layers) or "<arch>_fp8_dequantized". The FP8 test block, 32 x 48,
+// is uneven so that rows and columns end in partial blocks and a swap of the two shows.
 inline std::string test_model(const std::string& arch, const std::string& preset = "tiny",
                               uint64_t seed = 0, DType dtype = DType::BF16) {
   static std::map<std::string, std::string> made;
@@ -26,13 +28,16 @@ inline std::string test_model(const std::string& arch, const std::string& preset
                            ("r3_models_" + std::to_string(getpid())) / key).string();
   MakeModelOptions o;
   o.arch = arch;
-  for (const char* quant : {"_mxfp4_dequantized", "_mxfp4"}) {
+  for (const char* quant : {"_mxfp4_dequantized", "_mxfp4", "_fp8_dequantized", "_fp8"}) {
     const size_t at = arch.find(quant);
     if (at != std::string::npos && o.quant.empty()) {
       o.arch = arch.substr(0, at);
-      o.quant = std::string(quant + 1) == "mxfp4_dequantized" ? "mxfp4-dequantized" : "mxfp4";
+      o.quant = quant + 1;
+      if (o.quant.find('_') != std::string::npos) o.quant.replace(o.quant.find('_'), 1, "-");
     }
   }
+  o.fp8_block[0] = 32;
+  o.fp8_block[1] = 48;
   o.preset = preset;
   o.seed = seed;
   o.dtype = dtype;

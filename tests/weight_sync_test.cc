@@ -64,9 +64,11 @@ TEST(WeightSync, BucketsApplyAtOnceAndEqualAFreshEngine) {
 // A refit of a few tensors repacks only their panels, in place: the engine then equals a fresh
 // engine on a checkpoint holding the new tensors and the old rest, over two refits in a row. On
 // DeepSeek-V3 the refit of layer 1 includes kv_b, whose absorbed per-head copies must follow; on
-// GPT-OSS its fused experts (float, or MXFP4 blocks and scales), whose per-expert split must.
+// GPT-OSS its fused experts (float, or MXFP4 blocks and scales), whose per-expert split must. On
+// FP8 DeepSeek-V3 a third refit sends layer 0's block scales alone: the panels of every weight
+// whose scales changed must be rebuilt though its values did not change.
 TEST(WeightSync, APartialRefitEqualsAFreshEngineOnTheMixedWeights) {
-  for (const char* arch : {"olmoe", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4"}) {
+  for (const char* arch : {"olmoe", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4", "deepseek_v3_fp8"}) {
     SCOPED_TRACE(arch);
     const std::string a = test_model(arch, "tiny", 0), b = test_model(arch, "tiny", 7);
     const std::vector<TensorToWrite> new_all = tensors_of(b);
@@ -77,10 +79,20 @@ TEST(WeightSync, APartialRefitEqualsAFreshEngineOnTheMixedWeights) {
     fs::remove_all(dir);
     fs::create_directories(dir);
     fs::copy_file(fs::path(a) / "config.json", dir / "config.json");
-    for (const std::string& prefix : {std::string("model.layers.1."), std::string("lm_head")}) {
+    std::vector<std::string> prefixes = {"model.layers.1.", "lm_head"};
+    const bool fp8 = std::string(arch).find("fp8") != std::string::npos;
+    if (fp8) prefixes.push_back("model.layers.0.*_scale_inv");
+    for (const std::string& prefix : prefixes) {
       std::vector<TensorToWrite> bucket;
+      const size_t star = prefix.find('*');
+      auto selected = [&](const std::string& name) {
+        if (star == std::string::npos) return name.rfind(prefix, 0) == 0;
+        const std::string head = prefix.substr(0, star), tail = prefix.substr(star + 1);
+        return name.rfind(head, 0) == 0 && name.size() >= tail.size() &&
+               name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+      };
       for (const TensorToWrite& t : new_all)
-        if (t.name.rfind(prefix, 0) == 0) {
+        if (selected(t.name)) {
           bucket.push_back(t);
           for (TensorToWrite& m : mixed)
             if (m.name == t.name) m = t;

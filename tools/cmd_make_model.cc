@@ -1,3 +1,5 @@
+#include <cstdio>
+
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
@@ -15,7 +17,10 @@ int cmd_make_model(int argc, char** argv) {
       .opt("out", "", "output directory (required)")
       .opt("tokenizer", "", "directory with a tokenizer.json to copy in (the vocabulary is sized to it)")
       .opt("quant", "", "gpt_oss experts: mxfp4 (blocks and scales, as released) or mxfp4-dequantized (the same\n"
-                        "weights decoded into the --dtype layout); empty: random float experts");
+                        "weights decoded into the --dtype layout); other architectures: fp8 (linear layers as\n"
+                        "F8_E4M3 with weight_scale_inv, as DeepSeek-V3 is released) or fp8-dequantized (the same\n"
+                        "values decoded into --dtype); empty: random float weights")
+      .opt("fp8-block", "128x128", "FP8 weight_block_size, ROWSxCOLS (COLS even)");
   if (!a.parse(argc, argv)) return 0;
   MakeModelOptions o;
   o.arch = a.str("arch");
@@ -28,6 +33,9 @@ int cmd_make_model(int argc, char** argv) {
   o.out = a.str("out");
   o.tokenizer = a.str("tokenizer");
   o.quant = a.str("quant");
+  const std::string block = a.str("fp8-block");
+  if (std::sscanf(block.c_str(), "%dx%d", &o.fp8_block[0], &o.fp8_block[1]) != 2)
+    throw Error("r3 make-model: --fp8-block must be ROWSxCOLS, got \"" + block + "\"");
   if (o.out.empty()) throw Error("r3 make-model: --out DIR is required");
   make_model(o);
   return 0;

@@ -7,10 +7,11 @@
 
 namespace r3 {
 
-// F32, BF16, F16 and U8 are stored (safetensors); MXFP4 exists only as a view of U8 blocks and
-// scales (core/tensor_view.h): 4-bit e2m1 values, two per byte, low nibble first, each block of
-// 32 along a row scaled by 2^(scale - 127) (OCP microscaling, as GPT-OSS is released).
-enum class DType { F32, BF16, F16, U8, MXFP4 };
+// F32, BF16, F16, U8 and F8_E4M3 are stored (safetensors); MXFP4 exists only as a view of U8
+// blocks and scales (core/tensor_view.h): 4-bit e2m1 values, two per byte, low nibble first, each
+// block of 32 along a row scaled by 2^(scale - 127) (OCP microscaling, as GPT-OSS is released).
+// F8_E4M3 weights come with fp32 block scales (weight_scale_inv, as DeepSeek-V3 is released).
+enum class DType { F32, BF16, F16, U8, MXFP4, F8_E4M3 };
 
 // Bytes per element; MXFP4's half byte (and its scales) are counted by TensorView::nbytes.
 inline size_t dtype_size(DType t) {
@@ -23,6 +24,7 @@ inline const char* dtype_name(DType t) {
     case DType::F16: return "F16";
     case DType::U8: return "U8";
     case DType::MXFP4: return "MXFP4";
+    case DType::F8_E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -33,6 +35,31 @@ inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16
 inline constexpr float kE2m1Values[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                           -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 inline float mxfp4_value(uint8_t nibble, uint8_t scale) { return std::ldexp(kE2m1Values[nibble & 15], int(scale) - 127); }
+
+// FP8 e4m3fn (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; 0x7f / 0xff
+// are NaN; largest finite 448. Every value is exact in fp32 and in bf16.
+inline float e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v = e == 0 ? std::ldexp(float(m), -9) : e == 15 && m == 7 ? NAN : std::ldexp(float(8 + m), e - 10);
+  return b & 0x80 ? -v : v;
+}
+inline bool e4m3_is_nan(uint8_t b) { return (b & 0x7f) == 0x7f; }
+// Nearest e4m3 value, ties to even, saturating at +-448 (how checkpoints are quantized).
+inline uint8_t f32_to_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (!(a < 448.f)) return std::isnan(x) ? 0x7f : uint8_t(sign | 0x7e);
+  int lo = 0, hi = 0x7e;  // codes 0..0x7e increase with their value: the last one <= a
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (e4m3_to_f32(uint8_t(mid)) <= a) lo = mid; else hi = mid - 1;
+  }
+  if (lo < 0x7e) {
+    const float below = a - e4m3_to_f32(uint8_t(lo)), above = e4m3_to_f32(uint8_t(lo + 1)) - a;
+    if (above < below || (above == below && (lo & 1))) ++lo;
+  }
+  return uint8_t(sign | lo);
+}
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

@@ -18,6 +18,12 @@ float TensorView::at(int64_t i) const {
       const uint8_t byte = static_cast<const uint8_t*>(data)[i / 2];
       return mxfp4_value(i % 2 ? byte >> 4 : byte & 15, scales[i / 32]);
     }
+    case DType::F8_E4M3: {
+      const float v = e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
+      if (!scale_inv) return v;
+      const int64_t I = shape[1], o = i / I, k = i % I;
+      return v * scale_inv[o / block_rows * ((I + block_cols - 1) / block_cols) + k / block_cols];
+    }
   }
   return 0.f;
 }

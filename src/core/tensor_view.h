@@ -20,11 +20,22 @@ struct TensorView {
   const uint16_t* packed = nullptr;
   // MXFP4 [O, I]: data holds the blocks [O, I/2] bytes, scales [O, I/32] bytes.
   const uint8_t* scales = nullptr;
+  // F8_E4M3 [O, I] block-scaled: element (o, i) is its e4m3 value times (an fp32 product)
+  // scale_inv[o / block_rows][i / block_cols], scale_inv [ceil(O / block_rows), ceil(I / block_cols)].
+  // Null for the stored tensor itself (a weight_scale_inv sibling holds the scales).
+  const float* scale_inv = nullptr;
+  int block_rows = 0, block_cols = 0;
 
   int64_t numel() const;
-  // Bytes the kernels read (MXFP4: blocks and scales).
+  // Block scales of a block-scaled F8_E4M3 view (0 otherwise).
+  int64_t num_block_scales() const {
+    if (!scale_inv) return 0;
+    return (shape[0] + block_rows - 1) / block_rows * ((shape[1] + block_cols - 1) / block_cols);
+  }
+  // Bytes the kernels read (MXFP4: blocks and scales; FP8: values and block scales).
   size_t nbytes() const {
-    return dtype == DType::MXFP4 ? size_t(numel()) / 2 + size_t(numel()) / 32 : size_t(numel()) * dtype_size(dtype);
+    if (dtype == DType::MXFP4) return size_t(numel()) / 2 + size_t(numel()) / 32;
+    return size_t(numel()) * dtype_size(dtype) + size_t(num_block_scales()) * 4;
   }
   bool empty() const { return data == nullptr; }
   float at(int64_t i) const;          // element i (flat, C order) as fp32

@@ -16,7 +16,8 @@ namespace r3 {
 DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "fp32" || name == "float32") return DType::F32;
-  if (name == "auto") return w.layers.empty() || w.layers[0].q.dtype != DType::BF16 ? DType::F32 : DType::BF16;
+  // auto: bf16 when the weights are computed as bf16 (bf16, MXFP4 or FP8), fp32 for fp32 weights.
+  if (name == "auto") return w.layers.empty() || w.layers[0].q.dtype == DType::F32 ? DType::F32 : DType::BF16;
   throw Error("kv_cache_dtype must be auto, bf16 or fp32, got \"" + name + "\"");
 }
 

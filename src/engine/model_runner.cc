@@ -121,6 +121,9 @@ bool overlaps(const TensorView& t, const ModelRunner::ByteRanges& ranges) {
   };
   if (t.dtype == DType::MXFP4)
     return hit(static_cast<const uint8_t*>(t.data), size_t(t.numel()) / 2) || hit(t.scales, size_t(t.numel()) / 32);
+  if (t.dtype == DType::F8_E4M3)
+    return hit(static_cast<const uint8_t*>(t.data), size_t(t.numel())) ||
+           hit(reinterpret_cast<const uint8_t*>(t.scale_inv), size_t(t.num_block_scales()) * 4);
   return hit(static_cast<const uint8_t*>(t.data), t.nbytes());
 }
 }  // namespace
@@ -147,7 +150,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   std::vector<TensorView*> bf16;
   std::vector<bool> always;  // repacked whatever changed
   for (size_t i = 0; i < mats.size(); ++i)
-    if (!mats[i]->empty() && (mats[i]->dtype == DType::BF16 || mats[i]->dtype == DType::MXFP4)) {
+    if (!mats[i]->empty() && kernels::packable(mats[i]->dtype)) {
       bf16.push_back(mats[i]);
       always.push_back(i >= copies_from);
     }

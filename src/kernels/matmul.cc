@@ -42,13 +42,16 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
 }
 
 void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
+void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
 
 namespace {
 void check_packable(const TensorView& W) {
-  if ((W.dtype != DType::BF16 && W.dtype != DType::MXFP4) || W.shape.size() != 2)
-    throw Error("pack_bf16: \"" + W.name + "\" is not a bf16 or MXFP4 matrix");
+  if (!packable(W.dtype) || W.shape.size() != 2)
+    throw Error("pack_bf16: \"" + W.name + "\" is not a bf16, MXFP4 or FP8 matrix");
   if (W.shape[1] % 2)
     throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(W.shape[1]));
+  if (W.dtype == DType::F8_E4M3 && (!W.scale_inv || W.block_rows < 1 || W.block_cols < 2 || W.block_cols % 2))
+    throw Error("pack_bf16: FP8 \"" + W.name + "\" has no block scales with an even column block");
 }
 }  // namespace
 
@@ -57,6 +60,7 @@ size_t packed_bf16_size(const TensorView& W) {
   const size_t panels = size_t((W.shape[0] + kPanelRows - 1) / kPanelRows), pairs = size_t(W.shape[1] / 2);
   // MXFP4: 16 bytes per pair row and 16 scale bytes per 16 pairs, in uint16_t elements.
   if (W.dtype == DType::MXFP4) return panels * pairs * 17 / 2;
+  if (W.dtype == DType::F8_E4M3) return panels * fp8_panel_bytes(W) / 2;
   return panels * pairs * 32;
 }
 
@@ -69,6 +73,7 @@ PackedBf16 pack_bf16(const TensorView& W) {
 void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   check_packable(W);
   if (W.dtype == DType::MXFP4) return pack_mxfp4(W, packed, panel_begin, panel_end);
+  if (W.dtype == DType::F8_E4M3) return pack_fp8(W, packed, panel_begin, panel_end);
   active_kernels().pack_panels(W, packed, panel_begin, panel_end);
 }
 
@@ -86,6 +91,26 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
       const int64_t lane = r - p * kPanelRows;
       for (int64_t q = 0; q < pairs; ++q) panel[q * 16 + lane] = blocks[r * pairs + q];
       for (int64_t g = 0; g < blocks_per_row; ++g) scales[g * 16 + lane] = W.scales[r * blocks_per_row + g];
+    }
+  }
+}
+
+// Block-scaled FP8 [O, I] into 8-bit panels (matmul_tiles.cc decodes them): per panel of 16
+// rows, pair row q holds each row's two bytes of inputs 2q, 2q + 1 (32 bytes), then per column
+// block each row's scale (16 fp32). Rows past O stay zero (they decode to 0).
+void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+  const int64_t O = W.shape[0], I = W.shape[1], col_blocks = (I + W.block_cols - 1) / W.block_cols;
+  const size_t panel_bytes = fp8_panel_bytes(W);
+  const auto* w = static_cast<const uint8_t*>(W.data);
+  auto* out = reinterpret_cast<uint8_t*>(packed);
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    uint8_t* panel = out + size_t(p) * panel_bytes;
+    auto* scales = reinterpret_cast<float*>(panel + size_t(I) * kPanelRows);
+    for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
+      const int64_t lane = r - p * kPanelRows;
+      for (int64_t q = 0; q < I / 2; ++q) std::memcpy(panel + q * 32 + lane * 2, w + r * I + 2 * q, 2);
+      for (int64_t b = 0; b < col_blocks; ++b)
+        scales[b * kPanelRows + lane] = W.scale_inv[r / W.block_rows * col_blocks + b];
     }
   }
 }

@@ -41,6 +41,15 @@ struct Activations {
 // Rows per packed panel: one AVX-512 register of fp32 lanes.
 inline constexpr int kPanelRows = 16;
 
+// Weights the engine repacks into panels: bf16, MXFP4 and block-scaled FP8 (the quantized ones
+// stay quantized in their panels and are decoded inside the matmul).
+inline bool packable(DType t) { return t == DType::BF16 || t == DType::MXFP4 || t == DType::F8_E4M3; }
+// Bytes of one packed panel of a block-scaled FP8 weight [O, I]: 16 rows x I bytes, then 16 fp32
+// scales per column block.
+inline size_t fp8_panel_bytes(const TensorView& W) {
+  return size_t(W.shape[1]) * kPanelRows + size_t((W.shape[1] + W.block_cols - 1) / W.block_cols) * kPanelRows * 4;
+}
+
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
 // [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
 using PackedBf16 = std::vector<uint16_t, CacheLineAllocator<uint16_t>>;

@@ -327,6 +327,32 @@ void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* 
 #endif
 }
 
+// ---- Quantized weights: each panel decoded into bf16 pair rows, then the bf16 tiles ----
+
+// Panels touching [o_begin, hi) of a quantized weight: decode(p, out) writes panel p as bf16
+// pair rows (the bf16 panel of the decoded weights), which the bf16 tiles then read from L2.
+template <typename Decode>
+void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_begin, int hi, Decode decode) {
+  const size_t panel_elems = size_t(pairs) * 32;
+  thread_local PackedBf16 decoded;  // one panel as bf16 pair rows (stays in L2)
+  if (decoded.size() < panel_elems) decoded.resize(panel_elems);
+  for (int p = o_begin / kPanel; p * kPanel < hi; ++p) {
+    decode(p, decoded.data());
+#if R3_ISA_AVX2 && !R3_ISA_AVX512
+    panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+#else
+#if R3_ISA_AVX512BF16
+    constexpr bool kDpForFew = true;
+#else
+    constexpr bool kDpForFew = false;
+#endif
+    if (x.rows < 2) panel_tokens<1, 1, kDpForFew>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    else if (x.rows < 7) panel_tokens<1, 6, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    else panel_tokens<1, 8, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+#endif
+  }
+}
+
 // ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
 //
 // The panel layout (pack_mxfp4, matmul.cc): per panel of 16 rows, pair row q is 16 bytes (row
@@ -478,25 +504,109 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   }
 #endif
   // More tokens: each panel decoded once into bf16 pair rows, then the bf16 tiles.
-  const size_t panel_elems = size_t(pairs) * 32;
-  thread_local PackedBf16 decoded;  // one panel as bf16 pair rows (stays in L2)
-  if (decoded.size() < panel_elems) decoded.resize(panel_elems);
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
-  for (int p = o_begin / kPanel; p * kPanel < hi; ++p) {
-    decode_mxfp4_panel(packed + size_t(p) * size_t(pairs) * 17, pairs, decoded.data());
-#if R3_ISA_AVX2 && !R3_ISA_AVX512
-    panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+  decoded_panels(x, pairs, y, ldy, o_begin, hi,
+                 [&](int p, uint16_t* out) { decode_mxfp4_panel(packed + size_t(p) * size_t(pairs) * 17, pairs, out); });
+}
+
+// ---- FP8 weights: 8-bit panels with block scales, decoded one panel at a time ----
+//
+// The panel layout (pack_fp8, matmul.cc): per panel of 16 rows, pair row q is 32 bytes (row r's
+// e4m3 bytes of inputs 2q, 2q + 1), then per column block of the weight's block scales 16 fp32
+// (each row's scale_inv). A weight decodes to the bf16 rounding (nearest even) of its e4m3
+// value times its block's scale, an fp32 product; the loader keeps every nonzero product a
+// normal number, so every path, flushing denormals or not, gives these bits.
+
+#if R3_ISA_AVX512
+// 16 lanes whose low byte is an e4m3 code -> its value as fp32 (exact; NaN codes are refused
+// at load). Normal codes become fp32 by moving the exponent field; subnormals (exponent 0) are
+// m x 2^-9.
+inline __m512 e4m3_to_ps(__m512i b) {
+  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+  const __m512 normal = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
+  const __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(v), _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
+}
+// fp32 -> bf16 bits (round to nearest even) in the low half of each lane; no NaN can occur.
+inline __m512i ps_to_bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+}
+#elif R3_ISA_AVX2
+inline __m256 e4m3_to_ps(__m256i b) {
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  const __m256 normal =
+      _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
+  const __m256 v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+  return _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_castps_si256(v), _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
+}
+inline __m256i ps_to_bf16_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+}
 #else
-#if R3_ISA_AVX512BF16
-    constexpr bool kDpForFew = true;
-#else
-    constexpr bool kDpForFew = false;
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int b = 0; b < 256; ++b) v[b] = e4m3_to_f32(uint8_t(b));
+  }
+};
 #endif
-    if (x.rows < 2) panel_tokens<1, 1, kDpForFew>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-    else if (x.rows < 7) panel_tokens<1, 6, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-    else panel_tokens<1, 8, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+
+void decode_fp8_panel(const uint8_t* panel, int pairs, int block_cols, uint16_t* out) {
+  const auto* scales = reinterpret_cast<const float*>(panel + size_t(pairs) * 32);
+  const int pairs_per_block = block_cols / 2;
+  for (int q0 = 0, cb = 0; q0 < pairs; q0 += pairs_per_block, ++cb) {
+    const int q1 = std::min(pairs, q0 + pairs_per_block);
+    const float* s = scales + size_t(cb) * kPanel;
+#if R3_ISA_AVX512
+    const __m512 scale = _mm512_loadu_ps(s);
+    const __m512i byte = _mm512_set1_epi32(0xff);
+    for (int q = q0; q < q1; ++q) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q) * 32 + 1024), _MM_HINT_T0);
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + size_t(q) * 32)));
+      const __m512i lo = ps_to_bf16_bits(_mm512_mul_ps(e4m3_to_ps(_mm512_and_si512(w, byte)), scale));
+      const __m512i hi = ps_to_bf16_bits(_mm512_mul_ps(e4m3_to_ps(_mm512_srli_epi32(w, 8)), scale));
+      _mm512_storeu_si512(out + size_t(q) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+#elif R3_ISA_AVX2
+    const __m256i byte = _mm256_set1_epi32(0xff);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_loadu_ps(s + 8 * h);
+      for (int q = q0; q < q1; ++q) {
+        const __m256i w = _mm256_cvtepu16_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + size_t(q) * 32 + 16 * h)));
+        const __m256i lo = ps_to_bf16_bits(_mm256_mul_ps(e4m3_to_ps(_mm256_and_si256(w, byte)), scale));
+        const __m256i hi = ps_to_bf16_bits(_mm256_mul_ps(e4m3_to_ps(_mm256_srli_epi32(w, 8)), scale));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(q) * 32 + 16 * h),
+                            _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+      }
+    }
+#else
+    static const E4m3Table table;
+    for (int q = q0; q < q1; ++q)
+      for (int r = 0; r < kPanel; ++r)
+        for (int j = 0; j < 2; ++j)
+          out[size_t(q) * 32 + size_t(r) * 2 + size_t(j)] = f32_to_bf16(table.v[panel[size_t(q) * 32 + size_t(r) * 2 + size_t(j)]] * s[r]);
 #endif
   }
+}
+
+void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+#if R3_ISA_AVX2
+  const FlushDenormals ftz_daz;
+#endif
+  const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+  const size_t panel_bytes = fp8_panel_bytes(W);
+  const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
+  decoded_panels(x, pairs, y, ldy, o_begin, hi,
+                 [&](int p, uint16_t* out) { decode_fp8_panel(packed + size_t(p) * panel_bytes, pairs, W.block_cols, out); });
 }
 
 // Rows in blocks of 4 (remainder one by one), tokens in blocks of 4 (remainder 1..3).
@@ -602,9 +712,10 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
 
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
   const int n = int(W.shape[1]);
-  if (W.dtype == DType::BF16 || W.dtype == DType::MXFP4) {
+  if (packable(W.dtype)) {
     if (!W.packed) throw Error("matmul: weight \"" + W.name + "\" was not packed (pack_bf16)");
     if (W.dtype == DType::MXFP4) matmul_mxfp4(x, W, y, ldy, o_begin, o_end);
+    else if (W.dtype == DType::F8_E4M3) matmul_fp8(x, W, y, ldy, o_begin, o_end);
     else matmul_packed(x, W, y, ldy, o_begin, o_end);
   } else
     matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);

@@ -137,6 +137,7 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
     throw Error(t.file + ": tensor \"" + name + "\" has shape " + t.shape_str() + ", expected " +
                 want.shape_str());
   }
+  if (t.dtype == DType::F8_E4M3 && !bytes) return fp8_weight(t);
   if (bytes ? t.dtype != DType::U8 : !is_float_dtype(t.dtype))
     throw Error(t.file + ": tensor \"" + name + "\" is " + dtype_name(t.dtype) + ", expected " +
                 (bytes ? "U8" : "F32, BF16 or F16"));
@@ -148,6 +149,94 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
     return widened_[name] = w;
   }
   return t;
+}
+
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+// "x.weight" -> "x.weight_scale_inv", the name its block scales are released under.
+std::string scale_inv_name(const std::string& weight) { return weight + "_scale_inv"; }
+}  // namespace
+
+// Values that would make a quantized weight decode differently on different kernel paths, or to
+// something that is not a number, are refused (whether they arrive from a file or an update).
+void Checkpoint::check_quantized_values(const TensorView& t) const {
+  const ModelConfig& c = config();
+  auto refuse = [&](const std::string& what, int64_t i) {
+    throw Error(t.file + ": tensor \"" + t.name + "\" holds " + what + " at element " + std::to_string(i));
+  };
+  const auto* b = static_cast<const uint8_t*>(t.data);
+  if (t.dtype == DType::F8_E4M3) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (e4m3_is_nan(b[i])) refuse("an F8_E4M3 NaN", i);
+  } else if (c.fp8_block_rows && ends_with(t.name, ".weight_scale_inv") && is_float_dtype(t.dtype)) {
+    // Every nonzero product with an e4m3 value (2^-9 .. 448) stays a normal number whose bf16
+    // rounding is finite: no path can flush it or overflow.
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float v = t.at(i);
+      if (!(v == 0.f || (v >= 0x1p-117f && v <= 0x1p118f)))
+        refuse("block scale " + std::to_string(v) + " (must be 0 or within [2^-117, 2^118])", i);
+    }
+  } else if (c.experts_mxfp4 && ends_with(t.name, "_scales") && t.dtype == DType::U8) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (b[i] < 2 || b[i] > 252)
+        refuse("scale byte " + std::to_string(b[i]) + ", outside [2, 252] (MXFP4 values would leave bf16's normal range)", i);
+  }
+}
+
+// An F8_E4M3 matrix with its fp32 block scales (the sibling weight_scale_inv, F32 or BF16): a
+// block-scaled view the kernels decode (TensorView::scale_inv).
+const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
+  const ModelConfig& c = config();
+  if (!c.fp8_block_rows)
+    throw Error(t.file + ": tensor \"" + t.name + "\" is F8_E4M3 but config.json has no quantization_config "
+                "{\"quant_method\": \"fp8\"} giving its block size");
+  if (t.shape.size() != 2) throw Error(t.file + ": tensor \"" + t.name + "\" is F8_E4M3; r3 reads FP8 matrices only");
+  const int64_t O = t.shape[0], I = t.shape[1], br = c.fp8_block_rows, bc = c.fp8_block_cols;
+  const std::string sname = scale_inv_name(t.name);
+  auto it = index_.find(sname);
+  if (it == index_.end())
+    throw Error(dir_ + ": missing tensor \"" + sname + "\" (the block scales of F8_E4M3 \"" + t.name + "\")");
+  used_.insert(sname);
+  const TensorView& s = *it->second;
+  const std::vector<int64_t> want = {(O + br - 1) / br, (I + bc - 1) / bc};
+  if (s.shape != want || !is_float_dtype(s.dtype)) {
+    TensorView w;
+    w.shape = want;
+    throw Error(s.file + ": tensor \"" + sname + "\" is " + dtype_name(s.dtype) + " " + s.shape_str() +
+                ", expected float " + w.shape_str() + " (weight_block_size " + std::to_string(br) + " x " +
+                std::to_string(bc) + ")");
+  }
+  check_quantized_values(t);
+  check_quantized_values(s);
+  TensorView v = t;
+  if (s.dtype == DType::F32) {
+    v.scale_inv = static_cast<const float*>(s.data);
+  } else {  // widened into derived_, which an update hands back as rewritten
+    const std::vector<float> f = s.to_f32();
+    derived_.emplace_back(f.size() * 4);
+    std::memcpy(derived_.back().data(), f.data(), f.size() * 4);
+    v.scale_inv = reinterpret_cast<const float*>(derived_.back().data());
+  }
+  v.block_rows = int(br);
+  v.block_cols = int(bc);
+  return widened_[t.name] = v;
+}
+
+// A bf16 copy of a block-scaled FP8 matrix: each element rounded from its fp32 product, as the
+// kernels decode it (for weights the engine rearranges instead of multiplying as stored).
+TensorView Checkpoint::decoded_bf16(const TensorView& src) {
+  derived_.emplace_back(size_t(src.numel()) * 2);
+  auto* d = reinterpret_cast<uint16_t*>(derived_.back().data());
+  for (int64_t i = 0; i < src.numel(); ++i) d[i] = f32_to_bf16(src.at(i));
+  TensorView v;
+  v.name = src.name;
+  v.file = src.file;
+  v.dtype = DType::BF16;
+  v.shape = src.shape;
+  v.data = d;
+  return v;
 }
 
 void Checkpoint::load_weights() {
@@ -196,6 +285,8 @@ void Checkpoint::load_weights() {
       L.kv_a = require(name(N.kv_a), {m.latent_width(), H});
       L.kv_a_norm = require(name(N.kv_a_norm), {m.kv_lora_rank});
       L.kv_b = require(name(N.kv_b), {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+      // The engine splits kv_b into per-head absorbed copies rather than multiplying it whole.
+      if (L.kv_b.dtype == DType::F8_E4M3) L.kv_b = decoded_bf16(L.kv_b);
       L.o = require(name(N.o), {H, nh * m.v_head_dim});
     } else {
       L.q = require(name(N.q), {qd, H});
@@ -327,13 +418,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const TensorView& gu_scales = require(gu + "_scales", {E, 2 * I, H / 32}, true);
   const TensorView& dn_blocks = require(dn + "_blocks", {E, H, I / 32, 16}, true);
   const TensorView& dn_scales = require(dn + "_scales", {E, H, I / 32}, true);
-  for (const TensorView* s : {&gu_scales, &dn_scales}) {
-    const auto* b = static_cast<const uint8_t*>(s->data);
-    for (int64_t i = 0; i < s->numel(); ++i)
-      if (b[i] < 2 || b[i] > 252)
-        throw Error(s->file + ": tensor \"" + s->name + "\" holds scale byte " + std::to_string(b[i]) + " at " +
-                    std::to_string(i) + ", outside [2, 252] (MXFP4 values would leave bf16's normal range)");
-  }
+  for (const TensorView* s : {&gu_scales, &dn_scales}) check_quantized_values(*s);
   auto view = [](const std::string& name, const std::string& file, int64_t rows, int64_t in, const uint8_t* blocks,
                  const uint8_t* scales) {
     TensorView v;
@@ -391,6 +476,10 @@ void Checkpoint::check_update(const std::vector<TensorToWrite>& tensors) const {
     if (t.bytes.size() != have.nbytes())
       throw Error("weight update: tensor \"" + t.name + "\" has " + std::to_string(t.bytes.size()) +
                   " bytes, its shape needs " + std::to_string(have.nbytes()));
+    TensorView sent = have;
+    sent.file = "weight update";
+    sent.data = t.bytes.data();
+    check_quantized_values(sent);
   }
 }
 

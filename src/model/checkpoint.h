@@ -1,6 +1,7 @@
 // A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
 // model.safetensors.index.json. Tensors are read into memory the checkpoint owns (files rewritten
 // afterwards change nothing); F16 ones are widened to F32 once, since the kernels read F32 or BF16.
+// F8_E4M3 matrices (quantization_config fp8) are served with their block scales, kept 8-bit.
 #pragma once
 #include <map>
 #include <memory>
@@ -88,6 +89,9 @@ class Checkpoint {
   // copied into derived_ in the source dtype.
   std::vector<ExpertWeights> split_fused_experts(int layer);
   std::vector<ExpertWeights> split_mxfp4_experts(int layer);  // without the biases
+  const TensorView& fp8_weight(const TensorView& stored);
+  TensorView decoded_bf16(const TensorView& fp8);
+  void check_quantized_values(const TensorView& t) const;
   TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
                           int64_t row_stride, int64_t col_stride);
 
@@ -95,7 +99,7 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
   std::set<std::string> used_;  // names load_weights read
-  std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32
+  std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32; FP8 with their scales
   std::vector<std::vector<float>> owned_;
   std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes

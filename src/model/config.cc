@@ -131,13 +131,14 @@ const char* const kUnimplemented[] = {
     "embedding_multiplier", "residual_multiplier", "attention_multiplier"};
 
 bool reads_key(Arch a, const std::string& key) {
+  if (key == "quantization_config") return true;  // parse_quantization
   if (a == Arch::Qwen2Moe) return key == "shared_expert_intermediate_size";
   if (a == Arch::Glm4Moe)
     return key == "partial_rotary_factor" || key == "n_shared_experts" || key == "first_k_dense_replace" ||
            key == "num_nextn_predict_layers";
   if (a == Arch::DeepseekV3)
     return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
-  if (a == Arch::GptOss) return key == "layer_types" || key == "quantization_config";
+  if (a == Arch::GptOss) return key == "layer_types";
   return false;
 }
 
@@ -201,6 +202,40 @@ void require_range(const std::string& path, const char* key, int64_t v, int64_t 
   if (v < lo || v > hi)
     throw Error(path + ": key \"" + key + "\" is " + std::to_string(v) + ", outside [" + std::to_string(lo) +
                 ", " + std::to_string(hi) + "]");
+}
+
+// quantization_config: GPT-OSS's MXFP4 experts, or block-scaled FP8 weights (DeepSeek-V3,
+// Kimi-K2, Qwen3 FP8: transformers' FineGrainedFP8Config). Anything else is refused by name.
+// r3 computes FP8 weights as the bf16 values transformers' dequantization gives (weights only:
+// activations stay bf16), so "dynamic" activation scaling is what it replaces; static
+// activation scales would need input_scale tensors r3 does not read.
+void parse_quantization(const json& j, ModelConfig& c, const std::string& path) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+  const json& q = j["quantization_config"];
+  const std::string what = path + ": key \"quantization_config\" = " + q.dump();
+  const json method = q.is_object() ? q.value("quant_method", json()) : json();
+  if (c.arch == Arch::GptOss) {
+    if (method != "mxfp4") throw Error(what + " is not implemented by r3 (GPT-OSS: quant_method \"mxfp4\" only)");
+    c.experts_mxfp4 = true;
+    return;
+  }
+  if (method != "fp8")
+    throw Error(what + " is not implemented by r3 (quant_method \"fp8\" with weight_block_size; GPT-OSS: \"mxfp4\")");
+  if (q.contains("fmt") && q["fmt"] != "e4m3") throw Error(what + " is not implemented by r3 (fmt \"e4m3\" only)");
+  if (q.contains("activation_scheme") && q["activation_scheme"] != "dynamic")
+    throw Error(what + " is not implemented by r3 (activation_scheme \"dynamic\" only: static input scales are not read)");
+  c.fp8_block_rows = c.fp8_block_cols = 128;  // FineGrainedFP8Config's default
+  if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
+      throw Error(what + ": weight_block_size must be [rows, cols]");
+    c.fp8_block_rows = b[0].get<int>();
+    c.fp8_block_cols = b[1].get<int>();
+  }
+  // Even columns: an input pair (how the kernels read weights) never straddles two blocks.
+  if (c.fp8_block_rows < 1 || c.fp8_block_rows > (1 << 16) || c.fp8_block_cols < 2 || c.fp8_block_cols > (1 << 16) ||
+      c.fp8_block_cols % 2)
+    throw Error(what + ": weight_block_size must be [1..65536, an even 2..65536]");
 }
 
 }  // namespace
@@ -456,13 +491,6 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         for (int i = 0; i < c.num_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
       }
       for (int i = 0; i < c.num_layers; ++i) window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
-      if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-        const json& q = j["quantization_config"];
-        if (!q.is_object() || q.value("quant_method", json()) != "mxfp4")
-          throw Error(path + ": key \"quantization_config\" = " + q.dump() +
-                      " is not implemented by r3 (GPT-OSS: quant_method \"mxfp4\" only)");
-        c.experts_mxfp4 = true;
-      }
       break;
     }
     case Arch::Olmoe:
@@ -486,6 +514,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   if (c.intermediate_size)
     require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
   if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
+  parse_quantization(j, c, path);
   if (c.experts_mxfp4 && (c.hidden_size % 32 || c.moe_intermediate_size % 32))
     throw Error(path + ": MXFP4 experts need hidden_size and intermediate_size divisible by 32 (the block size)");
   if (c.num_experts > 0 && c.top_k > c.num_experts)
@@ -600,6 +629,8 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   cmp("expert biases and activation per layer", experts_of(a), experts_of(b), [](const std::string& v) { return v; });
   cmp("router logit bias", a.router.logit_bias, b.router.logit_bias, num);
   cmp("experts in MXFP4 (quantization_config)", a.experts_mxfp4, b.experts_mxfp4, num);
+  cmp("FP8 weight_block_size rows (quantization_config)", a.fp8_block_rows, b.fp8_block_rows, num);
+  cmp("FP8 weight_block_size cols (quantization_config)", a.fp8_block_cols, b.fp8_block_cols, num);
   cmp("rope_theta", a.rope_theta, b.rope_theta, num);
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
   cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);

@@ -104,6 +104,10 @@ struct ModelConfig {
   // quantization_config {"quant_method": "mxfp4"} (GPT-OSS as released): the routed experts are
   // stored as MXFP4 blocks and scales, everything else in the checkpoint's float dtype.
   bool experts_mxfp4 = false;
+  // quantization_config {"quant_method": "fp8", "weight_block_size": [rows, cols]} (DeepSeek-V3,
+  // Kimi-K2, Qwen3 FP8 as released): weights stored as F8_E4M3 come with a fp32 weight_scale_inv
+  // per block of rows x cols. 0 when the checkpoint has none.
+  int fp8_block_rows = 0, fp8_block_cols = 0;
   std::vector<LayerConfig> layers;  // per decoder layer
   float rope_theta = 10000.f, rms_norm_eps = 1e-5f;
   bool tie_word_embeddings = false;

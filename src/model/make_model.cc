@@ -264,6 +264,29 @@ TensorToWrite dequantized(const std::string& name, const Mxfp4Tensor& m, int64_t
   return t;
 }
 
+// Block-scaled FP8 of a seeded random matrix, as DeepSeek-V3 and transformers' Fp8Quantize make
+// it: per block of br x bc, scale = max |w| / 448 (1 for an all-zero block) and each value the
+// nearest e4m3 of w / scale; weight_scale_inv holds the scale.
+struct Fp8Matrix {
+  std::vector<uint8_t> values;  // [rows, cols] e4m3
+  std::vector<float> scale_inv;  // [ceil(rows / br), ceil(cols / bc)]
+};
+Fp8Matrix quantize_fp8(const TensorToWrite& w, int br, int bc) {
+  const int64_t rows = w.shape[0], cols = w.shape[1], rb = (rows + br - 1) / br, cb = (cols + bc - 1) / bc;
+  const auto* f = reinterpret_cast<const float*>(w.bytes.data());
+  Fp8Matrix m{std::vector<uint8_t>(size_t(rows * cols)), std::vector<float>(size_t(rb * cb), 0.f)};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) {
+      float& amax = m.scale_inv[size_t(r / br * cb + k / bc)];
+      amax = std::max(amax, std::fabs(f[r * cols + k]));
+    }
+  for (float& s : m.scale_inv) s = s > 0.f ? s / 448.f : 1.f;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k)
+      m.values[size_t(r * cols + k)] = f32_to_e4m3(f[r * cols + k] / m.scale_inv[size_t(r / br * cb + k / bc)]);
+  return m;
+}
+
 TensorToWrite bytes_tensor(const std::string& name, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
   return TensorToWrite{name, DType::U8, std::move(shape), std::move(bytes)};
 }
@@ -272,16 +295,30 @@ TensorToWrite bytes_tensor(const std::string& name, std::vector<int64_t> shape, 
 
 void make_model(const MakeModelOptions& opt) {
   if (opt.dtype == DType::F16) throw Error("make-model writes bf16 or f32");
-  if (!opt.quant.empty() && opt.quant != "mxfp4" && opt.quant != "mxfp4-dequantized")
-    throw Error("make-model: unknown quantization \"" + opt.quant + "\" (mxfp4, mxfp4-dequantized)");
-  if (!opt.quant.empty() && opt.arch != "gpt_oss")
+  const bool mxfp4 = opt.quant == "mxfp4" || opt.quant == "mxfp4-dequantized",
+             fp8 = opt.quant == "fp8" || opt.quant == "fp8-dequantized";
+  if (!opt.quant.empty() && !mxfp4 && !fp8)
+    throw Error("make-model: unknown quantization \"" + opt.quant + "\" (mxfp4, mxfp4-dequantized, fp8, fp8-dequantized)");
+  if (mxfp4 && opt.arch != "gpt_oss")
     throw Error("make-model: --quant " + opt.quant + " is for gpt_oss (its experts are released in MXFP4)");
+  if (fp8 && opt.arch == "gpt_oss")
+    throw Error("make-model: --quant " + opt.quant + " is not for gpt_oss (released in MXFP4: --quant mxfp4)");
+  const int br = opt.fp8_block[0], bc = opt.fp8_block[1];
+  if (fp8 && (br < 1 || bc < 2 || bc % 2)) throw Error("make-model: the FP8 block must be rows >= 1 x an even cols >= 2");
   std::string cfg_text = preset_config_json(opt.arch, opt.preset);
   if (opt.quant == "mxfp4") {
     json j = json::parse(cfg_text);
     j["quantization_config"] = {{"quant_method", "mxfp4"},
                                 {"modules_to_not_convert",
                                  {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+    cfg_text = j.dump(2) + "\n";
+  }
+  if (opt.quant == "fp8") {
+    json j = json::parse(cfg_text);
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {br, bc}}};
     cfg_text = j.dump(2) + "\n";
   }
   std::shared_ptr<text::Tokenizer> tok;
@@ -315,6 +352,43 @@ void make_model(const MakeModelOptions& opt) {
   auto mat = [&](const std::string& n, int64_t r, int64_t col, float sd) {
     return [=] { return random_tensor(n, {r, col}, dt, seed, sd); };
   };
+  // The linear layers an FP8 release quantizes (not the embedding, lm_head, routers or the
+  // shared-expert gate): its e4m3 values and weight_scale_inv, or their bf16 decoding.
+  auto linear = [&](std::vector<std::function<TensorToWrite()>>& g, const std::string& n, int64_t r, int64_t col,
+                    float sd) {
+    if (!fp8) return g.push_back(mat(n, r, col, sd));
+    auto quantized = [=] { return quantize_fp8(random_tensor(n, {r, col}, DType::F32, seed, sd), br, bc); };
+    if (opt.quant == "fp8") {
+      g.push_back([=] { return TensorToWrite{n, DType::F8_E4M3, {r, col}, quantized().values}; });
+      g.push_back([=] {
+        const std::vector<float> s = quantized().scale_inv;
+        TensorToWrite t{n + "_scale_inv", DType::F32, {(r + br - 1) / br, (col + bc - 1) / bc}, std::vector<uint8_t>(s.size() * 4)};
+        std::memcpy(t.bytes.data(), s.data(), t.bytes.size());
+        return t;
+      });
+      return;
+    }
+    g.push_back([=] {
+      const Fp8Matrix m = quantized();
+      TensorView v;
+      v.dtype = DType::F8_E4M3;
+      v.shape = {r, col};
+      v.data = m.values.data();
+      v.scale_inv = m.scale_inv.data();
+      v.block_rows = br;
+      v.block_cols = bc;
+      TensorToWrite t{n, dt, {r, col}, std::vector<uint8_t>(size_t(r * col) * dtype_size(dt))};
+      for (int64_t i = 0; i < r * col; ++i) {
+        const float x = v.at(i);
+        if (dt == DType::F32) std::memcpy(t.bytes.data() + 4 * i, &x, 4);
+        else {
+          const uint16_t h = f32_to_bf16(x);
+          std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+        }
+      }
+      return t;
+    });
+  };
   auto vec = [&](const std::string& n, int64_t d, float sd, DType type) {
     return [=] { return random_tensor(n, {d}, type, seed, sd); };
   };
@@ -333,22 +407,22 @@ void make_model(const MakeModelOptions& opt) {
       const MlaSpec& m = *c.mla;
       const int64_t nh = c.num_heads, qk = m.qk_head_dim(), vd = nh * m.v_head_dim;
       if (m.q_lora_rank > 0) {
-        g.push_back(mat(name(N.q_a), m.q_lora_rank, H, s_in));
+        linear(g, name(N.q_a), m.q_lora_rank, H, s_in);
         g.push_back(norm(name(N.q_a_norm), m.q_lora_rank));
-        g.push_back(mat(name(N.q_b), nh * qk, m.q_lora_rank, 1.f / std::sqrt(float(m.q_lora_rank))));
+        linear(g, name(N.q_b), nh * qk, m.q_lora_rank, 1.f / std::sqrt(float(m.q_lora_rank)));
       } else {
-        g.push_back(mat(name(N.q), nh * qk, H, s_in));
+        linear(g, name(N.q), nh * qk, H, s_in);
       }
-      g.push_back(mat(name(N.kv_a), m.latent_width(), H, s_in));
+      linear(g, name(N.kv_a), m.latent_width(), H, s_in);
       g.push_back(norm(name(N.kv_a_norm), m.kv_lora_rank));
-      g.push_back(mat(name(N.kv_b), nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
-                      1.f / std::sqrt(float(m.kv_lora_rank))));
-      g.push_back(mat(name(N.o), H, vd, 1.f / std::sqrt(float(vd))));
+      linear(g, name(N.kv_b), nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+             1.f / std::sqrt(float(m.kv_lora_rank)));
+      linear(g, name(N.o), H, vd, 1.f / std::sqrt(float(vd)));
     } else {
-      g.push_back(mat(name(N.q), qd, H, s_in));
-      g.push_back(mat(name(N.k), kvd, H, s_in));
-      g.push_back(mat(name(N.v), kvd, H, s_in));
-      g.push_back(mat(name(N.o), H, qd, 1.f / std::sqrt(float(qd))));
+      linear(g, name(N.q), qd, H, s_in);
+      linear(g, name(N.k), kvd, H, s_in);
+      linear(g, name(N.v), kvd, H, s_in);
+      linear(g, name(N.o), H, qd, 1.f / std::sqrt(float(qd)));
     }
     const AttentionSpec& attn = c.layers[size_t(i)].attention;
     if (attn.qkv_bias) {
@@ -401,23 +475,23 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back(tensor(name(N.fused_down_bias), {E, H}, 0.1f));
       }
       for (int e = 0; e < c.num_experts && !N.fused_experts; ++e) {
-        g.push_back(mat(expert_name(c, i, e, "gate"), I, H, s_in));
-        g.push_back(mat(expert_name(c, i, e, "up"), I, H, s_in));
-        g.push_back(mat(expert_name(c, i, e, "down"), H, I, 1.f / std::sqrt(float(I))));
+        linear(g, expert_name(c, i, e, "gate"), I, H, s_in);
+        linear(g, expert_name(c, i, e, "up"), I, H, s_in);
+        linear(g, expert_name(c, i, e, "down"), H, I, 1.f / std::sqrt(float(I)));
       }
       const LayerConfig& lc = c.layers[size_t(i)];
       if (lc.shared_intermediate > 0) {
         const int64_t S = lc.shared_intermediate;
-        g.push_back(mat(shared_expert_name(c, i, "gate"), S, H, s_in));
-        g.push_back(mat(shared_expert_name(c, i, "up"), S, H, s_in));
-        g.push_back(mat(shared_expert_name(c, i, "down"), H, S, 1.f / std::sqrt(float(S))));
+        linear(g, shared_expert_name(c, i, "gate"), S, H, s_in);
+        linear(g, shared_expert_name(c, i, "up"), S, H, s_in);
+        linear(g, shared_expert_name(c, i, "down"), H, S, 1.f / std::sqrt(float(S)));
         if (lc.shared_gate) g.push_back(mat(shared_gate_name(c, i), 1, H, s_in));
       }
     } else {
       const int64_t I = c.intermediate_size;
-      g.push_back(mat(dense_name(c, i, "gate"), I, H, s_in));
-      g.push_back(mat(dense_name(c, i, "up"), I, H, s_in));
-      g.push_back(mat(dense_name(c, i, "down"), H, I, 1.f / std::sqrt(float(I))));
+      linear(g, dense_name(c, i, "gate"), I, H, s_in);
+      linear(g, dense_name(c, i, "up"), I, H, s_in);
+      linear(g, dense_name(c, i, "down"), H, I, 1.f / std::sqrt(float(I)));
     }
     groups.push_back(g);
   }

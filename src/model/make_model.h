@@ -20,7 +20,11 @@ struct MakeModelOptions {
   // gpt_oss experts: "" (float, `dtype`), "mxfp4" (blocks and scales with quantization_config, as
   // released), or "mxfp4-dequantized" (the same MXFP4 weights decoded into the float layout, as
   // transformers' dequantize writes them): the last two hold identical values.
+  // Other architectures: "fp8" (the linear layers as F8_E4M3 with weight_scale_inv per block of
+  // fp8_block, quantization_config fp8, as DeepSeek-V3 is released) or "fp8-dequantized" (the
+  // same values decoded, each rounded once to `dtype`, as the engine decodes them).
   std::string quant;
+  int fp8_block[2] = {128, 128};  // weight_block_size: rows, cols (cols even)
 };
 
 // The config.json text of a preset (throws r3::Error for unknown arch or preset).

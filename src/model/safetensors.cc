@@ -22,7 +22,9 @@ static DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "BF16") return DType::BF16;
   if (s == "F16") return DType::F16;
   if (s == "U8") return DType::U8;
-  throw Error(where + ": unsupported dtype \"" + s + "\" (r3 reads F32, BF16, F16, and U8 for MXFP4 blocks and scales)");
+  if (s == "F8_E4M3") return DType::F8_E4M3;
+  throw Error(where + ": unsupported dtype \"" + s +
+              "\" (r3 reads F32, BF16, F16, U8 for MXFP4 blocks and scales, and F8_E4M3 block-scaled weights)");
 }
 
 static uint64_t round_up64(uint64_t n) { return (n + 63) & ~uint64_t(63); }

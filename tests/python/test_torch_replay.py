@@ -187,3 +187,29 @@ def test_gpt_oss_mxfp4_is_refused_and_its_dequantized_layout_loads(r3_bin, tmp_p
     lp = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
     assert (lp - torch.tensor(o.logprobs)).abs().max() < 0.05
     assert (used.numpy()[:o.routed_experts.shape[0]] == o.routed_experts).all()
+
+
+def test_fp8_checkpoints_load_as_their_dequantized_layout(r3_bin, tmp_path):
+    import subprocess
+    for quant in ("fp8", "fp8-dequantized"):
+        subprocess.run([r3_bin, "make-model", "--arch", "deepseek_v3", "--quant", quant, "--fp8-block", "32x48",
+                        "--out", str(tmp_path / quant)], check=True, stdout=subprocess.DEVNULL)
+    a, b = load_state_dict(str(tmp_path / "fp8")), load_state_dict(str(tmp_path / "fp8-dequantized"))
+    assert set(a) == set(b)
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    # The engine serves the FP8 checkpoint; the torch model of the same file replays its routes.
+    model = MoEForCausalLM.from_pretrained(str(tmp_path / "fp8"))
+    llm = r3.LLM(str(tmp_path / "fp8"), enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
+    prompt = [3 + (i * 29) % 400 for i in range(16)]
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=8, temperature=1.0, seed=4,
+                                                                            ignore_eos=True))
+    o = out.outputs[0]
+    routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
+    with torch.no_grad():
+        model.set_replay(routes)
+        logits, used = model(torch.tensor(prompt + o.token_ids))
+        model.clear_replay()
+    lp = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
+    assert (lp - torch.tensor(o.logprobs)).abs().max() < 0.05
+    assert (used.numpy()[:o.routed_experts.shape[0]] == o.routed_experts).all()

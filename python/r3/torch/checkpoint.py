@@ -1,5 +1,8 @@
 """Hugging Face safetensors checkpoints to and from torch tensors (bf16, f16, f32), single file or
-sharded with model.safetensors.index.json. Independent of r3's C++ reader."""
+sharded with model.safetensors.index.json. Independent of r3's C++ reader. Block-scaled FP8
+weights (quantization_config fp8, as DeepSeek-V3 is released) are read dequantized to bf16, each
+weight the bf16 rounding of its e4m3 value times its block's scale: the values r3's engine
+computes with."""
 import json
 import os
 import struct
@@ -8,7 +11,8 @@ import numpy as np
 import torch
 
 _DTYPES = {"F32": (np.float32, torch.float32), "F16": (np.float16, torch.float16), "BF16": (np.int16, torch.bfloat16),
-           "I64": (np.int64, torch.int64), "I32": (np.int32, torch.int32)}
+           "I64": (np.int64, torch.int64), "I32": (np.int32, torch.int32), "U8": (np.uint8, torch.uint8),
+           "F8_E4M3": (np.uint8, torch.uint8)}
 
 
 def _read_file(path):
@@ -38,7 +42,32 @@ def load_state_dict(model_dir):
     state = {}
     for f in files:
         state.update(_read_file(os.path.join(model_dir, f)))
+    config_path = os.path.join(model_dir, "config.json")
+    quant = (json.load(open(config_path)).get("quantization_config") or {}) if os.path.exists(config_path) else {}
+    if quant.get("quant_method") == "fp8":
+        _dequantize_fp8(state, quant.get("weight_block_size") or [128, 128])
     return state
+
+
+def _e4m3_values():
+    """The 256 e4m3fn codes as float32 (0x7f and 0xff are NaN)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+    v = np.where(e == 0, m * 2.0 ** -9, (8 + m) * 2.0 ** (e - 10))
+    v = np.where((b & 0x7f) == 0x7f, np.nan, v)
+    return np.where(b & 0x80, -v, v).astype(np.float32)
+
+
+def _dequantize_fp8(state, block):
+    br, bc = block
+    values = _e4m3_values()
+    for scale_name in [n for n in state if n.endswith(".weight_scale_inv")]:
+        name = scale_name[:-len("_scale_inv")]
+        codes = state[name].numpy()
+        scales = state.pop(scale_name).float().numpy()
+        rows, cols = codes.shape
+        expanded = np.repeat(np.repeat(scales, br, 0), bc, 1)[:rows, :cols]
+        state[name] = torch.from_numpy(values[codes] * expanded).to(torch.bfloat16)  # fp32 product, rounded once
 
 
 def save_state_dict(state, path, dtype=torch.bfloat16):

@@ -1,0 +1,130 @@
+// Block-scaled FP8 weights (DeepSeek-V3, Kimi-K2 and Qwen3 FP8 as released): the e4m3 codec, the
+// checkpoint's view against the file's bytes, and the engine against the same weights decoded
+// into a bf16 checkpoint: identical tokens, logprobs and routes. (EngineFuzz runs the
+// everything-on schedule on deepseek_v3_fp8, EngineVsReference compares it with the fp32
+// reference forward, and WeightSync refits it in part.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "model/checkpoint.h"
+#include "test_models.h"
+
+namespace r3::testing {
+namespace {
+
+TEST(Fp8, E4m3CodecRoundTripsEveryCodeAndRoundsToNearestEven) {
+  for (int b = 0; b < 256; ++b) {
+    if (e4m3_is_nan(uint8_t(b))) {
+      EXPECT_TRUE(std::isnan(e4m3_to_f32(uint8_t(b))));
+      continue;
+    }
+    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(uint8_t(b))), b) << b;
+  }
+  EXPECT_EQ(e4m3_to_f32(0x7e), 448.f);
+  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);   // smallest subnormal
+  EXPECT_EQ(e4m3_to_f32(0x08), 0x1p-6f);   // smallest normal
+  EXPECT_EQ(e4m3_to_f32(0xb8), -1.f);
+  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);   // halfway 1 .. 1.125: to the even code (1)
+  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3a);   // halfway 1.125 .. 1.25: to the even code (1.25)
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);  // halfway 0 .. 2^-9
+  EXPECT_EQ(f32_to_e4m3(1e6f), 0x7e);      // saturates
+  EXPECT_EQ(f32_to_e4m3(-1e6f), 0xfe);
+}
+
+// The view multiplies each e4m3 value by its own block's scale (rows by block_rows, columns by
+// block_cols: the test block is uneven so a swap shows), and the dequantized checkpoint holds
+// exactly the bf16 rounding of those products.
+TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
+  for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
+    SCOPED_TRACE(arch);
+    auto q = Checkpoint::open(test_model(std::string(arch) + "_fp8"));
+    auto d = Checkpoint::open(test_model(std::string(arch) + "_fp8_dequantized"));
+    ASSERT_EQ(q->config().fp8_block_rows, 32);
+    ASSERT_EQ(q->config().fp8_block_cols, 48);
+    const LayerWeights& L = q->weights().layers[1];
+    const TensorView& w = L.experts[2].down;
+    ASSERT_EQ(w.dtype, DType::F8_E4M3);
+    ASSERT_TRUE(w.scale_inv);
+    EXPECT_EQ(q->weights().lm_head.dtype, DType::BF16);  // not quantized, as released
+    EXPECT_EQ(L.router.dtype, DType::BF16);
+    const int64_t O = w.shape[0], I = w.shape[1];
+    const auto* bytes = static_cast<const uint8_t*>(w.data);
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < I; ++i)
+        ASSERT_EQ(w.at(o * I + i), e4m3_to_f32(bytes[o * I + i]) * w.scale_inv[o / 32 * ((I + 47) / 48) + i / 48]);
+    const std::vector<std::pair<const TensorView*, const TensorView*>> pairs = {
+        {&L.experts[2].down, &d->weights().layers[1].experts[2].down}, {&L.o, &d->weights().layers[1].o},
+        {&L.shared.gate, &d->weights().layers[1].shared.gate}, {&q->weights().layers[0].dense.up, &d->weights().layers[0].dense.up}};
+    for (auto [a, b] : pairs) {
+      if (a->empty()) continue;  // qwen3_moe has no shared expert, no dense layer in tiny
+      ASSERT_EQ(b->dtype, DType::BF16);
+      const auto* bits = static_cast<const uint16_t*>(b->data);
+      for (int64_t k = 0; k < a->numel(); ++k) ASSERT_EQ(f32_to_bf16(a->at(k)), bits[k]) << a->name << " " << k;
+    }
+    if (q->config().mla) {  // kv_b is served decoded (the engine splits it per head)
+      EXPECT_EQ(L.kv_b.dtype, DType::BF16);
+      EXPECT_EQ(std::memcmp(L.kv_b.data, d->weights().layers[1].kv_b.data, L.kv_b.nbytes()), 0);
+    }
+  }
+}
+
+TEST(Fp8, EngineIdenticalToTheDequantizedCheckpoint) {
+  for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
+    SCOPED_TRACE(arch);
+    Workload w = make_workload(37, 16, 512, 0.0);
+    for (SamplingParams& p : w.params) p.return_routed_experts = true;
+    EngineConfig cfg = small_config(test_model(std::string(arch) + "_fp8"), 40);
+    cfg.max_num_batched_tokens = 32;
+    cfg.enable_return_routed_experts = true;
+    EXPECT_EQ(Engine(cfg).config().kv_cache_dtype, "bf16");  // auto: FP8 weights compute as bf16
+    const RunResult q = run_workload(cfg, w);
+    cfg.model = test_model(std::string(arch) + "_fp8_dequantized");
+    const RunResult d = run_workload(cfg, w);
+    for (size_t i = 0; i < w.prompts.size(); ++i) {
+      EXPECT_EQ(q.outputs[i].token_ids, d.outputs[i].token_ids) << i;
+      EXPECT_EQ(q.outputs[i].logprobs, d.outputs[i].logprobs) << i;
+      ASSERT_TRUE(q.outputs[i].routed_experts && d.outputs[i].routed_experts);
+      EXPECT_EQ(q.outputs[i].routed_experts->data, d.outputs[i].routed_experts->data) << i;
+    }
+  }
+}
+
+// An update whose FP8 values or scales the loader would refuse is refused before anything is
+// taken over: the engine keeps serving the weights it had.
+TEST(Fp8, ARefitWithANaNCodeOrABadScaleChangesNothing) {
+  const std::string model = test_model("deepseek_v3_fp8");
+  auto ck = Checkpoint::open(model);
+  EngineConfig cfg = small_config(model, 40);
+  Engine e(cfg);
+  SamplingParams p;
+  p.max_tokens = 6;
+  p.temperature = 0;
+  const RequestOutput before = e.generate({{3, 4, 5, 6}}, {p})[0];
+  for (const char* which : {"values", "scale"}) {
+    SCOPED_TRACE(which);
+    std::vector<TensorToWrite> all = ck->stored_tensors(), bucket;
+    for (TensorToWrite& t : all) {
+      if (t.name == "model.layers.1.self_attn.o_proj.weight" && std::string(which) == "values") {
+        t.bytes[3] = 0x7f;
+        bucket.push_back(t);
+      }
+      if (t.name == "model.layers.1.self_attn.o_proj.weight_scale_inv" && std::string(which) == "scale") {
+        const float bad = NAN;
+        std::memcpy(t.bytes.data(), &bad, 4);
+        bucket.push_back(t);
+      }
+    }
+    ASSERT_EQ(bucket.size(), 1u);
+    EXPECT_THROW(e.stage_weights(bucket), Error);
+    EXPECT_EQ(e.generate({{3, 4, 5, 6}}, {p})[0].logprobs, before.logprobs);
+  }
+}
+
+}  // namespace
+}  // namespace r3::testing
