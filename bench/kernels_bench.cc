@@ -93,6 +93,29 @@ struct Mxfp4Weights {
 void BM_MatmulMxfp4(benchmark::State& state) { matmul_streaming<Mxfp4Weights>(state); }
 BENCHMARK(BM_MatmulMxfp4)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
 
+// Block-scaled FP8 weights (128 x 128 blocks, as DeepSeek-V3 is released), the same shapes.
+struct Fp8Weights {
+  std::vector<uint8_t> values;
+  std::vector<float> scales;
+  r3::kernels::PackedBf16 packed;
+  r3::TensorView view;
+  Fp8Weights(int rows, int cols) : values(size_t(rows) * cols), scales(size_t((rows + 127) / 128) * ((cols + 127) / 128)) {
+    std::mt19937 rng(1);
+    for (auto& b : values) do b = uint8_t(rng()); while (r3::e4m3_is_nan(b));
+    for (auto& s : scales) s = std::ldexp(1.f + float(rng() % 100) / 100.f, -12);
+    view.dtype = r3::DType::F8_E4M3;
+    view.shape = {rows, cols};
+    view.data = values.data();
+    view.scale_inv = scales.data();
+    view.block_rows = view.block_cols = 128;
+    packed = r3::kernels::pack_bf16(view);
+    view.packed = packed.data();
+  }
+};
+
+void BM_MatmulFp8(benchmark::State& state) { matmul_streaming<Fp8Weights>(state); }
+BENCHMARK(BM_MatmulFp8)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
+
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
 // (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores,
 // gate/up then down. Arg: tokens per expert, or 0 for the batch-32 top-8 draw (binomial 32, 1/8).

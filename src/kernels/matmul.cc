@@ -96,8 +96,8 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
 }
 
 // Block-scaled FP8 [O, I] into 8-bit panels (matmul_tiles.cc decodes them): per panel of 16
-// rows, pair row q holds each row's two bytes of inputs 2q, 2q + 1 (32 bytes), then per column
-// block each row's scale (16 fp32). Rows past O stay zero (they decode to 0).
+// rows, pair row q holds the rows' codes of input 2q (16 bytes), then of input 2q + 1, then per
+// column block each row's scale (16 fp32). Rows past O stay zero (they decode to 0).
 void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], col_blocks = (I + W.block_cols - 1) / W.block_cols;
   const size_t panel_bytes = fp8_panel_bytes(W);
@@ -108,7 +108,10 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
     auto* scales = reinterpret_cast<float*>(panel + size_t(I) * kPanelRows);
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
       const int64_t lane = r - p * kPanelRows;
-      for (int64_t q = 0; q < I / 2; ++q) std::memcpy(panel + q * 32 + lane * 2, w + r * I + 2 * q, 2);
+      for (int64_t q = 0; q < I / 2; ++q) {
+        panel[q * 32 + lane] = w[r * I + 2 * q];
+        panel[q * 32 + 16 + lane] = w[r * I + 2 * q + 1];
+      }
       for (int64_t b = 0; b < col_blocks; ++b)
         scales[b * kPanelRows + lane] = W.scale_inv[r / W.block_rows * col_blocks + b];
     }

@@ -511,23 +511,31 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
 
 // ---- FP8 weights: 8-bit panels with block scales, decoded one panel at a time ----
 //
-// The panel layout (pack_fp8, matmul.cc): per panel of 16 rows, pair row q is 32 bytes (row r's
-// e4m3 bytes of inputs 2q, 2q + 1), then per column block of the weight's block scales 16 fp32
+// The panel layout (pack_fp8, matmul.cc): per panel of 16 rows, pair row q is 32 bytes (the
+// rows' e4m3 codes of input 2q, then of input 2q + 1), then per column block of the weight's block scales 16 fp32
 // (each row's scale_inv). A weight decodes to the bf16 rounding (nearest even) of its e4m3
 // value times its block's scale, an fp32 product; the loader keeps every nonzero product a
 // normal number, so every path, flushing denormals or not, gives these bits.
 
+#if R3_ISA_AVX2
+// e4m3 codes, one per 16-bit word (zero-extended), into half-precision numbers of value x 2^-8:
+// the code moved to the high byte and shifted right arithmetically puts its sign at bit 15 (and
+// a copy at 14, cleared) and its exponent and mantissa bits in the fp16 fields; the two formats
+// differ by their exponent bias only, subnormals included. vcvtph2ps then widens exactly (it
+// never flushes), and the block scales are kept x 2^8, so each product is value x scale rounded
+// once.
+inline __m256i e4m3_to_f16(__m256i words) {
+  return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(words, 8), 1), _mm256_set1_epi16(short(0xbfff)));
+}
+#endif
 #if R3_ISA_AVX512
-// 16 lanes whose low byte is an e4m3 code -> its value as fp32 (exact; NaN codes are refused
-// at load). Normal codes become fp32 by moving the exponent field; subnormals (exponent 0) are
-// m x 2^-9.
-inline __m512 e4m3_to_ps(__m512i b) {
-  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
-  const __m512 normal = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
-  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
-  const __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
-  return _mm512_castsi512_ps(
-      _mm512_or_si512(_mm512_castps_si512(v), _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
+inline __m512i e4m3_to_f16(__m512i words) {
+  return _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(words, 8), 1), _mm512_set1_epi16(short(0xbfff)));
+}
+// Pair row q of one FP8 panel (32 bytes: the 16 rows' codes of input 2q, then of 2q + 1) as
+// half-precision numbers: w[2q] in the low 256 bits, w[2q + 1] in the high.
+inline __m512i fp8_pair_row_f16(const uint8_t* at) {
+  return e4m3_to_f16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))));
 }
 // fp32 -> bf16 bits (round to nearest even) in the low half of each lane; no NaN can occur.
 inline __m512i ps_to_bf16_bits(__m512 v) {
@@ -535,16 +543,11 @@ inline __m512i ps_to_bf16_bits(__m512 v) {
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
 }
-#elif R3_ISA_AVX2
-inline __m256 e4m3_to_ps(__m256i b) {
-  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
-  const __m256 normal =
-      _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
-  const __m256 v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
-  return _mm256_castsi256_ps(
-      _mm256_or_si256(_mm256_castps_si256(v), _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24)));
+// The same rounding, the result kept as an fp32 value.
+inline __m512 round_ps_to_bf16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(ps_to_bf16_bits(v), 16));
 }
+#elif R3_ISA_AVX2
 inline __m256i ps_to_bf16_bits(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -566,24 +569,26 @@ void decode_fp8_panel(const uint8_t* panel, int pairs, int block_cols, uint16_t*
     const int q1 = std::min(pairs, q0 + pairs_per_block);
     const float* s = scales + size_t(cb) * kPanel;
 #if R3_ISA_AVX512
-    const __m512 scale = _mm512_loadu_ps(s);
-    const __m512i byte = _mm512_set1_epi32(0xff);
+    const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(s), _mm512_set1_ps(256.f));
     for (int q = q0; q < q1; ++q) {
       _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q) * 32 + 1024), _MM_HINT_T0);
-      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + size_t(q) * 32)));
-      const __m512i lo = ps_to_bf16_bits(_mm512_mul_ps(e4m3_to_ps(_mm512_and_si512(w, byte)), scale));
-      const __m512i hi = ps_to_bf16_bits(_mm512_mul_ps(e4m3_to_ps(_mm512_srli_epi32(w, 8)), scale));
+      const __m512i h = fp8_pair_row_f16(panel + size_t(q) * 32);
+      const __m512i lo = ps_to_bf16_bits(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), scale));
+      const __m512i hi = ps_to_bf16_bits(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), scale));
       _mm512_storeu_si512(out + size_t(q) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
 #elif R3_ISA_AVX2
-    const __m256i byte = _mm256_set1_epi32(0xff);
-    for (int h = 0; h < 2; ++h) {
-      const __m256 scale = _mm256_loadu_ps(s + 8 * h);
-      for (int q = q0; q < q1; ++q) {
-        const __m256i w = _mm256_cvtepu16_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + size_t(q) * 32 + 16 * h)));
-        const __m256i lo = ps_to_bf16_bits(_mm256_mul_ps(e4m3_to_ps(_mm256_and_si256(w, byte)), scale));
-        const __m256i hi = ps_to_bf16_bits(_mm256_mul_ps(e4m3_to_ps(_mm256_srli_epi32(w, 8)), scale));
+    const __m256 scale[2] = {_mm256_mul_ps(_mm256_loadu_ps(s), _mm256_set1_ps(256.f)),
+                             _mm256_mul_ps(_mm256_loadu_ps(s + 8), _mm256_set1_ps(256.f))};
+    for (int q = q0; q < q1; ++q) {
+      const auto* at = reinterpret_cast<const __m128i*>(panel + size_t(q) * 32);
+      const __m256i h0 = e4m3_to_f16(_mm256_cvtepu8_epi16(_mm_loadu_si128(at))),
+                    h1 = e4m3_to_f16(_mm256_cvtepu8_epi16(_mm_loadu_si128(at + 1)));
+      const __m128i w0[2] = {_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1)},
+                    w1[2] = {_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1)};
+      for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7
+        const __m256i lo = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(w0[h]), scale[h]));
+        const __m256i hi = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(w1[h]), scale[h]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(q) * 32 + 16 * h),
                             _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
       }
@@ -593,10 +598,98 @@ void decode_fp8_panel(const uint8_t* panel, int pairs, int block_cols, uint16_t*
     for (int q = q0; q < q1; ++q)
       for (int r = 0; r < kPanel; ++r)
         for (int j = 0; j < 2; ++j)
-          out[size_t(q) * 32 + size_t(r) * 2 + size_t(j)] = f32_to_bf16(table.v[panel[size_t(q) * 32 + size_t(r) * 2 + size_t(j)]] * s[r]);
+          out[size_t(q) * 32 + size_t(r) * 2 + size_t(j)] = f32_to_bf16(table.v[panel[size_t(q) * 32 + size_t(j) * 16 + size_t(r)]] * s[r]);
 #endif
   }
 }
+
+#if R3_ISA_AVX512
+// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy; each weight is
+// the decoded bf16 value (kept in fp32) and the fma chain is the bf16 tile's, so the bits are
+// the bf16 path's.
+template <int P, int C>
+void fp8_tile(const uint8_t* panels, size_t panel_bytes, int block_cols, const Activations& x, int t0, int pairs,
+              float* y, int ldy, int row0, int lo, int hi) {
+  const size_t ldx = size_t(2) * size_t(pairs);
+  const float* xf[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  __m512 acc[P][C];
+  __mmask16 rows_mask[P];
+  panel_row_masks<P>(row0, lo, hi, rows_mask);
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  const int pairs_per_block = block_cols / 2;
+  for (int q0 = 0, cb = 0; q0 < pairs; q0 += pairs_per_block, ++cb) {
+    __m512 scale[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+      scale[p] = _mm512_mul_ps(
+          _mm512_loadu_ps(reinterpret_cast<const float*>(panels + size_t(p) * panel_bytes + size_t(pairs) * 32) +
+                          size_t(cb) * kPanel),
+          _mm512_set1_ps(256.f));
+    for (int q = q0; q < std::min(pairs, q0 + pairs_per_block); ++q) {
+      __m512 w0[P], w1[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const uint8_t* at = panels + size_t(p) * panel_bytes + size_t(q) * 32;
+        _mm_prefetch(reinterpret_cast<const char*>(at + 1024), _MM_HINT_T0);
+        const __m512i h = fp8_pair_row_f16(at);
+        w0[p] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), scale[p]);
+        w1[p] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), scale[p]);
+      }
+#if R3_ISA_AVX512BF16
+      // vcvtne2ps2bf16 rounds to nearest even (the products are normal: nothing to flush), a
+      // word permute makes each row's (w[2q], w[2q + 1]) one dword, and vdpbf16ps gives the
+      // fma chain's bits (dot.h) in one instruction per token.
+      const __m512i interleave = _mm512_setr_epi32(0x100000, 0x110001, 0x120002, 0x130003, 0x140004, 0x150005,
+                                                   0x160006, 0x170007, 0x180008, 0x190009, 0x1a000a, 0x1b000b,
+                                                   0x1c000c, 0x1d000d, 0x1e000e, 0x1f000f);
+      __m512bh w[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p)
+        w[p] = (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(w1[p], w0[p]));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        uint32_t pair;
+        std::memcpy(&pair, x.bf16 + size_t(x.row(t0 + c)) * ldx + 2 * size_t(q), 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], w[p], xv);
+      }
+#else
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        w0[p] = round_ps_to_bf16(w0[p]);
+        w1[p] = round_ps_to_bf16(w1[p]);
+      }
+      fma_pair<P, C>(w0, w1, xf, q, acc);
+#endif
+    }
+  }
+  store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
+}
+
+template <int P>
+int fp8_panels_from(const Activations& x, const uint8_t* packed, size_t panel_bytes, int block_cols, int pairs,
+                    float* y, int ldy, int p, int p_end, int lo, int hi) {
+  for (; p + P <= p_end; p += P)
+    for (int t = 0; t < x.rows; t += 4) {
+      const uint8_t* at = packed + size_t(p) * panel_bytes;
+      const int row0 = p * kPanel;
+      switch (std::min(4, x.rows - t)) {
+        case 4: fp8_tile<P, 4>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
+        case 3: fp8_tile<P, 3>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
+        case 2: fp8_tile<P, 2>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
+        default: fp8_tile<P, 1>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
+      }
+    }
+  if constexpr (P > 1) p = fp8_panels_from<P / 2>(x, packed, panel_bytes, block_cols, pairs, y, ldy, p, p_end, lo, hi);
+  return p;
+}
+#endif
 
 void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
 #if R3_ISA_AVX2
@@ -605,6 +698,14 @@ void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, in
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
   const size_t panel_bytes = fp8_panel_bytes(W);
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
+#if R3_ISA_AVX512
+  if (x.rows <= 4) {
+    fp8_panels_from<4>(x, packed, panel_bytes, W.block_cols, pairs, y, ldy, o_begin / kPanel,
+                       (hi + kPanel - 1) / kPanel, o_begin, hi);
+    return;
+  }
+#endif
+  // More tokens: each panel decoded once into bf16 pair rows, then the bf16 tiles.
   decoded_panels(x, pairs, y, ldy, o_begin, hi,
                  [&](int p, uint16_t* out) { decode_fp8_panel(packed + size_t(p) * panel_bytes, pairs, W.block_cols, out); });
 }
