@@ -14,7 +14,7 @@ void add_engine_flags(Args& a) {
       .opt("block-size", "16", "tokens per KV block")
       .opt("num-kv-blocks", "0", "KV blocks in the pool (0 = as many as fit in --kv-cache-mb)")
       .opt("kv-cache-mb", "1024", "KV memory when --num-kv-blocks is 0")
-      .opt("kv-cache-dtype", "auto", "KV cache element: auto (bf16 for a bf16 checkpoint, else fp32), bf16 or fp32")
+      .opt("kv-cache-dtype", "auto", "KV cache element: auto (fp32 for an fp32 checkpoint, else bf16), bf16 or fp32")
       .flag("enable-prefix-caching", true, "reuse cached KV blocks of shared prompt prefixes")
       .flag("overlap-scheduler", false, "plan step N+1 while step N computes")
       .opt("decode-buckets", "", "pad pure-decode steps to these sizes, e.g. 1,2,4,8,16,32")
