@@ -3,12 +3,16 @@
 // R3_KERNELS chooses the set and is refused when it names one the CPU lacks. The rest of the
 // suite runs on whichever set is active, and `make variants` runs it again under each set.
 #include "kernels/kernel_set.h"
+#include "kernels/tile_choice.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <random>
 #include <string>
 
@@ -147,6 +151,85 @@ TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
         expect_same_bits(got, want, std::string(set->name) + " fp8 n=" + std::to_string(n) + " T=" + std::to_string(T));
       }
     }
+}
+
+// Both bf16 tile choices (tile_choice.h) give the portable bits for every token count, bf16 and
+// the quantized weights decoded into bf16 panels alike.
+TEST(KernelSet, MatmulSameBitsWithEitherBf16Tiles) {
+  const KernelSet& portable = kernel_set_portable();
+  std::mt19937_64 rng(17);
+  const Bf16Tiles before = bf16_tiles();
+  for (int n : {30, 1030})
+    for (int T : {2, 6, 7, 13, 40}) {
+      const int O = 53;
+      const std::vector<float> wf = random_values(size_t(O) * n, rng, false);
+      std::vector<uint16_t> wb(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+      TensorView W{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
+      std::vector<uint8_t> codes(size_t(O) * n);
+      for (uint8_t& b : codes) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+      std::vector<float> scales(size_t((O + 15) / 16) * size_t((n + 31) / 32), 0x1p-6f);
+      TensorView Q{.dtype = DType::F8_E4M3, .shape = {O, n}, .data = codes.data()};
+      Q.scale_inv = scales.data();
+      Q.block_rows = 16;
+      Q.block_cols = 32;
+      std::vector<uint16_t> qb(codes.size());
+      for (size_t i = 0; i < qb.size(); ++i) qb[i] = f32_to_bf16(Q.at(int64_t(i)));
+      TensorView Qb{.dtype = DType::BF16, .shape = {O, n}, .data = qb.data()};
+      PackedBf16 pw = pack_bf16(W), pq = pack_bf16(Q), pqb = pack_bf16(Qb);
+      W.packed = pw.data();
+      Q.packed = pq.data();
+      Qb.packed = pqb.data();
+      std::vector<float> x = random_values(size_t(T) * n, rng, false);
+      std::vector<uint16_t> xb(x.size());
+      round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+      std::vector<float> want(size_t(T) * O), want_q(size_t(T) * O);
+      portable.matmul_rows({x.data(), xb.data(), T}, W, want.data(), O, 0, O);
+      portable.matmul_rows({x.data(), xb.data(), T}, Qb, want_q.data(), O, 0, O);
+      for (Bf16Tiles t : {Bf16Tiles::Fma, Bf16Tiles::DotProduct}) {
+        set_bf16_tiles(t);
+        for (const KernelSet* set : supported_kernel_sets()) {
+          std::vector<float> got(size_t(T) * O), got_q(size_t(T) * O);
+          set->matmul_rows({x.data(), xb.data(), T}, W, got.data(), O, 0, O);
+          set->matmul_rows({x.data(), xb.data(), T}, Q, got_q.data(), O, 0, O);
+          const std::string what = std::string(set->name) + " " + bf16_tiles_name(t) + " n=" + std::to_string(n) +
+                                   " T=" + std::to_string(T);
+          expect_same_bits(got, want, what);
+          expect_same_bits(got_q, want_q, what + " fp8");
+        }
+      }
+    }
+  set_bf16_tiles(before);
+}
+
+// R3_TILES decides when set; otherwise the cache for this CPU model, else a timing that is then
+// cached; a damaged cache is timed again; an unknown R3_TILES value is refused.
+TEST(KernelSet, Bf16TileChoiceIsTimedOnceAndCached) {
+  const Bf16Tiles before = bf16_tiles();
+  const std::string dir = ::testing::TempDir() + "/r3_tiles_" + std::to_string(getpid());
+  const std::string cache = dir + "/r3/tiles.json";
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(choose_bf16_tiles(cache, "dp").tiles, Bf16Tiles::DotProduct);
+  EXPECT_EQ(bf16_tiles(), Bf16Tiles::DotProduct);
+  EXPECT_EQ(choose_bf16_tiles(cache, "fma").source, "R3_TILES");
+  EXPECT_THROW(choose_bf16_tiles(cache, "fast"), Error);
+  const TileChoice first = choose_bf16_tiles(cache, nullptr);
+  if (std::string(active_kernels().name) != "avx512bf16") {
+    EXPECT_EQ(first.tiles, Bf16Tiles::Fma);
+    EXPECT_EQ(first.source, "no AVX512-BF16 kernels");
+  } else {
+    EXPECT_EQ(first.source.rfind("timed on ", 0), 0u) << first.source;
+    EXPECT_GT(first.fma_gflops, 0);
+    EXPECT_GT(first.dp_gflops, 0);
+    EXPECT_EQ(first.tiles, first.dp_gflops > first.fma_gflops ? Bf16Tiles::DotProduct : Bf16Tiles::Fma);
+    const TileChoice again = choose_bf16_tiles(cache, nullptr);
+    EXPECT_EQ(again.source.rfind("cached for ", 0), 0u) << again.source;
+    EXPECT_EQ(again.tiles, first.tiles);
+    std::ofstream(cache) << "{not json";
+    EXPECT_EQ(choose_bf16_tiles(cache, nullptr).source.rfind("timed on ", 0), 0u);
+  }
+  std::filesystem::remove_all(dir);
+  set_bf16_tiles(before);
 }
 
 TEST(KernelSet, MatmulSameBitsOnEverySet) {

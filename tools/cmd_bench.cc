@@ -20,6 +20,7 @@
 #include "core/rng.h"
 #include "engine_flags.h"
 #include "kernels/machine_limits.h"
+#include "kernels/tile_choice.h"
 
 namespace r3::cli {
 
@@ -259,9 +260,14 @@ int cmd_bench(int argc, char** argv) {
   ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
   std::vector<kernels::MachineLimits> machine = {kernels::measure_machine(&probe_pool)};
   const kernels::MachineLimits m0 = machine[0];  // a copy: machine grows below
+  const kernels::TileChoice& tiles = kernels::tuned_bf16_tiles();
   std::printf("machine: %s kernels, bf16 peak instruction %s, %d threads (limits measured before the suite and after "
               "every entry; table below)\n",
               m0.kernels.c_str(), m0.peak_instruction.c_str(), probe_pool.size());
+  std::printf("bf16 tiles for 2+ tokens: %s (%s", kernels::bf16_tiles_name(tiles.tiles), tiles.source.c_str());
+  if (tiles.fma_gflops > 0)
+    std::printf("; one thread, 64 tokens: fma %.0f GFLOP/s, dp %.0f GFLOP/s", tiles.fma_gflops, tiles.dp_gflops);
+  std::printf(")\n");
   std::fflush(stdout);
   // Entries adapt to the model: a prompt never runs past the positions it allows (less one
   // generated token).

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "engine/capturable.h"
 #include "kernels/kernel_set.h"
+#include "kernels/tile_choice.h"
 
 namespace r3 {
 
@@ -28,6 +29,7 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   for (int b : cfg_.decode_buckets)
     if (b <= 0) throw Error("decode_buckets must be positive");
   kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
+  kernels::tuned_bf16_tiles();  // likewise a bad R3_TILES; timed once per CPU model, then cached
   ckpt_ = Checkpoint::open(cfg_.model);
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;

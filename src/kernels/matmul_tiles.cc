@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/isa_entry_points.h"
+#include "kernels/tile_choice.h"
 
 // Compiled for this file's instruction set from here on (isa.h).
 // clang-format off
@@ -23,8 +24,9 @@ namespace {
 
 // ---- bf16 weights: P panels of 16 rows x C tokens, lanes = rows ----
 //
-// vfmadd, not vdpbf16ps: the same per-row order (dot.h) at twice the throughput where the CPU
-// issues vdpbf16ps at half the FMA rate (Sapphire/Emerald Rapids). A panel's 64-byte pair row
+// vfmadd or vdpbf16ps (kDp): the same per-row order (dot.h). vfmadd has twice the throughput
+// where the CPU issues vdpbf16ps at half the FMA rate (Sapphire/Emerald Rapids), vdpbf16ps where
+// it issues it at full rate (Zen 4): tile_choice.h times both on the machine. A panel's 64-byte pair row
 // holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32 vectors.
 
 constexpr int kPanel = kPanelRows;
@@ -92,8 +94,8 @@ inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* m
 // P panels x C tokens over input pairs [q0, q1): starts from zero at q0 = 0, else from the
 // partial sums already in y (the same fp32 chain, so splitting the pairs changes no bit), and
 // stores only rows [lo, hi) (masked at the edges of the range). kDp: the same sums with
-// vdpbf16ps itself, one instruction per 64 weight bytes instead of four, for single tokens
-// (pure weight streaming); from 2 tokens the fma path is faster.
+// vdpbf16ps itself, one instruction per 64 weight bytes and token instead of four: always for
+// single tokens (pure weight streaming), for more where tile_choice.h found it faster.
 template <int P, int C, bool kDp>
 void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, int q0, int q1,
                 ptrdiff_t ahead, float* y, int ldy, int row0, int lo, int hi) {
@@ -273,6 +275,11 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
 #else
 #if R3_ISA_AVX512BF16
   constexpr bool kDpForFew = true;
+  if (x.rows >= 2 && bf16_tiles() == Bf16Tiles::DotProduct) {  // tile_choice.h: timed on this CPU
+    if (x.rows < 7) panels_from<4, 6, true>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    else panels_from<2, 8, true>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    return;
+  }
 #else
   constexpr bool kDpForFew = false;
 #endif
@@ -343,6 +350,11 @@ void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_be
 #else
 #if R3_ISA_AVX512BF16
     constexpr bool kDpForFew = true;
+    if (x.rows >= 2 && bf16_tiles() == Bf16Tiles::DotProduct) {
+      if (x.rows < 7) panel_tokens<1, 6, true>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      else panel_tokens<1, 8, true>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      continue;
+    }
 #else
     constexpr bool kDpForFew = false;
 #endif
