@@ -149,7 +149,8 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool
 
 // named: a dict {name: array} or a list of (name, array). Arrays: anything with the buffer
 // protocol, C-contiguous; float32 -> F32, float16 -> F16, 16-bit integers -> the bits of BF16
-// (numpy has no bfloat16: send `tensor.view(torch.int16).numpy()`).
+// (numpy has no bfloat16: send `tensor.view(torch.int16).numpy()`), 8-bit integers -> bytes (U8:
+// MXFP4 blocks and scales, or the codes of an F8_E4M3 weight, which numpy lacks too).
 std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
   std::vector<r3::TensorToWrite> tensors;
   auto add = [&](const py::handle& name, const py::handle& arr) {
@@ -160,9 +161,10 @@ std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
     if (f == "f" && info.itemsize == 4) t.dtype = r3::DType::F32;
     else if (f == "e" && info.itemsize == 2) t.dtype = r3::DType::F16;
     else if ((f == "H" || f == "h") && info.itemsize == 2) t.dtype = r3::DType::BF16;
+    else if ((f == "B" || f == "b") && info.itemsize == 1) t.dtype = r3::DType::U8;
     else
       throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" + f +
-                      "' (give float32, float16, or int16/uint16 holding bf16 bits)");
+                      "' (give float32, float16, int16/uint16 holding bf16 bits, or uint8 bytes)");
     py::ssize_t expect = info.itemsize;
     for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
       if (info.strides[size_t(i)] != expect)

@@ -1,5 +1,7 @@
 // Storage dtypes and scalar conversions (bf16 and f16 to and from fp32).
 #pragma once
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,14 +51,15 @@ inline uint8_t f32_to_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
   const float a = std::fabs(x);
   if (!(a < 448.f)) return std::isnan(x) ? 0x7f : uint8_t(sign | 0x7e);
-  int lo = 0, hi = 0x7e;  // codes 0..0x7e increase with their value: the last one <= a
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (e4m3_to_f32(uint8_t(mid)) <= a) lo = mid; else hi = mid - 1;
-  }
+  static const auto values = [] {  // codes 0..0x7e increase with their value
+    std::array<float, 0x7f> v{};
+    for (int b = 0; b < 0x7f; ++b) v[size_t(b)] = e4m3_to_f32(uint8_t(b));
+    return v;
+  }();
+  const int lo = int(std::upper_bound(values.begin(), values.end(), a) - values.begin()) - 1;  // last <= a
   if (lo < 0x7e) {
-    const float below = a - e4m3_to_f32(uint8_t(lo)), above = e4m3_to_f32(uint8_t(lo + 1)) - a;
-    if (above < below || (above == below && (lo & 1))) ++lo;
+    const float below = a - values[size_t(lo)], above = values[size_t(lo + 1)] - a;
+    if (above < below || (above == below && (lo & 1))) return uint8_t(sign | (lo + 1));
   }
   return uint8_t(sign | lo);
 }

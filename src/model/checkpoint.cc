@@ -462,11 +462,13 @@ bool knowingly_unused(const std::string& name) {
   return name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
 }
 
-void Checkpoint::check_update(const std::vector<TensorToWrite>& tensors) const {
-  for (const TensorToWrite& t : tensors) {
+void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
+  for (TensorToWrite& t : tensors) {
     auto it = index_.find(t.name);
     if (it == index_.end()) throw Error("weight update: tensor \"" + t.name + "\" is not in the served model");
     const TensorView& have = *it->second;
+    // Bytes sent for an F8_E4M3 tensor are its codes (callers without a float8 type send bytes).
+    if (t.dtype == DType::U8 && have.dtype == DType::F8_E4M3) t.dtype = DType::F8_E4M3;
     TensorView got;
     got.shape = t.shape;
     got.dtype = t.dtype;

@@ -64,8 +64,10 @@ class Checkpoint {
   // keys (config_differences) and tensor dtypes. Empty when `other` can replace this one.
   std::vector<std::string> differences(const Checkpoint& other) const;
   // In-memory weight updates (a trainer's tensors by Hugging Face name). check_update throws
-  // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype.
-  void check_update(const std::vector<TensorToWrite>& tensors) const;
+  // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype, or
+  // whose quantized values the loader would refuse; U8 bytes sent for an F8_E4M3 tensor are
+  // taken as its codes (their dtype is set to F8_E4M3).
+  void check_update(std::vector<TensorToWrite>& tensors) const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
   // apply_update checks everything first, then takes the sent bytes over as this checkpoint's

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -359,9 +360,15 @@ void make_model(const MakeModelOptions& opt) {
     if (!fp8) return g.push_back(mat(n, r, col, sd));
     auto quantized = [=] { return quantize_fp8(random_tensor(n, {r, col}, DType::F32, seed, sd), br, bc); };
     if (opt.quant == "fp8") {
-      g.push_back([=] { return TensorToWrite{n, DType::F8_E4M3, {r, col}, quantized().values}; });
+      // The values' generator runs first (same shard) and leaves the scales for the next one.
+      auto made = std::make_shared<Fp8Matrix>();
       g.push_back([=] {
-        const std::vector<float> s = quantized().scale_inv;
+        *made = quantized();
+        return TensorToWrite{n, DType::F8_E4M3, {r, col}, made->values};
+      });
+      g.push_back([=] {
+        const std::vector<float> s = std::move(made->scale_inv);
+        *made = Fp8Matrix();
         TensorToWrite t{n + "_scale_inv", DType::F32, {(r + br - 1) / br, (col + bc - 1) / bc}, std::vector<uint8_t>(s.size() * 4)};
         std::memcpy(t.bytes.data(), s.data(), t.bytes.size());
         return t;

@@ -343,3 +343,28 @@ def test_vllm_routed_experts_split(model, llm):
                           b.outputs[0].routed_experts)
     with pytest.raises(r3.Error, match="routed_experts_format"):
         r3.LLM(model=model, routed_experts_format="sglang", **ENGINE)
+
+
+def test_update_weights_from_tensors_of_an_fp8_model(r3_bin, tmp_path):
+    # FP8 codes go as uint8 (numpy has no float8), their block scales as float32: the refit
+    # equals a fresh engine on the new checkpoint; a NaN code is refused and changes nothing.
+    import subprocess
+    for seed in (0, 1):
+        subprocess.run([r3_bin, "make-model", "--arch", "deepseek_v3", "--quant", "fp8", "--fp8-block", "32x48",
+                        "--seed", str(seed), "--out", str(tmp_path / str(seed))], check=True, stdout=subprocess.DEVNULL)
+    llm = r3.LLM(model=str(tmp_path / "0"), enable_return_routed_experts=True, **ENGINE)
+    tensors = read_safetensors(str(tmp_path / "1" / "model.safetensors"))
+    assert tensors["model.layers.1.self_attn.o_proj.weight"].dtype == np.uint8
+    p = [{"prompt_token_ids": prompt(15, 3)}]
+    sp = r3.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    bad = tensors["model.layers.1.self_attn.o_proj.weight"].copy()
+    bad.flat[5] = 0x7F
+    before = llm.generate(p, sp)[0].outputs[0]
+    with pytest.raises(r3.Error, match="NaN"):
+        llm.update_weights_from_tensors({"model.layers.1.self_attn.o_proj.weight": bad})
+    assert llm.generate(p, sp)[0].outputs[0].logprobs == before.logprobs
+    assert llm.update_weights_from_tensors(tensors) == len(tensors)
+    got = llm.generate(p, sp)[0].outputs[0]
+    fresh = r3.LLM(model=str(tmp_path / "1"), enable_return_routed_experts=True, **ENGINE).generate(p, sp)[0].outputs[0]
+    assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
+    assert np.array_equal(got.routed_experts, fresh.routed_experts)
