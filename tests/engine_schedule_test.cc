@@ -117,6 +117,8 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
   EXPECT_GT(r.stats.padded_tokens, 0u);
   EXPECT_GT(r.stats.requests_aborted, 0u);
   EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks);
+  EXPECT_EQ(r.stats.free_window_blocks, r.stats.num_window_blocks);
+  if (arch.rfind("gpt_oss", 0) == 0) EXPECT_GT(r.stats.window_blocks_freed, 0u);  // sliding windows freed
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, EngineFuzz, ::testing::ValuesIn(kAllArchs));

@@ -36,8 +36,9 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   const int qd = nh * hd;
   const float scale = 1.f / std::sqrt(float(hd));
   const int T = int(plan.tokens.size());
-  const KvT* k = cache.k_layer(layer);
-  const KvT* v = cache.v_layer(layer);
+  const KvT* k = cache.k_layer(cache_layer_[size_t(layer)]);
+  const KvT* v = cache.v_layer(cache_layer_[size_t(layer)]);
+  const bool windowed = sliding(layer);  // its own pool and block table
   attn_groups_.clear();
   bool single_tokens = true;
   for (int t = 0; t < T;) {
@@ -71,7 +72,8 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
       os[k] = out + at;
       pos[k] = plan.tokens[size_t(g.first + k)].position;
     }
-    kernels::PagedHead<KvT> kv{k, v, plan.block_table(plan.seqs[size_t(first.seq)]), block_size_,
+    const PlannedSeq& seq = plan.seqs[size_t(first.seq)];
+    kernels::PagedHead<KvT> kv{k, v, windowed ? plan.window_table(seq) : plan.block_table(seq), block_size_,
                                int64_t(kv_dim_), int64_t(head / group) * hd};
     kv.window = spec.sliding_window;
     if (spec.sinks) kv.has_sink = true, kv.sink = sinks.at(head);
@@ -133,7 +135,8 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       for (int hh = 0; hh < nh; ++hh) rotate(q + hh * hd, tok.position, a.rope_interleaved);
       for (int hh = 0; hh < nkv; ++hh) rotate(k + hh * hd, tok.position, a.rope_interleaved);
       if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
-      cache.write_gqa(l, tok.block, tok.slot, k, v, hd);
+      if (sliding(l)) cache.write_gqa(cache_layer_[size_t(l)], tok.window_block, tok.slot, k, v, hd);
+      else cache.write_gqa(cache_layer_[size_t(l)], tok.block, tok.slot, k, v, hd);
     }
   });
   attention(plan, l, q_.data(), attn_.data(), cache);

@@ -43,24 +43,39 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   pool_ = std::make_unique<ThreadPool>(threads);
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
   cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
-  int blocks = cfg_.num_kv_blocks;
-  if (blocks <= 0) {
-    const size_t per_block =
-        size_t(mc.num_layers) * size_t(cfg_.block_size) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);
-    blocks = int(std::clamp<size_t>(size_t(cfg_.kv_cache_mb) * (1u << 20) / per_block, 16, 1 << 16));
-  }
-  cfg_.num_kv_blocks = blocks;
   int max_step = cfg_.max_num_batched_tokens;
   for (int b : cfg_.decode_buckets) max_step = std::max(max_step, b);
+  // Sliding-window layers keep their KV in a pool of their own, sized for what the running
+  // requests' windows and one step's tokens can hold at once (Scheduler).
+  int window = 0, sliding_layers = 0;
+  for (const LayerConfig& l : mc.layers)
+    if (l.attention.sliding_window > 0) window = std::max(window, l.attention.sliding_window), ++sliding_layers;
+  const int bs = cfg_.block_size, S = cfg_.max_num_seqs;
+  const int64_t window_need = int64_t(S) * ((window - 1 + bs - 1) / bs + 3) + (max_step + bs - 1) / bs;
+  int blocks = cfg_.num_kv_blocks;
+  if (blocks <= 0) {
+    const size_t per_layer_block = size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);
+    const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20), full = size_t(mc.num_layers - sliding_layers);
+    // blocks x full layers + min(blocks, window_need) x sliding layers within the budget.
+    size_t b = budget / (size_t(mc.num_layers) * per_layer_block);
+    if (sliding_layers && full && b > size_t(window_need))
+      b = (budget - size_t(window_need) * size_t(sliding_layers) * per_layer_block) / (full * per_layer_block);
+    blocks = int(std::clamp<size_t>(b, 16, 1 << 16));
+  }
+  cfg_.num_kv_blocks = blocks;
+  const int window_blocks = window > 0 ? int(std::min<int64_t>(blocks, window_need)) : 0;
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
+  if (window > 0) window_kv_ = std::make_unique<KvPool>(window_blocks, cfg_.block_size);
   runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
-                                          pool_.get(), kv_dtype);
+                                          pool_.get(), kv_dtype, window_blocks);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   sc.enable_prefix_caching = cfg_.enable_prefix_caching;
   sc.decode_buckets = cfg_.decode_buckets;
-  scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block());
+  sc.sliding_window = window;
+  scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
+                                           runner_->window_scratch_block());
   if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
     throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");
   if (cfg_.eplb_redundant_experts > 0)
@@ -211,6 +226,7 @@ void Engine::finish_aborted(std::vector<RequestOutput>& out) {
 
 void Engine::drop_prefix_cache() {
   kv_->flush();
+  if (window_kv_) window_kv_->flush();
   if (routes_) routes_->invalidate_all();
 }
 
@@ -324,6 +340,8 @@ void Engine::publish_full_blocks(Request* r, int computed) {
     const uint64_t parent = b ? r->block_hashes[size_t(b - 1)] : 0;
     const uint64_t h = KvPool::chain_hash(parent, block_tokens_.data(), bs);
     kv_->publish(r->blocks[size_t(b)], h, block_tokens_.data());
+    // Its sliding-window block, unless already released (a chunk longer than the window).
+    if (window_kv_ && r->window_blocks[size_t(b)] >= 0) window_kv_->publish(r->window_blocks[size_t(b)], h, block_tokens_.data());
     r->block_hashes.push_back(h);
   }
 }
@@ -561,6 +579,8 @@ EngineStats Engine::stats() const {
   s.free_blocks = kv_->num_free();
   s.num_blocks = kv_->num_blocks();
   s.published_blocks = kv_->publishes();
+  if (window_kv_) s.free_window_blocks = window_kv_->num_free(), s.num_window_blocks = window_kv_->num_blocks();
+  s.window_blocks_freed = ss.window_blocks_freed;
   s.expert_load = runner_->expert_load();
   s.physical_expert_load = runner_->physical_expert_load();
   s.moe_layers = model_config().moe_layers();

@@ -84,6 +84,8 @@ struct EngineStats {
   uint64_t requests_finished = 0, requests_aborted = 0, weight_version = 0;
   uint64_t weight_bytes_read = 0;
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
+  int free_window_blocks = 0, num_window_blocks = 0;  // the sliding-window layers' pool (0: none)
+  uint64_t window_blocks_freed = 0;                   // of it, released as windows slid past
   int block_size = 0;
   std::string kv_cache_dtype;     // as resolved: "bf16" or "fp32"
   uint64_t published_blocks = 0;  // full blocks entered in the prefix cache
@@ -180,6 +182,7 @@ class Engine {
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<KvPool> window_kv_;  // the sliding-window layers' blocks (null without such layers)
   std::unique_ptr<ModelRunner> runner_;
   StepSampler sampler_;        // placeholders, sampling, scoring: on the thread that runs forwards
   std::vector<int> token_ids_;  // the step's token ids, placeholders resolved

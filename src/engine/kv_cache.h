@@ -52,18 +52,21 @@ class KvCache {
   void release() {
     decltype(k_)().swap(k_);  // swap: clear() would keep the capacity (and the pages)
     decltype(v_)().swap(v_);
+    released_ = true;
   }
   void restore() {
-    if (!k_.empty()) return;  // never released: its contents stay
+    if (!released_) return;  // never released: its contents stay
     k_.assign(layer_k_ * size_t(layers_), KvT(0));
     v_.assign(layer_v_ * size_t(layers_), KvT(0));
+    released_ = false;
   }
-  bool released() const { return k_.empty(); }
+  bool released() const { return released_; }
 
  private:
   static void store(float x, float* dst) { *dst = x; }
   static void store(float x, uint16_t* dst) { *dst = f32_to_bf16(x); }  // round to nearest even
 
+  bool released_ = true;      // until the constructor's restore
   size_t layer_k_, layer_v_;  // elements per layer
   int layers_, block_size_;
   int64_t k_width_, v_width_;

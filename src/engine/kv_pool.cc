@@ -84,6 +84,13 @@ void KvPool::publish(int b, uint64_t hash, const int* tokens) {
   ++publishes_;
 }
 
+int KvPool::find(uint64_t hash, const int* tokens) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  const Block& k = blocks_[size_t(it->second)];
+  return std::equal(tokens, tokens + block_size_, k.tokens.begin()) ? it->second : -1;  // else a collision
+}
+
 std::vector<int> KvPool::lookup_prefix(const std::vector<int>& tokens) const {
   std::vector<int> hit;
   const int full = (int(tokens.size()) - 1) / block_size_;  // never the last token
@@ -91,11 +98,9 @@ std::vector<int> KvPool::lookup_prefix(const std::vector<int>& tokens) const {
   for (int i = 0; i < full; ++i) {
     const int* t = tokens.data() + size_t(i) * block_size_;
     h = chain_hash(h, t, block_size_);
-    auto it = by_hash_.find(h);
-    if (it == by_hash_.end()) break;
-    const Block& k = blocks_[size_t(it->second)];
-    if (!std::equal(t, t + block_size_, k.tokens.begin())) break;  // hash collision
-    hit.push_back(it->second);
+    const int b = find(h, t);
+    if (b < 0) break;
+    hit.push_back(b);
   }
   return hit;
 }

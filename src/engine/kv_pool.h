@@ -37,6 +37,8 @@ class KvPool {
   // The longest run of cached full blocks for `tokens`, never covering the last token (a prefix
   // hit must leave at least one token to compute). Does not take references.
   std::vector<int> lookup_prefix(const std::vector<int>& tokens) const;
+  // The cached block published under `hash` holding `tokens` (block_size of them), or -1.
+  int find(uint64_t hash, const int* tokens) const;
   // Forgets every published hash (weight refit): no later lookup can hit old KV.
   void flush();
 

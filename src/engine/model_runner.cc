@@ -15,20 +15,26 @@ using kernels::rms_norm;
 using kernels::round_to_bf16;
 
 namespace {
-// MLA caches the latent row only (no V); GQA the kv heads' keys and values.
-AnyKvCache make_kv_cache(const ModelConfig& c, int blocks, int block_size, DType dtype) {
+// MLA caches the latent row only (no V); GQA the kv heads' keys and values. `layers` of them.
+AnyKvCache make_kv_cache(const ModelConfig& c, int layers, int blocks, int block_size, DType dtype) {
   const int64_t k = c.mla ? c.mla->latent_width() : int64_t(c.num_kv_heads) * c.head_dim;
   const int64_t v = c.mla ? 0 : k;
-  if (dtype == DType::BF16) return KvCache<uint16_t>(c.num_layers, blocks, block_size, k, v);
-  if (dtype == DType::F32) return KvCache<float>(c.num_layers, blocks, block_size, k, v);
+  if (dtype == DType::BF16) return KvCache<uint16_t>(layers, blocks, block_size, k, v);
+  if (dtype == DType::F32) return KvCache<float>(layers, blocks, block_size, k, v);
   throw Error("the KV cache holds bf16 or fp32");
+}
+int count_sliding(const ModelConfig& c, int window_blocks) {
+  int n = 0;
+  for (const LayerConfig& l : c.layers) n += window_blocks > 0 && l.attention.sliding_window > 0;
+  return n;
 }
 }  // namespace
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
-                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype)
+                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
+      window_blocks_(window_blocks),
       block_size_(block_size),
       max_tokens_(max_step_tokens),
       max_seqs_(std::min(max_seqs, max_step_tokens)),
@@ -39,8 +45,13 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       rope_(rope_inv_freq(ckpt_->config(), ckpt_->config().layers[0].attention.rotary_dim),
             float(ckpt_->config().rope_scaling.attention_factor),
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))),
-      kv_(make_kv_cache(ckpt_->config(), num_blocks, block_size, kv_dtype)) {
+      kv_(make_kv_cache(ckpt_->config(), ckpt_->config().num_layers - count_sliding(ckpt_->config(), window_blocks),
+                        num_blocks, block_size, kv_dtype)),
+      window_kv_(make_kv_cache(ckpt_->config(), count_sliding(ckpt_->config(), window_blocks), window_blocks,
+                               block_size, kv_dtype)) {
   const ModelConfig& c = config();
+  int full = 0, windowed = 0;
+  for (int l = 0; l < c.num_layers; ++l) cache_layer_.push_back(sliding(l) ? windowed++ : full++);
   for (const LayerConfig& l : c.layers)
     if (l.attention.rotary_dim != c.layers[0].attention.rotary_dim)
       throw Error("layers with different rotary dimensions are not implemented by the engine");
@@ -99,10 +110,12 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges
 
 void ModelRunner::release_kv_cache() {
   std::visit([](auto& cache) { cache.release(); }, kv_);
+  std::visit([](auto& cache) { cache.release(); }, window_kv_);
 }
 
 void ModelRunner::restore_kv_cache() {
   std::visit([](auto& cache) { cache.restore(); }, kv_);
+  std::visit([](auto& cache) { cache.restore(); }, window_kv_);
 }
 
 void ModelRunner::release_packed_weights() {
@@ -244,7 +257,7 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
           if (c.mla) mla_attention(plan, l, L, T, cache);
           else gqa_attention(plan, l, L, T, cache);
         },
-        kv_);
+        sliding(l) ? window_kv_ : kv_);
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
     round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);

@@ -31,11 +31,14 @@ class ModelRunner {
  public:
   // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows; kv_dtype
   // (BF16 or F32) is the KV cache element: K and V are rounded to it as they are written.
+  // window_blocks: the sliding-window layers' own pool (their KV lives there, the other layers'
+  // in the num_blocks pool); 0 when the model has no sliding layers.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
-              int max_seqs, ThreadPool* pool, DType kv_dtype);
+              int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
+  int window_scratch_block() const { return window_blocks_; }
   // Computes a step's hidden states (every planned token, embedded from token_ids: the plan's
   // tokens with placeholders resolved, StepSampler) and captures its routes into slot (null: the
   // engine started without route capture).
@@ -59,7 +62,7 @@ class ModelRunner {
     if (packed_released_) pack_weights();
   }
   bool memory_released() const {
-    return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;
+    return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;  // both caches go together
   }
   void set_eplb(EplbMap map) { eplb_ = std::move(map); }
   const EplbMap& eplb() const { return eplb_; }
@@ -101,10 +104,14 @@ class ModelRunner {
   std::vector<std::vector<MlaHead>> mla_heads_;  // [layer][head]
   std::vector<std::vector<uint8_t>> mla_storage_;  // behind each uk_t
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
+  int window_blocks_;
   ThreadPool* pool_;
   kernels::Rope rope_;
   size_t kv_dim_;  // K elements per token and layer: the kv heads' keys, or MLA's latent row
-  AnyKvCache kv_;
+  AnyKvCache kv_;         // the full-attention layers (every layer without sliding ones)
+  AnyKvCache window_kv_;  // the sliding-window layers, in their own pool (window_blocks_ > 0)
+  std::vector<int> cache_layer_;  // layer -> its index in kv_ or window_kv_
+  bool sliding(int layer) const { return window_blocks_ > 0 && config().layers[size_t(layer)].attention.sliding_window > 0; }
   EplbMap eplb_;
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;

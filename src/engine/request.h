@@ -34,6 +34,10 @@ struct Request {
 
   // KV state.
   std::vector<int> blocks;              // block table
+  // Sliding-window layers' block table (their own pool): -1 for blocks freed because every
+  // later query's window starts after them; window_freed of them, from the start.
+  std::vector<int> window_blocks;
+  int window_freed = 0;
   std::vector<uint64_t> block_hashes;   // chained hashes of the first full blocks
   int num_computed = 0;                 // tokens whose KV is computed or scheduled
   int pending = 0;                      // sampled tokens not yet known (overlap scheduling)

@@ -6,9 +6,14 @@
 
 namespace r3 {
 
-Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block)
-    : cfg_(std::move(cfg)), pool_(pool), scratch_block_(scratch_block) {
+Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool, int window_scratch)
+    : cfg_(std::move(cfg)), pool_(pool), scratch_block_(scratch_block), window_pool_(window_pool),
+      window_scratch_(window_scratch) {
   std::sort(cfg_.decode_buckets.begin(), cfg_.decode_buckets.end());
+  if ((cfg_.sliding_window > 0) != (window_pool_ != nullptr))
+    throw Error("scheduler: a sliding window needs its own KV pool, and only then");
+  if (window_pool_ && window_pool_->block_size() != pool_->block_size())
+    throw Error("scheduler: the sliding-window pool must have the main pool's block size");
 }
 
 void Scheduler::add(Request* r) { waiting_.push_back(r); }
@@ -17,6 +22,10 @@ void Scheduler::release_blocks(Request* r) {
   // Release in reverse so the LRU free list evicts a sequence's tail blocks first.
   for (auto it = r->blocks.rbegin(); it != r->blocks.rend(); ++it) pool_->release(*it);
   r->blocks.clear();
+  for (auto it = r->window_blocks.rbegin(); it != r->window_blocks.rend(); ++it)
+    if (*it >= 0) window_pool_->release(*it);
+  r->window_blocks.clear();
+  r->window_freed = 0;
 }
 
 void Scheduler::remove(Request* r) {
@@ -52,7 +61,22 @@ void Scheduler::preempt(Request* r) {
 }
 
 bool Scheduler::grow_blocks(Request* r, int upto_tokens) {
-  const int need = (upto_tokens + pool_->block_size() - 1) / pool_->block_size();
+  const int bs = pool_->block_size();
+  const int need = (upto_tokens + bs - 1) / bs;
+  if (window_pool_) {
+    // Queries from num_computed on read keys from num_computed - window + 1 on (attention.h).
+    const int first_key = r->num_computed - cfg_.sliding_window + 1;
+    for (; r->window_freed < int(r->window_blocks.size()) && (r->window_freed + 1) * bs <= first_key; ++r->window_freed) {
+      int& b = r->window_blocks[size_t(r->window_freed)];
+      if (b >= 0) window_pool_->release(b), ++stats_.window_blocks_freed;
+      b = -1;
+    }
+    while (int(r->window_blocks.size()) < need) {
+      const int b = window_pool_->allocate();
+      if (b < 0) return false;
+      r->window_blocks.push_back(b);
+    }
+  }
   while (int(r->blocks.size()) < need) {
     int b = pool_->allocate();
     if (b < 0) return false;
@@ -71,15 +95,34 @@ void Scheduler::admit_prefix(Request* r) {
   for (int i = 0; i < r->num_tokens(); ++i) toks[size_t(i)] = r->token(i);
   std::vector<int> hit = pool_->lookup_prefix(toks);
   stats_.prefix_queried_tokens += uint64_t(r->num_tokens());
-  uint64_t h = 0;
+  const int bs = pool_->block_size();
+  std::vector<uint64_t> hashes;
+  for (size_t i = 0; i < hit.size(); ++i)
+    hashes.push_back(KvPool::chain_hash(i ? hashes.back() : 0, toks.data() + i * size_t(bs), bs));
+  // The sliding layers need their blocks of the window before the first token to compute: the
+  // hit is cut back to where they are all cached.
+  std::vector<int> window(hit.size(), -1);
+  while (window_pool_ && !hit.empty()) {
+    const int n = int(hit.size()), first_key = std::max(0, n * bs - cfg_.sliding_window + 1);
+    bool cached = true;
+    for (int b = first_key / bs; b < n && cached; ++b)
+      cached = (window[size_t(b)] = window_pool_->find(hashes[size_t(b)], toks.data() + size_t(b) * bs)) >= 0;
+    if (cached) break;
+    hit.pop_back();
+    window.assign(hit.size(), -1);
+  }
   for (size_t i = 0; i < hit.size(); ++i) {
     pool_->acquire(hit[i]);
     r->blocks.push_back(hit[i]);
     r->hit_generations.push_back(pool_->generation(hit[i]));
-    h = KvPool::chain_hash(h, toks.data() + i * size_t(pool_->block_size()), pool_->block_size());
-    r->block_hashes.push_back(h);
+    r->block_hashes.push_back(hashes[i]);
+    if (window_pool_) {
+      if (window[i] >= 0) window_pool_->acquire(window[i]);
+      r->window_blocks.push_back(window[i]);
+      if (window[i] < 0 && r->window_freed == int(i)) ++r->window_freed;
+    }
   }
-  r->num_computed = int(hit.size()) * pool_->block_size();
+  r->num_computed = int(hit.size()) * bs;
   r->prefix_hit_tokens = r->num_computed;
   stats_.prefix_hit_tokens += uint64_t(r->num_computed);
 }
@@ -94,6 +137,10 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   s.table_offset = int(plan.block_tables.size());
   s.table_len = int(r->blocks.size());
   plan.block_tables.insert(plan.block_tables.end(), r->blocks.begin(), r->blocks.end());
+  if (window_pool_) {
+    s.window_offset = int(plan.window_tables.size());
+    plan.window_tables.insert(plan.window_tables.end(), r->window_blocks.begin(), r->window_blocks.end());
+  }
   s.sampler = r->params;
   s.wants_routes = r->params.return_routed_experts;
   if (!r->first_step_done) {
@@ -112,6 +159,7 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     t.block = r->blocks[size_t(t.position / bs)];
     t.block_generation = pool_->generation(t.block);
     t.slot = t.position % bs;
+    if (window_pool_) t.window_block = r->window_blocks[size_t(t.position / bs)];
     plan.tokens.push_back(t);
   }
   s.first_token_pending = plan.tokens[size_t(s.first_token)].token < 0;
@@ -199,6 +247,7 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
       PlannedToken t;
       t.seq = -1;
       t.block = scratch_block_;
+      t.window_block = window_scratch_;
       t.slot = int(plan.tokens.size()) % pool_->block_size();
       t.position = 0;
       t.token = 0;

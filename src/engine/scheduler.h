@@ -4,6 +4,12 @@
 // (preempted ones at the front, so nobody starves). When blocks run out, the most recently
 // arrived running request is preempted: its blocks are released (cached full blocks keep their
 // hash, so it reuses them on resume) and it recomputes later.
+// Models with sliding-window layers keep those layers' KV in a second pool (window_pool) with a
+// second block table per request: a block wholly before the window of the next query to compute
+// is released while the request runs (it keeps its hash, so a later prefix hit may still use
+// it), so those layers hold about window / block_size blocks per request however long it runs.
+// A prefix hit then needs, besides the full layers' blocks, the sliding layers' blocks of the
+// window before its end; it is shortened until they are cached.
 #pragma once
 #include <deque>
 #include <map>
@@ -21,16 +27,21 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 512;
   bool enable_prefix_caching = true;
   std::vector<int> decode_buckets;  // pad pure-decode steps to these sizes (sorted)
+  int sliding_window = 0;           // the sliding layers' window (keys), 0 without such layers
 };
 
 struct SchedulerStats {
   uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0,
            chunked_prefills = 0, padded_tokens = 0, steps = 0;
+  uint64_t window_blocks_freed = 0;  // sliding-window blocks released while their request ran
 };
 
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block);
+  // window_pool / window_scratch: the sliding layers' pool and scratch block (cfg.sliding_window
+  // > 0 only).
+  Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool = nullptr,
+            int window_scratch = 0);
 
   void add(Request* r);
   // Drops a request from the queues and releases its blocks.
@@ -50,7 +61,9 @@ class Scheduler {
   static bool done_scheduling(const Request& r);
 
  private:
-  bool grow_blocks(Request* r, int upto_tokens);  // allocate blocks to hold upto_tokens
+  // Allocate blocks to hold upto_tokens, after releasing the sliding-window blocks no query from
+  // r->num_computed on reads.
+  bool grow_blocks(Request* r, int upto_tokens);
   void preempt(Request* r);
   void release_blocks(Request* r);
   void admit_prefix(Request* r);
@@ -59,6 +72,8 @@ class Scheduler {
   SchedulerConfig cfg_;
   KvPool* pool_;
   int scratch_block_;
+  KvPool* window_pool_;
+  int window_scratch_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;
   std::vector<Request*> order_;  // scratch of schedule()

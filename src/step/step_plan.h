@@ -21,6 +21,10 @@ struct PlannedSeq {
   int start_pos = 0;         // absolute position of its first token
   int table_offset = 0;      // its block table: StepPlan::block_tables[table_offset ...], covering
   int table_len = 0;         //   positions [0, start_pos + num_tokens)
+  // Its sliding-window layers' block table (models with sliding_window layers):
+  // StepPlan::window_tables[window_offset, + table_len), -1 where blocks wholly before every
+  // query's window were freed.
+  int window_offset = 0;
   bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
   SamplerParams sampler;     // copied: sampling must not read live request state
   bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step
@@ -48,6 +52,7 @@ struct PlannedToken {
   int block = 0;             // KV block id (the scratch block for padding)
   uint64_t block_generation = 0;
   int slot = 0;              // offset in the block
+  int window_block = 0;      // the same position's block in the sliding-window layers' pool
 };
 
 // Flat vectors only: a plan object is reused step after step without allocating.
@@ -57,17 +62,20 @@ struct StepPlan {
   std::vector<PlannedSeq> seqs;
   std::vector<PlannedToken> tokens;
   std::vector<int> block_tables;          // every sequence's block table, back to back
+  std::vector<int> window_tables;         // the same for the sliding-window layers (or empty)
   std::vector<uint64_t> hit_generations;  // generations of prefix-hit blocks, back to back
   std::vector<ScoreTarget> scores;        // prompt tokens scored this step
   int num_padding = 0;
   bool any_routes = false;
 
   const int* block_table(const PlannedSeq& s) const { return block_tables.data() + s.table_offset; }
+  const int* window_table(const PlannedSeq& s) const { return window_tables.data() + s.window_offset; }
   uint64_t hit_generation(const PlannedSeq& s, int block) const { return hit_generations[size_t(s.hit_offset + block)]; }
   void clear() {
     seqs.clear();
     tokens.clear();
     block_tables.clear();
+    window_tables.clear();
     hit_generations.clear();
     scores.clear();
     num_padding = 0;
