@@ -425,6 +425,9 @@ class LLM {
     d["waiting"] = s.waiting;
     d["free_blocks"] = s.free_blocks;
     d["num_blocks"] = s.num_blocks;
+    d["free_window_blocks"] = s.free_window_blocks;
+    d["num_window_blocks"] = s.num_window_blocks;
+    d["window_blocks_freed"] = s.window_blocks_freed;
     d["block_size"] = s.block_size;
     d["kv_cache_dtype"] = s.kv_cache_dtype;
     d["expert_load"] = s.expert_load;

@@ -83,6 +83,11 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const 
   w.one("r3_kv_blocks_free", "gauge", "free KV blocks", e.free_blocks);
   w.one("r3_kv_cache_usage_ratio", "gauge", "fraction of KV blocks in use",
         e.num_blocks ? 1.0 - double(e.free_blocks) / double(e.num_blocks) : 0.0);
+  w.one("r3_kv_window_blocks_total", "gauge", "KV blocks in the sliding-window layers' pool (0: none)",
+        e.num_window_blocks);
+  w.one("r3_kv_window_blocks_free", "gauge", "free blocks of the sliding-window layers' pool", e.free_window_blocks);
+  w.one("r3_kv_window_blocks_freed_total", "counter", "sliding-window blocks released as windows slid past",
+        double(e.window_blocks_freed));
   w.one("r3_weight_version", "gauge", "weight version (increases with every refit)", double(e.weight_version));
   w.one("r3_weight_bytes_read_total", "counter", "checkpoint bytes read", double(e.weight_bytes_read));
   w.one("r3_route_bytes_returned_total", "counter", "bytes of routed_experts returned to clients",
