@@ -454,11 +454,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(kAllArchs), ::testing::Values("tiny", "small"),
                        ::testing::Values("bf16", "fp32")),
     [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" + std::get<2>(i.param); });
-// Block-scaled FP8 checkpoints (DeepSeek-V3 and Qwen3 are released so): the engine decodes each
-// weight to bf16 inside the matmul, the reference forward computes with the exact fp32 products.
+// Quantized checkpoints as released: block-scaled FP8 (DeepSeek-V3, Qwen3), whose weights the
+// engine decodes to bf16 inside the matmul while the reference forward computes with the exact
+// fp32 products, and GPT-OSS's MXFP4 experts.
 INSTANTIATE_TEST_SUITE_P(
-    Fp8, EngineVsReference,
-    ::testing::Combine(::testing::Values("deepseek_v3_fp8", "qwen3_moe_fp8"), ::testing::Values("tiny", "small"),
+    Quantized, EngineVsReference,
+    ::testing::Combine(::testing::Values("deepseek_v3_fp8", "qwen3_moe_fp8", "gpt_oss_mxfp4"), ::testing::Values("tiny", "small"),
                        ::testing::Values("bf16")),
     [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" + std::get<2>(i.param); });
 

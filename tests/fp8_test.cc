@@ -75,7 +75,7 @@ TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
 }
 
 TEST(Fp8, EngineIdenticalToTheDequantizedCheckpoint) {
-  for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
+  for (const char* arch : {"deepseek_v3", "qwen3_moe", "glm4_moe", "mixtral", "qwen2_moe", "olmoe"}) {
     SCOPED_TRACE(arch);
     Workload w = make_workload(37, 16, 512, 0.0);
     for (SamplingParams& p : w.params) p.return_routed_experts = true;
