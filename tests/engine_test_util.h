@@ -177,4 +177,22 @@ inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& s
     }
 }
 
+// The same workload (routes asked for) on two checkpoints holding the same values in different
+// layouts (a quantized release and its dequantization): identical tokens, logprobs and routes.
+inline void expect_identical_runs(const std::string& model_a, const std::string& model_b, uint64_t seed, int n) {
+  Workload w = make_workload(seed, n, 512, 0.0);
+  for (SamplingParams& p : w.params) p.return_routed_experts = true;
+  EngineConfig cfg = small_config(model_a, 40);
+  cfg.max_num_batched_tokens = 32;
+  const RunResult a = run_workload(cfg, w);
+  cfg.model = model_b;
+  const RunResult b = run_workload(cfg, w);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    EXPECT_EQ(a.outputs[i].token_ids, b.outputs[i].token_ids) << i;
+    EXPECT_EQ(a.outputs[i].logprobs, b.outputs[i].logprobs) << i;
+    ASSERT_TRUE(a.outputs[i].routed_experts && b.outputs[i].routed_experts);
+    EXPECT_EQ(a.outputs[i].routed_experts->data, b.outputs[i].routed_experts->data) << i;
+  }
+}
+
 }  // namespace r3::testing

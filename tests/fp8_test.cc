@@ -77,21 +77,9 @@ TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
 TEST(Fp8, EngineIdenticalToTheDequantizedCheckpoint) {
   for (const char* arch : {"deepseek_v3", "qwen3_moe", "glm4_moe", "mixtral", "qwen2_moe", "olmoe"}) {
     SCOPED_TRACE(arch);
-    Workload w = make_workload(37, 16, 512, 0.0);
-    for (SamplingParams& p : w.params) p.return_routed_experts = true;
-    EngineConfig cfg = small_config(test_model(std::string(arch) + "_fp8"), 40);
-    cfg.max_num_batched_tokens = 32;
-    cfg.enable_return_routed_experts = true;
-    EXPECT_EQ(Engine(cfg).config().kv_cache_dtype, "bf16");  // auto: FP8 weights compute as bf16
-    const RunResult q = run_workload(cfg, w);
-    cfg.model = test_model(std::string(arch) + "_fp8_dequantized");
-    const RunResult d = run_workload(cfg, w);
-    for (size_t i = 0; i < w.prompts.size(); ++i) {
-      EXPECT_EQ(q.outputs[i].token_ids, d.outputs[i].token_ids) << i;
-      EXPECT_EQ(q.outputs[i].logprobs, d.outputs[i].logprobs) << i;
-      ASSERT_TRUE(q.outputs[i].routed_experts && d.outputs[i].routed_experts);
-      EXPECT_EQ(q.outputs[i].routed_experts->data, d.outputs[i].routed_experts->data) << i;
-    }
+    const std::string fp8 = test_model(std::string(arch) + "_fp8");
+    EXPECT_EQ(Engine(small_config(fp8)).config().kv_cache_dtype, "bf16");  // auto: FP8 weights compute as bf16
+    expect_identical_runs(fp8, test_model(std::string(arch) + "_fp8_dequantized"), 37, 16);
   }
 }
 

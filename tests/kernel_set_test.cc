@@ -78,11 +78,33 @@ TEST(KernelSet, UnknownOrUnsupportedSetIsRefused) {
   }
 }
 
+// Every set's matmul of the quantized weight Wq (rows split mid-panel) against the portable bf16
+// matmul of its values as TensorView::at decodes them, rounded to bf16.
+void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64& rng, const std::string& what) {
+  const int O = int(Wq.shape[0]), n = int(Wq.shape[1]);
+  std::vector<uint16_t> wb(size_t(O) * n);
+  for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
+  TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
+  PackedBf16 pb = pack_bf16(Wb), pq = pack_bf16(Wq);
+  Wb.packed = pb.data();
+  Wq.packed = pq.data();
+  std::vector<float> x = random_values(size_t(T) * n, rng, false);
+  std::vector<uint16_t> xb(x.size());
+  round_to_bf16(x.data(), int64_t(x.size()), xb.data());
+  std::vector<float> want(size_t(T) * O);
+  kernel_set_portable().matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
+  for (const KernelSet* set : supported_kernel_sets()) {
+    std::vector<float> got(size_t(T) * O);
+    set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
+    set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
+    expect_same_bits(got, want, std::string(set->name) + " " + what + " n=" + std::to_string(n) + " T=" + std::to_string(T));
+  }
+}
+
 // MXFP4 weights, decoded inside the matmul on every set, give the bits of the bf16 matmul of
 // the same values (decoded here independently, through TensorView::at), scales at the edges of
 // the accepted range included.
 TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
-  const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(11);
   for (int n : {32, 64, 1056})
     for (int T : {1, 2, 6, 7, 13}) {
@@ -92,24 +114,9 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
       for (size_t i = 0; i < scales.size(); ++i) scales[i] = i % 7 == 0 ? (i % 2 ? 2 : 252) : uint8_t(120 + rng() % 14);
       TensorView Wq{.dtype = DType::MXFP4, .shape = {O, n}, .data = blocks.data()};
       Wq.scales = scales.data();
-      std::vector<uint16_t> wb(size_t(O) * n);
-      for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
-      for (size_t i = 0; i < wb.size(); ++i) ASSERT_EQ(bf16_to_f32(wb[i]), Wq.at(int64_t(i)));  // exact in bf16
-      TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
-      PackedBf16 pb = pack_bf16(Wb), pq = pack_bf16(Wq);
-      Wb.packed = pb.data();
-      Wq.packed = pq.data();
-      std::vector<float> x = random_values(size_t(T) * n, rng, false);
-      std::vector<uint16_t> xb(x.size());
-      round_to_bf16(x.data(), int64_t(x.size()), xb.data());
-      std::vector<float> want(size_t(T) * O);
-      portable.matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
-      for (const KernelSet* set : supported_kernel_sets()) {
-        std::vector<float> got(size_t(T) * O);
-        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
-        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
-        expect_same_bits(got, want, std::string(set->name) + " mxfp4 n=" + std::to_string(n) + " T=" + std::to_string(T));
-      }
+      for (int64_t i = 0; i < Wq.numel(); ++i)  // exact in bf16
+        ASSERT_EQ(round_bf16(Wq.at(i)), Wq.at(i));
+      expect_bf16_matmul_of_decoded_values(Wq, T, rng, "mxfp4");
     }
 }
 
@@ -118,7 +125,6 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
 // that end mid-panel and mid-row, zero scales, the smallest accepted scale and a large one, and
 // every e4m3 code but NaN.
 TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
-  const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(13);
   for (auto [n, br, bc] : {std::tuple{32, 5, 6}, {64, 16, 64}, {1030, 128, 128}, {200, 7, 2}})
     for (int T : {1, 2, 6, 7, 13}) {
@@ -133,23 +139,7 @@ TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
       Wq.scale_inv = scales.data();
       Wq.block_rows = br;
       Wq.block_cols = bc;
-      std::vector<uint16_t> wb(size_t(O) * n);
-      for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
-      TensorView Wb{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
-      PackedBf16 pb = pack_bf16(Wb), pq = pack_bf16(Wq);
-      Wb.packed = pb.data();
-      Wq.packed = pq.data();
-      std::vector<float> x = random_values(size_t(T) * n, rng, false);
-      std::vector<uint16_t> xb(x.size());
-      round_to_bf16(x.data(), int64_t(x.size()), xb.data());
-      std::vector<float> want(size_t(T) * O);
-      portable.matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
-      for (const KernelSet* set : supported_kernel_sets()) {
-        std::vector<float> got(size_t(T) * O);
-        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
-        set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
-        expect_same_bits(got, want, std::string(set->name) + " fp8 n=" + std::to_string(n) + " T=" + std::to_string(T));
-      }
+      expect_bf16_matmul_of_decoded_values(Wq, T, rng, "fp8");
     }
 }
 

@@ -38,20 +38,7 @@ TEST(Mxfp4, ReferenceLogitsIdenticalToTheDequantizedCheckpoint) {
 }
 
 TEST(Mxfp4, EngineIdenticalToTheDequantizedCheckpoint) {
-  Workload w = make_workload(31, 24, 512, 0.0);
-  for (SamplingParams& p : w.params) p.return_routed_experts = true;
-  EngineConfig cfg = small_config(test_model("gpt_oss_mxfp4"), 40);
-  cfg.max_num_batched_tokens = 32;
-  cfg.enable_return_routed_experts = true;
-  const RunResult q = run_workload(cfg, w);
-  cfg.model = test_model("gpt_oss_mxfp4_dequantized");
-  const RunResult d = run_workload(cfg, w);
-  for (size_t i = 0; i < w.prompts.size(); ++i) {
-    EXPECT_EQ(q.outputs[i].token_ids, d.outputs[i].token_ids) << i;
-    EXPECT_EQ(q.outputs[i].logprobs, d.outputs[i].logprobs) << i;
-    ASSERT_TRUE(q.outputs[i].routed_experts && d.outputs[i].routed_experts);
-    EXPECT_EQ(q.outputs[i].routed_experts->data, d.outputs[i].routed_experts->data) << i;
-  }
+  expect_identical_runs(test_model("gpt_oss_mxfp4"), test_model("gpt_oss_mxfp4_dequantized"), 31, 24);
 }
 
 }  // namespace

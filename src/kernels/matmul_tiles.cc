@@ -365,6 +365,37 @@ void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_be
   }
 }
 
+#if R3_ISA_AVX512
+// Panels [p, p_end) x all tokens for a tile with the decode fused in, P panels at a time (4
+// weight streams in flight), tokens in tiles of up to 4: tile.template operator()<P, C>(p, t).
+// The start of a fused-decode tile of P panels x C tokens: the tokens' fp32 rows, the panels'
+// row masks within [lo, hi), zeroed sums.
+template <int P, int C>
+inline void fused_tile_start(const Activations& x, int t0, size_t ldx, int row0, int lo, int hi, const float** xf,
+                             __mmask16* rows_mask, __m512 (*acc)[C]) {
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
+  panel_row_masks<P>(row0, lo, hi, rows_mask);
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+}
+
+template <int P, typename Tile>
+int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
+  for (; p + P <= p_end; p += P)
+    for (int t = 0; t < rows; t += 4) switch (std::min(4, rows - t)) {
+        case 4: tile.template operator()<P, 4>(p, t); break;
+        case 3: tile.template operator()<P, 3>(p, t); break;
+        case 2: tile.template operator()<P, 2>(p, t); break;
+        default: tile.template operator()<P, 1>(p, t); break;
+      }
+  if constexpr (P > 1) p = fused_panels_from<P / 2>(rows, p, p_end, tile);
+  return p;
+}
+#endif
+
 // ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
 //
 // The panel layout (pack_mxfp4, matmul.cc): per panel of 16 rows, pair row q is 16 bytes (row
@@ -446,15 +477,9 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x,
                 int row0, int lo, int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
   const float* xf[C];
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
   __mmask16 rows_mask[P];
-  panel_row_masks<P>(row0, lo, hi, rows_mask);
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  fused_tile_start<P, C>(x, t0, ldx, row0, lo, hi, xf, rows_mask, acc);
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
   const __m512i nibble = _mm512_set1_epi32(15);
@@ -481,26 +506,6 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x,
   }
   store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
 }
-
-// Panels [p, p_end) x all tokens, P panels at a time (4 weight streams in flight), tokens in
-// tiles of up to 4.
-template <int P>
-int mxfp4_panels_from(const Activations& x, const uint8_t* packed, int pairs, float* y, int ldy, int p, int p_end,
-                      int lo, int hi) {
-  const size_t panel_bytes = size_t(pairs) * 17;
-  for (; p + P <= p_end; p += P)
-    for (int t = 0; t < x.rows; t += 4) {
-      const uint8_t* at = packed + size_t(p) * panel_bytes;
-      switch (std::min(4, x.rows - t)) {
-        case 4: mxfp4_tile<P, 4>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
-        case 3: mxfp4_tile<P, 3>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
-        case 2: mxfp4_tile<P, 2>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
-        default: mxfp4_tile<P, 1>(at, panel_bytes, x, t, pairs, y, ldy, p * kPanel, lo, hi); break;
-      }
-    }
-  if constexpr (P > 1) p = mxfp4_panels_from<P / 2>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
-  return p;
-}
 #endif
 
 void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
@@ -510,8 +515,11 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
-    mxfp4_panels_from<4>(x, reinterpret_cast<const uint8_t*>(W.packed), pairs, y, ldy, o_begin / kPanel,
-                         (hi + kPanel - 1) / kPanel, o_begin, hi);
+    const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
+    const size_t panel_bytes = size_t(pairs) * 17;
+    fused_panels_from<4>(x.rows, o_begin / kPanel, (hi + kPanel - 1) / kPanel, [&]<int P, int C>(int p, int t) {
+      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, x, t, pairs, y, ldy, p * kPanel, o_begin, hi);
+    });
     return;
   }
 #endif
@@ -624,15 +632,9 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, int block_cols, const A
               float* y, int ldy, int row0, int lo, int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
   const float* xf[C];
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   __m512 acc[P][C];
   __mmask16 rows_mask[P];
-  panel_row_masks<P>(row0, lo, hi, rows_mask);
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
+  fused_tile_start<P, C>(x, t0, ldx, row0, lo, hi, xf, rows_mask, acc);
   const int pairs_per_block = block_cols / 2;
   for (int q0 = 0, cb = 0; q0 < pairs; q0 += pairs_per_block, ++cb) {
     __m512 scale[P];
@@ -684,23 +686,6 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, int block_cols, const A
   store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
 }
 
-template <int P>
-int fp8_panels_from(const Activations& x, const uint8_t* packed, size_t panel_bytes, int block_cols, int pairs,
-                    float* y, int ldy, int p, int p_end, int lo, int hi) {
-  for (; p + P <= p_end; p += P)
-    for (int t = 0; t < x.rows; t += 4) {
-      const uint8_t* at = packed + size_t(p) * panel_bytes;
-      const int row0 = p * kPanel;
-      switch (std::min(4, x.rows - t)) {
-        case 4: fp8_tile<P, 4>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
-        case 3: fp8_tile<P, 3>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
-        case 2: fp8_tile<P, 2>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
-        default: fp8_tile<P, 1>(at, panel_bytes, block_cols, x, t, pairs, y, ldy, row0, lo, hi); break;
-      }
-    }
-  if constexpr (P > 1) p = fp8_panels_from<P / 2>(x, packed, panel_bytes, block_cols, pairs, y, ldy, p, p_end, lo, hi);
-  return p;
-}
 #endif
 
 void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
@@ -712,8 +697,10 @@ void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, in
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
-    fp8_panels_from<4>(x, packed, panel_bytes, W.block_cols, pairs, y, ldy, o_begin / kPanel,
-                       (hi + kPanel - 1) / kPanel, o_begin, hi);
+    fused_panels_from<4>(x.rows, o_begin / kPanel, (hi + kPanel - 1) / kPanel, [&]<int P, int C>(int p, int t) {
+      fp8_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, W.block_cols, x, t, pairs, y, ldy, p * kPanel,
+                     o_begin, hi);
+    });
     return;
   }
 #endif

@@ -165,18 +165,11 @@ def test_patch_moe_block_puts_replay_on_a_users_own_block():
     assert block.experts[5].weight.grad is not None and block.experts[5].weight.grad.abs().sum() > 0
 
 
-def test_gpt_oss_mxfp4_is_refused_and_its_dequantized_layout_loads(r3_bin, tmp_path):
-    import subprocess
-    for quant in ("mxfp4", "mxfp4-dequantized"):
-        subprocess.run([r3_bin, "make-model", "--arch", "gpt_oss", "--quant", quant, "--out", str(tmp_path / quant)],
-                       check=True, stdout=subprocess.DEVNULL)
-    with pytest.raises(ValueError, match="dequantize"):
-        MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4"))
-    model = MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4-dequantized"))
-    # The engine serves the MXFP4 checkpoint; the torch model of its dequantized weights agrees.
-    llm = r3.LLM(str(tmp_path / "mxfp4"), enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
-    prompt = [3 + (i * 53) % 400 for i in range(20)]
-    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=8, temperature=1.0, seed=3,
+def expect_replay_reproduces_the_engine(model, served, prompt, seed):
+    """The engine serving `served` samples a rollout with routes; the torch model replaying them
+    gives its logprobs (within bf16 against fp32) and uses exactly its experts."""
+    llm = r3.LLM(served, enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=8, temperature=1.0, seed=seed,
                                                                             ignore_eos=True))
     o = out.outputs[0]
     routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
@@ -187,6 +180,18 @@ def test_gpt_oss_mxfp4_is_refused_and_its_dequantized_layout_loads(r3_bin, tmp_p
     lp = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
     assert (lp - torch.tensor(o.logprobs)).abs().max() < 0.05
     assert (used.numpy()[:o.routed_experts.shape[0]] == o.routed_experts).all()
+
+
+def test_gpt_oss_mxfp4_is_refused_and_its_dequantized_layout_loads(r3_bin, tmp_path):
+    import subprocess
+    for quant in ("mxfp4", "mxfp4-dequantized"):
+        subprocess.run([r3_bin, "make-model", "--arch", "gpt_oss", "--quant", quant, "--out", str(tmp_path / quant)],
+                       check=True, stdout=subprocess.DEVNULL)
+    with pytest.raises(ValueError, match="dequantize"):
+        MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4"))
+    # The engine serves the MXFP4 checkpoint; the torch model of its dequantized weights agrees.
+    expect_replay_reproduces_the_engine(MoEForCausalLM.from_pretrained(str(tmp_path / "mxfp4-dequantized")),
+                                        str(tmp_path / "mxfp4"), [3 + (i * 53) % 400 for i in range(20)], seed=3)
 
 
 def test_fp8_checkpoints_load_as_their_dequantized_layout(r3_bin, tmp_path):
@@ -199,17 +204,5 @@ def test_fp8_checkpoints_load_as_their_dequantized_layout(r3_bin, tmp_path):
     for n in a:
         assert torch.equal(a[n], b[n]), n
     # The engine serves the FP8 checkpoint; the torch model of the same file replays its routes.
-    model = MoEForCausalLM.from_pretrained(str(tmp_path / "fp8"))
-    llm = r3.LLM(str(tmp_path / "fp8"), enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
-    prompt = [3 + (i * 29) % 400 for i in range(16)]
-    (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=8, temperature=1.0, seed=4,
-                                                                            ignore_eos=True))
-    o = out.outputs[0]
-    routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
-    with torch.no_grad():
-        model.set_replay(routes)
-        logits, used = model(torch.tensor(prompt + o.token_ids))
-        model.clear_replay()
-    lp = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
-    assert (lp - torch.tensor(o.logprobs)).abs().max() < 0.05
-    assert (used.numpy()[:o.routed_experts.shape[0]] == o.routed_experts).all()
+    expect_replay_reproduces_the_engine(MoEForCausalLM.from_pretrained(str(tmp_path / "fp8")), str(tmp_path / "fp8"),
+                                        [3 + (i * 29) % 400 for i in range(16)], seed=4)
