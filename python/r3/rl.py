@@ -1,8 +1,9 @@
 """python3 -m r3.rl: a GRPO-style RL loop on a small MoE that shows what router replay does.
 
 1. Warm-up: a Qwen3-MoE-style model (written here in the Hugging Face layout) learns, by
-   supervised training in PyTorch, to repeat a few digits (tokens) in any order; its routers
-   specialise, and its policy keeps the order open for RL.
+   supervised training in PyTorch, to repeat a few digits (tokens) in any order, with the
+   load-balancing loss MoE pretraining uses: its routers specialise while staying balanced (near
+   ties between experts, as in trained MoEs), and its policy keeps the order open for RL.
 2. RL, one arm per replay setting from the same warm-up checkpoint and seed: each step r3 samples
    G completions for each of B prompts with routes (bf16 weights, as served); the reward is the
    fraction of positions that hold the sorted digits; advantages are normalised within each group; the PyTorch
@@ -83,6 +84,8 @@ def warm_up(model, args, log):
         logits, _ = model(ids[:, :-1])
         P = len(batch[0][0])
         loss = torch.nn.functional.cross_entropy(logits[:, P - 1:].reshape(-1, logits.shape[-1]), ids[:, P:].reshape(-1))
+        if args.aux_loss_coef:
+            loss = loss + args.aux_loss_coef * model.load_balancing_loss()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -219,6 +222,8 @@ def main(argv=None):
     ap.add_argument("--warmup-steps", type=int, default=100)
     ap.add_argument("--warmup-batch", type=int, default=64)
     ap.add_argument("--warmup-lr", type=float, default=3e-3)
+    ap.add_argument("--aux-loss-coef", type=float, default=0.01,
+                    help="weight of the load-balancing loss in the warm-up (as MoE pretraining adds it; 0: none)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--trainer-dtype", choices=["fp32", "bf16"], default="bf16",
                     help="the RL trainer's forward: bf16 autocast (mixed precision, as Megatron and FSDP train) or fp32")

@@ -206,3 +206,26 @@ def test_fp8_checkpoints_load_as_their_dequantized_layout(r3_bin, tmp_path):
     # The engine serves the FP8 checkpoint; the torch model of the same file replays its routes.
     expect_replay_reproduces_the_engine(MoEForCausalLM.from_pretrained(str(tmp_path / "fp8")), str(tmp_path / "fp8"),
                                         [3 + (i * 29) % 400 for i in range(16)], seed=4)
+
+
+def test_load_balancing_loss_is_one_when_balanced_larger_when_collapsed_and_reaches_the_router(make_model):
+    """The warm-up's auxiliary loss: E * sum_e f_e * P_e per MoE layer, 1 for uniform probabilities
+    with every expert chosen equally often, above 1 when routing piles onto a few experts, and
+    its gradient reaches the router weights."""
+    model = MoEForCausalLM.from_pretrained(make_model("qwen3_moe"))
+    blocks = model.moe_blocks()
+    E, K = blocks[0].c.num_experts, blocks[0].c.top_k
+    T = E * 4
+    for b in blocks:
+        ids = torch.arange(T * K).reshape(T, K) % E
+        b.last_router = (torch.zeros(T, E), ids)
+    assert model.load_balancing_loss().item() == pytest.approx(1.0, abs=1e-6)
+    skew = torch.zeros(T, E)
+    skew[:, :K] = 5.0
+    for b in blocks:
+        b.last_router = (skew, torch.arange(K).repeat(T, 1))
+    assert model.load_balancing_loss().item() > 2.0
+    model.zero_grad()
+    model(torch.tensor([[1, 5, 9, 4, 7, 3]]))
+    model.load_balancing_loss().backward()
+    assert all(b.gate.weight.grad is not None and b.gate.weight.grad.abs().sum() > 0 for b in blocks)

@@ -347,6 +347,7 @@ class SparseMoE(nn.Module):
         router = self.router_spec()
         ids = self.replay.select(live_topk(logits, router))
         w = gate_weights(logits, ids, router)
+        self.last_router = (logits, ids)  # [B*T, E], [B*T, K]: for a load-balancing loss
         if self.c.arch == "gpt_oss":
             return self.experts(h, ids, w).view_as(x), ids
         T, K = ids.shape
@@ -458,6 +459,21 @@ class MoEForCausalLM(nn.Module):
         logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
         routes = torch.stack(routes, dim=2)
         return (logits[0], routes[0]) if single else (logits, routes)
+
+    def load_balancing_loss(self):
+        """The auxiliary load-balancing loss of the last forward, as Switch / Mixtral / Qwen-MoE
+        trainers add it (transformers' load_balancing_loss_func): per MoE layer E * sum_e f_e * P_e,
+        f_e the fraction of routed slots that chose expert e and P_e its mean softmax probability;
+        the mean over layers. It is what keeps trained routers balanced, with near-ties between
+        experts, instead of collapsed onto a few."""
+        losses = []
+        for block in self.moe_blocks():
+            logits, ids = block.last_router
+            E = logits.shape[-1]
+            f = torch.bincount(ids.reshape(-1), minlength=E).float() / ids.numel()
+            P = torch.softmax(logits.float(), -1).mean(0)
+            losses.append(E * (f * P).sum())
+        return torch.stack(losses).mean()
 
     def set_replay(self, routes, action=RouterReplay.REPLAY_FORWARD):
         """Forces routes [T, L_moe, K] or [B, T, L_moe, K] (e.g. staged engine routes; -1 rows use
