@@ -615,6 +615,13 @@ struct Corrupt {
     dir = make(d, arch, "tiny", dt);
     st = file_in(dir, "model.safetensors");
   }
+  // A checkpoint of other make-model options (a quantized layout); `o.out` is set here.
+  explicit Corrupt(MakeModelOptions o) {
+    o.out = d / "ck";
+    make_model(o);
+    dir = o.out;
+    st = file_in(dir, "model.safetensors");
+  }
   // Rewrites the file after `edit` changes the independent parse of it.
   template <class F>
   void edit(F&& f) {
@@ -773,93 +780,76 @@ TEST(CheckpointErrors, UnsupportedDtypeEntry) {
 // MXFP4 experts: a scale that would leave bf16's normal range, missing scales, and blocks stored
 // in a float dtype are refused by name.
 TEST(CheckpointErrors, Mxfp4ScalesAndBlocks) {
-  TmpDir d("mxfp4err");
-  auto fresh = [&](const std::string& sub) {
-    MakeModelOptions o;
-    o.arch = "gpt_oss";
-    o.quant = "mxfp4";
-    o.out = d / sub;
-    make_model(o);
-    return o.out;
-  };
+  MakeModelOptions o;
+  o.arch = "gpt_oss";
+  o.quant = "mxfp4";
   const std::string scales = "model.layers.1.mlp.experts.down_proj_scales";
   {
-    const std::string dir = fresh("scale");
-    const std::string st = file_in(dir, "model.safetensors");
-    RawFile r = raw_read(st);
-    const uint64_t at = r.header[scales]["data_offsets"][0];
-    r.buffer[size_t(at) + 5] = char(255);
-    raw_write(st, r);
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "\"" + scales + "\"", "scale byte 255", "outside [2, 252]");
+    Corrupt c(o);
+    c.edit([&](RawFile& r) {
+      const uint64_t at = r.header[scales]["data_offsets"][0];
+      r.buffer[size_t(at) + 5] = char(255);
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "scale byte 255", "outside [2, 252]");
   }
   {
-    const std::string dir = fresh("missing");
-    const std::string st = file_in(dir, "model.safetensors");
-    RawFile r = raw_read(st);
-    drop_tensor(r, scales);
-    raw_write(st, r);
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "missing tensor", scales);
+    Corrupt c(o);
+    c.edit([&](RawFile& r) { drop_tensor(r, scales); });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "missing tensor", scales);
   }
   {
-    const std::string dir = fresh("dtype");
-    const std::string st = file_in(dir, "model.safetensors");
-    RawFile r = raw_read(st);
+    Corrupt c(o);
     const std::string blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
-    auto& e = r.header[blocks];
-    auto shape = e["shape"].get<std::vector<int64_t>>();
-    shape.back() /= 2;  // the same bytes as BF16
-    e["shape"] = shape;
-    e["dtype"] = "BF16";
-    raw_write(st, r);
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), blocks);
+    c.edit([&](RawFile& r) {
+      auto& e = r.header[blocks];
+      auto shape = e["shape"].get<std::vector<int64_t>>();
+      shape.back() /= 2;  // the same bytes as BF16
+      e["shape"] = shape;
+      e["dtype"] = "BF16";
+    });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), blocks);
   }
 }
 
 // FP8 weights: a NaN code, a block scale out of range, missing or misshapen scales, and F8_E4M3
 // without quantization_config are refused by name.
 TEST(CheckpointErrors, Fp8ValuesAndScales) {
-  TmpDir d("fp8err");
-  auto fresh = [&](const std::string& sub) {
-    MakeModelOptions o;
-    o.arch = "deepseek_v3";
-    o.quant = "fp8";
-    o.fp8_block[0] = 32;
-    o.fp8_block[1] = 48;
-    o.out = d / sub;
-    make_model(o);
-    return o.out;
-  };
+  MakeModelOptions o;
+  o.arch = "deepseek_v3";
+  o.quant = "fp8";
+  o.fp8_block[0] = 32;
+  o.fp8_block[1] = 48;
   const std::string weight = "model.layers.1.mlp.experts.3.down_proj.weight", scales = weight + "_scale_inv";
-  auto edited = [&](const std::string& sub, const std::function<void(RawFile&)>& edit) {
-    const std::string dir = fresh(sub);
-    const std::string st = file_in(dir, "model.safetensors");
-    RawFile r = raw_read(st);
-    edit(r);
-    raw_write(st, r);
-    return dir;
-  };
-  EXPECT_NO_THROW(Checkpoint::open(fresh("ok")));
+  EXPECT_NO_THROW(Checkpoint::open(Corrupt(o).dir));
   auto at = [](RawFile& r, const std::string& name) { return size_t(r.header[name]["data_offsets"][0].get<uint64_t>()); };
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(edited("nan", [&](RawFile& r) { r.buffer[at(r, weight) + 7] = char(0xff); })),
-                        "\"" + weight + "\"", "NaN", "element 7");
-  for (float bad : {-1.f, INFINITY, 0x1p119f, 0x1p-118f}) {
-    const std::string dir = edited("scale", [&](RawFile& r) { std::memcpy(&r.buffer[at(r, scales) + 4], &bad, 4); });
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "\"" + scales + "\"", "block scale", "element 1");
-  }
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(edited("missing", [&](RawFile& r) { drop_tensor(r, scales); })), "missing tensor",
-                        scales, weight);
   {
-    const std::string dir = edited("shape", [&](RawFile& r) {
+    Corrupt c(o);
+    c.edit([&](RawFile& r) { r.buffer[at(r, weight) + 7] = char(0xff); });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + weight + "\"", "NaN", "element 7");
+  }
+  for (float bad : {-1.f, INFINITY, 0x1p119f, 0x1p-118f}) {
+    Corrupt c(o);
+    c.edit([&](RawFile& r) { std::memcpy(&r.buffer[at(r, scales) + 4], &bad, 4); });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "block scale", "element 1");
+  }
+  {
+    Corrupt c(o);
+    c.edit([&](RawFile& r) { drop_tensor(r, scales); });
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "missing tensor", scales, weight);
+  }
+  {
+    Corrupt c(o);
+    c.edit([&](RawFile& r) {
       r.header[scales]["shape"] = {1, 2};  // down_proj [64, 32] in 32 x 48 blocks: [2, 1]
     });
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), scales, "expected float");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), scales, "expected float");
   }
   {
-    const std::string dir = fresh("noconfig");
-    json cfg = json::parse(std::ifstream(dir + "/config.json"));
+    Corrupt c(o);
+    json cfg = json::parse(std::ifstream(c.dir + "/config.json"));
     cfg.erase("quantization_config");
-    std::ofstream(dir + "/config.json") << cfg.dump();
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(dir), "F8_E4M3", "quantization_config");
+    std::ofstream(c.dir + "/config.json") << cfg.dump();
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "F8_E4M3", "quantization_config");
   }
 }
 
