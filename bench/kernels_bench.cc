@@ -179,7 +179,8 @@ BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealT
 // Batch-32 decode attention of one layer as the engine runs it: 32 sequences of `ctx` keys, 16
 // kv heads of 64, one item per sequence (all its heads) on both cores; enough layers of distinct caches (>= 512
 // MB) that the KV streams from memory, as it does when a step's weights have evicted it. Args:
-// context length, KV block size.
+// context length, KV block size, and 1 to walk each block once for all heads (attend_heads, as the
+// engine does) or 0 for one head at a time (attend_group of one query).
 template <typename KvT>
 void attention_decode(benchmark::State& state) {
   constexpr int kSeqs = 32, kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
@@ -206,6 +207,13 @@ void attention_decode(benchmark::State& state) {
       thread_local std::vector<float> scores;
       scores.resize(size_t(ctx) + kBs);
       const int pos = ctx - 1;
+      if (state.range(2) == 1) {
+        scores.resize(size_t(kHeads) * (ctx + kBs));
+        const r3::kernels::PagedHead<KvT> layer_kv{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim, 0};
+        r3::kernels::attend_heads(q.data() + size_t(seq) * kKvDim, 0, kHeads, 1, kHd, pos, 0.125f, layer_kv, nullptr,
+                                  scores.data(), ctx + kBs, out.data() + size_t(seq) * kKvDim);
+        return;
+      }
       for (int head = 0; head < kHeads; ++head) {
         const r3::kernels::PagedHead<KvT> ph{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim,
                                              int64_t(head) * kHd};
@@ -221,7 +229,7 @@ void attention_decode(benchmark::State& state) {
 }
 void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
 void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
-BENCHMARK(BM_AttentionDecodeF32)->Args({32, 16})->Args({512, 16})->Args({4096, 16})->Args({4096, 64})->UseRealTime();
-BENCHMARK(BM_AttentionDecodeBf16)->Args({32, 16})->Args({512, 16})->Args({4096, 16})->Args({4096, 32})->Args({4096, 64})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 1}})->Args({4096, 64, 1})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeBf16)->ArgsProduct({{32, 512, 4096}, {16}, {0, 1}})->ArgsProduct({{4096}, {32, 64}, {0, 1}})->UseRealTime();
 
 }  // namespace

@@ -148,6 +148,59 @@ TEST(Attention, GroupEqualsOneQueryAtATime) {
   expect_group_equals_one_at_a_time<uint16_t>();
 }
 
+// All heads of a token in one walk over the blocks: each head's output is attend()'s on its kv
+// head, bit for bit, for any head range, GQA group, block size, head_dim, window and sinks.
+template <typename KvT>
+void expect_heads_equal_one_head_at_a_time() {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0, 1);
+  for (int bs : {16, 32, 8})
+    for (int hd : {64, 128, 48, 40})
+      for (int group : {1, 2, 4}) {
+        const int kv_heads = 4, heads = kv_heads * group, kv_dim = kv_heads * hd, max_pos = 260;
+        const int blocks = (max_pos + bs) / bs;
+        std::vector<int> table(static_cast<size_t>(blocks));
+        for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
+        std::shuffle(table.begin(), table.end(), rng);
+        Cache<KvT> cache(bs, kv_dim, hd, table);
+        for (int j = 0; j < blocks * bs; ++j)
+          for (int e = 0; e < kv_dim; ++e) cache.set(j, e, nd(rng), nd(rng));
+        std::vector<float> q(size_t(heads) * hd), sinks(static_cast<size_t>(heads));
+        for (auto& x : q) x = nd(rng);
+        for (auto& x : sinks) x = nd(rng);
+        const int stride = max_pos + bs + 1;
+        for (int pos : {0, 5, bs, 16 * 9 + 3, max_pos})
+          for (int window : {0, 37})
+            for (bool with_sinks : {false, true})
+              for (auto [h0, h1] : std::vector<std::pair<int, int>>{{0, heads}, {1, heads - 1}, {group, 2 * group}}) {
+                if (h0 >= h1) continue;
+                PagedHead<KvT> layer = cache.head(0);
+                layer.window = window;
+                std::vector<float> got(q.size(), -1.f), scores(size_t(h1 - h0) * stride);
+                attend_heads(q.data(), h0, h1, group, hd, pos, 0.125f, layer, with_sinks ? sinks.data() : nullptr,
+                             scores.data(), stride, got.data());
+                for (int h = h0; h < h1; ++h) {
+                  PagedHead<KvT> one = cache.head(h / group);
+                  one.window = window;
+                  one.has_sink = with_sinks, one.sink = sinks[size_t(h)];
+                  std::vector<float> want(static_cast<size_t>(hd)), s1(static_cast<size_t>(stride));
+                  attend(q.data() + size_t(h) * hd, hd, pos, 0.125f, one, s1.data(), want.data());
+                  ASSERT_EQ(0, std::memcmp(want.data(), got.data() + size_t(h) * hd, size_t(hd) * 4))
+                      << "block size " << bs << " head_dim " << hd << " group " << group << " pos " << pos
+                      << " window " << window << " sinks " << with_sinks << " heads [" << h0 << ", " << h1
+                      << ") head " << h;
+                }
+                for (int h = 0; h < heads; ++h)  // heads outside the range are not written
+                  if (h < h0 || h >= h1) ASSERT_EQ(got[size_t(h) * hd], -1.f) << "head " << h;
+              }
+      }
+}
+
+TEST(Attention, HeadsOfATokenEqualOneHeadAtATime) {
+  expect_heads_equal_one_head_at_a_time<float>();
+  expect_heads_equal_one_head_at_a_time<uint16_t>();
+}
+
 TEST(Attention, ExpWithinTwoUlpOfLibm) {
   for (float x = 0.f; x >= kExpMin; x = x * 1.0001f - 1e-4f) {
     const float got = exp_nonpositive(x), want = std::exp(x);

@@ -80,22 +80,43 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
     kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
   };
   // Items handed out dynamically (later positions have more keys). A decode step's tokens share
-  // nothing, so an item is one token with all its heads: a block's heads are adjacent in the
-  // cache, and one core walks each block as one run (~20% faster than interleaving heads across
-  // cores, BM_AttentionDecode). Otherwise items are (head, group), head-major: consecutive items
-  // on both cores read the same head's keys and values, which then stay in L2 across a chunk.
-  if (single_tokens)
-    pool_->parallel_for_each(G, [&](int64_t i) {
-      for (int head = 0; head < nh; ++head) attend_head(head, attn_groups_[size_t(i)]);
+  // nothing, so an item is one token with a range of its heads, all of them when there are
+  // tokens enough to keep every core busy: attend_heads walks the token's blocks once for the
+  // range, each block's heads being one run of the cache. Fewer tokens than cores (batch 1 of a
+  // long context) split their kv heads over the cores; a head's bits never depend on the split.
+  // Otherwise items are (head, group), head-major: consecutive items on both cores read the same
+  // head's keys and values, which then stay in L2 across a chunk.
+  if (single_tokens) {
+    const int nkv = c.num_kv_heads;
+    const int splits = std::clamp((2 * pool_->size() + G - 1) / G, 1, nkv);
+    if (spec.sinks) {
+      sink_logits_.resize(size_t(nh));
+      for (int h = 0; h < nh; ++h) sink_logits_[size_t(h)] = sinks.at(h);
+    }
+    pool_->parallel_for_each(int64_t(G) * splits, [&](int64_t i) {
+      const AttentionGroup& g = attn_groups_[size_t(i / splits)];
+      const int part = int(i % splits);
+      const int h0 = nkv * part / splits * group, h1 = nkv * (part + 1) / splits * group;
+      float* o = out + size_t(g.first) * qd;
+      const PlannedToken& token = plan.tokens[size_t(g.first)];
+      if (token.seq < 0) {  // padding
+        std::fill(o + size_t(h0) * hd, o + size_t(h1) * hd, 0.f);
+        return;
+      }
+      thread_local std::vector<float> scores;
+      if (scores.size() < size_t(h1 - h0) * size_t(stride)) scores.resize(size_t(h1 - h0) * size_t(stride));
+      const PlannedSeq& seq = plan.seqs[size_t(token.seq)];
+      kernels::PagedHead<KvT> kv{k, v, windowed ? plan.window_table(seq) : plan.block_table(seq), block_size_,
+                                 int64_t(kv_dim_), 0};
+      kv.window = spec.sliding_window;
+      kernels::attend_heads(q + size_t(g.first) * qd, h0, h1, group, hd, token.position, scale, kv,
+                            spec.sinks ? sink_logits_.data() : nullptr, scores.data(), stride, o);
     });
-  else
+  } else {
     pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });
+  }
 }
 
-
-// Grouped-query attention: q/k/v projections (with biases), q/k norms, clipping and RoPE per
-// token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
-// [T, heads x head_dim].
 template <typename KvT>
 void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T, KvCache<KvT>& cache) {
   const ModelConfig& c = config();

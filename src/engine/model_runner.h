@@ -130,6 +130,7 @@ class ModelRunner {
     int first, count;  // consecutive plan tokens of one request (or one padding token)
   };
   std::vector<AttentionGroup> attn_groups_;
+  std::vector<float> sink_logits_;  // [num_heads] of the layer being attended (sinks as fp32)
 };
 
 }  // namespace r3

@@ -193,6 +193,108 @@ void attend_group_fixed(const float* const* q, const int* pos, int hd, float sca
   }
 }
 
+// Scores of N (query, lane group) pairs, each lane as score_groups computes it: N independent
+// fma chains whatever heads or blocks the pairs come from.
+template <int N, typename KvT>
+inline void score_lanes(const float* const* q, const KvT* const* kt, int hd, int bs, float scale, float* const* s) {
+  Vec16 acc[N];
+#pragma GCC unroll 4
+  for (int i = 0; i < N; ++i) acc[i] = Vec16::zero();
+  for (int d = 0; d < hd; ++d)
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) acc[i] = fmadd(Vec16::set1(q[i][d]), Vec16::load(kt[i] + d * bs), acc[i]);
+#pragma GCC unroll 4
+  for (int i = 0; i < N; ++i) (acc[i] * Vec16::set1(scale)).store(s[i]);
+}
+
+// Collects (query, lane group) pairs and scores them four at a time.
+template <typename KvT>
+struct LaneBatch {
+  int hd, bs;
+  float scale;
+  const float* q[4] = {};
+  const KvT* k[4] = {};
+  float* s[4] = {};
+  int n = 0;
+  void add(const float* qi, const KvT* ki, float* si) {
+    q[n] = qi, k[n] = ki, s[n] = si;
+    if (++n == 4) score_lanes<4>(q, k, hd, bs, scale, s), n = 0;
+  }
+  void flush() {
+    if (n == 3) score_lanes<3>(q, k, hd, bs, scale, s);
+    if (n == 2) score_lanes<2>(q, k, hd, bs, scale, s);
+    if (n == 1) score_lanes<1>(q, k, hd, bs, scale, s);
+    n = 0;
+  }
+};
+
+inline void prefetch_run(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t at = 0; at < bytes; at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+
+// attend_heads for head_dim 16 * NV: pass 1 scores every head block by block, pass 2 turns each
+// head's scores into weights, pass 3 accumulates values block by block (each head's accumulators
+// go through memory between blocks: fp32 stores are exact, so the sums are group_values'). A
+// block's K (or V) of the heads' kv heads is one run; the loops prefetch the run `ahead` blocks
+// on, and in pass 1's last blocks the first V runs.
+template <int NV, typename KvT>
+void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float scale, const PagedHead<KvT>& kv,
+                      const float* sinks, float* scores, int stride, float* out) {
+  constexpr int hd = 16 * NV;
+  constexpr size_t kAheadBytes = 16 << 10;  // as far as the one-head loops reach at head_dim 128
+  const int bs = kv.block_size, n = pos + 1, first = kv.first_key(pos);
+  const int b_first = first / bs, b_end = (n + bs - 1) / bs;
+  const int kv0 = h0 / group, kv1 = (h1 - 1) / group + 1;
+  const size_t run = size_t(kv1 - kv0) * hd * bs;  // elements of one block's K (or V) of these heads
+  auto k_run = [&](int b) { return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs; };
+  auto v_run = [&](int b) { return kv.v_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs; };
+  const int ahead = int(std::max<size_t>(1, (kAheadBytes + run * sizeof(KvT) - 1) / (run * sizeof(KvT))));
+  auto row = [&](int h) { return scores + size_t(h - h0) * stride; };
+  LaneBatch<KvT> lanes{hd, bs, scale};
+  for (int b = b_first; b < b_end; ++b) {
+    if (b + ahead < b_end) prefetch_run(k_run(b + ahead), run * sizeof(KvT));
+    else if (b_first + b + ahead - b_end < b_end) prefetch_run(v_run(b_first + b + ahead - b_end), run * sizeof(KvT));
+    const int g0 = b == b_first ? first % bs / 16 : 0, g1 = b == b_end - 1 ? (n - b * bs + 15) / 16 : bs / 16;
+    const KvT* kb = k_run(b);
+    for (int h = h0; h < h1; ++h)
+      for (int g = g0; g < g1; ++g)
+        lanes.add(q + size_t(h) * hd, kb + size_t(h / group - kv0) * hd * bs + g * 16, row(h) + b * bs + g * 16);
+  }
+  lanes.flush();
+  float sum[64];  // at most 64 heads per call (attend_heads)
+  for (int h = h0; h < h1; ++h) {
+    PagedHead<KvT> head = kv;
+    head.has_sink = sinks != nullptr, head.sink = sinks ? sinks[h] : 0.f;
+    sum[h - h0] = softmax_weights(row(h) + first, n - first, head);
+    std::fill(out + size_t(h) * hd, out + size_t(h + 1) * hd, 0.f);
+  }
+  for (int b = b_first; b < b_end; ++b) {
+    if (b + ahead < b_end) prefetch_run(v_run(b + ahead), run * sizeof(KvT));  // the first ones: in pass 1
+    const int j0 = std::max(first, b * bs), j1 = std::min(n, (b + 1) * bs);
+    const KvT* vb = v_run(b);
+    for (int h = h0; h < h1; ++h) {
+      const KvT* vj = vb + size_t(h / group - kv0) * hd * bs + size_t(j0 - b * bs) * hd;
+      const float* w = row(h);
+      float* o = out + size_t(h) * hd;
+      Vec16 acc[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] = Vec16::load(o + 16 * v);
+      for (int j = j0; j < j1; ++j, vj += hd) {
+        const Vec16 wv = Vec16::set1(w[j]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[v] = fmadd(wv, Vec16::load(vj + 16 * v), acc[v]);
+      }
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v].store(o + 16 * v);
+    }
+  }
+  for (int h = h0; h < h1; ++h) {
+    const float inv = 1.f / sum[h - h0];
+    for (int d = 0; d < hd; ++d) out[size_t(h) * hd + d] *= inv;
+  }
+}
+
 template <int NV, typename KvT>
 void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                      float* scores, int stride, float* const* out) {
@@ -245,12 +347,41 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& 
   for (int d = 0; d < hd; ++d) out[d] *= inv;
 }
 
+template <typename KvT>
+void attend_heads(const float* q, int h0, int h1, int group, int hd, int pos, float scale, const PagedHead<KvT>& kv,
+                  const float* sinks, float* scores, int stride, float* out) {
+#if defined(R3_VEC16)
+  if (kv.block_size % 16 == 0 && hd % 16 == 0 && hd <= 128) {
+    for (int from = h0; from < h1; from += 64) {  // attend_heads_vec's sums live on its stack
+      const int to = std::min(h1, from + 64);
+      float* s = scores + size_t(from - h0) * stride;
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        ((hd == 16 * (I + 1) ? attend_heads_vec<I + 1>(q, from, to, group, pos, scale, kv, sinks, s, stride, out)
+                             : void()),
+         ...);
+      }(std::make_integer_sequence<int, 8>{});
+    }
+    return;
+  }
+#endif
+  for (int h = h0; h < h1; ++h) {
+    PagedHead<KvT> head = kv;
+    head.head_offset = int64_t(h / group) * hd;
+    head.has_sink = sinks != nullptr, head.sink = sinks ? sinks[h] : 0.f;
+    R3_ISA_NS::attend(q + size_t(h) * hd, hd, pos, scale, head, scores + size_t(h - h0) * stride, out + size_t(h) * hd);
+  }
+}
+
 template void attend(const float*, int, int, float, const PagedHead<float>&, float*, float*);
 template void attend(const float*, int, int, float, const PagedHead<uint16_t>&, float*, float*);
 template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<float>&, float*, int,
                            float* const*);
 template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<uint16_t>&, float*, int,
                            float* const*);
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<float>&, const float*, float*,
+                           int, float*);
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<uint16_t>&, const float*,
+                           float*, int, float*);
 
 }  // namespace R3_ISA_NS
 }  // namespace r3::kernels

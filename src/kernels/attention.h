@@ -46,4 +46,15 @@ template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
                   float* scores, int score_stride, float* const* out);
 
+// Query heads [h0, h1) of one token at pos, query head h reading kv head h / group: each head's
+// output is attend()'s, bit for bit. The loops walk the sequence's blocks once for all these
+// heads, reading a block's K (then V) of their kv heads as one contiguous run, where a head at a
+// time reads head_dim x block_size elements of each block and jumps to the next (decode streams
+// the cache; long runs keep more of it in flight). kv: the layer (head_offset 0; has_sink and
+// sink unused). sinks: [heads] or null. q, out: [heads][head_dim] of the token, by absolute head.
+// scores: (h1 - h0) rows of score_stride floats (>= pos + 1 rounded up to the block size).
+template <typename KvT>
+void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
+                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out);
+
 }  // namespace r3::kernels

@@ -90,6 +90,19 @@ template void attend_group(const float* const*, const int*, int, int, float, con
 template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<uint16_t>&, float*, int,
                            float* const*);
 
+template <typename KvT>
+void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
+                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out) {
+  if constexpr (std::is_same_v<KvT, float>)
+    active_kernels().attend_heads_f32(q, h0, h1, group, head_dim, pos, scale, kv, sinks, scores, score_stride, out);
+  else active_kernels().attend_heads_bf16(q, h0, h1, group, head_dim, pos, scale, kv, sinks, scores, score_stride, out);
+}
+
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<float>&, const float*, float*,
+                           int, float*);
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<uint16_t>&, const float*,
+                           float*, int, float*);
+
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
   active_kernels().rms_norm(x, w, w_offset, n, eps, y);
 }

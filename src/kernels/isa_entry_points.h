@@ -26,6 +26,9 @@ void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<
 template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
                   float* scores, int score_stride, float* const* out);
+template <typename KvT>
+void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
+                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out);
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, float* out, int n);
 void softmax(const float* x, int n, float* out);

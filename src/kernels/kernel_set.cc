@@ -15,6 +15,8 @@ const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
       .attend_bf16 = &isa::attend<uint16_t>,
       .attend_group_f32 = &isa::attend_group<float>,
       .attend_group_bf16 = &isa::attend_group<uint16_t>,
+      .attend_heads_f32 = &isa::attend_heads<float>,
+      .attend_heads_bf16 = &isa::attend_heads<uint16_t>,
       .rms_norm = &isa::rms_norm,
       .silu_mul = &isa::silu_mul,
       .softmax = &isa::softmax,

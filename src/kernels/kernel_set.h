@@ -28,6 +28,11 @@ struct KernelSet {
                            const PagedHead<float>& kv, float* scores, int score_stride, float* const* out);
   void (*attend_group_bf16)(const float* const* q, const int* pos, int nq, int head_dim, float scale,
                             const PagedHead<uint16_t>& kv, float* scores, int score_stride, float* const* out);
+  void (*attend_heads_f32)(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
+                           const PagedHead<float>& kv, const float* sinks, float* scores, int score_stride, float* out);
+  void (*attend_heads_bf16)(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
+                            const PagedHead<uint16_t>& kv, const float* sinks, float* scores, int score_stride,
+                            float* out);
   void (*rms_norm)(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
   void (*softmax)(const float* x, int n, float* out);

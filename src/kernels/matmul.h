@@ -10,21 +10,23 @@
 #include <span>
 #include <vector>
 
+#include "core/big_alloc.h"
 #include "core/thread_pool.h"
 #include "core/tensor_view.h"
 
 namespace r3::kernels {
 
 // Storage aligned to a cache line: each 64-byte pair row of a packed panel is then one line
-// (malloc's 16-byte alignment made every weight load a split load).
+// (malloc's 16-byte alignment made every weight load a split load); big arrays also get huge
+// pages (core/big_alloc.h).
 template <typename T>
 struct CacheLineAllocator {
   using value_type = T;
   CacheLineAllocator() = default;
   template <typename U>
   CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  T* allocate(size_t n) { return static_cast<T*>(big_alloc(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { big_free(p, n * sizeof(T)); }
   bool operator==(const CacheLineAllocator&) const { return true; }
 };
 
