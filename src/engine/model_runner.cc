@@ -119,7 +119,8 @@ void ModelRunner::restore_kv_cache() {
 }
 
 void ModelRunner::release_packed_weights() {
-  std::vector<kernels::PackedBf16>().swap(packed_);
+  packed_.reset();
+  packed_at_.clear();
   weights_ = ModelWeights();
   packed_released_ = true;
 }
@@ -167,13 +168,14 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
       bf16.push_back(mats[i]);
       always.push_back(i >= copies_from);
     }
-  reuse = reuse && packed_.size() == bf16.size();
-  for (size_t i = 0; reuse && i < bf16.size(); ++i) reuse = packed_[i].size() == kernels::packed_bf16_size(*bf16[i]);
-  if (!reuse) {
+  std::vector<size_t> at = {0};
+  for (const TensorView* t : bf16) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
+  if (!(reuse && packed_ && packed_at_ == at)) {
     changed = nullptr;
-    packed_.assign(bf16.size(), {});
-    pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
-      packed_[size_t(i)].assign(kernels::packed_bf16_size(*bf16[size_t(i)]), 0);  // zeroes the padding rows
+    packed_ = std::make_unique<BigArray<uint16_t>>(at.back());
+    packed_at_ = std::move(at);
+    pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {  // zeroes the padding rows
+      std::fill(packed_->get() + packed_at_[size_t(i)], packed_->get() + packed_at_[size_t(i) + 1], uint16_t(0));
     });
   }
   // Work items of about 1 MiB of panels, so one large tensor is spread over every thread.
@@ -183,7 +185,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   };
   std::vector<Item> items;
   for (size_t i = 0; i < bf16.size(); ++i) {
-    bf16[i]->packed = packed_[i].data();
+    bf16[i]->packed = packed_->get() + packed_at_[i];
     if (changed && !always[i] && !overlaps(*bf16[i], *changed)) continue;
     const int64_t panels = (bf16[i]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
     const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, bf16[i]->shape[1] * 32));
@@ -191,7 +193,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   }
   pool_->parallel_for_each(int64_t(items.size()), [&](int64_t k) {
     const Item& it = items[size_t(k)];
-    kernels::pack_bf16_panels(*bf16[it.tensor], packed_[it.tensor].data(), it.begin, it.end);
+    kernels::pack_bf16_panels(*bf16[it.tensor], packed_->get() + packed_at_[it.tensor], it.begin, it.end);
   });
 }
 

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/big_alloc.h"
 #include "core/thread_pool.h"
 #include "engine/kv_cache.h"
 #include "kernels/matmul.h"
@@ -99,7 +100,10 @@ class ModelRunner {
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (packed bf16)
-  std::vector<kernels::PackedBf16> packed_;   // storage behind TensorView::packed
+  // Storage behind TensorView::packed: every packed matrix in one array, so expert-sized
+  // matrices (1 MiB each in the bench preset) also stream from huge pages (core/big_alloc.h).
+  std::unique_ptr<BigArray<uint16_t>> packed_;
+  std::vector<size_t> packed_at_;  // [matrix + 1] element offsets into packed_, 64-byte aligned
   bool packed_released_ = false;
   std::vector<std::vector<MlaHead>> mla_heads_;  // [layer][head]
   std::vector<std::vector<uint8_t>> mla_storage_;  // behind each uk_t
