@@ -176,16 +176,19 @@ void BM_MoeLayer(benchmark::State& state) {
 }
 BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealTime();
 
-// Batch-32 decode attention of one layer as the engine runs it: 32 sequences of `ctx` keys, 16
-// kv heads of 64, one item per sequence (all its heads) on both cores; enough layers of distinct caches (>= 512
-// MB) that the KV streams from memory, as it does when a step's weights have evicted it. Args:
-// context length, KV block size, and 1 to walk each block once for all heads (attend_heads, as the
-// engine does) or 0 for one head at a time (attend_group of one query).
+// Decode attention of one layer as the engine runs it: `seqs` sequences of `ctx` keys, 16 kv
+// heads of 64, on both cores; enough layers of distinct caches (>= 512 MB) that the KV streams
+// from memory, as it does when a step's weights have evicted it. Args: context length, KV block
+// size, heads per item, sequences. Heads per item 0: an item is a sequence, one head at a time
+// (attend_group of one query); h > 0: items of h heads each (attend_heads), so batch 1 with
+// h = 4 is the engine's split of one sequence's heads over the cores.
 template <typename KvT>
 void attention_decode(benchmark::State& state) {
-  constexpr int kSeqs = 32, kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
+  constexpr int kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
   const int ctx = int(state.range(0)), kBs = int(state.range(1)), blocks_per_seq = (ctx + kBs - 1) / kBs;
-  const size_t layer_elems = size_t(kSeqs) * blocks_per_seq * kBs * kKvDim;
+  const int per_item = int(state.range(2)), seqs = int(state.range(3));
+  const int parts = per_item > 0 ? kHeads / per_item : 1;
+  const size_t layer_elems = size_t(seqs) * blocks_per_seq * kBs * kKvDim;
   const int layers = int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
   std::vector<KvT, r3::kernels::CacheLineAllocator<KvT>> k(layer_elems * layers), v(k.size());  // as the engine
   std::mt19937 rng(3);
@@ -195,28 +198,28 @@ void attention_decode(benchmark::State& state) {
     if constexpr (std::is_same_v<KvT, float>) k[i] = v[i] = x;
     else k[i] = v[i] = r3::f32_to_bf16(x);
   }
-  std::vector<int> table(size_t(kSeqs) * blocks_per_seq);
+  std::vector<int> table(size_t(seqs) * blocks_per_seq);
   for (size_t i = 0; i < table.size(); ++i) table[i] = int(i);
   std::shuffle(table.begin(), table.end(), rng);  // blocks scattered over the pool, as after churn
-  std::vector<float> q(size_t(kSeqs) * kKvDim, 0.1f), out(q.size());
+  std::vector<float> q(size_t(seqs) * kKvDim, 0.1f), out(q.size());
   int layer = 0;
   for (auto _ : state) {
     const KvT* kl = k.data() + size_t(layer) * layer_elems;
     const KvT* vl = v.data() + size_t(layer) * layer_elems;
-    pool().parallel_for_each(kSeqs, [&](int64_t seq) {
+    pool().parallel_for_each(int64_t(seqs) * parts, [&](int64_t item) {
+      const int seq = int(item / parts), part = int(item % parts);
+      const int* seq_table = table.data() + size_t(seq) * blocks_per_seq;
       thread_local std::vector<float> scores;
-      scores.resize(size_t(ctx) + kBs);
+      scores.resize(size_t(kHeads) * (ctx + kBs));
       const int pos = ctx - 1;
-      if (state.range(2) == 1) {
-        scores.resize(size_t(kHeads) * (ctx + kBs));
-        const r3::kernels::PagedHead<KvT> layer_kv{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim, 0};
-        r3::kernels::attend_heads(q.data() + size_t(seq) * kKvDim, 0, kHeads, 1, kHd, pos, 0.125f, layer_kv, nullptr,
-                                  scores.data(), ctx + kBs, out.data() + size_t(seq) * kKvDim);
+      if (per_item > 0) {
+        const r3::kernels::PagedHead<KvT> layer_kv{kl, vl, seq_table, kBs, kKvDim, 0};
+        r3::kernels::attend_heads(q.data() + size_t(seq) * kKvDim, part * per_item, (part + 1) * per_item, 1, kHd, pos,
+                                  0.125f, layer_kv, nullptr, scores.data(), ctx + kBs, out.data() + size_t(seq) * kKvDim);
         return;
       }
       for (int head = 0; head < kHeads; ++head) {
-        const r3::kernels::PagedHead<KvT> ph{kl, vl, table.data() + size_t(seq) * blocks_per_seq, kBs, kKvDim,
-                                             int64_t(head) * kHd};
+        const r3::kernels::PagedHead<KvT> ph{kl, vl, seq_table, kBs, kKvDim, int64_t(head) * kHd};
         const float* qs[1] = {q.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
         float* os[1] = {out.data() + size_t(seq) * kKvDim + size_t(head) * kHd};
         r3::kernels::attend_group(qs, &pos, 1, kHd, 0.125f, ph, scores.data(), ctx + kBs, os);
@@ -225,11 +228,15 @@ void attention_decode(benchmark::State& state) {
     layer = (layer + 1) % layers;
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * kSeqs * ctx * kKvDim * 2 * int64_t(sizeof(KvT)));
+  state.SetBytesProcessed(int64_t(state.iterations()) * seqs * ctx * kKvDim * 2 * int64_t(sizeof(KvT)));
 }
 void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
 void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
-BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 1}})->Args({4096, 64, 1})->UseRealTime();
-BENCHMARK(BM_AttentionDecodeBf16)->ArgsProduct({{32, 512, 4096}, {16}, {0, 1}})->ArgsProduct({{4096}, {32, 64}, {0, 1}})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeBf16)
+    ->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}})
+    ->ArgsProduct({{4096}, {32, 64}, {0, 16}, {32}})
+    ->ArgsProduct({{32768}, {16}, {0, 16, 4}, {1}})  // batch 1, long: one core, or the heads split
+    ->UseRealTime();
 
 }  // namespace
