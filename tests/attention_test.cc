@@ -29,8 +29,10 @@ std::vector<float> reference(const std::vector<float>& q, const std::vector<std:
     s[size_t(j)] = acc * scale;
     m = std::max(m, s[size_t(j)]);
   }
-  float sum = 0.f;
-  for (int j = 0; j <= pos; ++j) sum += exp_nonpositive(s[size_t(j)] - m);
+  float lanes[16] = {0};  // weight j into lane j % 16, then the pairwise tree
+  for (int j = 0; j <= pos; ++j) lanes[j % 16] += exp_nonpositive(s[size_t(j)] - m);
+  const float sum = ((lanes[0] + lanes[8]) + (lanes[4] + lanes[12])) + ((lanes[2] + lanes[10]) + (lanes[6] + lanes[14])) +
+                    (((lanes[1] + lanes[9]) + (lanes[5] + lanes[13])) + ((lanes[3] + lanes[11]) + (lanes[7] + lanes[15])));
   for (int j = 0; j <= pos; ++j) {
     const float w = exp_nonpositive(s[size_t(j)] - m);
     for (int d = 0; d < hd; ++d) out[size_t(d)] = std::fma(w, v[size_t(j)][size_t(d)], out[size_t(d)]);

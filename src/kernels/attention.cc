@@ -13,6 +13,7 @@
 // Compiled for this file's instruction set from here on (isa.h).
 // clang-format off
 #include "kernels/isa_begin.h"
+#include "kernels/dot.h"
 #include "kernels/exp.h"
 #include "kernels/vec16.h"
 // clang-format on
@@ -54,15 +55,44 @@ void scores_portable(const float* q, int hd, int first, int pos, float scale, co
   }
 }
 
-// Scores of n keys become their softmax numerators exp(s - max); returns their sum (taken in key
-// order), plus the sink's numerator last when the head has one (the max includes the sink).
+// The largest of m and s[0..n): exact in any order, so taken 16 lanes at a time.
+inline float max_of(const float* s, int n, float m) {
+  int j = 0;
+#if defined(R3_VEC16)
+  Vec16 mv = Vec16::set1(m);
+  for (; j + 16 <= n; j += 16) {
+    const Vec16 x = Vec16::load(s + j);
+    mv = select_ge(x, mv, x, mv);
+  }
+  float lanes[16];
+  mv.store(lanes);
+  for (float x : lanes) m = std::max(m, x);
+#endif
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// The sum of w[0..n): w[j] added into lane j % 16 in order, then dot.h's tree of the 16 lanes
+// (a sum in key order is one dependent add per key, the slowest part of a prefill's softmax).
+inline float sum_lanes16(const float* w, int n) {
+  float lanes[16] = {0};
+  int j = 0;
+#if defined(R3_VEC16)
+  Vec16 acc = Vec16::zero();
+  for (; j + 16 <= n; j += 16) acc = acc + Vec16::load(w + j);
+  acc.store(lanes);
+#endif
+  for (; j < n; ++j) lanes[j % 16] += w[j];
+  return reduce_lanes16(lanes);
+}
+
+// Scores of n keys become their softmax numerators exp(s - max); returns their sum (sum_lanes16),
+// plus the sink's numerator last when the head has one (the max includes the sink).
 template <typename KvT>
 float softmax_weights(float* s, int n, const PagedHead<KvT>& kv) {
-  float m = kv.has_sink ? kv.sink : -INFINITY;
-  for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  const float m = max_of(s, n, kv.has_sink ? kv.sink : -INFINITY);
   exp_below_max(s, n, m, 1.f, s);
-  float sum = 0.f;
-  for (int j = 0; j < n; ++j) sum += s[j];
+  float sum = sum_lanes16(s, n);
   if (kv.has_sink) {
     float e;
     exp_below_max(&kv.sink, 1, m, 1.f, &e);

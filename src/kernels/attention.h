@@ -29,9 +29,11 @@ struct PagedHead {
 };
 
 // Score of key j: fma over d = 0..head_dim-1 in order (acc = fma(q[d], k[d], acc)), times scale.
-// Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum in key order, then the sink's
-// weight (the max includes the sink); out[d]: fma of weight and v[d] in key order, then times
-// 1/sum. Keys are first_key(pos)..pos; scores are indexed by absolute key position.
+// Weight: exp_nonpositive(score - max) (kernels/exp.h); their sum: weight j (counted from the
+// first key) added into lane j % 16 in key order, the 16 lanes summed by dot.h's pairwise tree,
+// then the sink's weight added (the max includes the sink); out[d]: fma of weight and v[d] in
+// key order, then times 1/sum. Keys are first_key(pos)..pos; scores are indexed by absolute key
+// position.
 // scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
 template <typename KvT>
 void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores,
