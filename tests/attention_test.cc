@@ -68,6 +68,19 @@ struct Cache {
   PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
 };
 
+// A cache of `blocks` blocks in shuffled pool order, every key and value drawn from nd.
+template <typename KvT>
+Cache<KvT> random_cache(int bs, int kv_dim, int hd, int blocks, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<int> table(static_cast<size_t>(blocks));
+  for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
+  std::shuffle(table.begin(), table.end(), rng);
+  Cache<KvT> cache(bs, kv_dim, hd, table);
+  for (int j = 0; j < blocks * bs; ++j)
+    for (int e = 0; e < kv_dim; ++e) cache.set(j, e, nd(rng), nd(rng));
+  return cache;
+}
+
 template <typename KvT>
 void expect_documented_order() {
   std::mt19937 rng(5);
@@ -118,12 +131,7 @@ void expect_group_equals_one_at_a_time() {
   for (int bs : {16, 64, 8})
     for (int hd : {64, 128, 48}) {
       const int kv_dim = 2 * hd, max_pos = 300, blocks = (max_pos + bs) / bs;
-      std::vector<int> table(static_cast<size_t>(blocks));
-      for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
-      std::shuffle(table.begin(), table.end(), rng);
-      Cache<KvT> cache(bs, kv_dim, hd, table);
-      for (int j = 0; j < blocks * bs; ++j)
-        for (int e = 0; e < kv_dim; ++e) cache.set(j, e, nd(rng), nd(rng));
+      const Cache<KvT> cache = random_cache<KvT>(bs, kv_dim, hd, blocks, rng);
       const PagedHead<KvT> ph = cache.head(1);
       const int stride = max_pos + bs + 1;
       for (const std::vector<int>& pos : std::vector<std::vector<int>>{
@@ -160,13 +168,7 @@ void expect_heads_equal_one_head_at_a_time() {
     for (int hd : {64, 128, 48, 40})
       for (int group : {1, 2, 4}) {
         const int kv_heads = 4, heads = kv_heads * group, kv_dim = kv_heads * hd, max_pos = 260;
-        const int blocks = (max_pos + bs) / bs;
-        std::vector<int> table(static_cast<size_t>(blocks));
-        for (int b = 0; b < blocks; ++b) table[size_t(b)] = b;
-        std::shuffle(table.begin(), table.end(), rng);
-        Cache<KvT> cache(bs, kv_dim, hd, table);
-        for (int j = 0; j < blocks * bs; ++j)
-          for (int e = 0; e < kv_dim; ++e) cache.set(j, e, nd(rng), nd(rng));
+        const Cache<KvT> cache = random_cache<KvT>(bs, kv_dim, hd, (max_pos + bs) / bs, rng);
         std::vector<float> q(size_t(heads) * hd), sinks(static_cast<size_t>(heads));
         for (auto& x : q) x = nd(rng);
         for (auto& x : sinks) x = nd(rng);
