@@ -68,7 +68,7 @@ struct Cache {
   PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
 };
 
-// A cache of `blocks` blocks in shuffled pool order, every key and value drawn from nd.
+// A cache of `blocks` blocks in shuffled pool order, every key and value drawn from N(0, 1).
 template <typename KvT>
 Cache<KvT> random_cache(int bs, int kv_dim, int hd, int blocks, std::mt19937& rng) {
   std::normal_distribution<float> nd(0, 1);

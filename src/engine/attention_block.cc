@@ -117,6 +117,9 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   }
 }
 
+// Grouped-query attention: q/k/v projections (with biases), q/k norms, clipping and RoPE per
+// token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
+// [T, heads x head_dim].
 template <typename KvT>
 void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T, KvCache<KvT>& cache) {
   const ModelConfig& c = config();

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include "core/big_alloc.h"
@@ -46,8 +45,8 @@ double measure_read_bandwidth(ThreadPool* pool, size_t bytes) {
   constexpr int kStreams = 8;
   [[maybe_unused]] constexpr size_t kPrefetchFloats = 32 * 16;  // 32 cache lines ahead per stream
   const size_t n = bytes / sizeof(float);
-  // On the pages the engine's weights and KV cache get (core/big_alloc.h): on 4 KiB pages the
-  // read measured less than decode then streamed.
+  // On the kind of pages the engine's weights and KV cache stream from (core/big_alloc.h), so
+  // the fractions against this read compare like with like.
   BigArray<float> buf(n);
   pool->parallel_for(int64_t(n / 4096), [&](int64_t b, int64_t e) {
     std::memset(buf.get() + b * 4096, 1, size_t(e - b) * 4096 * sizeof(float));

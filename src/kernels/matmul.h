@@ -6,7 +6,6 @@
 // f32 weights use tiles of 4 rows x up to 4 tokens. Work is split over output rows.
 #pragma once
 #include <cstdint>
-#include <new>
 #include <span>
 #include <vector>
 
