@@ -17,6 +17,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/resident_memory.h"
 #include "core/rng.h"
 #include "engine_flags.h"
 #include "kernels/machine_limits.h"
@@ -170,13 +171,6 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
   return t;
 }
 
-double rss_mb() {
-  std::ifstream f("/proc/self/statm");
-  long pages = 0, resident = 0;
-  f >> pages >> resident;
-  return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1e6;
-}
-
 // Refit cost: from disk (read, validate, swap, repack) and from tensors in memory (check, adopt
 // the buffers, repack), each against one pass over the weights at the measured read bandwidth;
 // and what release_memory_occupation gives back.
@@ -201,11 +195,11 @@ json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m,
   tensors.clear();
   tensors.shrink_to_fit();
   const double one_pass = bytes / (m.read_gb_per_s * 1e9);
-  const double rss0 = rss_mb();
+  const double rss0 = resident_mb();
   e.release_memory(true, true);
-  const double rss1 = rss_mb();
+  const double rss1 = resident_mb();
   e.resume_memory(true, true);
-  const double rss2 = rss_mb();
+  const double rss2 = resident_mb();
   std::printf("weight_sync    %.2f GB of weights; one pass at the read bandwidth %.3f s\n", bytes / 1e9, one_pass);
   std::printf("  from disk    %.3f s  (%.2f GB/s, %.1fx one pass)\n", disk, bytes / disk / 1e9, disk / one_pass);
   std::printf("  in memory    %.3f s  (%.2f GB/s, %.1fx one pass)\n", memory, bytes / memory / 1e9, memory / one_pass);
@@ -215,6 +209,70 @@ json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m,
           {"memory_s", memory},             {"one_pass_s", one_pass},      {"disk_over_one_pass", disk / one_pass},
           {"memory_over_one_pass", memory / one_pass}, {"rss_mb_before_release", rss0},
           {"rss_mb_released", rss1},        {"rss_mb_resumed", rss2},      {"machine_read_gb_per_s", m.read_gb_per_s}};
+}
+
+// Expert parallelism: an entry on the --expert-parallel ranks against one process running every
+// rank's threads, routes on in both, the two engines taking turns; and the resident memory of
+// each rank (the EP engine built first, before the one-process engine exists) and of the one
+// process (what building its engine added).
+struct ExpertParallelRow {
+  Entry en;
+  Spread one, ranks;
+  int one_threads = 0;
+  std::vector<double> rank_mb;
+  double one_mb = 0;
+};
+
+ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& en, int reps, uint64_t& run) {
+  ExpertParallelRow row{en};
+  EngineConfig one = cfg;
+  one.expert_parallel = 1;
+  one.threads = (cfg.threads > 0 ? cfg.threads : int(std::thread::hardware_concurrency())) * cfg.expert_parallel;
+  row.one_threads = one.threads;
+  Engine ep(cfg);
+  const int vocab = ep.model_config().vocab_size;
+  run_entry(ep, en, true, vocab, run++);  // warm-up: pages in the weights and the KV it uses
+  row.rank_mb = ep.resident_mb_by_rank();
+  const double before = resident_mb();
+  Engine solo(one);
+  run_entry(solo, en, true, vocab, run++);
+  row.one_mb = resident_mb() - before;
+  std::vector<double> a, b;
+  for (int rep = 0; rep < reps; ++rep) {
+    if (rep % 2 == 0) a.push_back(run_entry(solo, en, true, vocab, run++).tokens_per_s);
+    b.push_back(run_entry(ep, en, true, vocab, run++).tokens_per_s);
+    if (rep % 2 == 1) a.push_back(run_entry(solo, en, true, vocab, run++).tokens_per_s);
+  }
+  row.one = spread_of(a);
+  row.ranks = spread_of(b);
+  return row;
+}
+
+void print_expert_parallel(const std::vector<ExpertParallelRow>& rows, int ranks, int threads, json& results) {
+  std::printf("expert parallelism: %d ranks x %d threads against 1 process x %d threads, routes on in both\n", ranks,
+              threads, rows.empty() ? 0 : rows[0].one_threads);
+  std::printf("%-16s %26s %26s %8s  %s\n", "entry", "tok/s 1 process [min-max]", "tok/s ranks [min-max]", "ratio",
+              "resident MB: each rank's (engine alone) | the one process's engine");
+  for (const ExpertParallelRow& r : rows) {
+    char one[64], many[64];
+    std::snprintf(one, sizeof one, "%.1f [%.1f-%.1f]", r.one.median, r.one.min, r.one.max);
+    std::snprintf(many, sizeof many, "%.1f [%.1f-%.1f]", r.ranks.median, r.ranks.min, r.ranks.max);
+    std::string mb;
+    for (size_t i = 0; i < r.rank_mb.size(); ++i) mb += (i ? ", " : "") + std::to_string(int(r.rank_mb[i]));
+    std::printf("%-16s %26s %26s %8.3f  %s | %.0f\n", r.en.name.c_str(), one, many, r.ranks.median / r.one.median,
+                mb.c_str(), r.one_mb);
+    results.push_back({{"name", r.en.name},
+                       {"expert_parallel", ranks},
+                       {"threads_per_rank", threads},
+                       {"one_process_threads", r.one_threads},
+                       {"tokens_per_s_one_process", r.one.median},
+                       {"tokens_per_s_one_process_spread", spread_json(r.one)},
+                       {"tokens_per_s_ranks", r.ranks.median},
+                       {"tokens_per_s_ranks_spread", spread_json(r.ranks)},
+                       {"ratio", r.ranks.median / r.one.median},
+                       {"resident_mb_by_rank", r.rank_mb},
+                       {"resident_mb_one_process_engine", r.one_mb}});
+  }
 }
 
 }  // namespace
@@ -227,7 +285,9 @@ int cmd_bench(int argc, char** argv) {
          "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
          "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
          "pass over the weights at the measured read bandwidth, and the RSS that\n"
-         "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.");
+         "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.\n"
+         "With --expert-parallel N (under mpirun -np N --bind-to none) each entry runs on the N ranks and on one\n"
+         "process with every rank's threads, routes on, side by side, with each rank's resident memory.");
   add_engine_flags(a);
   a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync",
         "entries to run (also: decode_b32_ctx8k, rollout_long)")
@@ -283,6 +343,8 @@ int cmd_bench(int argc, char** argv) {
     double ratio;
   };
   std::vector<Row> rows;
+  std::vector<ExpertParallelRow> ep_rows;
+  uint64_t ep_run = 0;
   for (Entry en : suite) {
     // ... nor past what the KV pool holds for all of the entry's requests at once (no preemption
     // inside a measurement; a block of slack per request).
@@ -307,6 +369,10 @@ int cmd_bench(int argc, char** argv) {
     EngineConfig cfg_off = cfg;
     cfg_off.enable_return_routed_experts = false;
     cfg.enable_return_routed_experts = true;
+    if (base.expert_parallel > 1) {
+      ep_rows.push_back(compare_expert_parallel(cfg, en, int(a.integer("reps")), ep_run));
+      continue;
+    }
     std::vector<double> off, unused, on, gb, gflops, kv;
     auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
     auto keep_unused = [&](const Timing& t) {
@@ -339,6 +405,18 @@ int cmd_bench(int argc, char** argv) {
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
+  }
+  if (base.expert_parallel > 1) {
+    json results = json::array();
+    print_expert_parallel(ep_rows, base.expert_parallel, base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()),
+                          results);
+    if (weight_sync) std::fprintf(stderr, "r3 bench: weight_sync skipped: refit is not supported with expert parallelism\n");
+    if (!a.str("json").empty()) {
+      std::ofstream out(a.str("json"));
+      if (!out) throw Error(a.str("json") + ": cannot open for writing");
+      out << results.dump(2) << "\n";
+    }
+    return 0;
   }
   // The limits: median and spread over every measurement of this run.
   std::vector<double> reads, peaks, fmas;

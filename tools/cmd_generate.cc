@@ -28,7 +28,8 @@ int cmd_generate(int argc, char** argv) {
          "\"ignore_eos\":B, \"return_routed_experts\":true, \"routed_experts_start\":N}; a line without a\n"
          "seed gets a random one. Text needs a tokenizer (the checkpoint's tokenizer.json or --tokenizer).\n"
          "Route capture is on when a line asks for routes. Output lines: index, prompt_token_ids,\n"
-         "token_ids, text, logprobs, finish_reason, stop_reason, weight_versions, routed_experts.");
+         "token_ids, text, logprobs, finish_reason, stop_reason, weight_versions, routed_experts,\n"
+         "num_cached_tokens, num_preemptions.");
   add_engine_flags(a);
   a.opt("input", "", "prompts, one JSON object per line (required)")
       .opt("output", "-", "output JSONL file (- = stdout)")

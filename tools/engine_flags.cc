@@ -21,7 +21,10 @@ void add_engine_flags(Args& a) {
       .opt("threads", "0", "compute threads (0 = all cores)")
       .flag("enable-return-routed-experts", false,
             "capture routes so requests can ask for them (asking an engine without it is an error)")
-      .opt("eplb-redundant-experts", "0", "physical replicas of the most loaded experts per layer");
+      .opt("eplb-redundant-experts", "0", "physical replicas of the most loaded experts per layer")
+      .opt("expert-parallel", "1",
+           "ranks sharing the experts: run under mpirun -np N (docs/EXPERT_PARALLEL.md); 1 = one process")
+      .opt("expert-timeout-s", "30", "expert parallelism: a rank silent this long fails the engine (requests end with errors)");
 }
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
@@ -59,6 +62,8 @@ EngineConfig engine_config_from(const Args& a) {
   c.threads = int(a.integer("threads"));
   c.enable_return_routed_experts = a.on("enable-return-routed-experts");
   c.eplb_redundant_experts = int(a.integer("eplb-redundant-experts"));
+  c.expert_parallel = int(a.integer("expert-parallel"));
+  c.expert_timeout_s = a.number("expert-timeout-s");
   return c;
 }
 

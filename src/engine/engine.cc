@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "engine/engine_config_json.h"
 
 #include "text/utf8.h"
 
@@ -8,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/resident_memory.h"
 #include "engine/capturable.h"
 #include "kernels/kernel_set.h"
 #include "kernels/tile_choice.h"
@@ -22,8 +24,21 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
   throw Error("kv_cache_dtype must be auto, bf16 or fp32, got \"" + name + "\"");
 }
 
-Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
+Engine::Engine(EngineConfig cfg) : Engine(std::move(cfg), nullptr) {}
+
+Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
+    : cfg_(std::move(cfg)), exchange_(std::move(exchange)) {
   if (cfg_.block_size <= 0) throw Error("block_size must be positive");
+  if (cfg_.expert_parallel < 1) throw Error("expert_parallel must be at least 1");
+  if (!(cfg_.expert_timeout_s > 0)) throw Error("expert_timeout_s must be positive");
+  if (cfg_.expert_parallel > 1 && !exchange_) {
+    if (!expert_exchange_opener())
+      throw Error("expert_parallel " + std::to_string(cfg_.expert_parallel) +
+                  " needs the r3 command started by MPI: mpirun -np " + std::to_string(cfg_.expert_parallel) +
+                  " r3 <verb> ... --expert-parallel " + std::to_string(cfg_.expert_parallel));
+    // The other ranks start building theirs now, alongside this one.
+    exchange_ = expert_exchange_opener()(cfg_.expert_parallel, cfg_.expert_timeout_s, engine_config_to_json(cfg_));
+  }
   if (cfg_.max_num_seqs <= 0) throw Error("max_num_seqs must be positive");
   if (cfg_.max_num_batched_tokens <= 0) throw Error("max_num_batched_tokens must be positive");
   for (int b : cfg_.decode_buckets)
@@ -66,8 +81,16 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   const int window_blocks = window > 0 ? int(std::min<int64_t>(blocks, window_need)) : 0;
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
   if (window > 0) window_kv_ = std::make_unique<KvPool>(window_blocks, cfg_.block_size);
+  if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
+    throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");
+  EplbMap eplb;
+  if (cfg_.eplb_redundant_experts > 0)
+    eplb = EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, cfg_.eplb_load);
+  if (exchange_ && exchange_->ranks() > (eplb.enabled() ? eplb.num_physical() : mc.num_experts))
+    throw Error("expert_parallel " + std::to_string(exchange_->ranks()) + " exceeds the model's " +
+                std::to_string(mc.num_experts) + " experts (plus EPLB replicas)");
   runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
-                                          pool_.get(), kv_dtype, window_blocks);
+                                          pool_.get(), kv_dtype, window_blocks, std::move(eplb), exchange_.get());
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
@@ -76,10 +99,6 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
   sc.sliding_window = window;
   scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
                                            runner_->window_scratch_block());
-  if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
-    throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");
-  if (cfg_.eplb_redundant_experts > 0)
-    runner_->set_eplb(EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, cfg_.eplb_load));
   if (cfg_.enable_return_routed_experts) {
     assert_capturable(cfg_, mc, max_step);
     capturer_ = std::make_unique<RouteCapturer>(cfg_.overlap_scheduler ? 3 : 1, max_step,
@@ -87,6 +106,18 @@ Engine::Engine(EngineConfig cfg) : cfg_(std::move(cfg)) {
     routes_ = std::make_unique<RouteManager>(mc.num_moe_layers(), mc.top_k, blocks, cfg_.block_size);
   }
   if (cfg_.overlap_scheduler) worker_ = std::thread([this] { worker_loop(); });
+  if (exchange_) exchange_->started(true);
+}
+
+std::vector<double> Engine::resident_mb_by_rank() const {
+  if (exchange_) return exchange_->resident_mb_by_rank();
+  return {resident_mb()};
+}
+
+void Engine::refuse_under_expert_parallel(const char* what) const {
+  if (exchange_)
+    throw Error(std::string(what) + " is not supported with expert parallelism yet: it would have to reach every rank "
+                "(docs/EXPERT_PARALLEL.md)");
 }
 
 Engine::~Engine() {
@@ -241,6 +272,7 @@ std::vector<RequestOutput> Engine::apply_aborts() {
 CaptureSlot* Engine::run_forward(int buffer) {
   CaptureSlot* slot = capturer_ ? capturer_->acquire(plans_[buffer].iter) : nullptr;
   sampler_.resolve_tokens(plans_[buffer], token_ids_);
+  if (exchange_) exchange_->send_step(plans_[buffer], token_ids_.data());
   runner_->forward(plans_[buffer], token_ids_.data(), slot);
   sampler_.finish(plans_[buffer], *runner_, pool_.get(), results_[buffer]);
   return slot;
@@ -477,6 +509,7 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
 void Engine::update_weights(const std::string& dir, bool flush) { update_weights(Checkpoint::open(dir), flush); }
 
 void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
+  refuse_under_expert_parallel("update_weights (refit)");
   // The engine's buffers, tables (RoPE) and admission limits come from the served model's
   // description: a refit may change weights only. A refused refit leaves the old weights serving.
   const std::vector<std::string> diffs = ckpt_->differences(*ckpt);
@@ -493,6 +526,7 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
 }
 
 void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
+  refuse_under_expert_parallel("update_weights_from_tensors (refit)");
   ckpt_->check_update(tensors);
   for (TensorToWrite& t : tensors) {
     std::string name = t.name;
@@ -531,6 +565,7 @@ int Engine::retract_all() {
 }
 
 void Engine::release_memory(bool kv_cache, bool weights) {
+  refuse_under_expert_parallel("release_memory_occupation");
   if (has_unfinished())
     throw Error("release_memory_occupation: requests are running or waiting (pause with mode abort, or wait)");
   drain();
@@ -550,6 +585,7 @@ void Engine::resume_memory(bool kv_cache, bool weights) {
 }
 
 void Engine::rebalance_eplb() {
+  refuse_under_expert_parallel("rebalance_eplb");
   if (cfg_.eplb_redundant_experts <= 0) throw Error("rebalance_eplb: the engine was started without EPLB");
   drain();
   const ModelConfig& mc = model_config();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/expert_exchange.h"
 #include "engine/kv_pool.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -46,6 +47,12 @@ struct EngineConfig {
   bool enable_return_routed_experts = false;
   int eplb_redundant_experts = 0;
   std::vector<std::vector<uint64_t>> eplb_load;  // optional placement input [L_moe][E]
+  // Expert parallelism (docs/EXPERT_PARALLEL.md): this many ranks share the experts, each
+  // computing every step; the r3 command under `mpirun -np N`. 1 = one process.
+  int expert_parallel = 1;
+  // A rank that does not answer within this many seconds fails the engine (every request in
+  // flight ends with an error) instead of hanging it.
+  double expert_timeout_s = 30;
 };
 
 struct RequestOutput {
@@ -100,6 +107,9 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& weight
 class Engine {
  public:
   explicit Engine(EngineConfig cfg);
+  // One of ranks 1..N-1 of an expert-parallel engine (src/parallel/): it computes the steps rank
+  // 0 plans, handed to compute_step.
+  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -154,8 +164,17 @@ class Engine {
   bool memory_released() const { return runner_->memory_released(); }
 
   EngineStats stats() const;
+  // Resident memory in MB of every rank of the engine (one entry without expert parallelism).
+  std::vector<double> resident_mb_by_rank() const;
+  int expert_parallel_ranks() const { return exchange_ ? exchange_->ranks() : 1; }
+  // Ranks 1..N-1 of an expert-parallel engine: computes a step rank 0 planned (no sampling, no
+  // route capture: rank 0 does both).
+  void compute_step(const StepPlan& plan, const int* token_ids) { runner_->forward(plan, token_ids, nullptr); }
 
  private:
+  // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
+  // under expert parallelism.
+  void refuse_under_expert_parallel(const char* what) const;
   // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
   // in flight and the one being planned) that are reused, so a step allocates nothing.
   struct Job {
@@ -183,6 +202,7 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<KvPool> window_kv_;  // the sliding-window layers' blocks (null without such layers)
+  std::unique_ptr<ExpertExchange> exchange_;  // expert parallelism, or null
   std::unique_ptr<ModelRunner> runner_;
   StepSampler sampler_;        // placeholders, sampling, scoring: on the thread that runs forwards
   std::vector<int> token_ids_;  // the step's token ids, placeholders resolved

@@ -31,13 +31,14 @@ int count_sliding(const ModelConfig& c, int window_blocks) {
 }  // namespace
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
-                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks)
+                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks,
+                         EplbMap eplb, ExpertExchange* exchange)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
-      window_blocks_(window_blocks),
       block_size_(block_size),
       max_tokens_(max_step_tokens),
       max_seqs_(std::min(max_seqs, max_step_tokens)),
+      window_blocks_(window_blocks),
       pool_(pool),
       // Positions never reach past what the KV pool holds, so the RoPE table (and attention's
       // score scratch) stop there even when the model allows far longer contexts.
@@ -48,8 +49,15 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       kv_(make_kv_cache(ckpt_->config(), ckpt_->config().num_layers - count_sliding(ckpt_->config(), window_blocks),
                         num_blocks, block_size, kv_dtype)),
       window_kv_(make_kv_cache(ckpt_->config(), count_sliding(ckpt_->config(), window_blocks), window_blocks,
-                               block_size, kv_dtype)) {
+                               block_size, kv_dtype)),
+      eplb_(std::move(eplb)),
+      exchange_(exchange) {
   const ModelConfig& c = config();
+  own_end_ = num_physical();
+  if (exchange_) {
+    own_begin_ = first_physical(exchange_->rank(), exchange_->ranks(), num_physical());
+    own_end_ = first_physical(exchange_->rank() + 1, exchange_->ranks(), num_physical());
+  }
   int full = 0, windowed = 0;
   for (int l = 0; l < c.num_layers; ++l) cache_layer_.push_back(sliding(l) ? windowed++ : full++);
   for (const LayerConfig& l : c.layers)
@@ -103,6 +111,19 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   pack_weights();
 }
 
+void ModelRunner::set_eplb(EplbMap map) {
+  if (exchange_) throw Error("a new EPLB placement is not supported with expert parallelism (it would move experts between ranks)");
+  eplb_ = std::move(map);
+  own_end_ = num_physical();
+}
+
+bool ModelRunner::holds_logical(int moe_layer, int expert) const {
+  if (!exchange_) return true;
+  for (int p = own_begin_; p < own_end_; ++p)
+    if ((eplb_.enabled() ? eplb_.logical_of(moe_layer, p) : p) == expert) return true;
+  return false;
+}
+
 void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed) {
   ckpt_ = std::move(ckpt);
   pack_weights(!packed_released_, changed);
@@ -146,12 +167,15 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   packed_released_ = false;
   weights_ = ckpt_->weights();
   std::vector<TensorView*> mats = {&weights_.lm_head};
+  int moe_layer = 0;
   for (LayerWeights& L : weights_.layers) {
     for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down, &L.shared.gate,
                           &L.shared.up, &L.shared.down, &L.shared_gate})
       mats.push_back(t);
-    for (ExpertWeights& e : L.experts)
-      for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
+    for (size_t e = 0; e < L.experts.size(); ++e)
+      if (!L.moe || holds_logical(moe_layer, int(e)))  // other ranks' experts stay unpacked
+        for (TensorView* t : {&L.experts[e].gate, &L.experts[e].up, &L.experts[e].down}) mats.push_back(t);
+    moe_layer += L.moe;
   }
   for (LayerWeights& L : weights_.layers)
     for (TensorView* t : {&L.q_a, &L.kv_a}) mats.push_back(t);

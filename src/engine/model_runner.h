@@ -15,6 +15,7 @@
 
 #include "core/big_alloc.h"
 #include "core/thread_pool.h"
+#include "engine/expert_exchange.h"
 #include "engine/kv_cache.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -33,9 +34,12 @@ class ModelRunner {
   // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows; kv_dtype
   // (BF16 or F32) is the KV cache element: K and V are rounded to it as they are written.
   // window_blocks: the sliding-window layers' own pool (their KV lives there, the other layers'
-  // in the num_blocks pool); 0 when the model has no sliding layers.
+  // in the num_blocks pool); 0 when the model has no sliding layers. eplb: the physical experts
+  // (EplbMap). exchange (expert parallelism): this rank packs and computes only its own physical
+  // experts (first_physical) and gathers the other ranks' rows in every MoE layer.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
-              int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0);
+              int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0, EplbMap eplb = {},
+              ExpertExchange* exchange = nullptr);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
@@ -65,7 +69,9 @@ class ModelRunner {
   bool memory_released() const {
     return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;  // both caches go together
   }
-  void set_eplb(EplbMap map) { eplb_ = std::move(map); }
+  // A new placement (rebalance): refused under expert parallelism, where it would move experts
+  // between ranks.
+  void set_eplb(EplbMap map);
   const EplbMap& eplb() const { return eplb_; }
   // Tokens routed to each logical expert, per MoE layer (a by-product of the forward).
   std::vector<std::vector<uint64_t>> expert_load() const;
@@ -117,6 +123,12 @@ class ModelRunner {
   std::vector<int> cache_layer_;  // layer -> its index in kv_ or window_kv_
   bool sliding(int layer) const { return window_blocks_ > 0 && config().layers[size_t(layer)].attention.sliding_window > 0; }
   EplbMap eplb_;
+  ExpertExchange* exchange_ = nullptr;  // expert parallelism, or null
+  // Physical experts this process computes: [own_begin_, own_end_) of num_physical() (all of them
+  // in one process).
+  int own_begin_ = 0, own_end_ = 0;
+  int num_physical() const { return eplb_.enabled() ? eplb_.num_physical() : config().num_experts; }
+  bool holds_logical(int moe_layer, int expert) const;
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};

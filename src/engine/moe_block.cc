@@ -22,17 +22,16 @@ struct WorkItem {
   int group, begin, end;
 };
 
-// Runs `rows` of an expert's weight for every group in [0, groups): items are (group, row block)
+// Runs `rows` of an expert's weight for every group in [first, last): items are (group, row block)
 // pairs so both cores stay busy even when one expert has few rows.
 template <typename Fn>
-void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int rows, Fn fn) {
+void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first, int last, int rows, Fn fn) {
   // thread_local names are not captured by lambdas: hand the workers a plain reference.
   thread_local std::vector<WorkItem> items_storage;
   std::vector<WorkItem>& items = items_storage;
   items.clear();
-  const int groups = int(offsets.size()) - 1;
   const int block = 256;  // rows per item: long contiguous weight streams per core (64-row items measured ~5% slower)
-  for (int g = 0; g < groups; ++g)
+  for (int g = first; g < last; ++g)
     if (offsets[size_t(g + 1)] > offsets[size_t(g)])
       for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
   pool->parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
@@ -52,6 +51,8 @@ void clamped_swiglu(const float* gate, const float* up, float* out, int n, const
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
 // remap to physical experts (EPLB), list each expert's tokens (read in place, no gathered
 // copy), gate/up with SiLU, down, then each token sums its k expert outputs in router order.
+// Expert parallelism: this rank runs its own physical experts' groups only, and the exchange
+// brings the other ranks' rows before the sum.
 void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot,
                       int num_real) {
   const ModelConfig& c = config();
@@ -94,7 +95,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     slot_of_[size_t(a)] = s;
   }
   uint64_t bytes = 0;
-  for (int p = 0; p < P; ++p)
+  for (int p = own_begin_; p < own_end_; ++p)
     if (group_offsets_[size_t(p + 1)] > group_offsets_[size_t(p)]) {
       const ExpertWeights& w = L.experts[size_t(eplb_.logical_of(moe_layer, p))];
       bytes += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
@@ -104,7 +105,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     return L.experts[size_t(eplb_.logical_of(moe_layer, p))];
   };
   const ExpertActivation& act = c.layers[size_t(moe_layers_[size_t(moe_layer)])].activation;
-  for_group_rows(pool_, group_offsets_, I, [&](const WorkItem& it) {
+  for_group_rows(pool_, group_offsets_, own_begin_, own_end_, I, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
     const Activations xg{h_.data(), hb_.data(), n, slot_token_.data() + off};  // the group's tokens in place
@@ -123,7 +124,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }
   });
-  for_group_rows(pool_, group_offsets_, H, [&](const WorkItem& it) {
+  for_group_rows(pool_, group_offsets_, own_begin_, own_end_, H, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
     matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, w.down,
@@ -132,6 +133,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
       for (int r = off; r < off + n; ++r)
         add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.end - it.begin, it.begin);
   });
+  if (exchange_) exchange_->gather_expert_rows(expert_out_.data(), group_offsets_.data(), P, H);
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = out + size_t(t) * H;

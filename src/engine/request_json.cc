@@ -107,6 +107,8 @@ json output_to_json(const RequestOutput& o, int64_t index) {
   if (o.routed_experts) j["routed_experts"] = routes_to_json(*o.routed_experts);
   if (!o.routes_error.empty()) j["routes_error"] = o.routes_error;
   if (!o.error.empty()) j["error"] = o.error;
+  j["num_cached_tokens"] = o.num_cached_tokens;  // prompt tokens served from the prefix cache
+  j["num_preemptions"] = o.num_preemptions;
   return j;
 }
 
