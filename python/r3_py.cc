@@ -294,6 +294,8 @@ class LLM {
       else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
       else if (key == "threads") c.threads = v.cast<int>();
       else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
+      // Refused by the engine with what to run instead: expert parallelism needs `mpirun r3`.
+      else if (key == "expert_parallel") c.expert_parallel = v.cast<int>();
       else if (key == "tokenizer") c.tokenizer = v.cast<std::string>();
       else if (key == "routed_experts_format") continue;  // the Python side's (vllm_split_from)
       else throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "core/error.h"
 #include "core/resident_memory.h"
@@ -23,6 +24,14 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
   if (name == "auto") return w.layers.empty() || w.layers[0].q.dtype == DType::F32 ? DType::F32 : DType::BF16;
   throw Error("kv_cache_dtype must be auto, bf16 or fp32, got \"" + name + "\"");
 }
+
+namespace {
+// The engine's starting placement of physical experts (none without EPLB).
+EplbMap eplb_for(const EngineConfig& cfg, const ModelConfig& mc) {
+  if (cfg.eplb_redundant_experts <= 0) return {};
+  return EplbMap(mc.num_moe_layers(), mc.num_experts, cfg.eplb_redundant_experts, cfg.eplb_load);
+}
+}  // namespace
 
 Engine::Engine(EngineConfig cfg) : Engine(std::move(cfg), nullptr) {}
 
@@ -45,7 +54,25 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
     if (b <= 0) throw Error("decode_buckets must be positive");
   kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
   kernels::tuned_bf16_tiles();  // likewise a bad R3_TILES; timed once per CPU model, then cached
-  ckpt_ = Checkpoint::open(cfg_.model);
+  // An expert-parallel rank reads only its own experts (the others' stay on disk).
+  Checkpoint::UnreadTensors unread;
+  if (exchange_)
+    unread = [this](const ModelConfig& mc) {
+      const auto held = held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(),
+                                     exchange_->ranks());
+      const std::vector<int> layers = mc.moe_layers();
+      std::set<std::string> names;
+      for (size_t m = 0; m < layers.size(); ++m)
+        for (int e = 0; e < mc.num_experts; ++e)
+          if (!held[m][size_t(e)])
+            for (const char* which : {"gate", "up", "down"}) {
+              const std::string w = expert_name(mc, layers[m], e, which);
+              names.insert(w);
+              names.insert(w + "_scale_inv");  // FP8 block scales
+            }
+      return names;
+    };
+  ckpt_ = Checkpoint::open(cfg_.model, unread);
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {
@@ -83,9 +110,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
   if (window > 0) window_kv_ = std::make_unique<KvPool>(window_blocks, cfg_.block_size);
   if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
     throw Error("eplb_redundant_experts must be in [0, " + std::to_string(mc.num_experts) + "]");
-  EplbMap eplb;
-  if (cfg_.eplb_redundant_experts > 0)
-    eplb = EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, cfg_.eplb_load);
+  EplbMap eplb = eplb_for(cfg_, mc);
   if (exchange_ && exchange_->ranks() > (eplb.enabled() ? eplb.num_physical() : mc.num_experts))
     throw Error("expert_parallel " + std::to_string(exchange_->ranks()) + " exceeds the model's " +
                 std::to_string(mc.num_experts) + " experts (plus EPLB replicas)");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "routes/eplb.h"
 #include "step/step_plan.h"
 
 namespace r3 {
@@ -20,6 +21,11 @@ namespace r3 {
 inline int first_physical(int rank, int ranks, int num_physical) {
   return int((int64_t(rank) * num_physical + ranks - 1) / ranks);
 }
+
+// Whether rank `rank` of `ranks` holds each logical expert (one of its physical replicas) of each
+// MoE layer: [L_moe][E]. Without EPLB the physical experts are the logical ones.
+std::vector<std::vector<bool>> held_experts(const EplbMap& map, int num_moe_layers, int num_experts, int rank,
+                                            int ranks);
 
 class ExpertExchange {
  public:

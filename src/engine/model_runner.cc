@@ -53,11 +53,10 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       eplb_(std::move(eplb)),
       exchange_(exchange) {
   const ModelConfig& c = config();
-  own_end_ = num_physical();
-  if (exchange_) {
-    own_begin_ = first_physical(exchange_->rank(), exchange_->ranks(), num_physical());
-    own_end_ = first_physical(exchange_->rank() + 1, exchange_->ranks(), num_physical());
-  }
+  const int rank = exchange_ ? exchange_->rank() : 0, ranks = exchange_ ? exchange_->ranks() : 1;
+  own_begin_ = first_physical(rank, ranks, num_physical());
+  own_end_ = first_physical(rank + 1, ranks, num_physical());
+  held_ = held_experts(eplb_, c.num_moe_layers(), c.num_experts, rank, ranks);
   int full = 0, windowed = 0;
   for (int l = 0; l < c.num_layers; ++l) cache_layer_.push_back(sliding(l) ? windowed++ : full++);
   for (const LayerConfig& l : c.layers)
@@ -115,13 +114,7 @@ void ModelRunner::set_eplb(EplbMap map) {
   if (exchange_) throw Error("a new EPLB placement is not supported with expert parallelism (it would move experts between ranks)");
   eplb_ = std::move(map);
   own_end_ = num_physical();
-}
-
-bool ModelRunner::holds_logical(int moe_layer, int expert) const {
-  if (!exchange_) return true;
-  for (int p = own_begin_; p < own_end_; ++p)
-    if ((eplb_.enabled() ? eplb_.logical_of(moe_layer, p) : p) == expert) return true;
-  return false;
+  held_ = held_experts(eplb_, config().num_moe_layers(), config().num_experts, 0, 1);
 }
 
 void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed) {
@@ -173,7 +166,7 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
                           &L.shared.up, &L.shared.down, &L.shared_gate})
       mats.push_back(t);
     for (size_t e = 0; e < L.experts.size(); ++e)
-      if (!L.moe || holds_logical(moe_layer, int(e)))  // other ranks' experts stay unpacked
+      if (!L.moe || held_[size_t(moe_layer)][e])  // other ranks' experts stay unpacked
         for (TensorView* t : {&L.experts[e].gate, &L.experts[e].up, &L.experts[e].down}) mats.push_back(t);
     moe_layer += L.moe;
   }

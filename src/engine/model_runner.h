@@ -128,7 +128,7 @@ class ModelRunner {
   // in one process).
   int own_begin_ = 0, own_end_ = 0;
   int num_physical() const { return eplb_.enabled() ? eplb_.num_physical() : config().num_experts; }
-  bool holds_logical(int moe_layer, int expert) const;
+  std::vector<std::vector<bool>> held_;  // [L_moe][E]: the logical experts this process computes (held_experts)
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};

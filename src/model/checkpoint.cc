@@ -42,11 +42,13 @@ std::string router_bias_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
 }
 
-std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const UnreadTensors& unread) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = dir;
   if (!fs::is_directory(dir)) throw Error(dir + ": not a checkpoint directory");
   ck->weights_.config = load_config((fs::path(dir) / "config.json").string());
+  const std::set<std::string> skipped = unread ? unread(ck->weights_.config) : std::set<std::string>{};
+  ck->partial_ = !skipped.empty();
   fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;
@@ -77,7 +79,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
       if (weight_map.empty()) throw Error(dir + ": no model.safetensors and no model.safetensors.index.json");
       throw Error(p.string() + ": shard named in model.safetensors.index.json is missing");
     }
-    ck->files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+    ck->files_.push_back(std::make_unique<SafetensorsFile>(p.string(), ck->partial_ ? &skipped : nullptr));
   }
   // Each tensor lives in exactly one shard, the one the index names for it.
   for (auto& f : ck->files_)
@@ -142,6 +144,11 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
     throw Error(t.file + ": tensor \"" + name + "\" is " + dtype_name(t.dtype) + ", expected " +
                 (bytes ? "U8" : "F32, BF16 or F16"));
   if (t.dtype == DType::F16) {
+    if (!t.data) {  // unread
+      TensorView w = t;
+      w.dtype = DType::F32;
+      return widened_[name] = w;
+    }
     owned_.push_back(t.to_f32());
     TensorView w = t;
     w.dtype = DType::F32;
@@ -167,6 +174,7 @@ void Checkpoint::check_quantized_values(const TensorView& t) const {
     throw Error(t.file + ": tensor \"" + t.name + "\" holds " + what + " at element " + std::to_string(i));
   };
   const auto* b = static_cast<const uint8_t*>(t.data);
+  if (!b) return;  // unread (another rank's expert)
   if (t.dtype == DType::F8_E4M3) {
     for (int64_t i = 0; i < t.numel(); ++i)
       if (e4m3_is_nan(b[i])) refuse("an F8_E4M3 NaN", i);
@@ -211,7 +219,7 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
   check_quantized_values(t);
   check_quantized_values(s);
   TensorView v = t;
-  if (s.dtype == DType::F32) {
+  if (s.dtype == DType::F32 || !s.data) {
     v.scale_inv = static_cast<const float*>(s.data);
   } else {  // widened into derived_, which an update hands back as rewritten
     const std::vector<float> f = s.to_f32();
@@ -486,6 +494,7 @@ void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
 }
 
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
+  if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   std::vector<TensorToWrite> out;
   for (auto& [name, t] : index_) {
     out.push_back(copy_tensor(*t));

@@ -3,6 +3,7 @@
 // afterwards change nothing); F16 ones are widened to F32 once, since the kernels read F32 or BF16.
 // F8_E4M3 matrices (quantization_config fp8) are served with their block scales, kept 8-bit.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -51,7 +52,10 @@ class Checkpoint {
  public:
   // Loads and validates every tensor the architecture needs: each problem is an r3::Error naming
   // the file and the tensor.
-  static std::shared_ptr<Checkpoint> open(const std::string& dir);
+  // `unread` (given the config) names tensors to validate but not read: one expert-parallel
+  // rank's view, without the other ranks' experts (their views have null data).
+  using UnreadTensors = std::function<std::set<std::string>(const ModelConfig&)>;
+  static std::shared_ptr<Checkpoint> open(const std::string& dir, const UnreadTensors& unread = {});
   // The same from tensors in memory (an RL trainer's refit without a round trip through disk):
   // config.json text and tensors under their Hugging Face names; validated the same way.
   static std::shared_ptr<Checkpoint> from_memory(const std::string& config_json,
@@ -98,6 +102,7 @@ class Checkpoint {
                           int64_t row_stride, int64_t col_stride);
 
   std::string dir_;
+  bool partial_ = false;  // opened with unread tensors
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
   std::set<std::string> used_;  // names load_weights read

@@ -36,10 +36,10 @@ void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator del
 // buffer, which the tensors' [begin, end) offsets must tile exactly: sorted, contiguous, from 0
 // to the buffer's end. Every tensor is copied into memory r3 owns (64-byte aligned), so nothing
 // done to the file afterwards reaches a running engine.
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::set<std::string>* unread) : path_(path) {
   RegularFile file(path, kMaxFile, "safetensors file");
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
-  parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); });
+  parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); }, unread);
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view bytes, const std::string& name) {
@@ -52,7 +52,8 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view by
   return f;
 }
 
-void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at) {
+void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at,
+                            const std::set<std::string>* unread) {
   const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
@@ -151,10 +152,13 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   // Copy every tensor into owned, 64-byte aligned memory (each tensor at an aligned offset, so
   // a file that packs tensors at odd offsets is read without misaligned access).
   uint64_t owned = 0;
-  for (const Entry& en : entries) owned += round_up64(en.end - en.begin);
+  auto read = [&](const Entry& en) { return !unread || !unread->count(en.name); };
+  for (const Entry& en : entries)
+    if (read(en)) owned += round_up64(en.end - en.begin);
   data_.reset(static_cast<uint8_t*>(::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
   uint64_t at = 0;
   for (const Entry& en : entries) {
+    if (!read(en)) continue;
     TensorView& t = tensors_[en.name];
     read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
     t.data = data_.get() + at;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string_view>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +21,9 @@ class SafetensorsFile {
  public:
   // Throws r3::Error naming the file (and tensor) for every malformed input, a path that is not
   // a regular file, and a read that outlasts kCheckpointReadLimit.
-  explicit SafetensorsFile(const std::string& path);
+  // Tensors named in `unread` are validated but not read: their data stays null (one rank of
+  // an expert-parallel group skips the other ranks' experts).
+  explicit SafetensorsFile(const std::string& path, const std::set<std::string>* unread = nullptr);
   // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
   // in errors.
   static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& name);
@@ -34,7 +37,8 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at);
+  void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at,
+             const std::set<std::string>* unread = nullptr);
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };

@@ -96,6 +96,12 @@ def test_expert_parallel_refuses_what_it_cannot_do(make_model, r3_bin, tmp_path)
     assert run.returncode != 0 and "pass --expert-parallel 2" in run.stderr
 
 
+def test_the_python_module_refuses_expert_parallel_and_says_why(make_model):
+    import r3
+    with pytest.raises(Exception, match="mpirun -np 2 r3"):
+        r3.LLM(make_model("olmoe"), expert_parallel=2)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
