@@ -132,6 +132,30 @@ TEST(ExpertParallelCheckpoint, UnreadExpertsStayOnDiskAndTheRestLoads) {
   }
 }
 
+TEST(ExpertParallelCheckpoint, EachRankLeavesExactlyTheOthersExpertsUnread) {
+  for (const std::string arch : {"olmoe", "deepseek_v3_fp8"}) {
+    auto full = Checkpoint::open(testing::test_model(arch));
+    const ModelConfig& c = full->config();
+    const EplbMap map(c.num_moe_layers(), c.num_experts, 2, {});
+    const std::vector<int> layers = c.moe_layers();
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::set<std::string> unread = unheld_expert_tensors(c, map, rank, 2);
+      const auto held = held_experts(map, c.num_moe_layers(), c.num_experts, rank, 2);
+      auto part = Checkpoint::open(testing::test_model(arch), [&](const ModelConfig&) { return unread; });
+      size_t missing = 0;
+      for (size_t m = 0; m < layers.size(); ++m)
+        for (int e = 0; e < c.num_experts; ++e) {
+          const ExpertWeights& w = part->weights().layers[size_t(layers[m])].experts[size_t(e)];
+          EXPECT_EQ(w.gate.data == nullptr, !held[m][size_t(e)]) << arch << " rank " << rank << " expert " << e;
+          EXPECT_EQ(w.down.data == nullptr, !held[m][size_t(e)]);
+          missing += !held[m][size_t(e)];
+        }
+      EXPECT_GT(missing, 0u);  // each rank leaves some on disk ...
+      EXPECT_LT(missing, layers.size() * size_t(c.num_experts));  // ... and holds some
+    }
+  }
+}
+
 TEST(ExpertParallelEngine, RefusedWithoutMpiAndItsConfigRoundTrips) {
   EngineConfig c;
   c.model = testing::test_model("olmoe");

@@ -37,6 +37,7 @@ struct Entry {
 
 struct Timing {
   double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0, kv_gb_per_s = 0;
+  double route_fraction = 0;  // of the timed span, spent committing and assembling routes
 };
 
 // Median, min and max of samples (empty: zeros).
@@ -163,6 +164,7 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
   else tokens = double(s2.computed_tokens - start_s.computed_tokens);
   t.tokens_per_s = tokens / secs;
   t.weight_gb_per_s = double(s2.weight_bytes_read - start_s.weight_bytes_read) / secs / 1e9;
+  t.route_fraction = (s2.route_seconds - start_s.route_seconds) / secs;
   const double avg_ctx = en.measure == Entry::Prefill ? en.prompt_len / 2.0 : en.prompt_len + en.max_tokens / 2.0;
   t.gflops = tokens * flops_per_token(e.model_config(), avg_ctx) / secs / 1e9;
   // KV bytes read per second over the whole timed span (a lower bound on attention's own rate).
@@ -339,7 +341,7 @@ int cmd_bench(int argc, char** argv) {
   }
   struct Row {
     Entry en;
-    Spread off, unused, on, gb, gflops, kv;
+    Spread off, unused, on, gb, gflops, kv, route_work;
     double ratio;
   };
   std::vector<Row> rows;
@@ -373,7 +375,7 @@ int cmd_bench(int argc, char** argv) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, int(a.integer("reps")), ep_run));
       continue;
     }
-    std::vector<double> off, unused, on, gb, gflops, kv;
+    std::vector<double> off, unused, on, gb, gflops, kv, route_work;
     auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
     auto keep_unused = [&](const Timing& t) {
       unused.push_back(t.tokens_per_s);
@@ -381,7 +383,10 @@ int cmd_bench(int argc, char** argv) {
       gflops.push_back(t.gflops);
       kv.push_back(t.kv_gb_per_s);
     };
-    auto keep_on = [&](const Timing& t) { on.push_back(t.tokens_per_s); };
+    auto keep_on = [&](const Timing& t) {
+      on.push_back(t.tokens_per_s);
+      route_work.push_back(t.route_fraction);
+    };
     const int reps = int(a.integer("reps"));
     uint64_t run = 0;
     // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
@@ -401,7 +406,8 @@ int cmd_bench(int argc, char** argv) {
             default: keep_on(run_entry(*e_on, en, true, vocab, run++)); break;
           }
     }
-    Row row{en, spread_of(off), spread_of(unused), spread_of(on), spread_of(gb), spread_of(gflops), spread_of(kv), 0};
+    Row row{en,           spread_of(off),    spread_of(unused),     spread_of(on), spread_of(gb),
+            spread_of(gflops), spread_of(kv), spread_of(route_work), 0};
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -425,14 +431,17 @@ int cmd_bench(int argc, char** argv) {
   std::printf("limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s [%.0f-%.0f], "
               "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
               machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median, fma.min, fma.max);
-  std::printf("%-16s %12s %20s %12s %8s %10s %8s %8s %8s %10s %8s %8s\n", "entry", "tok/s opt-off", "routes off [min-max]",
-              "routes on", "ratio", "weight GB/s", "of read", "KV GB/s", "of read", "GFLOP/s", "of bf16", "of fma");
+  std::printf("%-16s %12s %20s %12s %8s %10s %10s %8s %8s %8s %10s %8s %8s\n", "entry", "tok/s opt-off",
+              "routes off [min-max]", "routes on", "ratio", "route work", "weight GB/s", "of read", "KV GB/s", "of read",
+              "GFLOP/s", "of bf16", "of fma");
   json results = json::array();
   for (const Row& r : rows) {
     char off_range[48];
     std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
-    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10.2f %8s %8.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median,
-                off_range, r.on.median, r.ratio, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.kv.median,
+    char route_work[24];
+    std::snprintf(route_work, sizeof route_work, "%.3f%%", 100 * r.route_work.median);
+    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median,
+                off_range, r.on.median, r.ratio, route_work, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.kv.median,
                 fraction(r.kv.median, read.median).c_str(), r.gflops.median, fraction(r.gflops.median, peak.median).c_str(),
                 fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
@@ -443,6 +452,7 @@ int cmd_bench(int argc, char** argv) {
               {"tokens_per_s_routes_on_spread", spread_json(r.on)},
               {"tokens_per_s_engine_option_off", r.off.median},
               {"routes_ratio", r.ratio},
+              {"route_work_fraction", r.route_work.median},
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
               {"kv_gb_per_s", r.kv.median},

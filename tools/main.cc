@@ -60,7 +60,13 @@ int main(int argc, char** argv) {
                  "would run the whole command)\n", launched, launched);
     return 2;
   }
-#ifdef R3_HAVE_MPI
+#ifndef R3_HAVE_MPI
+  if (ep > 1) {
+    std::fprintf(stderr, "error: --expert-parallel needs MPI, and this r3 was built without it (scripts/setup.sh "
+                 "installs Open MPI; then rebuild)\n");
+    return 2;
+  }
+#else
   std::unique_ptr<r3::MpiExpertGroup> group;
   if (ep > 1) {
     try {

@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <set>
 
@@ -26,6 +27,15 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
 }
 
 namespace {
+// Adds the scope's wall time to `ns`.
+struct ScopedNanoseconds {
+  uint64_t& ns;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~ScopedNanoseconds() {
+    ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  }
+};
+
 // The engine's starting placement of physical experts (none without EPLB).
 EplbMap eplb_for(const EngineConfig& cfg, const ModelConfig& mc) {
   if (cfg.eplb_redundant_experts <= 0) return {};
@@ -58,19 +68,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
   Checkpoint::UnreadTensors unread;
   if (exchange_)
     unread = [this](const ModelConfig& mc) {
-      const auto held = held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(),
-                                     exchange_->ranks());
-      const std::vector<int> layers = mc.moe_layers();
-      std::set<std::string> names;
-      for (size_t m = 0; m < layers.size(); ++m)
-        for (int e = 0; e < mc.num_experts; ++e)
-          if (!held[m][size_t(e)])
-            for (const char* which : {"gate", "up", "down"}) {
-              const std::string w = expert_name(mc, layers[m], e, which);
-              names.insert(w);
-              names.insert(w + "_scale_inv");  // FP8 block scales
-            }
-      return names;
+      return unheld_expert_tensors(mc, eplb_for(cfg_, mc), exchange_->rank(), exchange_->ranks());
     };
   ckpt_ = Checkpoint::open(cfg_.model, unread);
   const ModelConfig& mc = ckpt_->config();
@@ -130,8 +128,9 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
                                                 mc.num_moe_layers(), mc.top_k);
     routes_ = std::make_unique<RouteManager>(mc.num_moe_layers(), mc.top_k, blocks, cfg_.block_size);
   }
-  if (cfg_.overlap_scheduler) worker_ = std::thread([this] { worker_loop(); });
+  // Every rank built its engine (or this throws) before a worker thread exists to be joined.
   if (exchange_) exchange_->started(true);
+  if (cfg_.overlap_scheduler) worker_ = std::thread([this] { worker_loop(); });
 }
 
 std::vector<double> Engine::resident_mb_by_rank() const {
@@ -369,6 +368,7 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
   if (r->params.return_routed_experts && reason == "error") {
     routes_->close(r->id);  // a failed request returns no routes, not partial ones
   } else if (r->params.return_routed_experts) {
+    ScopedNanoseconds timed{route_ns_};
     const int S = r->num_tokens();
     RouteArray routes;
     if (reason == "abort") {
@@ -407,6 +407,7 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
   const StepPlan& plan = plans_[buffer];
   const StepResult& res = results_[buffer];
   if (slot) {
+    ScopedNanoseconds timed{route_ns_};
     routes_->commit(plan, *slot);
     capturer_->release(slot);
   }
@@ -531,7 +532,10 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
   return out;
 }
 
-void Engine::update_weights(const std::string& dir, bool flush) { update_weights(Checkpoint::open(dir), flush); }
+void Engine::update_weights(const std::string& dir, bool flush) {
+  refuse_under_expert_parallel("update_weights (refit)");  // before reading the new checkpoint
+  update_weights(Checkpoint::open(dir), flush);
+}
 
 void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   refuse_under_expert_parallel("update_weights (refit)");
@@ -646,6 +650,7 @@ EngineStats Engine::stats() const {
   s.physical_expert_load = runner_->physical_expert_load();
   s.moe_layers = model_config().moe_layers();
   if (capturer_) s.capture_waits = capturer_->waits();
+  s.route_seconds = double(route_ns_) * 1e-9;
   if (routes_) {
     const RouteStats& rs = routes_->stats();
     s.routed_experts_gaps = rs.gaps;

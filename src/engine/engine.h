@@ -89,7 +89,10 @@ struct EngineStats {
   uint64_t capture_waits = 0, routed_experts_gaps = 0, route_rows_committed = 0,
            prefix_route_rows_copied = 0, stale_prefix_rows = 0, route_bytes_returned = 0;
   uint64_t requests_finished = 0, requests_aborted = 0, weight_version = 0;
-  uint64_t weight_bytes_read = 0;
+  uint64_t weight_bytes_read = 0;  // by this process (expert parallelism: rank 0's experts only)
+  // Wall time the step thread spent committing captured routes and assembling finished
+  // requests' routes (the bookkeeping routes add beyond capture in the forward).
+  double route_seconds = 0;
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
   int free_window_blocks = 0, num_window_blocks = 0;  // the sliding-window layers' pool (0: none)
   uint64_t window_blocks_freed = 0;                   // of it, released as windows slid past
@@ -170,11 +173,11 @@ class Engine {
   // Ranks 1..N-1 of an expert-parallel engine: computes a step rank 0 planned (no sampling, no
   // route capture: rank 0 does both).
   void compute_step(const StepPlan& plan, const int* token_ids) { runner_->forward(plan, token_ids, nullptr); }
+  // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
+  // under expert parallelism. Callers check before reading a new checkpoint.
+  void refuse_under_expert_parallel(const char* what) const;
 
  private:
-  // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
-  // under expert parallelism.
-  void refuse_under_expert_parallel(const char* what) const;
   // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
   // in flight and the one being planned) that are reused, so a step allocates nothing.
   struct Job {
@@ -222,6 +225,7 @@ class Engine {
   std::vector<RequestOutput> drained_;  // outputs of a step drained outside step()
   std::vector<int> block_tokens_;
   uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
+  uint64_t route_ns_ = 0;  // EngineStats::route_seconds
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, computed_tokens_ = 0, finished_ = 0,
            aborted_count_ = 0;
   // Forward worker (overlap scheduling).

@@ -23,12 +23,11 @@ constexpr double kStartTimeoutS = 900;
 // A command's bytes follow its header at once.
 constexpr double kBodyTimeoutS = 60;
 
-void check_mpi(int rc, const std::string& what) {
-  if (rc == MPI_SUCCESS) return;
+std::string mpi_error_text(int rc) {
   char text[MPI_MAX_ERROR_STRING];
   int n = 0;
   MPI_Error_string(rc, text, &n);
-  throw Error(what + ": " + std::string(text, size_t(n)));
+  return std::string(text, size_t(n));
 }
 
 }  // namespace
@@ -60,6 +59,7 @@ class MpiExchange : public ExpertExchange {
     group_->broadcast(MpiExpertGroup::kStep, engine_, bytes_.data(), bytes_.size(), timeout_s_);
   }
   void note_step(uint64_t iter) { step_ = iter; }
+  void set_timeout(double s) { timeout_s_ = s; }
   void gather_expert_rows(float* rows, const int* offsets, int num_physical, int width) override {
     begin_.resize(size_t(group_->ranks_) + 1);
     for (int r = 0; r <= group_->ranks_; ++r)
@@ -80,7 +80,8 @@ class MpiExchange : public ExpertExchange {
 
 MpiExpertGroup::MpiExpertGroup(int* argc, char*** argv) {
   int provided = 0;
-  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  if (const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided); rc != MPI_SUCCESS)
+    throw Error("MPI_Init_thread: " + mpi_error_text(rc));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
@@ -114,14 +115,35 @@ void MpiExpertGroup::fail(const std::string& why) {
   throw Error("expert parallelism failed: " + why);
 }
 
+void MpiExpertGroup::check_mpi(int rc, const std::string& what) {
+  if (rc != MPI_SUCCESS) fail(what + ": " + mpi_error_text(rc));  // the ranks' call orders may now differ
+}
+
 void MpiExpertGroup::check_usable() const {
   if (!broken_) return;
   std::lock_guard<std::mutex> lock(mu_);
   throw Error("expert parallelism failed earlier: " + broken_why_);
 }
 
+std::string MpiExpertGroup::who(int rank) const {
+  if (rank != kAnyFollower) return "rank " + std::to_string(rank);
+  return ranks_ == 2 ? "rank 1" : "one of ranks 1-" + std::to_string(ranks_ - 1);
+}
+
+void MpiExpertGroup::abandon(MPI_Request* requests, int n, bool point_to_point) {
+  // A rank that stopped and resumes must not write into buffers freed since: point-to-point
+  // requests are cancelled and freed. (Collectives cannot be cancelled; rank 0 is their root, so
+  // its pending ones only read.)
+  if (!point_to_point) return;
+  for (int i = 0; i < n; ++i)
+    if (requests[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&requests[i]);
+      MPI_Request_free(&requests[i]);
+    }
+}
+
 void MpiExpertGroup::wait_all(MPI_Request* requests, const int* from, int n, double timeout_s, const std::string& what,
-                              bool idle) {
+                              bool point_to_point, bool idle) {
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   for (int i = 0; i < n; ++i) {
@@ -129,16 +151,15 @@ void MpiExpertGroup::wait_all(MPI_Request* requests, const int* from, int n, dou
       int done = 0;
       const int rc = MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        fail(what + ": MPI error with rank " + std::to_string(from[i]) + ": " + std::string(text, size_t(len)));
+        abandon(requests + i, n - i, point_to_point);
+        fail(what + ": MPI error with " + who(from[i]) + ": " + mpi_error_text(rc));
       }
       if (done) break;
       const auto now = Clock::now();
-      if (!idle && now > deadline)
-        fail("rank " + std::to_string(from[i]) + " did not answer within " + std::to_string(int(timeout_s)) +
-             " s (" + what + ")");
+      if (!idle && now > deadline) {
+        abandon(requests + i, n - i, point_to_point);
+        fail(who(from[i]) + " did not answer within " + std::to_string(int(timeout_s)) + " s (" + what + ")");
+      }
       // Idle (a follower waiting for rank 0's next command): poll hot while steps come back to
       // back, then sleep between polls so an idle group leaves the cores alone.
       if (idle && now - last_message_ > std::chrono::milliseconds(50)) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -152,13 +173,14 @@ void MpiExpertGroup::broadcast(Command c, uint64_t engine, const void* bytes, si
   h.command = c;
   h.engine = engine;
   h.bytes = n;
+  if (n > size_t(INT32_MAX)) throw Error("expert parallelism: a step message over 2 GiB");  // before any rank hears of it
   MPI_Request req[2];
-  const int root[2] = {0, 0};
-  check_mpi(MPI_Ibcast(&h, int(sizeof h), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]), "MPI_Ibcast");
-  if (n > size_t(INT32_MAX)) throw Error("expert parallelism: a step message over 2 GiB");
+  const int root[2] = {kAnyFollower, kAnyFollower};  // a broadcast does not say who held it up
+  header_ = h;  // outlives a broadcast abandoned on a timeout
+  check_mpi(MPI_Ibcast(&header_, int(sizeof header_), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]), "MPI_Ibcast");
   int parts = 1;
   if (n > 0) check_mpi(MPI_Ibcast(const_cast<void*>(bytes), int(n), MPI_BYTE, 0, MPI_COMM_WORLD, &req[parts++]), "MPI_Ibcast");
-  wait_all(req, root, parts, timeout_s, "sending a command to every rank");
+  wait_all(req, root, parts, timeout_s, "sending a command to every rank", false);
 }
 
 MpiExpertGroup::Header MpiExpertGroup::receive(std::vector<uint8_t>& bytes) {
@@ -166,11 +188,11 @@ MpiExpertGroup::Header MpiExpertGroup::receive(std::vector<uint8_t>& bytes) {
   MPI_Request req;
   const int root = 0;
   check_mpi(MPI_Ibcast(&h, int(sizeof h), MPI_BYTE, 0, MPI_COMM_WORLD, &req), "MPI_Ibcast");
-  wait_all(&req, &root, 1, 0, "waiting for rank 0", /*idle=*/true);
+  wait_all(&req, &root, 1, 0, "waiting for rank 0", false, /*idle=*/true);
   bytes.resize(size_t(h.bytes));
   if (h.bytes > 0) {
     check_mpi(MPI_Ibcast(bytes.data(), int(h.bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &req), "MPI_Ibcast");
-    wait_all(&req, &root, 1, kBodyTimeoutS, "receiving a command from rank 0");
+    wait_all(&req, &root, 1, kBodyTimeoutS, "receiving a command from rank 0", false);
   }
   last_message_ = Clock::now();
   return h;
@@ -178,30 +200,34 @@ MpiExpertGroup::Header MpiExpertGroup::receive(std::vector<uint8_t>& bytes) {
 
 bool MpiExpertGroup::handshake(bool ok, double timeout_s) {
   check_usable();
-  int verdict = ok;
+  verdict_ = ok;  // members: they outlive requests abandoned on a timeout
+  int& verdict = verdict_;
   if (rank_ == 0) {
-    std::vector<int> status(size_t(ranks_), 0), from(size_t(ranks_) - 1);
+    std::vector<int>& status = status_;
+    status.assign(size_t(ranks_), 0);
+    std::vector<int> from(size_t(ranks_) - 1);
     std::vector<MPI_Request> req(size_t(ranks_) - 1);
     for (int r = 1; r < ranks_; ++r) {
       from[size_t(r - 1)] = r;
       check_mpi(MPI_Irecv(&status[size_t(r)], 1, MPI_INT, r, kStatusTag, MPI_COMM_WORLD, &req[size_t(r - 1)]), "MPI_Irecv");
     }
-    wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "building the engine");
+    wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "building the engine", true);
     for (int r = 1; r < ranks_; ++r)
       if (!status[size_t(r)]) {
         std::fprintf(stderr, "r3 rank 0: rank %d could not build its engine (its log says why)\n", r);
         verdict = 0;
       }
     MPI_Request b;
-    const int none = 0;
+    const int none = kAnyFollower;
     check_mpi(MPI_Ibcast(&verdict, 1, MPI_INT, 0, MPI_COMM_WORLD, &b), "MPI_Ibcast");
-    wait_all(&b, &none, 1, timeout_s, "starting the engine");
+    wait_all(&b, &none, 1, timeout_s, "starting the engine", false);
   } else {
     MPI_Request req[2];
     const int zero[2] = {0, 0};
-    check_mpi(MPI_Isend(&ok, 1, MPI_INT, 0, kStatusTag, MPI_COMM_WORLD, &req[0]), "MPI_Isend");
+    mine_ = ok;
+    check_mpi(MPI_Isend(&mine_, 1, MPI_INT, 0, kStatusTag, MPI_COMM_WORLD, &req[0]), "MPI_Isend");
     check_mpi(MPI_Ibcast(&verdict, 1, MPI_INT, 0, MPI_COMM_WORLD, &req[1]), "MPI_Ibcast");
-    wait_all(req, zero, 2, timeout_s, "starting the engine");
+    wait_all(req, zero, 2, timeout_s, "starting the engine", false);
   }
   return verdict != 0;
 }
@@ -228,12 +254,13 @@ void MpiExpertGroup::exchange_rows(float* rows, const std::vector<int64_t>& begi
     check_mpi(MPI_Isend(rows + begin[size_t(me)], int(mine), MPI_FLOAT, r, kRowsTag, MPI_COMM_WORLD, &req.back()),
               "MPI_Isend");
   }
-  wait_all(req.data(), from.data(), int(req.size()), timeout_s, "expert rows of step " + std::to_string(step));
+  wait_all(req.data(), from.data(), int(req.size()), timeout_s, "expert rows of step " + std::to_string(step), true);
 }
 
 std::vector<double> MpiExpertGroup::resident_by_rank(double timeout_s) {
   broadcast(kResident, 0, nullptr, 0, timeout_s);
-  std::vector<double> mb(size_t(ranks_), 0.0);
+  std::vector<double>& mb = resident_;
+  mb.assign(size_t(ranks_), 0.0);
   mb[0] = resident_mb();
   std::vector<MPI_Request> req(size_t(ranks_) - 1);
   std::vector<int> from(size_t(ranks_) - 1);
@@ -241,7 +268,7 @@ std::vector<double> MpiExpertGroup::resident_by_rank(double timeout_s) {
     from[size_t(r - 1)] = r;
     check_mpi(MPI_Irecv(&mb[size_t(r)], 1, MPI_DOUBLE, r, kResidentTag, MPI_COMM_WORLD, &req[size_t(r - 1)]), "MPI_Irecv");
   }
-  wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "resident memory");
+  wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "resident memory", true);
   return mb;
 }
 
@@ -266,12 +293,14 @@ int MpiExpertGroup::serve() {
       const Header h = receive(bytes);
       switch (h.command) {
         case kNewEngine: {
-          EngineConfig cfg = engine_config_from_json(std::string(bytes.begin(), bytes.end()));
-          cfg.enable_return_routed_experts = false;  // rank 0 captures routes
-          cfg.overlap_scheduler = false;             // steps come from rank 0, one at a time
-          auto exchange = std::make_unique<MpiExchange>(this, h.engine, cfg.expert_timeout_s);
+          // Whatever fails below, the exchange's destructor tells rank 0 (the handshake).
+          auto exchange = std::make_unique<MpiExchange>(this, h.engine, kBodyTimeoutS);
           MpiExchange* x = exchange.get();
           try {
+            EngineConfig cfg = engine_config_from_json(std::string(bytes.begin(), bytes.end()));
+            cfg.enable_return_routed_experts = false;  // rank 0 captures routes
+            cfg.overlap_scheduler = false;             // steps come from rank 0, one at a time
+            x->set_timeout(cfg.expert_timeout_s);
             engines[h.engine] = std::make_unique<Engine>(cfg, std::move(exchange));
             exchanges[h.engine] = x;
             std::fprintf(stderr, "r3 rank %d: engine %llu built, resident memory %.0f MB\n", rank_,
@@ -299,7 +328,7 @@ int MpiExpertGroup::serve() {
           MPI_Request req;
           const int zero = 0;
           check_mpi(MPI_Isend(&mb, 1, MPI_DOUBLE, 0, kResidentTag, MPI_COMM_WORLD, &req), "MPI_Isend");
-          wait_all(&req, &zero, 1, kBodyTimeoutS, "resident memory");
+          wait_all(&req, &zero, 1, kBodyTimeoutS, "resident memory", true);
           break;
         }
         case kExit:

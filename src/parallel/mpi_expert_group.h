@@ -59,10 +59,15 @@ class MpiExpertGroup {
   void exchange_rows(float* rows, const std::vector<int64_t>& begin, double timeout_s, uint64_t step);
   std::vector<double> resident_by_rank(double timeout_s);
   // Polls `n` requests until all completed; `from[i]` names the rank request i waits on.
-  // Throws r3::Error (and breaks the group) past the deadline or on an MPI error.
+  // Throws r3::Error (and breaks the group) past the deadline or on an MPI error, first
+  // cancelling what is left when the requests are point to point.
   void wait_all(MPI_Request* requests, const int* from, int n, double timeout_s, const std::string& what,
-                bool idle = false);
+                bool point_to_point, bool idle = false);
+  void abandon(MPI_Request* requests, int n, bool point_to_point);
+  static constexpr int kAnyFollower = -1;  // `from` of rank 0's broadcasts
+  std::string who(int rank) const;
   [[noreturn]] void fail(const std::string& why);
+  void check_mpi(int rc, const std::string& what);  // fail() unless MPI_SUCCESS
   void check_usable() const;
 
   int rank_ = 0, ranks_ = 1;
@@ -72,6 +77,11 @@ class MpiExpertGroup {
   std::string broken_why_;
   mutable std::mutex mu_;  // broken_why_
   Clock::time_point last_message_ = Clock::now();
+  // Buffers of requests that may be pending when a wait gives up: members, not locals.
+  Header header_;
+  int verdict_ = 0, mine_ = 0;
+  std::vector<int> status_;
+  std::vector<double> resident_;
 };
 
 }  // namespace r3

@@ -100,6 +100,7 @@ uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, co
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
   // Read and validate the checkpoint on the calling (HTTP) thread: generation goes on meanwhile,
   // and a slow or bad path never stalls the engine loop.
+  engine_->refuse_under_expert_parallel("update_weights (refit)");  // before reading gigabytes
   std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
   const uint64_t v = call([&]() -> uint64_t {
     if (abort_all) abort_targets();
@@ -116,6 +117,7 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string_
                                                                     const std::optional<std::string>& label,
                                                                     bool finished, bool abort_all) {
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  engine_->refuse_under_expert_parallel("update_weights_from_tensors (refit)");
   std::unique_ptr<SafetensorsFile> f = SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
   std::vector<TensorToWrite> tensors;
   for (auto& [name, t] : f->tensors()) tensors.push_back(copy_tensor(t));
