@@ -20,6 +20,7 @@
 #include "core/resident_memory.h"
 #include "core/rng.h"
 #include "engine_flags.h"
+#include "kernels/attention_choice.h"
 #include "kernels/machine_limits.h"
 #include "kernels/tile_choice.h"
 
@@ -329,6 +330,12 @@ int cmd_bench(int argc, char** argv) {
   std::printf("bf16 tiles for 2+ tokens: %s (%s", kernels::bf16_tiles_name(tiles.tiles), tiles.source.c_str());
   if (tiles.fma_gflops > 0)
     std::printf("; one thread, 64 tokens: fma %.0f GFLOP/s, dp %.0f GFLOP/s", tiles.fma_gflops, tiles.dp_gflops);
+  std::printf(")\n");
+  const kernels::AttentionChoice& attention = kernels::tuned_decode_attention();
+  std::printf("decode attention loop: %s (%s", kernels::decode_attention_name(attention.loop), attention.source.c_str());
+  if (attention.heads_gb_per_s > 0)
+    std::printf("; one thread, 64 MiB of bf16 KV: heads %.1f GB/s, per_head %.1f GB/s", attention.heads_gb_per_s,
+                attention.per_head_gb_per_s);
   std::printf(")\n");
   std::fflush(stdout);
   // Entries adapt to the model: a prompt never runs past the positions it allows (less one

@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "engine/model_runner.h"
 #include "kernels/attention.h"
+#include "kernels/attention_choice.h"
 #include "kernels/matmul.h"
 
 namespace r3 {
@@ -84,11 +85,14 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   // tokens enough to keep every core busy: attend_heads walks the token's blocks once for the
   // range, each block's heads being one run of the cache. Fewer tokens than cores (batch 1 of a
   // long context) split their kv heads over the cores; a head's bits never depend on the split.
+  // Where the machine runs one head at a time faster (timed at start-up,
+  // kernels/attention_choice.h), an item runs its heads that way, with the same bits.
   // Otherwise items are (head, group), head-major: consecutive items on both cores read the same
   // head's keys and values, which then stay in L2 across a chunk.
   if (single_tokens) {
     const int nkv = c.num_kv_heads;
     const int splits = std::clamp((2 * pool_->size() + G - 1) / G, 1, nkv);
+    const kernels::DecodeAttention loop = kernels::decode_attention();
     if (spec.sinks) {
       sink_logits_.resize(size_t(nh));
       for (int h = 0; h < nh; ++h) sink_logits_[size_t(h)] = sinks.at(h);
@@ -109,8 +113,18 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
       kernels::PagedHead<KvT> kv{k, v, windowed ? plan.window_table(seq) : plan.block_table(seq), block_size_,
                                  int64_t(kv_dim_), 0};
       kv.window = spec.sliding_window;
-      kernels::attend_heads(q + size_t(g.first) * qd, h0, h1, group, hd, token.position, scale, kv,
-                            spec.sinks ? sink_logits_.data() : nullptr, scores.data(), stride, o);
+      if (loop == kernels::DecodeAttention::Heads) {
+        kernels::attend_heads(q + size_t(g.first) * qd, h0, h1, group, hd, token.position, scale, kv,
+                              spec.sinks ? sink_logits_.data() : nullptr, scores.data(), stride, o);
+        return;
+      }
+      for (int h = h0; h < h1; ++h) {  // the same bits, one head at a time (kernels/attention_choice.h)
+        kv.head_offset = int64_t(h / group) * hd;
+        kv.has_sink = spec.sinks;
+        if (spec.sinks) kv.sink = sink_logits_[size_t(h)];
+        kernels::attend(q + size_t(g.first) * qd + size_t(h) * hd, hd, token.position, scale, kv, scores.data(),
+                        o + size_t(h) * hd);
+      }
     });
   } else {
     pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/resident_memory.h"
 #include "engine/capturable.h"
+#include "kernels/attention_choice.h"
 #include "kernels/kernel_set.h"
 #include "kernels/tile_choice.h"
 
@@ -64,6 +65,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
     if (b <= 0) throw Error("decode_buckets must be positive");
   kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
   kernels::tuned_bf16_tiles();  // likewise a bad R3_TILES; timed once per CPU model, then cached
+  kernels::tuned_decode_attention();  // and R3_ATTENTION; the same
   // An expert-parallel rank reads only its own experts (the others' stay on disk).
   Checkpoint::UnreadTensors unread;
   if (exchange_)

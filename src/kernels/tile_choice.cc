@@ -4,33 +4,19 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/kernel_set.h"
+#include "kernels/machine_cache.h"
 #include "kernels/matmul.h"
 
 namespace r3::kernels {
 
 namespace {
 std::atomic<Bf16Tiles> g_tiles{Bf16Tiles::Fma};
-
-// The CPU model as /proc/cpuinfo names it, with the kernel set: what the timing depends on.
-std::string cpu_key() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line, model = "unknown CPU";
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  return model + " / " + active_kernels().name;
-}
 
 // GFLOP/s of one thread on a 64-token matmul whose weights stay in L2 (compute-bound, as
 // prefill is): the best of a few runs.
@@ -81,26 +67,16 @@ TileChoice choose_bf16_tiles(const std::string& cache_file, const char* forced) 
     c.source = "no AVX512-BF16 kernels";
   } else {
     const std::string key = cpu_key();
-    nlohmann::json cache = nlohmann::json::object();
-    try {
-      std::ifstream in(cache_file);
-      if (in) cache = nlohmann::json::parse(in);
-      if (!cache.is_object()) cache = nlohmann::json::object();
-    } catch (const nlohmann::json::exception&) {
-      cache = nlohmann::json::object();  // a damaged cache is timed again and rewritten
-    }
-    if (cache.contains(key) && cache[key].is_string() && (cache[key] == "fma" || cache[key] == "dp")) {
-      c.tiles = cache[key] == "dp" ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
+    const std::optional<std::string> cached = read_machine_cache(cache_file, key);
+    if (cached && (*cached == "fma" || *cached == "dp")) {
+      c.tiles = *cached == "dp" ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
       c.source = "cached for " + key;
     } else {
       c.fma_gflops = time_tiles(Bf16Tiles::Fma);
       c.dp_gflops = time_tiles(Bf16Tiles::DotProduct);
       c.tiles = c.dp_gflops > c.fma_gflops ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
       c.source = "timed on " + key;
-      cache[key] = bf16_tiles_name(c.tiles);
-      std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(cache_file).parent_path(), ec);
-      std::ofstream(cache_file) << cache.dump(2) << "\n";  // unwritable: timed again next time
+      write_machine_cache(cache_file, key, bf16_tiles_name(c.tiles));
     }
   }
   set_bf16_tiles(c.tiles);
@@ -108,12 +84,7 @@ TileChoice choose_bf16_tiles(const std::string& cache_file, const char* forced) 
 }
 
 const TileChoice& tuned_bf16_tiles() {
-  static const TileChoice choice = [] {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    const std::string dir = xdg && *xdg ? std::string(xdg) + "/r3" : std::string(home && *home ? home : "/tmp") + "/.cache/r3";
-    return choose_bf16_tiles(dir + "/tiles.json", std::getenv("R3_TILES"));
-  }();
+  static const TileChoice choice = choose_bf16_tiles(machine_cache_file("tiles"), std::getenv("R3_TILES"));
   return choice;
 }
 
