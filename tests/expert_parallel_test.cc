@@ -3,7 +3,7 @@
 // view without the other ranks' experts, and the engine's refusals.
 #include <gtest/gtest.h>
 
-#include <set>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -109,49 +109,48 @@ TEST(ExpertPlacement, RanksTileThePhysicalExpertsAndHoldEveryReplica) {
   EXPECT_TRUE(held_experts(map, 2, 8, 1, 2)[0][0]);  // ... and its replica (physical 8) on rank 1
 }
 
-TEST(ExpertParallelCheckpoint, UnreadExpertsStayOnDiskAndTheRestLoads) {
-  for (const std::string arch : {"olmoe", "deepseek_v3_fp8"}) {
-    const std::string dir = testing::test_model(arch);
-    std::set<std::string> skipped;
-    auto ck = Checkpoint::open(dir, [&](const ModelConfig& c) {
-      const int layer = c.moe_layers()[0];
-      for (const char* w : {"gate", "up", "down"}) {
-        skipped.insert(expert_name(c, layer, 1, w));
-        skipped.insert(expert_name(c, layer, 1, w) + "_scale_inv");
-      }
-      return skipped;
-    });
-    const ModelConfig& c = ck->config();
-    const LayerWeights& L = ck->weights().layers[size_t(c.moe_layers()[0])];
-    EXPECT_EQ(L.experts[1].gate.data, nullptr) << arch;
-    EXPECT_EQ(L.experts[1].down.data, nullptr) << arch;
-    EXPECT_EQ(L.experts[1].gate.shape, L.experts[0].gate.shape) << arch;  // validated all the same
-    EXPECT_NE(L.experts[0].gate.data, nullptr) << arch;
-    EXPECT_NE(L.experts[2].up.data, nullptr) << arch;
-    EXPECT_THROW(ck->stored_tensors(), Error) << arch;  // a partial view is not the trainer's weights
-  }
+// Whether a's bytes (and its MXFP4 or FP8 scales) equal b's.
+bool same_bytes(const TensorView& a, const TensorView& b) {
+  if (a.dtype != b.dtype || a.shape != b.shape || !a.data || !b.data) return false;
+  const size_t n = a.dtype == DType::MXFP4 ? size_t(a.numel()) / 2 : size_t(a.numel()) * dtype_size(a.dtype);
+  if (std::memcmp(a.data, b.data, n) != 0) return false;
+  if (a.dtype == DType::MXFP4 && std::memcmp(a.scales, b.scales, size_t(a.numel()) / 32) != 0) return false;
+  if (a.scale_inv && std::memcmp(a.scale_inv, b.scale_inv, size_t(a.num_block_scales()) * 4) != 0) return false;
+  return true;
 }
 
-TEST(ExpertParallelCheckpoint, EachRankLeavesExactlyTheOthersExpertsUnread) {
-  for (const std::string arch : {"olmoe", "deepseek_v3_fp8"}) {
+// Each rank of two (EPLB replicas included) reads exactly the experts it holds, with the bytes a
+// full load reads, in every layout: one tensor per expert (bf16, FP8 with scales) and one fused
+// tensor per layer (GPT-OSS, bf16 and MXFP4), whose other rows are never read.
+TEST(ExpertParallelCheckpoint, EachRankReadsExactlyItsOwnExperts) {
+  for (const std::string arch : {"olmoe", "deepseek_v3_fp8", "gpt_oss", "gpt_oss_mxfp4"}) {
     auto full = Checkpoint::open(testing::test_model(arch));
     const ModelConfig& c = full->config();
     const EplbMap map(c.num_moe_layers(), c.num_experts, 2, {});
     const std::vector<int> layers = c.moe_layers();
     for (int rank = 0; rank < 2; ++rank) {
-      const std::set<std::string> unread = unheld_expert_tensors(c, map, rank, 2);
       const auto held = held_experts(map, c.num_moe_layers(), c.num_experts, rank, 2);
-      auto part = Checkpoint::open(testing::test_model(arch), [&](const ModelConfig&) { return unread; });
+      auto part = Checkpoint::open(testing::test_model(arch), [&](const ModelConfig&) { return held; });
       size_t missing = 0;
       for (size_t m = 0; m < layers.size(); ++m)
         for (int e = 0; e < c.num_experts; ++e) {
+          SCOPED_TRACE(arch + " rank " + std::to_string(rank) + " layer " + std::to_string(layers[m]) + " expert " +
+                       std::to_string(e));
           const ExpertWeights& w = part->weights().layers[size_t(layers[m])].experts[size_t(e)];
-          EXPECT_EQ(w.gate.data == nullptr, !held[m][size_t(e)]) << arch << " rank " << rank << " expert " << e;
-          EXPECT_EQ(w.down.data == nullptr, !held[m][size_t(e)]);
-          missing += !held[m][size_t(e)];
+          const ExpertWeights& f = full->weights().layers[size_t(layers[m])].experts[size_t(e)];
+          if (!held[m][size_t(e)]) {
+            EXPECT_EQ(w.gate.data, nullptr);
+            EXPECT_EQ(w.down.data, nullptr);
+            ++missing;
+            continue;
+          }
+          EXPECT_TRUE(same_bytes(w.gate, f.gate));
+          EXPECT_TRUE(same_bytes(w.up, f.up));
+          EXPECT_TRUE(same_bytes(w.down, f.down));
         }
-      EXPECT_GT(missing, 0u);  // each rank leaves some on disk ...
-      EXPECT_LT(missing, layers.size() * size_t(c.num_experts));  // ... and holds some
+      EXPECT_GT(missing, 0u) << arch;  // each rank leaves some on disk ...
+      EXPECT_LT(missing, layers.size() * size_t(c.num_experts)) << arch;  // ... and holds some
+      EXPECT_THROW(part->stored_tensors(), Error) << arch;  // a partial view is not the trainer's weights
     }
   }
 }

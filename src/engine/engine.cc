@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <set>
 
 #include "core/error.h"
 #include "core/resident_memory.h"
@@ -67,12 +66,12 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
   kernels::tuned_bf16_tiles();  // likewise a bad R3_TILES; timed once per CPU model, then cached
   kernels::tuned_decode_attention();  // and R3_ATTENTION; the same
   // An expert-parallel rank reads only its own experts (the others' stay on disk).
-  Checkpoint::UnreadTensors unread;
+  Checkpoint::HeldExperts held;
   if (exchange_)
-    unread = [this](const ModelConfig& mc) {
-      return unheld_expert_tensors(mc, eplb_for(cfg_, mc), exchange_->rank(), exchange_->ranks());
+    held = [this](const ModelConfig& mc) {
+      return held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(), exchange_->ranks());
     };
-  ckpt_ = Checkpoint::open(cfg_.model, unread);
+  ckpt_ = Checkpoint::open(cfg_.model, held);
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {

@@ -8,11 +8,9 @@
 #pragma once
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "model/config.h"
 #include "routes/eplb.h"
 #include "step/step_plan.h"
 
@@ -28,11 +26,6 @@ inline int first_physical(int rank, int ranks, int num_physical) {
 // MoE layer: [L_moe][E]. Without EPLB the physical experts are the logical ones.
 std::vector<std::vector<bool>> held_experts(const EplbMap& map, int num_moe_layers, int num_experts, int rank,
                                             int ranks);
-
-// The Hugging Face names of the expert tensors rank `rank` does not hold (gate, up, down and their
-// FP8 `_scale_inv` siblings): what its Checkpoint leaves unread. Empty for fused expert layouts,
-// whose one tensor per layer holds every expert.
-std::set<std::string> unheld_expert_tensors(const ModelConfig& mc, const EplbMap& map, int rank, int ranks);
 
 class ExpertExchange {
  public:

@@ -5,13 +5,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <vector>
 
 #include "core/big_alloc.h"
 #include "core/dtype.h"
-#include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/machine_cache.h"
 
@@ -77,31 +75,19 @@ void set_decode_attention(DecodeAttention a) { g_loop.store(a, std::memory_order
 
 AttentionChoice choose_decode_attention(const std::string& cache_file, const char* forced) {
   AttentionChoice c;
-  if (forced && *forced) {
-    const std::string f = forced;
-    if (f != "heads" && f != "per_head") throw Error("R3_ATTENTION=" + f + ": must be heads or per_head");
-    c.loop = f == "per_head" ? DecodeAttention::PerHead : DecodeAttention::Heads;
-    c.source = "R3_ATTENTION";
-  } else {
-    const std::string key = cpu_key();
-    const std::optional<std::string> cached = read_machine_cache(cache_file, key);
-    if (cached && (*cached == "heads" || *cached == "per_head")) {
-      c.loop = *cached == "per_head" ? DecodeAttention::PerHead : DecodeAttention::Heads;
-      c.source = "cached for " + key;
-    } else {
-      const TimingCache cache;
-      time_loop(cache, DecodeAttention::Heads);  // warm-up: the pages and the code
-      // Interleaved rounds, each loop going first in turn (the second run of a pair measured
-      // faster whichever it was); the best of each.
-      for (int round = 0; round < 6; ++round)
-        for (int i = 0; i < 2; ++i)
-          if ((round + i) % 2 == 0) c.heads_gb_per_s = std::max(c.heads_gb_per_s, time_loop(cache, DecodeAttention::Heads));
-          else c.per_head_gb_per_s = std::max(c.per_head_gb_per_s, time_loop(cache, DecodeAttention::PerHead));
-      c.loop = c.per_head_gb_per_s > 1.05 * c.heads_gb_per_s ? DecodeAttention::PerHead : DecodeAttention::Heads;
-      c.source = "timed on " + key;
-      write_machine_cache(cache_file, key, decode_attention_name(c.loop));
-    }
-  }
+  const MachineChoice m = choose_on_machine(cache_file, "R3_ATTENTION", forced, {"heads", "per_head"}, [&] {
+    const TimingCache cache;
+    time_loop(cache, DecodeAttention::Heads);  // warm-up: the pages and the code
+    // Interleaved rounds, each loop going first in turn (the second run of a pair measured
+    // faster whichever it was); the best of each.
+    for (int round = 0; round < 6; ++round)
+      for (int i = 0; i < 2; ++i)
+        if ((round + i) % 2 == 0) c.heads_gb_per_s = std::max(c.heads_gb_per_s, time_loop(cache, DecodeAttention::Heads));
+        else c.per_head_gb_per_s = std::max(c.per_head_gb_per_s, time_loop(cache, DecodeAttention::PerHead));
+    return c.per_head_gb_per_s > 1.05 * c.heads_gb_per_s ? "per_head" : "heads";
+  });
+  c.loop = m.name == "per_head" ? DecodeAttention::PerHead : DecodeAttention::Heads;
+  c.source = m.source;
   set_decode_attention(c.loop);
   return c;
 }

@@ -5,6 +5,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "kernels/kernel_set.h"
 
 namespace r3::kernels {
@@ -52,6 +55,25 @@ void write_machine_cache(const std::string& file, const std::string& key, const 
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
   std::ofstream(file) << j.dump(2) << "\n";
+}
+
+MachineChoice choose_on_machine(const std::string& cache_file, const char* env, const char* forced,
+                                const std::vector<std::string>& names, const std::function<std::string()>& time) {
+  auto known = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  if (forced && *forced) {
+    if (!known(forced)) {
+      std::string all;
+      for (const std::string& n : names) all += (all.empty() ? "" : " or ") + n;
+      throw Error(std::string(env) + "=" + forced + ": must be " + all);
+    }
+    return {forced, env};
+  }
+  const std::string key = cpu_key();
+  if (const std::optional<std::string> cached = read_machine_cache(cache_file, key); cached && known(*cached))
+    return {*cached, "cached for " + key};
+  MachineChoice c{time(), "timed on " + key};
+  write_machine_cache(cache_file, key, c.name);
+  return c;
 }
 
 }  // namespace r3::kernels

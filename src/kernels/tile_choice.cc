@@ -58,26 +58,16 @@ void set_bf16_tiles(Bf16Tiles t) { g_tiles.store(t, std::memory_order_relaxed); 
 
 TileChoice choose_bf16_tiles(const std::string& cache_file, const char* forced) {
   TileChoice c;
-  if (forced && *forced) {
-    const std::string f = forced;
-    if (f != "fma" && f != "dp") throw Error("R3_TILES=" + f + ": must be fma or dp");
-    c.tiles = f == "dp" ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
-    c.source = "R3_TILES";
-  } else if (std::string(active_kernels().name) != "avx512bf16") {
+  if (!(forced && *forced) && std::string(active_kernels().name) != "avx512bf16") {
     c.source = "no AVX512-BF16 kernels";
   } else {
-    const std::string key = cpu_key();
-    const std::optional<std::string> cached = read_machine_cache(cache_file, key);
-    if (cached && (*cached == "fma" || *cached == "dp")) {
-      c.tiles = *cached == "dp" ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
-      c.source = "cached for " + key;
-    } else {
+    const MachineChoice m = choose_on_machine(cache_file, "R3_TILES", forced, {"fma", "dp"}, [&] {
       c.fma_gflops = time_tiles(Bf16Tiles::Fma);
       c.dp_gflops = time_tiles(Bf16Tiles::DotProduct);
-      c.tiles = c.dp_gflops > c.fma_gflops ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
-      c.source = "timed on " + key;
-      write_machine_cache(cache_file, key, bf16_tiles_name(c.tiles));
-    }
+      return c.dp_gflops > c.fma_gflops ? "dp" : "fma";
+    });
+    c.tiles = m.name == "dp" ? Bf16Tiles::DotProduct : Bf16Tiles::Fma;
+    c.source = m.source;
   }
   set_bf16_tiles(c.tiles);
   return c;

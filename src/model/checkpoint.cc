@@ -42,12 +42,20 @@ std::string router_bias_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
 }
 
-std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const UnreadTensors& unread) {
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = dir;
   if (!fs::is_directory(dir)) throw Error(dir + ": not a checkpoint directory");
   ck->weights_.config = load_config((fs::path(dir) / "config.json").string());
-  const std::set<std::string> skipped = unread ? unread(ck->weights_.config) : std::set<std::string>{};
+  if (held) {
+    const ModelConfig& c = ck->weights_.config;
+    const std::vector<std::vector<bool>> by_moe_layer = held(c);
+    const std::vector<int> moe = c.moe_layers();
+    if (by_moe_layer.size() != moe.size()) throw Error("held experts: " + std::to_string(by_moe_layer.size()) + " layers, the model has " + std::to_string(moe.size()));
+    ck->held_.resize(size_t(c.num_layers));
+    for (size_t m = 0; m < moe.size(); ++m) ck->held_[size_t(moe[m])] = by_moe_layer[m];
+  }
+  const SafetensorsFile::UnreadParts skipped = ck->unread_parts();
   ck->partial_ = !skipped.empty();
   fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
@@ -126,6 +134,34 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
   }
   ck->load_weights();
   return ck;
+}
+
+SafetensorsFile::UnreadParts Checkpoint::unread_parts() const {
+  const ModelConfig& c = weights_.config;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  SafetensorsFile::UnreadParts parts;
+  for (int l = 0; l < int(held_.size()); ++l) {
+    std::vector<bool> skip(size_t(c.num_experts), false);
+    bool any = false;
+    for (int e = 0; e < c.num_experts; ++e) any |= skip[size_t(e)] = !holds(l, e);
+    if (!any) continue;
+    if (N.fused_experts) {  // one tensor per layer, experts along its first dimension
+      for (const std::string& fused : {N.fused_gate_up, N.fused_down}) {
+        const std::string name = layer_tensor(l, fused);
+        if (c.experts_mxfp4) parts[name + "_blocks"] = parts[name + "_scales"] = skip;
+        else parts[name] = skip;
+      }
+      continue;
+    }
+    for (int e = 0; e < c.num_experts; ++e)
+      if (skip[size_t(e)])
+        for (const char* which : {"gate", "up", "down"}) {
+          const std::string w = expert_name(c, l, e, which);
+          parts[w] = {};
+          parts[w + "_scale_inv"] = {};  // FP8 block scales
+        }
+  }
+  return parts;
 }
 
 const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape, bool bytes) {
@@ -392,6 +428,7 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
     out.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
+      if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
       // gate row i is column 2i of expert e's [H, 2I] block, up row i column 2i + 1.
       out[size_t(e)].gate = derived_copy(gate_up, tag + ".gate", {I, H}, e * H * 2 * I, 2, 2 * I);
@@ -426,7 +463,14 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const TensorView& gu_scales = require(gu + "_scales", {E, 2 * I, H / 32}, true);
   const TensorView& dn_blocks = require(dn + "_blocks", {E, H, I / 32, 16}, true);
   const TensorView& dn_scales = require(dn + "_scales", {E, H, I / 32}, true);
-  for (const TensorView* s : {&gu_scales, &dn_scales}) check_quantized_values(*s);
+  for (const TensorView* s : {&gu_scales, &dn_scales})
+    for (int64_t e = 0; e < E; ++e) {
+      if (!holds(layer, e)) continue;  // rows never read
+      TensorView one = *s;  // expert e's scales
+      one.shape = {s->shape[1], s->shape[2]};
+      one.data = static_cast<const uint8_t*>(s->data) + size_t(e * s->shape[1] * s->shape[2]);
+      check_quantized_values(one);
+    }
   auto view = [](const std::string& name, const std::string& file, int64_t rows, int64_t in, const uint8_t* blocks,
                  const uint8_t* scales) {
     TensorView v;
@@ -453,6 +497,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   };
   std::vector<ExpertWeights> out(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
+    if (!holds(layer, e)) continue;
     ExpertWeights& w = out[size_t(e)];
     w.gate = every_other_row(e, 0);
     w.up = every_other_row(e, 1);

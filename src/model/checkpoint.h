@@ -52,10 +52,11 @@ class Checkpoint {
  public:
   // Loads and validates every tensor the architecture needs: each problem is an r3::Error naming
   // the file and the tensor.
-  // `unread` (given the config) names tensors to validate but not read: one expert-parallel
-  // rank's view, without the other ranks' experts (their views have null data).
-  using UnreadTensors = std::function<std::set<std::string>(const ModelConfig&)>;
-  static std::shared_ptr<Checkpoint> open(const std::string& dir, const UnreadTensors& unread = {});
+  // `held` (given the config): [L_moe][E], the experts one expert-parallel rank computes. The
+  // others' tensors, or their rows of a fused per-layer tensor, are validated but never read,
+  // so they take no memory, and their ExpertWeights stay empty. Empty: every expert.
+  using HeldExperts = std::function<std::vector<std::vector<bool>>(const ModelConfig&)>;
+  static std::shared_ptr<Checkpoint> open(const std::string& dir, const HeldExperts& held = {});
   // The same from tensors in memory (an RL trainer's refit without a round trip through disk):
   // config.json text and tensors under their Hugging Face names; validated the same way.
   static std::shared_ptr<Checkpoint> from_memory(const std::string& config_json,
@@ -102,7 +103,12 @@ class Checkpoint {
                           int64_t row_stride, int64_t col_stride);
 
   std::string dir_;
-  bool partial_ = false;  // opened with unread tensors
+  bool partial_ = false;  // opened without some experts
+  std::vector<std::vector<bool>> held_;  // [decoder layer][E]: empty (a dense layer, or all held)
+  bool holds(int layer, int64_t expert) const {
+    return held_.empty() || held_[size_t(layer)].empty() || held_[size_t(layer)][size_t(expert)];
+  }
+  SafetensorsFile::UnreadParts unread_parts() const;  // what held_ leaves on disk
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
   std::set<std::string> used_;  // names load_weights read

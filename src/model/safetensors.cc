@@ -36,7 +36,7 @@ void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator del
 // buffer, which the tensors' [begin, end) offsets must tile exactly: sorted, contiguous, from 0
 // to the buffer's end. Every tensor is copied into memory r3 owns (64-byte aligned), so nothing
 // done to the file afterwards reaches a running engine.
-SafetensorsFile::SafetensorsFile(const std::string& path, const std::set<std::string>* unread) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, const UnreadParts* unread) : path_(path) {
   RegularFile file(path, kMaxFile, "safetensors file");
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
   parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); }, unread);
@@ -53,7 +53,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view by
 }
 
 void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-                            const std::set<std::string>* unread) {
+                            const UnreadParts* unread) {
   const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
@@ -152,7 +152,13 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   // Copy every tensor into owned, 64-byte aligned memory (each tensor at an aligned offset, so
   // a file that packs tensors at odd offsets is read without misaligned access).
   uint64_t owned = 0;
-  auto read = [&](const Entry& en) { return !unread || !unread->count(en.name); };
+  // null: read whole; an empty vector: not at all; else the rows not marked.
+  auto parts = [&](const Entry& en) -> const std::vector<bool>* {
+    if (!unread) return nullptr;
+    auto it = unread->find(en.name);
+    return it == unread->end() ? nullptr : &it->second;
+  };
+  auto read = [&](const Entry& en) { const auto* p = parts(en); return !p || !p->empty(); };
   for (const Entry& en : entries)
     if (read(en)) owned += round_up64(en.end - en.begin);
   data_.reset(static_cast<uint8_t*>(::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
@@ -160,7 +166,23 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   for (const Entry& en : entries) {
     if (!read(en)) continue;
     TensorView& t = tensors_[en.name];
-    read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
+    const std::vector<bool>* skip = parts(en);
+    if (!skip) {
+      read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
+    } else {  // row by row of the first dimension, runs of read rows at once
+      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+      if (int64_t(skip->size()) != rows)
+        throw Error(path + ": tensor \"" + en.name + "\": " + std::to_string(skip->size()) + " row marks for " + std::to_string(rows) + " rows");
+      const uint64_t row_bytes = rows ? (en.end - en.begin) / uint64_t(rows) : 0;
+      for (int64_t r = 0; r < rows;) {
+        if ((*skip)[size_t(r)]) { ++r; continue; }
+        int64_t e = r;
+        while (e < rows && !(*skip)[size_t(e)]) ++e;
+        read_at(8 + n + en.begin + uint64_t(r) * row_bytes, data_.get() + at + uint64_t(r) * row_bytes,
+                size_t(uint64_t(e - r) * row_bytes));
+        r = e;
+      }
+    }
     t.data = data_.get() + at;
     at += round_up64(en.end - en.begin);
   }

@@ -21,9 +21,12 @@ class SafetensorsFile {
  public:
   // Throws r3::Error naming the file (and tensor) for every malformed input, a path that is not
   // a regular file, and a read that outlasts kCheckpointReadLimit.
-  // Tensors named in `unread` are validated but not read: their data stays null (one rank of
-  // an expert-parallel group skips the other ranks' experts).
-  explicit SafetensorsFile(const std::string& path, const std::set<std::string>* unread = nullptr);
+  // Parts of tensors to validate but not read (one rank of an expert-parallel group skips the
+  // other ranks' experts): an empty vector skips the whole tensor (its data stays null);
+  // otherwise rows[i] skips row i of its first dimension (those bytes are never touched, so
+  // they take no memory).
+  using UnreadParts = std::map<std::string, std::vector<bool>>;
+  explicit SafetensorsFile(const std::string& path, const UnreadParts* unread = nullptr);
   // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
   // in errors.
   static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& name);
@@ -38,7 +41,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-             const std::set<std::string>* unread = nullptr);
+             const UnreadParts* unread = nullptr);
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };

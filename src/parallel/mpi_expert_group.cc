@@ -198,6 +198,21 @@ MpiExpertGroup::Header MpiExpertGroup::receive(std::vector<uint8_t>& bytes) {
   return h;
 }
 
+void MpiExpertGroup::receive_from_followers(void* values, MPI_Datatype type, int tag, double timeout_s,
+                                            const std::string& what) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  std::vector<MPI_Request> req(size_t(ranks_) - 1);
+  std::vector<int> from(size_t(ranks_) - 1);
+  for (int r = 1; r < ranks_; ++r) {
+    from[size_t(r - 1)] = r;
+    check_mpi(MPI_Irecv(static_cast<char*>(values) + size_t(r) * size_t(size), 1, type, r, tag, MPI_COMM_WORLD,
+                        &req[size_t(r - 1)]),
+              "MPI_Irecv");
+  }
+  wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, what, true);
+}
+
 bool MpiExpertGroup::handshake(bool ok, double timeout_s) {
   check_usable();
   verdict_ = ok;  // members: they outlive requests abandoned on a timeout
@@ -205,13 +220,7 @@ bool MpiExpertGroup::handshake(bool ok, double timeout_s) {
   if (rank_ == 0) {
     std::vector<int>& status = status_;
     status.assign(size_t(ranks_), 0);
-    std::vector<int> from(size_t(ranks_) - 1);
-    std::vector<MPI_Request> req(size_t(ranks_) - 1);
-    for (int r = 1; r < ranks_; ++r) {
-      from[size_t(r - 1)] = r;
-      check_mpi(MPI_Irecv(&status[size_t(r)], 1, MPI_INT, r, kStatusTag, MPI_COMM_WORLD, &req[size_t(r - 1)]), "MPI_Irecv");
-    }
-    wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "building the engine", true);
+    receive_from_followers(status.data(), MPI_INT, kStatusTag, timeout_s, "building the engine");
     for (int r = 1; r < ranks_; ++r)
       if (!status[size_t(r)]) {
         std::fprintf(stderr, "r3 rank 0: rank %d could not build its engine (its log says why)\n", r);
@@ -262,13 +271,7 @@ std::vector<double> MpiExpertGroup::resident_by_rank(double timeout_s) {
   std::vector<double>& mb = resident_;
   mb.assign(size_t(ranks_), 0.0);
   mb[0] = resident_mb();
-  std::vector<MPI_Request> req(size_t(ranks_) - 1);
-  std::vector<int> from(size_t(ranks_) - 1);
-  for (int r = 1; r < ranks_; ++r) {
-    from[size_t(r - 1)] = r;
-    check_mpi(MPI_Irecv(&mb[size_t(r)], 1, MPI_DOUBLE, r, kResidentTag, MPI_COMM_WORLD, &req[size_t(r - 1)]), "MPI_Irecv");
-  }
-  wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, "resident memory", true);
+  receive_from_followers(mb.data(), MPI_DOUBLE, kResidentTag, timeout_s, "resident memory");
   return mb;
 }
 
