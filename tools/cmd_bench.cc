@@ -227,7 +227,8 @@ struct ExpertParallelRow {
 };
 
 ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& en, int reps, uint64_t& run) {
-  ExpertParallelRow row{en};
+  ExpertParallelRow row;
+  row.en = en;
   EngineConfig one = cfg;
   one.expert_parallel = 1;
   one.threads = (cfg.threads > 0 ? cfg.threads : int(std::thread::hardware_concurrency())) * cfg.expert_parallel;

@@ -53,10 +53,6 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       eplb_(std::move(eplb)),
       exchange_(exchange) {
   const ModelConfig& c = config();
-  const int rank = exchange_ ? exchange_->rank() : 0, ranks = exchange_ ? exchange_->ranks() : 1;
-  own_begin_ = first_physical(rank, ranks, num_physical());
-  own_end_ = first_physical(rank + 1, ranks, num_physical());
-  held_ = held_experts(eplb_, c.num_moe_layers(), c.num_experts, rank, ranks);
   int full = 0, windowed = 0;
   for (int l = 0; l < c.num_layers; ++l) cache_layer_.push_back(sliding(l) ? windowed++ : full++);
   for (const LayerConfig& l : c.layers)
@@ -113,8 +109,6 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
 void ModelRunner::set_eplb(EplbMap map) {
   if (exchange_) throw Error("a new EPLB placement is not supported with expert parallelism (it would move experts between ranks)");
   eplb_ = std::move(map);
-  own_end_ = num_physical();
-  held_ = held_experts(eplb_, config().num_moe_layers(), config().num_experts, 0, 1);
 }
 
 void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed) {
@@ -160,15 +154,13 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   packed_released_ = false;
   weights_ = ckpt_->weights();
   std::vector<TensorView*> mats = {&weights_.lm_head};
-  int moe_layer = 0;
   for (LayerWeights& L : weights_.layers) {
     for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down, &L.shared.gate,
                           &L.shared.up, &L.shared.down, &L.shared_gate})
       mats.push_back(t);
-    for (size_t e = 0; e < L.experts.size(); ++e)
-      if (!L.moe || held_[size_t(moe_layer)][e])  // other ranks' experts stay unpacked
-        for (TensorView* t : {&L.experts[e].gate, &L.experts[e].up, &L.experts[e].down}) mats.push_back(t);
-    moe_layer += L.moe;
+    // Other ranks' experts were never read (Checkpoint::HeldExperts): empty, so left unpacked below.
+    for (ExpertWeights& e : L.experts)
+      for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
   }
   for (LayerWeights& L : weights_.layers)
     for (TensorView* t : {&L.q_a, &L.kv_a}) mats.push_back(t);

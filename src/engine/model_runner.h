@@ -10,6 +10,7 @@
 #include <atomic>
 #include <memory>
 #include <span>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -124,11 +125,11 @@ class ModelRunner {
   bool sliding(int layer) const { return window_blocks_ > 0 && config().layers[size_t(layer)].attention.sliding_window > 0; }
   EplbMap eplb_;
   ExpertExchange* exchange_ = nullptr;  // expert parallelism, or null
-  // Physical experts this process computes: [own_begin_, own_end_) of num_physical() (all of them
-  // in one process).
-  int own_begin_ = 0, own_end_ = 0;
-  int num_physical() const { return eplb_.enabled() ? eplb_.num_physical() : config().num_experts; }
-  std::vector<std::vector<bool>> held_;  // [L_moe][E]: the logical experts this process computes (held_experts)
+  // The physical experts [first, last) of num_physical this process computes (all in one process).
+  std::pair<int, int> own_physical(int num_physical) const {
+    const int rank = exchange_ ? exchange_->rank() : 0, ranks = exchange_ ? exchange_->ranks() : 1;
+    return {first_physical(rank, ranks, num_physical), first_physical(rank + 1, ranks, num_physical)};
+  }
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};

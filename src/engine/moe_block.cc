@@ -94,8 +94,9 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     slot_token_[size_t(s)] = a / K;
     slot_of_[size_t(a)] = s;
   }
+  const auto [own_begin, own_end] = own_physical(P);
   uint64_t bytes = 0;
-  for (int p = own_begin_; p < own_end_; ++p)
+  for (int p = own_begin; p < own_end; ++p)
     if (group_offsets_[size_t(p + 1)] > group_offsets_[size_t(p)]) {
       const ExpertWeights& w = L.experts[size_t(eplb_.logical_of(moe_layer, p))];
       bytes += w.gate.nbytes() + w.up.nbytes() + w.down.nbytes();
@@ -105,7 +106,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     return L.experts[size_t(eplb_.logical_of(moe_layer, p))];
   };
   const ExpertActivation& act = c.layers[size_t(moe_layers_[size_t(moe_layer)])].activation;
-  for_group_rows(pool_, group_offsets_, own_begin_, own_end_, I, [&](const WorkItem& it) {
+  for_group_rows(pool_, group_offsets_, own_begin, own_end, I, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
     const Activations xg{h_.data(), hb_.data(), n, slot_token_.data() + off};  // the group's tokens in place
@@ -124,7 +125,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }
   });
-  for_group_rows(pool_, group_offsets_, own_begin_, own_end_, H, [&](const WorkItem& it) {
+  for_group_rows(pool_, group_offsets_, own_begin, own_end, H, [&](const WorkItem& it) {
     const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
     const ExpertWeights& w = weights_of(it.group);
     matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, w.down,

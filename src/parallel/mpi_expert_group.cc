@@ -286,8 +286,11 @@ std::unique_ptr<ExpertExchange> MpiExpertGroup::open(int ranks, double timeout_s
 
 int MpiExpertGroup::serve() {
   std::fprintf(stderr, "r3 rank %d of %d (pid %d): computing experts for rank 0\n", rank_, ranks_, int(getpid()));
-  std::map<uint64_t, std::unique_ptr<Engine>> engines;
-  std::map<uint64_t, MpiExchange*> exchanges;
+  struct Served {
+    std::unique_ptr<Engine> engine;
+    MpiExchange* exchange;  // owned by the engine
+  };
+  std::map<uint64_t, Served> engines;
   std::vector<uint8_t> bytes;
   StepPlan plan;
   std::vector<int> token_ids;
@@ -304,8 +307,7 @@ int MpiExpertGroup::serve() {
             cfg.enable_return_routed_experts = false;  // rank 0 captures routes
             cfg.overlap_scheduler = false;             // steps come from rank 0, one at a time
             x->set_timeout(cfg.expert_timeout_s);
-            engines[h.engine] = std::make_unique<Engine>(cfg, std::move(exchange));
-            exchanges[h.engine] = x;
+            engines[h.engine] = {std::make_unique<Engine>(cfg, std::move(exchange)), x};
             std::fprintf(stderr, "r3 rank %d: engine %llu built, resident memory %.0f MB\n", rank_,
                          (unsigned long long)h.engine, resident_mb());
           } catch (const Error& e) {
@@ -318,13 +320,12 @@ int MpiExpertGroup::serve() {
           read_step(bytes, plan, token_ids);
           auto it = engines.find(h.engine);
           if (it == engines.end()) throw Error("a step for engine " + std::to_string(h.engine) + ", which this rank does not hold");
-          exchanges.at(h.engine)->note_step(plan.iter);
-          it->second->compute_step(plan, token_ids.data());
+          it->second.exchange->note_step(plan.iter);
+          it->second.engine->compute_step(plan, token_ids.data());
           break;
         }
         case kEndEngine:
           engines.erase(h.engine);
-          exchanges.erase(h.engine);
           break;
         case kResident: {
           const double mb = resident_mb();
