@@ -351,5 +351,31 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
   }
 }
 
+// Every set rounds as core/dtype.h's f32_to_bf16 does, lane for lane: ties to even, subnormals
+// kept (vcvtneps2bf16 would flush them), NaNs kept quiet, the bits and the rounded value both.
+TEST(KernelSet, RoundToBf16IsF32ToBf16OnEverySet) {
+  std::mt19937 rng(17);
+  std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u, 0x00018000u,
+                                    0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                                    0x7f800001u, 0xffc00000u, 0x7fffffffu, 0x7f80ffffu, 0x4b7fffffu};
+  while (patterns.size() < 4133) patterns.push_back(uint32_t(rng()));
+  const int n = int(patterns.size());
+  std::vector<float> in(static_cast<size_t>(n));
+  std::memcpy(in.data(), patterns.data(), patterns.size() * 4);
+  for (const KernelSet* set : supported_kernel_sets()) {
+    std::vector<float> x = in;
+    std::vector<uint16_t> b(static_cast<size_t>(n));
+    set->round_to_bf16(x.data(), n, b.data());
+    for (int i = 0; i < n; ++i) {
+      const uint16_t want = f32_to_bf16(in[size_t(i)]);
+      ASSERT_EQ(b[size_t(i)], want) << set->name << " input 0x" << std::hex << patterns[size_t(i)];
+      ASSERT_EQ(bits(x[size_t(i)]), bits(bf16_to_f32(want))) << set->name << " input 0x" << std::hex << patterns[size_t(i)];
+    }
+    std::vector<float> y = in;
+    set->round_to_bf16(y.data(), n, nullptr);  // the values alone
+    for (int i = 0; i < n; ++i) ASSERT_EQ(bits(y[size_t(i)]), bits(x[size_t(i)])) << set->name;
+  }
+}
+
 }  // namespace
 }  // namespace r3::kernels

@@ -270,7 +270,9 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
         },
         sliding(l) ? window_kv_ : kv_);
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
-    round_to_bf16(attn_.data(), int64_t(T) * od, attnb_.data());
+    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+      round_to_bf16(attn_.data() + t0 * od, (t1 - t0) * od, attnb_.data() + t0 * od);
+    });
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
     if (!L.o_bias.empty())
       for (int t = 0; t < T; ++t) add_bias(tmp_.data() + size_t(t) * H, L.o_bias, H);
@@ -279,7 +281,9 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
       moe(L, moe_layer++, T, ffn_.data(), slot, num_real);
     else
       dense_ffn(L.dense, T, ffn_.data());
-    for (int64_t i = 0; i < int64_t(T) * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
+    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0 * H; i < t1 * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
+    });
   }
 
 }

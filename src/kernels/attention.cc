@@ -136,7 +136,7 @@ inline void score_groups(const float* const* q, int hd, float scale, const Paged
   const int bs = kv.block_size, per_block = bs / 16;
   const KvT* kt[B];
   Vec16 acc[B][Q];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < B; ++i) {
     const int g = g0 + i, b = g / per_block;
     kt[i] = k_block(kv, b) + (g % per_block) * 16;
@@ -144,29 +144,33 @@ inline void score_groups(const float* const* q, int hd, float scale, const Paged
       if (b + ahead < blocks) prefetch_block(k_block(kv, b + ahead), hd, bs);
       else if (b + ahead - blocks < std::min(ahead, blocks)) prefetch_block(v_row(kv, (b + ahead - blocks) * bs, hd), hd, bs);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < Q; ++j) acc[i][j] = Vec16::zero();
   }
   for (int d = 0; d < hd; ++d) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < B; ++i) {
       const Vec16 k = Vec16::load(kt[i] + d * bs);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < Q; ++j) acc[i][j] = fmadd(Vec16::set1(q[j][d]), k, acc[i][j]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < B; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (g0 + i) * 16);
 }
 
-// Scores of keys first..n_max-1 (widened to whole lane groups) for Q queries, at least 4 chains
-// at a time where the groups allow.
+// Independent fma chains score_groups keeps in flight: two fma ports of four cycles' latency
+// need eight. AVX2's sixteen registers hold four (each Vec16 is two of them).
+constexpr int kScoreChains = R3_ISA_AVX512 ? 8 : 4;
+
+// Scores of keys first..n_max-1 (widened to whole lane groups) for Q queries, kScoreChains
+// chains at a time where the groups allow.
 template <int Q, typename KvT>
 void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int first, int n_max,
                   float* s, int stride) {
-  constexpr int B = Q >= 4 ? 1 : 4 / Q;
+  constexpr int B = Q >= kScoreChains ? 1 : kScoreChains / Q;
   const int groups = (n_max + 15) / 16, blocks = (n_max + kv.block_size - 1) / kv.block_size;
   const int ahead = ahead_blocks(kv.block_size);
   int g = first / 16;
@@ -207,19 +211,42 @@ void group_values(const float* w, int stride, int first, int n_min, const PagedH
     for (int v = 0; v < NV; ++v) acc[i][v].store(out[i] + 16 * v);
 }
 
+// Queries that share one pass over the keys: the scores' accumulators are Q x 16 lanes, the
+// values' Q x head_dim, so the values take fewer at once. AVX2 (two registers per Vec16) takes
+// four for either.
+constexpr int kScoreQueries = R3_ISA_AVX512 ? 8 : 4;
+constexpr int kValueQueries = 4;
+
+// The weighted values of Q queries whose weights are in w (rows of `stride`), each over its own
+// keys 0..pos[i]: the keys every query has in one pass, each query's remaining keys after it.
+template <int NV, int Q, typename KvT>
+void values_of(const float* w, int stride, const int* pos, int hd, const PagedHead<KvT>& kv, float* const* out) {
+  int n_min = pos[0] + 1;
+  for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1);
+  group_values<NV, Q>(w, stride, 0, n_min, kv, out);
+  for (int i = 0; i < Q; ++i) weighted_values_tail(w + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
+}
+
 template <int NV, int Q, typename KvT>
 void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale, const PagedHead<KvT>& kv,
                         float* scores, int stride, float* const* out) {
-  int n_min = pos[0] + 1, n_max = pos[0] + 1;
-  for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1), n_max = std::max(n_max, pos[i] + 1);
-  group_scores<Q>(q, hd, scale, kv, 0, n_max, scores, stride);
-  float sum[Q];
-  for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1, kv);
-  group_values<NV, Q>(scores, stride, 0, n_min, kv, out);
-  for (int i = 0; i < Q; ++i) {
-    weighted_values_tail(scores + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
-    const float inv = 1.f / sum[i];
-    for (int d = 0; d < hd; ++d) out[i][d] *= inv;
+  if constexpr (Q > kScoreQueries) {  // (the scores' group of this instruction set, then the rest)
+    attend_group_fixed<NV, kScoreQueries>(q, pos, hd, scale, kv, scores, stride, out);
+    attend_group_fixed<NV, Q - kScoreQueries>(q + kScoreQueries, pos + kScoreQueries, hd, scale, kv,
+                                              scores + size_t(kScoreQueries) * stride, stride, out + kScoreQueries);
+  } else {
+    int n_max = pos[0] + 1;
+    for (int i = 1; i < Q; ++i) n_max = std::max(n_max, pos[i] + 1);
+    group_scores<Q>(q, hd, scale, kv, 0, n_max, scores, stride);
+    float sum[Q];
+    for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1, kv);
+    constexpr int V = std::min(Q, kValueQueries);
+    values_of<NV, V>(scores, stride, pos, hd, kv, out);
+    if constexpr (Q > V) values_of<NV, Q - V>(scores + size_t(V) * stride, stride, pos + V, hd, kv, out + V);
+    for (int i = 0; i < Q; ++i) {
+      const float inv = 1.f / sum[i];
+      for (int d = 0; d < hd; ++d) out[i][d] *= inv;
+    }
   }
 }
 
@@ -328,11 +355,16 @@ void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float 
 template <int NV, typename KvT>
 void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
                      float* scores, int stride, float* const* out) {
+  static_assert(kMaxGroup == 8);
   switch (nq) {
     case 1: attend_group_fixed<NV, 1>(q, pos, hd, scale, kv, scores, stride, out); break;
     case 2: attend_group_fixed<NV, 2>(q, pos, hd, scale, kv, scores, stride, out); break;
     case 3: attend_group_fixed<NV, 3>(q, pos, hd, scale, kv, scores, stride, out); break;
-    default: attend_group_fixed<NV, 4>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 4: attend_group_fixed<NV, 4>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 5: attend_group_fixed<NV, 5>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 6: attend_group_fixed<NV, 6>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 7: attend_group_fixed<NV, 7>(q, pos, hd, scale, kv, scores, stride, out); break;
+    default: attend_group_fixed<NV, 8>(q, pos, hd, scale, kv, scores, stride, out); break;
   }
 }
 #endif

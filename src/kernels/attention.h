@@ -43,7 +43,7 @@ void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<
 // not), each computed exactly as attend() computes it: the group only shares the loads of K and
 // V (prefill chunks would otherwise re-read the whole cache once per token). scores: nq rows of
 // score_stride floats (>= max pos + 1 rounded up to the block size).
-inline constexpr int kMaxGroup = 4;
+inline constexpr int kMaxGroup = 8;
 template <typename KvT>
 void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
                   float* scores, int score_stride, float* const* out);

@@ -118,12 +118,5 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
   }
 }
 
-void round_to_bf16(float* x, int64_t n, uint16_t* bits) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t b = f32_to_bf16(x[i]);
-    x[i] = bf16_to_f32(b);
-    if (bits) bits[i] = b;
-  }
-}
 
 }  // namespace r3::kernels

@@ -50,6 +50,47 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   }
 }
 
+// f32_to_bf16 (core/dtype.h) per lane: round to nearest even, a NaN kept quiet. Not
+// vcvtneps2bf16, which flushes subnormal inputs to zero.
+void round_to_bf16(float* x, int64_t n, uint16_t* bits) {
+  int64_t i = 0;
+#if R3_ISA_AVX512
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(x + i);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(hi, one))), 16);
+    b = _mm512_mask_mov_epi32(b, nan, _mm512_or_si512(hi, quiet));
+    _mm512_storeu_si512(x + i, _mm512_slli_epi32(b, 16));
+    if (bits) _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(b));
+  }
+#elif R3_ISA_AVX2
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    // Signed compare is right here: |u| and inf are both below 2^31.
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i b = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(hi, one))), 16);
+    b = _mm256_blendv_epi8(b, _mm256_or_si256(hi, quiet), nan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + i), _mm256_slli_epi32(b, 16));
+    if (bits) {
+      // Each lane's value is below 2^16, so the unsigned pack is exact; it interleaves 128-bit halves.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(bits + i), _mm256_castsi256_si128(packed));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint16_t b = f32_to_bf16(x[i]);
+    x[i] = bf16_to_f32(b);
+    if (bits) bits[i] = b;
+  }
+}
+
 void softmax(const float* x, int n, float* out) {
   float m = x[0];
   for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
