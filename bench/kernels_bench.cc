@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
+#include "kernels/tile_choice.h"
 
 namespace {
 
@@ -31,8 +32,12 @@ struct Weights {
   }
 };
 
+// Both cores, and the bf16 tiles the engine would run on this machine (Engine's constructor makes
+// the same choice; without it every matmul here would take the fma tiles).
 r3::ThreadPool& pool() {
   static r3::ThreadPool p(2);
+  static const bool tiles_chosen = (r3::kernels::tuned_bf16_tiles(), true);
+  (void)tiles_chosen;
   return p;
 }
 

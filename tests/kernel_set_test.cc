@@ -150,7 +150,7 @@ TEST(KernelSet, MatmulSameBitsWithEitherBf16Tiles) {
   std::mt19937_64 rng(17);
   const Bf16Tiles before = bf16_tiles();
   for (int n : {30, 1030})
-    for (int T : {2, 6, 7, 13, 40}) {
+    for (int T : {2, 6, 7, 9, 13, 17, 40}) {
       const int O = 53;
       const std::vector<float> wf = random_values(size_t(O) * n, rng, false);
       std::vector<uint16_t> wb(wf.size());
@@ -226,7 +226,7 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
   const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(7);
   for (int n : {2, 30, 64, 1030})
-    for (int T : {1, 2, 6, 7, 13})
+    for (int T : {1, 2, 6, 7, 9, 13, 17})
       for (bool extreme : {false, true}) {
         const int O = 53;
         const std::vector<float> wf = random_values(size_t(O) * n, rng, extreme);

@@ -240,13 +240,23 @@ void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations&
     auto tile = [&]<int C>(int t) {
       panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo, hi);
     };
-    int t = 0;
-    for (; t + kMaxC <= x.rows; t += kMaxC) tile.template operator()<kMaxC>(t);
-    const int rest = x.rows - t;
-    if (rest == 0) continue;
-    [&]<int... C>(std::integer_sequence<int, C...>) {
-      ((rest == C + 1 ? tile.template operator()<C + 1>(t) : void()), ...);
-    }(std::make_integer_sequence<int, kMaxC - 1>{});
+    auto narrow_tile = [&](int t, int width) {
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        ((width == C + 1 ? tile.template operator()<C + 1>(t) : void()), ...);
+      }(std::make_integer_sequence<int, kMaxC - 1>{});
+    };
+    // A last tile of few tokens keeps few chains in flight: it and the last full tile become two
+    // of about equal width instead (a token's sums do not depend on its tile).
+    int full = x.rows / kMaxC, rest = x.rows % kMaxC, t = 0;
+    const bool even_out = full > 0 && rest > 0 && rest < kMaxC - 2;
+    if (even_out) --full, rest += kMaxC;
+    for (int i = 0; i < full; ++i, t += kMaxC) tile.template operator()<kMaxC>(t);
+    if (even_out) {
+      narrow_tile(t, rest - rest / 2);
+      narrow_tile(t + rest - rest / 2, rest / 2);
+    } else if (rest > 0) {
+      narrow_tile(t, rest);
+    }
   }
 }
 
