@@ -136,7 +136,7 @@ class ModelRunner {
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;
-  std::vector<float> shared_gate_, router_bias_, route_scratch_;  // [T], [E], [E]
+  std::vector<float> shared_gate_, router_bias_;  // [T], [E]
   // MLA: [T, q_lora], [nh][T][nope] (head-major), [T][nh][latent + rope], [nh][T][kv_lora]
   std::vector<float> qa_, q_nope_, q_lat_, o_lat_;
   std::vector<uint16_t> qab_, q_nopeb_, o_latb_;

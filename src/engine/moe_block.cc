@@ -64,11 +64,14 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     for (int e = 0; e < E; ++e) router_bias_[size_t(e)] = L.router_bias.at(e);
     bias = router_bias_.data();
   }
-  for (int t = 0; t < T; ++t) {
-    route_token(c.router, probs_.data() + size_t(t) * E, bias, E, K, route_ids_.data() + size_t(t) * K,
-                route_w_.data() + size_t(t) * K, route_scratch_);
-    if (slot) slot->capture(moe_layer, t, route_ids_.data() + size_t(t) * K);  // before any remap
-  }
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> route_scratch;  // [E], for the sigmoid router
+    for (int64_t t = t0; t < t1; ++t) {
+      route_token(c.router, probs_.data() + size_t(t) * E, bias, E, K, route_ids_.data() + size_t(t) * K,
+                  route_w_.data() + size_t(t) * K, route_scratch);
+      if (slot) slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K);  // before any remap
+    }
+  });
   // Logical -> physical, counting sort by physical expert.
   const int P = eplb_.enabled() ? eplb_.num_physical() : E;
   group_offsets_.assign(size_t(P + 1), 0);
