@@ -72,27 +72,31 @@ inline float max_of(const float* s, int n, float m) {
   return m;
 }
 
-// The sum of w[0..n): w[j] added into lane j % 16 in order, then dot.h's tree of the 16 lanes
-// (a sum in key order is one dependent add per key, the slowest part of a prefill's softmax).
-inline float sum_lanes16(const float* w, int n) {
-  float lanes[16] = {0};
-  int j = 0;
-#if defined(R3_VEC16)
-  Vec16 acc = Vec16::zero();
-  for (; j + 16 <= n; j += 16) acc = acc + Vec16::load(w + j);
-  acc.store(lanes);
-#endif
-  for (; j < n; ++j) lanes[j % 16] += w[j];
-  return reduce_lanes16(lanes);
-}
-
-// Scores of n keys become their softmax numerators exp(s - max); returns their sum (sum_lanes16),
-// plus the sink's numerator last when the head has one (the max includes the sink).
+// Scores of n keys become their softmax numerators exp(s - max); returns their sum, plus the
+// sink's numerator last when the head has one (the max includes the sink). The sum adds w[j]
+// into lane j % 16 in order, then dot.h's tree of the 16 lanes (a sum in key order is one
+// dependent add per key, the slowest part of a prefill's softmax), in the same pass as the
+// numerators: exp_below_max's values, without its division by a divisor of 1.
 template <typename KvT>
 float softmax_weights(float* s, int n, const PagedHead<KvT>& kv) {
   const float m = max_of(s, n, kv.has_sink ? kv.sink : -INFINITY);
-  exp_below_max(s, n, m, 1.f, s);
-  float sum = sum_lanes16(s, n);
+  float lanes[16] = {0};
+  int j = 0;
+#if defined(R3_VEC16)
+  const Vec16 mv = Vec16::set1(m);
+  Vec16 acc = Vec16::zero();
+  for (; j + 16 <= n; j += 16) {
+    const Vec16 e = exp_nonpositive(Vec16::load(s + j) - mv);
+    e.store(s + j);
+    acc = acc + e;
+  }
+  acc.store(lanes);
+#endif
+  for (; j < n; ++j) {
+    s[j] = exp_nonpositive(s[j] - m);
+    lanes[j % 16] += s[j];
+  }
+  float sum = reduce_lanes16(lanes);
   if (kv.has_sink) {
     float e;
     exp_below_max(&kv.sink, 1, m, 1.f, &e);
