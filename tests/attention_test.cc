@@ -135,7 +135,9 @@ void expect_group_equals_one_at_a_time() {
       const PagedHead<KvT> ph = cache.head(1);
       const int stride = max_pos + bs + 1;
       for (const std::vector<int>& pos : std::vector<std::vector<int>>{
-               {0}, {5, 6}, {14, 15, 16, 17}, {200, 201, 202}, {299, 3, 150, 47}, {31, 32, 33, 34}}) {
+               {0}, {5, 6}, {14, 15, 16, 17}, {200, 201, 202}, {299, 3, 150, 47}, {31, 32, 33, 34},
+               {40, 41, 42, 43, 44}, {7, 250, 33, 34, 35, 299}, {100, 7, 250, 33, 34, 35, 299},
+               {120, 121, 122, 123, 124, 125, 126, 127}, {299, 0, 64, 63, 17, 200, 16, 1}}) {
         const int nq = int(pos.size());
         std::vector<float> qv(size_t(nq) * hd), got(size_t(nq) * hd), scores(size_t(nq) * stride);
         for (auto& x : qv) x = nd(rng);

@@ -215,10 +215,9 @@ void group_values(const float* w, int stride, int first, int n_min, const PagedH
     for (int v = 0; v < NV; ++v) acc[i][v].store(out[i] + 16 * v);
 }
 
-// Queries that share one pass over the keys: the scores' accumulators are Q x 16 lanes, the
-// values' Q x head_dim, so the values take fewer at once. AVX2 (two registers per Vec16) takes
-// four for either.
-constexpr int kScoreQueries = R3_ISA_AVX512 ? 8 : 4;
+// Queries that share one pass over the keys: the scores take one chain per query (a group's
+// queries over one lane group), the values' accumulators are Q x head_dim, so they take fewer.
+constexpr int kScoreQueries = kScoreChains;
 constexpr int kValueQueries = 4;
 
 // The weighted values of Q queries whose weights are in w (rows of `stride`), each over its own

@@ -118,5 +118,4 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
   }
 }
 
-
 }  // namespace r3::kernels
