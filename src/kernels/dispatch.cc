@@ -1,5 +1,6 @@
 // The public kernel entry points (matmul.h, attention.h, ops.h, machine_limits.h), forwarding to
 // the instruction set chosen for this process (kernel_set.h).
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -119,12 +120,22 @@ double measure_peak_gflops(ThreadPool* pool, std::string* instruction) {
 }
 double measure_fma_peak_gflops(ThreadPool* pool) { return active_kernels().measure_fma_peak_gflops(pool); }
 
+void take_faster_bf16_peak(MachineLimits& m) {
+  if (m.fma_peak_gflops <= m.peak_gflops) return;
+  char said[192];
+  std::snprintf(said, sizeof said, "vfmadd231ps on bf16 widened to fp32 (faster here than %s: %.0f GFLOP/s)",
+                m.peak_instruction.c_str(), m.peak_gflops);
+  m.peak_instruction = said;
+  m.peak_gflops = m.fma_peak_gflops;
+}
+
 MachineLimits measure_machine(ThreadPool* pool) {
   MachineLimits m;
   m.kernels = active_kernels().name;
   m.read_gb_per_s = measure_read_bandwidth(pool);
   m.peak_gflops = measure_peak_gflops(pool, &m.peak_instruction);
   m.fma_peak_gflops = measure_fma_peak_gflops(pool);
+  take_faster_bf16_peak(m);
   return m;
 }
 
