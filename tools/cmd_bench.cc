@@ -340,7 +340,7 @@ int cmd_bench(int argc, char** argv) {
   const kernels::AttentionChoice& attention = kernels::tuned_decode_attention();
   std::printf("decode attention loop: %s (%s", kernels::decode_attention_name(attention.loop), attention.source.c_str());
   if (attention.heads_gb_per_s > 0)
-    std::printf("; one thread, 64 MiB of bf16 KV: heads %.1f GB/s, per_head %.1f GB/s", attention.heads_gb_per_s,
+    std::printf("; every thread, scattered bf16 KV: heads %.1f GB/s, per_head %.1f GB/s", attention.heads_gb_per_s,
                 attention.per_head_gb_per_s);
   std::printf(")\n");
   std::fflush(stdout);

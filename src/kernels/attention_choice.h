@@ -24,11 +24,12 @@ struct AttentionChoice {
 };
 
 // R3_ATTENTION=heads|per_head if set (anything else is an r3::Error), else the entry for this CPU
-// model in cache_file, else both loops timed on one thread over a bf16 cache of 64 MiB (tens of
-// milliseconds) and the winner cached. per_head must win by 5% to be chosen: on a tie the
+// model in cache_file, else both loops timed on every hardware thread, as a decode step runs
+// them, over a bf16 cache of twice the last-level cache (at least 64 MiB, at most 2 GiB; a
+// second or so) and the winner cached. per_head must win by 5% to be chosen: on a tie the
 // timing's noise would pick at random. Applies the choice and returns it.
 AttentionChoice choose_decode_attention(const std::string& cache_file, const char* forced);
-// The same, once per process, with machine_cache_file("attention") and R3_ATTENTION.
+// The same, once per process, with machine_cache_file("decode_attention") and R3_ATTENTION.
 const AttentionChoice& tuned_decode_attention();
 
 }  // namespace r3::kernels

@@ -11,7 +11,7 @@ namespace r3::kernels {
 
 // The CPU model as /proc/cpuinfo names it, with the kernel set: what the timings depend on.
 std::string cpu_key();
-// The cache file for `name` ("tiles", "attention").
+// The cache file for `name` ("tiles", "decode_attention").
 std::string machine_cache_file(const std::string& name);
 // The value cached under key (a damaged or missing file: nothing).
 std::optional<std::string> read_machine_cache(const std::string& file, const std::string& key);
