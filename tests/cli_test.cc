@@ -194,6 +194,22 @@ TEST(Cli, BenchRunsOnATinyModel) {
   EXPECT_TRUE(j[2].contains("flops_fraction"));
 }
 
+// One engine at a time (the long entries' KV pools need not fit twice): every mode still measured.
+TEST(Cli, BenchSequentialEnginesMeasuresEveryMode) {
+  const std::string model = test_model("olmoe");
+  fs::path d = temp_dir("bench_sequential");
+  CliRun r = run("bench --model " + model + " --suite decode_b1,mixed_rollout --sequential-engines --reps 2 " +
+                 "--decode-tokens 4 --json " + (d / "b.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
+  ASSERT_EQ(j.size(), 2u);
+  for (auto& e : j) {
+    EXPECT_GT(e["tokens_per_s_engine_option_off"].get<double>(), 0) << e.dump();
+    EXPECT_GT(e["tokens_per_s_routes_off_spread"]["min"].get<double>(), 0) << e.dump();
+    EXPECT_GT(e["tokens_per_s_routes_on_spread"]["min"].get<double>(), 0) << e.dump();
+  }
+}
+
 }  // namespace
 }  // namespace r3::testing
 

@@ -303,7 +303,10 @@ int cmd_bench(int argc, char** argv) {
       .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
-      .opt("json", "", "write the results as a JSON list here");
+      .opt("json", "", "write the results as a JSON list here")
+      .flag("sequential-engines", false,
+            "build each entry's two engines one at a time (routes-on, then routes-off) instead of side by side: for "
+            "long entries whose two KV pools do not fit in memory together (rollout_long)");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig base = engine_config_from(a);
   const int dec = int(a.integer("decode-tokens")), pre = int(a.integer("prefill-tokens"));
@@ -405,7 +408,27 @@ int cmd_bench(int argc, char** argv) {
     // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
     // slower in either role (where its packed weights land), so the repetitions alternate
     // between the builds. Within a build the three modes take turns going first.
-    for (int build = 0; build < std::min(2, reps); ++build) {
+    if (a.on("sequential-engines")) {
+      // One engine at a time: the routes-on engine (unused and on take turns going first), then
+      // the routes-off one. Warm-ups stop after 16 generated tokens: they page in the weights,
+      // and the entries that need this run for minutes.
+      Entry warm = en;
+      warm.max_tokens = std::min(en.max_tokens, 16);
+      {
+        Engine e_on(cfg);
+        const int vocab = e_on.model_config().vocab_size;
+        run_entry(e_on, warm, true, vocab, run++);
+        for (int rep = 0; rep < reps; ++rep)
+          for (int k = 0; k < 2; ++k)
+            if ((rep + k) % 2 == 0) keep_unused(run_entry(e_on, en, false, vocab, run++));
+            else keep_on(run_entry(e_on, en, true, vocab, run++));
+      }
+      Engine e_off(cfg_off);
+      const int vocab = e_off.model_config().vocab_size;
+      run_entry(e_off, warm, false, vocab, run++);
+      for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, vocab, run++));
+    }
+    for (int build = 0; build < std::min(2, reps) && !a.on("sequential-engines"); ++build) {
       std::optional<Engine> e_off, e_on;
       if (build == 0) e_off.emplace(cfg_off), e_on.emplace(cfg);
       else e_on.emplace(cfg), e_off.emplace(cfg_off);
