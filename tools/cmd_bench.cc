@@ -107,11 +107,10 @@ double kv_bytes_per_token(const ModelConfig& c, double ctx, double element_bytes
 }
 
 // `run` salts the prompts: every run gets its own, so no run finds the previous run's prompts in
-// the prefix cache (prefixes are shared only within a run, as the entry intends).
-// Prompts differ from run to run, so no run finds the previous one's prompts in the prefix
-// cache, except in decode entries: those prefill their prompts untimed anyway, so every run
-// takes the same prompts, and after an engine's first run the untimed prefill is a cache hit
-// instead of minutes of prefill (decode_b32_ctx8k); the three modes then decode one workload.
+// the prefix cache (prefixes are shared only within a run, as the entry intends). Decode entries
+// are the exception: they prefill their prompts untimed anyway, so every run takes the same
+// prompts, and after an engine's first run that prefill is a cache hit instead of minutes of
+// prefill (decode_b32_ctx8k); the three modes then decode one workload.
 Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_t run) {
   if (en.measure == Entry::Decode) run = 0;
   std::vector<std::vector<int>> prompts;
@@ -300,7 +299,9 @@ int cmd_bench(int argc, char** argv) {
   add_engine_flags(a);
   a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync",
         "entries to run (also: decode_b32_ctx8k, rollout_long)")
-      .opt("reps", "3", "repetitions per mode, alternating between two builds of the engine pair (median and spread reported)")
+      .opt("reps", "3",
+           "repetitions per mode, alternating between two builds of the engine pair unless "
+           "--sequential-engines (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
       .opt("json", "", "write the results as a JSON list here")
@@ -405,9 +406,6 @@ int cmd_bench(int argc, char** argv) {
     };
     const int reps = int(a.integer("reps"));
     uint64_t run = 0;
-    // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
-    // slower in either role (where its packed weights land), so the repetitions alternate
-    // between the builds. Within a build the three modes take turns going first.
     if (a.on("sequential-engines")) {
       // One engine at a time: the routes-on engine (unused and on take turns going first), then
       // the routes-off one. Warm-ups stop after 16 generated tokens: they page in the weights,
@@ -428,6 +426,9 @@ int cmd_bench(int argc, char** argv) {
       run_entry(e_off, warm, false, vocab, run++);
       for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, vocab, run++));
     }
+    // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
+    // slower in either role (where its packed weights land), so the repetitions alternate
+    // between the builds. Within a build the three modes take turns going first.
     for (int build = 0; build < std::min(2, reps) && !a.on("sequential-engines"); ++build) {
       std::optional<Engine> e_off, e_on;
       if (build == 0) e_off.emplace(cfg_off), e_on.emplace(cfg);
