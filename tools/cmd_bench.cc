@@ -405,8 +405,9 @@ int cmd_bench(int argc, char** argv) {
       route_work.push_back(t.route_fraction);
     };
     const int reps = int(a.integer("reps"));
+    const bool sequential = a.on("sequential-engines");
     uint64_t run = 0;
-    if (a.on("sequential-engines")) {
+    if (sequential) {
       // One engine at a time: the routes-on engine (unused and on take turns going first), then
       // the routes-off one. Warm-ups stop after 16 generated tokens: they page in the weights,
       // and the entries that need this run for minutes.
@@ -429,7 +430,8 @@ int cmd_bench(int argc, char** argv) {
     // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
     // slower in either role (where its packed weights land), so the repetitions alternate
     // between the builds. Within a build the three modes take turns going first.
-    for (int build = 0; build < std::min(2, reps) && !a.on("sequential-engines"); ++build) {
+    const int pair_builds = sequential ? 0 : std::min(2, reps);
+    for (int build = 0; build < pair_builds; ++build) {
       std::optional<Engine> e_off, e_on;
       if (build == 0) e_off.emplace(cfg_off), e_on.emplace(cfg);
       else e_on.emplace(cfg), e_off.emplace(cfg_off);

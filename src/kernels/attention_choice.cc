@@ -44,16 +44,16 @@ struct TimingCache {
   std::vector<int> tables;
   std::vector<float> q;
   void fill() {
-    const int kBlocks = blocks();
+    const int n_blocks = blocks();
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
-    pool->parallel_for(kBlocks, [&](int64_t b0, int64_t b1) {
+    pool->parallel_for(n_blocks, [&](int64_t b0, int64_t b1) {
       for (size_t i = size_t(b0) * kBlockElems; i < size_t(b1) * kBlockElems; ++i) {  // cheap values in [-0.5, 0.5)
         const float x = float(uint32_t(i * 2654435761u) >> 8) * 0x1p-24f - 0.5f;
         k.get()[i] = v.get()[i] = f32_to_bf16(x);
       }
     });
-    tables.resize(size_t(kBlocks));
+    tables.resize(size_t(n_blocks));
     std::iota(tables.begin(), tables.end(), 0);
     std::shuffle(tables.begin(), tables.end(), rng);  // scattered, as a served pool's blocks are
     q.resize(size_t(seqs) * kHeads * kDim);
@@ -70,7 +70,8 @@ double time_loop(const TimingCache& c, DecodeAttention loop) {
   const float scale = 0.125f;
   const auto t0 = std::chrono::steady_clock::now();
   c.pool->parallel_for(c.seqs, [&](int64_t s0, int64_t s1) {
-    std::vector<float> scores(size_t(kHeads) * kKeys), out(size_t(kHeads) * kDim);
+    // Each thread's scratch outlives the timed call, so no timing pays for its allocation.
+    thread_local std::vector<float> scores(size_t(kHeads) * kKeys), out(size_t(kHeads) * kDim);
     for (int64_t s = s0; s < s1; ++s) {
       PagedHead<uint16_t> kv{cache->k.get(), cache->v.get(), cache->tables.data() + size_t(s) * kBlocksPerSeq, kBlock,
                              kKvDim, 0};
