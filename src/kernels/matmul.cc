@@ -77,20 +77,21 @@ void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin
   active_kernels().pack_panels(W, packed, panel_begin, panel_end);
 }
 
-// MXFP4 [O, I] into 4-bit panels (matmul_tiles.cc decodes them): per panel of 16 rows, pair row
-// q holds each row's byte of inputs 2q, 2q + 1 (16 bytes), then each row's scale of every block
-// of 16 pairs (16 bytes per block). Rows past O stay zero bytes (they decode to 0).
+// MXFP4 [O, I] into 4-bit panels (matmul.h: groups of 16 pair rows, then their scales; matmul_tiles.cc
+// decodes them). Rows past O stay zero bytes (they decode to 0).
 void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, blocks_per_row = I / 32;
   const auto* blocks = static_cast<const uint8_t*>(W.data);
   auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p * pairs) * 17;
-    uint8_t* scales = panel + size_t(pairs) * 16;
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
       const int64_t lane = r - p * kPanelRows;
-      for (int64_t q = 0; q < pairs; ++q) panel[q * 16 + lane] = blocks[r * pairs + q];
-      for (int64_t g = 0; g < blocks_per_row; ++g) scales[g * 16 + lane] = W.scales[r * blocks_per_row + g];
+      for (int64_t g = 0; g < blocks_per_row; ++g) {
+        uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
+        for (int64_t j = 0; j < kMxfp4GroupPairs; ++j) group[j * 16 + lane] = blocks[r * pairs + g * kMxfp4GroupPairs + j];
+        group[kMxfp4GroupPairs * 16 + lane] = W.scales[r * blocks_per_row + g];
+      }
     }
   }
 }

@@ -45,6 +45,11 @@ inline constexpr int kPanelRows = 16;
 // Weights the engine repacks into panels: bf16, MXFP4 and block-scaled FP8 (the quantized ones
 // stay quantized in their panels and are decoded inside the matmul).
 inline bool packable(DType t) { return t == DType::BF16 || t == DType::MXFP4 || t == DType::F8_E4M3; }
+// An MXFP4 panel is groups of 16 pair rows (16 bytes each: the rows' bytes of inputs 2q, 2q + 1)
+// followed by the rows' scales of that 32-input block (16 bytes): 272 bytes per group, one
+// sequential stream per panel, so the scales arrive with their weights.
+inline constexpr int kMxfp4GroupPairs = 16;
+inline constexpr size_t kMxfp4GroupBytes = kMxfp4GroupPairs * 16 + 16;
 // Bytes of one packed panel of a block-scaled FP8 weight [O, I]: 16 rows x I bytes, then 16 fp32
 // scales per column block.
 inline size_t fp8_panel_bytes(const TensorView& W) {

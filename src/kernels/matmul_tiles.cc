@@ -408,34 +408,36 @@ int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
 
 // ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
 //
-// The panel layout (pack_mxfp4, matmul.cc): per panel of 16 rows, pair row q is 16 bytes (row
-// r's byte holds its inputs 2q and 2q + 1, low nibble first), then the scales, 16 bytes per
-// block of 16 pairs. Decoding is exact: the e2m1 value as bf16 bits, its exponent field moved by
-// scale - 127 (the loader keeps every result a normal number); zero stays zero. The decoded pair
-// rows are the bf16 panel of the same weights, so the tiles and their bits are the bf16 ones.
+// The panel layout (matmul.h, pack_mxfp4): groups of 16 pair rows (row r's byte holds its inputs
+// 2q and 2q + 1, low nibble first), each group followed by the rows' scales. Decoding is exact:
+// the e2m1 value as bf16 bits, its exponent field moved by scale - 127 (the loader keeps every
+// result a normal number); zero stays zero. The decoded pair rows are the bf16 panel of the
+// same weights, so the tiles and their bits are the bf16 ones.
 
 constexpr uint16_t kE2m1Bf16[16] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
                                     0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
 
 void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
-  const uint8_t* scales = panel + size_t(pairs) * 16;
+  constexpr int kG = kMxfp4GroupPairs;
 #if R3_ISA_AVX512
   const __m512i lut = _mm512_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000,
                                         0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0);
-  const __m512i nibble = _mm512_set1_epi32(15), magnitude = _mm512_set1_epi32(0x7fff);
-  for (int g = 0; g < pairs / 16; ++g) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fff);
+  for (int g = 0; g < pairs / kG; ++g) {
+    const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
     const __m512i k = _mm512_slli_epi32(
-        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * g))),
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + kG * 16))),
                          _mm512_set1_epi32(127)),
         7);
-    for (int q = 16 * g; q < 16 * g + 16; ++q) {
-      _mm_prefetch(reinterpret_cast<const char*>(panel + size_t(q) * 16 + 1024), _MM_HINT_T0);
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + size_t(q) * 16)));
-      __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(b, nibble), lut);
+    for (int j = 0; j < kG; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(group + j * 16 + 1024), _MM_HINT_T0);
+      // vpermd reads only an index's low 4 bits: the high nibble above the low one is ignored.
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + j * 16)));
+      __m512i lo = _mm512_permutexvar_epi32(b, lut);
       __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(b, 4), lut);
       lo = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(lo, magnitude), lo, k);
       hi = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(hi, magnitude), hi, k);
-      _mm512_storeu_si512(out + size_t(q) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      _mm512_storeu_si512(out + size_t(g * kG + j) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
   }
 #elif R3_ISA_AVX2
@@ -448,25 +450,28 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
     const __m256i scaled = _mm256_add_epi32(mag, _mm256_and_si256(k, nonzero));
     return _mm256_or_si256(scaled, _mm256_slli_epi32(_mm256_and_si256(n, eight), 12));
   };
-  for (int g = 0; g < pairs / 16; ++g)
+  for (int g = 0; g < pairs / kG; ++g) {
+    const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
     for (int h = 0; h < 2; ++h) {
       const __m256i k = _mm256_slli_epi32(
-          _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 16 * g + 8 * h))),
+          _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + kG * 16 + 8 * h))),
                            _mm256_set1_epi32(127)),
           7);
-      for (int q = 16 * g; q < 16 * g + 16; ++q) {
+      for (int j = 0; j < kG; ++j) {
         const __m256i b =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + size_t(q) * 16 + 8 * h)));
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + j * 16 + 8 * h)));
         const __m256i lo = decode(b, k), hi = decode(_mm256_srli_epi32(b, 4), k);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(q) * 32 + 16 * h),
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(g * kG + j) * 32 + 16 * h),
                             _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
       }
     }
+  }
 #else
-  for (int q = 0; q < pairs; ++q)
+  for (int q = 0; q < pairs; ++q) {
+    const uint8_t* group = panel + size_t(q / kG) * kMxfp4GroupBytes;
     for (int r = 0; r < kPanel; ++r) {
-      const uint8_t b = panel[size_t(q) * 16 + size_t(r)];
-      const int k = (int(scales[size_t(q / 16) * 16 + size_t(r)]) - 127) * 128;
+      const uint8_t b = group[size_t(q % kG) * 16 + size_t(r)];
+      const int k = (int(group[kG * 16 + r]) - 127) * 128;
       auto one = [&](int n) {
         const uint16_t v = kE2m1Bf16[n];
         return uint16_t(v & 0x7fff ? v + k : v);
@@ -474,17 +479,24 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
       out[size_t(q) * 32 + size_t(r) * 2] = one(b & 15);
       out[size_t(q) * 32 + size_t(r) * 2 + 1] = one(b >> 4);
     }
+  }
 #endif
 }
 
 #if R3_ISA_AVX512
+// Bytes ahead of the stream a fused tile prefetches (16 lines of each of its panels).
+constexpr ptrdiff_t kMxfp4Prefetch = 1024;
+
 // Few tokens (weight streaming): the decode fused into the tile, no bf16 copy. Lane r of a pair
 // row's weights is its e2m1 value as fp32 times 2^(scale - 127) (an exact product, built from the
 // scale byte as an fp32 exponent), then the bf16 tile's fma chain: w[2q + 1] x[2q + 1] first,
-// then w[2q] x[2q], so the bits are the bf16 path's.
+// then w[2q] x[2q], so the bits are the bf16 path's. Near a panel's end the prefetch moves on to
+// the same panel of the next pass (`next_panels` of them follow in this range), so a pass does not
+// start on cold misses.
 template <int P, int C>
-void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x, int t0, int pairs, float* y, int ldy,
-                int row0, int lo, int hi) {
+void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, bool first, int next_panels, const Activations& x, int t0, int pairs,
+                float* y, int ldy, int row0, int lo, int hi) {
+  constexpr int kG = kMxfp4GroupPairs;
   const size_t ldx = size_t(2) * size_t(pairs);
   const float* xf[C];
   __m512 acc[P][C];
@@ -492,26 +504,37 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, const Activations& x,
   fused_tile_start<P, C>(x, t0, ldx, row0, lo, hi, xf, rows_mask, acc);
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
-  const __m512i nibble = _mm512_set1_epi32(15);
-  for (int g = 0; g < pairs / 16; ++g) {
+  // The first tile of a range: the lines the stream's prefetch would have covered, all in flight
+  // at once, so it starts on one miss, not sixteen (later tiles were prefetched by the one before).
+  for (int p = 0; p < (first ? P : 0); ++p)
+    for (ptrdiff_t o = 0; o < std::min(kMxfp4Prefetch, ptrdiff_t(panel_bytes)); o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(panels + size_t(p) * panel_bytes + o), _MM_HINT_T0);
+  for (int g = 0; g < pairs / kG; ++g) {
+    const size_t group = size_t(g) * kMxfp4GroupBytes;
+    // Past the panel's end the prefetch lands P panels on: the same panel of the next pass.
+    const bool wraps = group + kMxfp4GroupBytes + kMxfp4Prefetch > panel_bytes;
     __m512 scale[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p)
       scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(panels + size_t(p) * panel_bytes + size_t(pairs) * 16 + 16 * size_t(g)))),
+          _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(panels + size_t(p) * panel_bytes + group + kG * 16))),
           23));
-    for (int q = 16 * g; q < 16 * g + 16; ++q) {
+    for (int j = 0; j < kG; ++j) {
       __m512 w0[P], w1[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        const uint8_t* at = panels + size_t(p) * panel_bytes + size_t(q) * 16;
-        _mm_prefetch(reinterpret_cast<const char*>(at + 1024), _MM_HINT_T0);
+        const uint8_t* at = panels + size_t(p) * panel_bytes + group + size_t(j) * 16;
+        const size_t ahead = group + size_t(j) * 16 + kMxfp4Prefetch;
+        if (!wraps || ahead < panel_bytes) _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch), _MM_HINT_T0);
+        else if (p < next_panels)
+          _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch + size_t(P - 1) * panel_bytes), _MM_HINT_T0);
+        // vpermps reads only an index's low 4 bits: the high nibble above the low one is ignored.
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-        w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(b, nibble), lut), scale[p]);
+        w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(b, lut), scale[p]);
         w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), scale[p]);
       }
-      fma_pair<P, C>(w0, w1, xf, q, acc);
+      fma_pair<P, C>(w0, w1, xf, g * kG + j, acc);
     }
   }
   store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
@@ -523,20 +546,22 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const FlushDenormals ftz_daz;
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
+  const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
+  const size_t panel_bytes = size_t(pairs) * 17;
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
-    const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
-    const size_t panel_bytes = size_t(pairs) * 17;
-    fused_panels_from<4>(x.rows, o_begin / kPanel, (hi + kPanel - 1) / kPanel, [&]<int P, int C>(int p, int t) {
-      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, x, t, pairs, y, ldy, p * kPanel, o_begin, hi);
+    const int p_end = (hi + kPanel - 1) / kPanel;
+    fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
+      const int next_panels = std::clamp(p_end - (p + P), 0, P);
+      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, p == o_begin / kPanel, next_panels, x, t, pairs, y, ldy, p * kPanel,
+                       o_begin, hi);
     });
     return;
   }
 #endif
   // More tokens: each panel decoded once into bf16 pair rows, then the bf16 tiles.
-  const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
   decoded_panels(x, pairs, y, ldy, o_begin, hi,
-                 [&](int p, uint16_t* out) { decode_mxfp4_panel(packed + size_t(p) * size_t(pairs) * 17, pairs, out); });
+                 [&](int p, uint16_t* out) { decode_mxfp4_panel(packed + size_t(p) * panel_bytes, pairs, out); });
 }
 
 // ---- FP8 weights: 8-bit panels with block scales, decoded one panel at a time ----
