@@ -108,7 +108,7 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
   std::mt19937_64 rng(11);
   for (int n : {32, 64, 1056})
     for (int T : {1, 2, 6, 7, 13}) {
-      const int O = 53;
+      const int O = 133;  // ranges of more than one 4-panel pass
       std::vector<uint8_t> blocks(size_t(O) * n / 2), scales(size_t(O) * n / 32);
       for (uint8_t& b : blocks) b = uint8_t(rng());
       for (size_t i = 0; i < scales.size(); ++i) scales[i] = i % 7 == 0 ? (i % 2 ? 2 : 252) : uint8_t(120 + rng() % 14);
@@ -228,7 +228,7 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
   for (int n : {2, 30, 64, 1030})
     for (int T : {1, 2, 6, 7, 9, 13, 17})
       for (bool extreme : {false, true}) {
-        const int O = 53;
+        const int O = 133;  // ranges of more than one 4-panel pass (the prefetch runs on into the next)
         const std::vector<float> wf = random_values(size_t(O) * n, rng, extreme);
         std::vector<float> x = random_values(size_t(T) * n, rng, extreme);
         std::vector<uint16_t> wb(wf.size()), xb(x.size());

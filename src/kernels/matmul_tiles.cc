@@ -229,13 +229,31 @@ constexpr int kChunkPairs = 512 / P;
 // the next chunk; the first tile of a chunk streams it in, the others (whose weights are in
 // L1) prefetch the next chunk, or the next panels after the last chunk, so the weight stream
 // overlaps their arithmetic.
+//
+// One tile (x.rows <= kMaxC) streams the panels once; with `more` panels following in the range,
+// its last kPrefetchPairs pair rows prefetch the next pass's panels (P on) instead of the next
+// panel of this pass, so the next pass does not start on cold misses (its two halves chain
+// through y: the same sums).
 template <int P, int kMaxC, bool kDp>
 void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs, float* y, int ldy,
-                  int row0, int lo, int hi) {
+                  int row0, int lo, int hi, bool more = false) {
+  const ptrdiff_t streaming = ptrdiff_t(kPrefetchPairs) * 32;
+  if (P > 1 && x.rows <= kMaxC && more && pairs > kPrefetchPairs) {
+    const int wrap = pairs - kPrefetchPairs;
+    [&]<int... C>(std::integer_sequence<int, C...>) {
+      ((x.rows == C + 1 ? (panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, 0, wrap, streaming, y, ldy, row0,
+                                                      lo, hi),
+                           panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, wrap, pairs,
+                                                     streaming + ptrdiff_t(P - 1) * ptrdiff_t(panel_elems), y, ldy,
+                                                     row0, lo, hi))
+                        : void()),
+       ...);
+    }(std::make_integer_sequence<int, kMaxC>{});
+    return;
+  }
   const int chunk = x.rows > kMaxC ? kChunkPairs<P> : pairs;
   for (int q0 = 0; q0 < pairs; q0 += chunk) {
     const int q1 = std::min(pairs, q0 + chunk);
-    const ptrdiff_t streaming = ptrdiff_t(kPrefetchPairs) * 32;
     const ptrdiff_t next = q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
     auto tile = [&]<int C>(int t) {
       panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo, hi);
@@ -268,7 +286,8 @@ int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* 
                 int hi) {
   const size_t panel_elems = size_t(pairs) * 32;
   for (; p + P <= p_end; p += P)
-    panel_tokens<P, kMaxC, kDp>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy, p * kPanel, lo, hi);
+    panel_tokens<P, kMaxC, kDp>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy, p * kPanel, lo, hi,
+                                p + P < p_end);
   if constexpr (P > 1) p = panels_from<P / 2, kMaxC, kDp>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
   return p;
 }
@@ -279,6 +298,14 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
   const int p = o_begin / kPanel, p_end = (hi + kPanel - 1) / kPanel;
+#if R3_ISA_AVX2
+  // The first pass's lines that its streaming prefetch would have covered, all in flight at
+  // once: the range starts on one miss instead of a chain of them (later passes are prefetched
+  // by the pass before, panel_tokens).
+  for (int i = p; i < std::min(p + 4, p_end); ++i)
+    for (int q = 0; q < std::min(pairs, kPrefetchPairs); ++q)
+      _mm_prefetch(reinterpret_cast<const char*>(W.packed + size_t(i) * size_t(pairs) * 32 + size_t(q) * 32), _MM_HINT_T0);
+#endif
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
   // 16 ymm registers: one panel (two halves) x up to 4 tokens.
   panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
