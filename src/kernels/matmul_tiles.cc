@@ -298,14 +298,6 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
   const int p = o_begin / kPanel, p_end = (hi + kPanel - 1) / kPanel;
-#if R3_ISA_AVX2
-  // The first pass's lines that its streaming prefetch would have covered, all in flight at
-  // once: the range starts on one miss instead of a chain of them (later passes are prefetched
-  // by the pass before, panel_tokens).
-  for (int i = p; i < std::min(p + 4, p_end); ++i)
-    for (int q = 0; q < std::min(pairs, kPrefetchPairs); ++q)
-      _mm_prefetch(reinterpret_cast<const char*>(W.packed + size_t(i) * size_t(pairs) * 32 + size_t(q) * 32), _MM_HINT_T0);
-#endif
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
   // 16 ymm registers: one panel (two halves) x up to 4 tokens.
   panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
@@ -521,7 +513,7 @@ constexpr ptrdiff_t kMxfp4Prefetch = 1024;
 // the same panel of the next pass (`next_panels` of them follow in this range), so a pass does not
 // start on cold misses.
 template <int P, int C>
-void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, bool first, int next_panels, const Activations& x, int t0, int pairs,
+void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, const Activations& x, int t0, int pairs,
                 float* y, int ldy, int row0, int lo, int hi) {
   constexpr int kG = kMxfp4GroupPairs;
   const size_t ldx = size_t(2) * size_t(pairs);
@@ -531,11 +523,6 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, bool first, int next_
   fused_tile_start<P, C>(x, t0, ldx, row0, lo, hi, xf, rows_mask, acc);
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
-  // The first tile of a range: the lines the stream's prefetch would have covered, all in flight
-  // at once, so it starts on one miss, not sixteen (later tiles were prefetched by the one before).
-  for (int p = 0; p < (first ? P : 0); ++p)
-    for (ptrdiff_t o = 0; o < std::min(kMxfp4Prefetch, ptrdiff_t(panel_bytes)); o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(panels + size_t(p) * panel_bytes + o), _MM_HINT_T0);
   for (int g = 0; g < pairs / kG; ++g) {
     const size_t group = size_t(g) * kMxfp4GroupBytes;
     // Past the panel's end the prefetch lands P panels on: the same panel of the next pass.
@@ -580,7 +567,7 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
     const int p_end = (hi + kPanel - 1) / kPanel;
     fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
-      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, p == o_begin / kPanel, next_panels, x, t, pairs, y, ldy, p * kPanel,
+      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy, p * kPanel,
                        o_begin, hi);
     });
     return;
