@@ -2,6 +2,10 @@
 // pool, packing bf16 weights, rounding activations. The tiles are in matmul_tiles.cc.
 #include "kernels/matmul.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -39,6 +43,24 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
       b -= n;
     }
   });
+}
+
+void prefetch_rows_start(const TensorView& W, int o_begin, int o_end) {
+#if defined(__x86_64__)
+  if (!W.packed || o_begin >= o_end) return;
+  const size_t pairs = size_t(W.shape[1] / 2);
+  const size_t panel_bytes = W.dtype == DType::MXFP4      ? pairs * 17
+                             : W.dtype == DType::F8_E4M3 ? fp8_panel_bytes(W)
+                                                         : pairs * 64;
+  constexpr size_t kStartBytes = 2048;  // the bf16 tiles' prefetch distance (32 pair rows)
+  const auto* packed = reinterpret_cast<const char*>(W.packed);
+  const int p0 = o_begin / kPanelRows, p1 = std::min((o_end + kPanelRows - 1) / kPanelRows, p0 + 4);
+  for (int p = p0; p < p1; ++p)
+    for (size_t at = 0; at < std::min(kStartBytes, panel_bytes); at += 64)
+      _mm_prefetch(packed + size_t(p) * panel_bytes + at, _MM_HINT_T1);
+#else
+  (void)W, (void)o_begin, (void)o_end;
+#endif
 }
 
 void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);

@@ -69,6 +69,10 @@ void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin
 
 // Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).
 void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
+// Puts the first lines of a range's first pass of panels (what matmul_rows reads first) in
+// flight towards L2: a caller that knows its next range issues this before the current one, so
+// the next starts on L2 hits instead of memory misses. Weights that are not packed: nothing.
+void prefetch_rows_start(const TensorView& W, int o_begin, int o_end);
 // All rows, split across the pool.
 void matmul(const Activations& x, const TensorView& W, float* y, ThreadPool* pool);
 // Several weights applied to the same input (y_i = x W_i^T, ld = W_i's rows) as one job on the
