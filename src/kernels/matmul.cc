@@ -53,10 +53,7 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
 void prefetch_rows_start(const TensorView& W, int o_begin, int o_end) {
 #if defined(__x86_64__)
   if (!W.packed || o_begin >= o_end) return;
-  const size_t pairs = size_t(W.shape[1] / 2);
-  const size_t panel_bytes = W.dtype == DType::MXFP4      ? pairs * 17
-                             : W.dtype == DType::F8_E4M3 ? fp8_panel_bytes(W)
-                                                         : pairs * 64;
+  const size_t panel_bytes = packed_panel_bytes(W);
   constexpr size_t kStartBytes = 2048;  // the bf16 tiles' prefetch distance (32 pair rows)
   const auto* packed = reinterpret_cast<const char*>(W.packed);
   const int p0 = o_begin / kPanelRows, p1 = std::min((o_end + kPanelRows - 1) / kPanelRows, p0 + 4);
@@ -84,11 +81,8 @@ void check_packable(const TensorView& W) {
 
 size_t packed_bf16_size(const TensorView& W) {
   check_packable(W);
-  const size_t panels = size_t((W.shape[0] + kPanelRows - 1) / kPanelRows), pairs = size_t(W.shape[1] / 2);
-  // MXFP4: 16 bytes per pair row and 16 scale bytes per 16 pairs, in uint16_t elements.
-  if (W.dtype == DType::MXFP4) return panels * pairs * 17 / 2;
-  if (W.dtype == DType::F8_E4M3) return panels * fp8_panel_bytes(W) / 2;
-  return panels * pairs * 32;
+  const size_t panels = size_t((W.shape[0] + kPanelRows - 1) / kPanelRows);
+  return panels * packed_panel_bytes(W) / 2;  // in uint16_t elements
 }
 
 PackedBf16 pack_bf16(const TensorView& W) {
@@ -111,7 +105,7 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
   const auto* blocks = static_cast<const uint8_t*>(W.data);
   auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
-    uint8_t* panel = out + size_t(p * pairs) * 17;
+    uint8_t* panel = out + size_t(p) * mxfp4_panel_bytes(W);
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
       const int64_t lane = r - p * kPanelRows;
       for (int64_t g = 0; g < blocks_per_row; ++g) {

@@ -50,10 +50,21 @@ inline bool packable(DType t) { return t == DType::BF16 || t == DType::MXFP4 || 
 // sequential stream per panel, so the scales arrive with their weights.
 inline constexpr int kMxfp4GroupPairs = 16;
 inline constexpr size_t kMxfp4GroupBytes = kMxfp4GroupPairs * 16 + 16;
+// Bytes of one packed panel of an MXFP4 weight [O, I] (I a multiple of 32): its groups.
+inline size_t mxfp4_panel_bytes(const TensorView& W) {
+  return size_t(W.shape[1] / (2 * kMxfp4GroupPairs)) * kMxfp4GroupBytes;
+}
 // Bytes of one packed panel of a block-scaled FP8 weight [O, I]: 16 rows x I bytes, then 16 fp32
 // scales per column block.
 inline size_t fp8_panel_bytes(const TensorView& W) {
   return size_t(W.shape[1]) * kPanelRows + size_t((W.shape[1] + W.block_cols - 1) / W.block_cols) * kPanelRows * 4;
+}
+
+// Bytes of one packed panel of a packable weight: bf16 (64 bytes per input pair), MXFP4 or FP8.
+inline size_t packed_panel_bytes(const TensorView& W) {
+  if (W.dtype == DType::MXFP4) return mxfp4_panel_bytes(W);
+  if (W.dtype == DType::F8_E4M3) return fp8_panel_bytes(W);
+  return size_t(W.shape[1] / 2) * 64;
 }
 
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each

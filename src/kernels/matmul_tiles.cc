@@ -561,7 +561,7 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
 #endif
   const int hi = std::min(o_end, int(W.shape[0])), pairs = int(W.shape[1]) / 2;
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
-  const size_t panel_bytes = size_t(pairs) * 17;
+  const size_t panel_bytes = mxfp4_panel_bytes(W);
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
     const int p_end = (hi + kPanel - 1) / kPanel;
