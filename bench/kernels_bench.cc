@@ -184,14 +184,17 @@ BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealT
 // Decode attention of one layer as the engine runs it: `seqs` sequences of `ctx` keys, 16 kv
 // heads of 64, on both cores; enough layers of distinct caches (>= 512 MB) that the KV streams
 // from memory, as it does when a step's weights have evicted it. Args: context length, KV block
-// size, heads per item, sequences. Heads per item 0: an item is a sequence, one head at a time
-// (attend_group of one query); h > 0: items of h heads each (attend_heads), so batch 1 with
-// h = 4 is the engine's split of one sequence's heads over the cores.
+// size, heads per item, sequences, block order. Heads per item 0: an item is a sequence, one head
+// at a time (attend_group of one query); h > 0: items of h heads each (attend_heads), so batch 1
+// with h = 4 is the engine's split of one sequence's heads over the cores. Block order 1: a
+// sequence's blocks scattered over the pool (as after churn); 0: in allocation order, adjacent
+// (as a prompt's blocks mostly are: the free list hands them out in order).
 template <typename KvT>
 void attention_decode(benchmark::State& state) {
   constexpr int kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
   const int ctx = int(state.range(0)), kBs = int(state.range(1)), blocks_per_seq = (ctx + kBs - 1) / kBs;
   const int per_item = int(state.range(2)), seqs = int(state.range(3));
+  const bool scattered = state.range(4) != 0;
   const int parts = per_item > 0 ? kHeads / per_item : 1;
   const size_t layer_elems = size_t(seqs) * blocks_per_seq * kBs * kKvDim;
   const int layers = int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
@@ -205,7 +208,7 @@ void attention_decode(benchmark::State& state) {
   }
   std::vector<int> table(size_t(seqs) * blocks_per_seq);
   for (size_t i = 0; i < table.size(); ++i) table[i] = int(i);
-  std::shuffle(table.begin(), table.end(), rng);  // blocks scattered over the pool, as after churn
+  if (scattered) std::shuffle(table.begin(), table.end(), rng);
   std::vector<float> q(size_t(seqs) * kKvDim, 0.1f), out(q.size());
   int layer = 0;
   for (auto _ : state) {
@@ -237,11 +240,13 @@ void attention_decode(benchmark::State& state) {
 }
 void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
 void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
-BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}, {1}})->UseRealTime();
 BENCHMARK(BM_AttentionDecodeBf16)
-    ->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}})
-    ->ArgsProduct({{4096}, {32, 64}, {0, 16}, {32}})
-    ->ArgsProduct({{32768}, {16}, {0, 16, 4}, {1}})  // batch 1, long: one core, or the heads split
+    ->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}, {1}})
+    ->ArgsProduct({{4096}, {16}, {0, 16}, {32}, {0}})
+    ->ArgsProduct({{4096}, {32, 64}, {0, 16}, {32}, {1}})
+    ->ArgsProduct({{32768}, {16}, {4, 16}, {1}, {0}})
+    ->ArgsProduct({{32768}, {16}, {0, 16, 4}, {1}, {1}})  // batch 1, long: one core, or the heads split
     ->UseRealTime();
 
 }  // namespace

@@ -197,7 +197,9 @@ void expect_heads_equal_one_head_at_a_time() {
                       << ") head " << h;
                 }
                 for (int h = 0; h < heads; ++h)  // heads outside the range are not written
-                  if (h < h0 || h >= h1) ASSERT_EQ(got[size_t(h) * hd], -1.f) << "head " << h;
+                  if (h < h0 || h >= h1) {
+                    ASSERT_EQ(got[size_t(h) * hd], -1.f) << "head " << h;
+                  }
               }
       }
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/isa_entry_points.h"
@@ -293,11 +294,50 @@ inline void prefetch_run(const void* p, size_t bytes) {
   for (size_t at = 0; at < bytes; at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
 }
 
+// acc[0..NV) += w[t] * (row t of v) for keys t = 0..m-1 in order (rows of 16 * NV values). With
+// Spread the weights are loaded 16 at a time and spread from a register: a load per key feeds
+// every fma of that key, and while one long stream of V comes from memory those loads (and the
+// fma chains behind them) are what stall; without it, the one-load-per-key loop, which is faster
+// where the V runs are short (a part of the heads) and the loads hit L1.
+template <int NV, bool Spread, typename KvT>
+inline void add_weighted_values(const float* w, int m, const KvT* v, Vec16* acc) {
+  constexpr int hd = 16 * NV;
+  if constexpr (!Spread) {
+    for (int t = 0; t < m; ++t, v += hd) {
+      const Vec16 wt = Vec16::set1(w[t]);
+#pragma GCC unroll 8
+      for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
+    }
+    return;
+  }
+  for (int c = 0; c < m; c += 16) {
+    const Vec16 w16 = Vec16::load(w + c);
+    if (m - c >= 16) {
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t, v += hd) {
+        const Vec16 wt = broadcast_lane(w16, t);
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
+      }
+    } else {
+      for (int t = 0; t < m - c; ++t, v += hd) {
+        const Vec16 wt = broadcast_lane(w16, t);
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
+      }
+    }
+  }
+}
+
 // attend_heads for head_dim 16 * NV: pass 1 scores every head block by block, pass 2 turns each
-// head's scores into weights, pass 3 accumulates values block by block (each head's accumulators
-// go through memory between blocks: fp32 stores are exact, so the sums are group_values'). A
-// block's K (or V) of the heads' kv heads is one run; the loops prefetch the run `ahead` blocks
-// on, and in pass 1's last blocks the first V runs.
+// head's scores into weights and copies them block-major (a block's weights of every head in one
+// run, so pass 3 reads one stream, not one per head), pass 3 accumulates values block by block
+// (each head's accumulators go through memory between blocks: fp32 stores are exact, so the sums
+// are group_values'). A block's K (or V) of the heads' kv heads is one run. Pass 1 prefetches
+// the run `ahead` blocks on, and in its last blocks the first V runs; pass 3 prefetches only a
+// run that does not follow the one before it in memory: the hardware prefetcher streams
+// adjacent runs (a request's blocks are mostly allocated in order), and a burst of software
+// prefetches in that stream held the loads behind it.
 template <int NV, typename KvT>
 void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float scale, const PagedHead<KvT>& kv,
                       const float* sinks, float* scores, int stride, float* out) {
@@ -329,22 +369,31 @@ void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float 
     sum[h - h0] = softmax_weights(row(h) + first, n - first, head);
     std::fill(out + size_t(h) * hd, out + size_t(h + 1) * hd, 0.f);
   }
+  // weights[(b - b_first) * heads + (h - h0)][bs]: block b's weights of head h (the keys the
+  // head attends; 16 floats of padding for add_weighted_values' last load).
+  const int heads = h1 - h0;
+  thread_local std::vector<float> weights;
+  weights.resize(size_t(b_end - b_first) * heads * bs + 16);
+  auto block_weights = [&](int b, int h) { return weights.data() + (size_t(b - b_first) * heads + (h - h0)) * bs; };
+  for (int b = b_first; b < b_end; ++b)
+    for (int h = h0; h < h1; ++h) std::memcpy(block_weights(b, h), row(h) + b * bs, size_t(bs) * sizeof(float));
+  // Every kv head of a block (a whole token's heads): the runs of adjacent blocks are one stream.
+  const bool whole_blocks = kv1 - kv0 == kv.kv_dim / hd;
   for (int b = b_first; b < b_end; ++b) {
-    if (b + ahead < b_end) prefetch_run(v_run(b + ahead), run * sizeof(KvT));  // the first ones: in pass 1
+    const int next = b + ahead;  // the first ones: in pass 1
+    if (next < b_end && !(whole_blocks && kv.block_table[next] == kv.block_table[next - 1] + 1))
+      prefetch_run(v_run(next), run * sizeof(KvT));
     const int j0 = std::max(first, b * bs), j1 = std::min(n, (b + 1) * bs);
     const KvT* vb = v_run(b);
     for (int h = h0; h < h1; ++h) {
-      const KvT* vj = vb + size_t(h / group - kv0) * hd * bs + size_t(j0 - b * bs) * hd;
-      const float* w = row(h);
       float* o = out + size_t(h) * hd;
       Vec16 acc[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[v] = Vec16::load(o + 16 * v);
-      for (int j = j0; j < j1; ++j, vj += hd) {
-        const Vec16 wv = Vec16::set1(w[j]);
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[v] = fmadd(wv, Vec16::load(vj + 16 * v), acc[v]);
-      }
+      const float* w = block_weights(b, h) + (j0 - b * bs);
+      const KvT* v = vb + size_t(h / group - kv0) * hd * bs + size_t(j0 - b * bs) * hd;
+      if (whole_blocks) add_weighted_values<NV, true>(w, j1 - j0, v, acc);
+      else add_weighted_values<NV, false>(w, j1 - j0, v, acc);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[v].store(o + 16 * v);
     }

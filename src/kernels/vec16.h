@@ -69,6 +69,17 @@ struct Vec16 {
   }
 };
 
+// Lane j of v in every lane.
+inline Vec16 broadcast_lane(Vec16 v, int j) {
+#if R3_ISA_AVX512
+  return {_mm512_permutexvar_ps(_mm512_set1_epi32(j), v.v)};
+#else
+  const __m256 half = j < 8 ? v.lo : v.hi;
+  const __m256 b = _mm256_permutevar8x32_ps(half, _mm256_set1_epi32(j & 7));
+  return {b, b};
+#endif
+}
+
 // a * b + c per lane, rounded once.
 inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
 #if R3_ISA_AVX512
