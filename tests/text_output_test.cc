@@ -80,7 +80,9 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
             if (o.request_id != id) continue;
             EXPECT_EQ(o.text.compare(0, last.size(), last), 0) << "the text shrank: " << last << " -> " << o.text;
             last = o.text;
-            if (!o.finished) EXPECT_EQ(o.text.find(stop), std::string::npos);
+            if (!o.finished) {
+              EXPECT_EQ(o.text.find(stop), std::string::npos);
+            }
             if (o.finished) done = std::move(o);
           }
         ASSERT_TRUE(done.finished);

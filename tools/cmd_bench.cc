@@ -38,6 +38,7 @@ struct Entry {
 
 struct Timing {
   double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0, kv_gb_per_s = 0;
+  double attention_kv_gb_per_s = 0;  // the same KV bytes over attention's own time
   double route_fraction = 0;  // of the timed span, spent committing and assembling routes
 };
 
@@ -172,9 +173,13 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_
   t.route_fraction = (s2.route_seconds - start_s.route_seconds) / secs;
   const double avg_ctx = en.measure == Entry::Prefill ? en.prompt_len / 2.0 : en.prompt_len + en.max_tokens / 2.0;
   t.gflops = tokens * flops_per_token(e.model_config(), avg_ctx) / secs / 1e9;
-  // KV bytes read per second over the whole timed span (a lower bound on attention's own rate).
+  // KV bytes read per second over the whole timed span (a lower bound on attention's own rate),
+  // and over the time the engine spent in attention over the cache (EngineStats::attention_seconds).
   const double kv_element = e.stats().kv_cache_dtype == "bf16" ? 2.0 : 4.0;
-  t.kv_gb_per_s = tokens * kv_bytes_per_token(e.model_config(), avg_ctx, kv_element) / secs / 1e9;
+  const double kv_bytes = tokens * kv_bytes_per_token(e.model_config(), avg_ctx, kv_element);
+  t.kv_gb_per_s = kv_bytes / secs / 1e9;
+  const double attention_secs = s2.attention_seconds - start_s.attention_seconds;
+  t.attention_kv_gb_per_s = attention_secs > 0 ? kv_bytes / attention_secs / 1e9 : 0;
   return t;
 }
 
@@ -358,7 +363,7 @@ int cmd_bench(int argc, char** argv) {
   }
   struct Row {
     Entry en;
-    Spread off, unused, on, gb, gflops, kv, route_work;
+    Spread off, unused, on, gb, gflops, kv, attention_kv, route_work;
     double ratio;
   };
   std::vector<Row> rows;
@@ -392,13 +397,14 @@ int cmd_bench(int argc, char** argv) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, int(a.integer("reps")), ep_run));
       continue;
     }
-    std::vector<double> off, unused, on, gb, gflops, kv, route_work;
+    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work;
     auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
     auto keep_unused = [&](const Timing& t) {
       unused.push_back(t.tokens_per_s);
       gb.push_back(t.weight_gb_per_s);
       gflops.push_back(t.gflops);
       kv.push_back(t.kv_gb_per_s);
+      attention_kv.push_back(t.attention_kv_gb_per_s);
     };
     auto keep_on = [&](const Timing& t) {
       on.push_back(t.tokens_per_s);
@@ -445,8 +451,8 @@ int cmd_bench(int argc, char** argv) {
             default: keep_on(run_entry(*e_on, en, true, vocab, run++)); break;
           }
     }
-    Row row{en,           spread_of(off),    spread_of(unused),     spread_of(on), spread_of(gb),
-            spread_of(gflops), spread_of(kv), spread_of(route_work), 0};
+    Row row{en,           spread_of(off), spread_of(unused),       spread_of(on),         spread_of(gb),
+            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0};
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -470,19 +476,20 @@ int cmd_bench(int argc, char** argv) {
   std::printf("limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s [%.0f-%.0f], "
               "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
               machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median, fma.min, fma.max);
-  std::printf("%-16s %12s %20s %12s %8s %10s %10s %8s %8s %8s %10s %8s %8s\n", "entry", "tok/s opt-off",
+  std::printf("%-16s %12s %20s %12s %8s %10s %10s %8s %8s %8s %9s %8s %10s %8s %8s\n", "entry", "tok/s opt-off",
               "routes off [min-max]", "routes on", "ratio", "route work", "weight GB/s", "of read", "KV GB/s", "of read",
-              "GFLOP/s", "of bf16", "of fma");
+              "attn KV", "of read", "GFLOP/s", "of bf16", "of fma");
   json results = json::array();
   for (const Row& r : rows) {
     char off_range[48];
     std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
     char route_work[24];
     std::snprintf(route_work, sizeof route_work, "%.3f%%", 100 * r.route_work.median);
-    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(), r.off.median,
-                off_range, r.on.median, r.ratio, route_work, r.gb.median, fraction(r.gb.median, read.median).c_str(), r.kv.median,
-                fraction(r.kv.median, read.median).c_str(), r.gflops.median, fraction(r.gflops.median, peak.median).c_str(),
-                fraction(r.gflops.median, fma.median).c_str());
+    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %9.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(),
+                r.off.median, off_range, r.on.median, r.ratio, route_work, r.gb.median,
+                fraction(r.gb.median, read.median).c_str(), r.kv.median, fraction(r.kv.median, read.median).c_str(),
+                r.attention_kv.median, fraction(r.attention_kv.median, read.median).c_str(), r.gflops.median,
+                fraction(r.gflops.median, peak.median).c_str(), fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
               {"prompt_len", r.en.prompt_len},
               {"tokens_per_s_routes_off", r.unused.median},
@@ -495,6 +502,8 @@ int cmd_bench(int argc, char** argv) {
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
               {"kv_gb_per_s", r.kv.median},
+              {"attention_kv_gb_per_s", r.attention_kv.median},
+              {"attention_kv_gb_per_s_spread", spread_json(r.attention_kv)},
               {"gflops", r.gflops.median},
               {"machine_kernels", m0.kernels},
               {"machine_read_gb_per_s", spread_json(read)},

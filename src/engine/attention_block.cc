@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/dtype.h"
+#include "core/scoped_nanoseconds.h"
 #include "engine/model_runner.h"
 #include "kernels/attention.h"
 #include "kernels/attention_choice.h"
@@ -177,6 +178,7 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       else cache.write_gqa(cache_layer_[size_t(l)], tok.block, tok.slot, k, v, hd);
     }
   });
+  ScopedNanoseconds timed{attention_ns_};
   attention(plan, l, q_.data(), attn_.data(), cache);
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/resident_memory.h"
+#include "core/scoped_nanoseconds.h"
 #include "engine/capturable.h"
 #include "kernels/attention_choice.h"
 #include "kernels/kernel_set.h"
@@ -27,14 +28,6 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
 }
 
 namespace {
-// Adds the scope's wall time to `ns`.
-struct ScopedNanoseconds {
-  uint64_t& ns;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  ~ScopedNanoseconds() {
-    ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
-  }
-};
 
 // The engine's starting placement of physical experts (none without EPLB).
 EplbMap eplb_for(const EngineConfig& cfg, const ModelConfig& mc) {
@@ -652,6 +645,7 @@ EngineStats Engine::stats() const {
   s.moe_layers = model_config().moe_layers();
   if (capturer_) s.capture_waits = capturer_->waits();
   s.route_seconds = double(route_ns_) * 1e-9;
+  s.attention_seconds = double(runner_->attention_ns()) * 1e-9;
   if (routes_) {
     const RouteStats& rs = routes_->stats();
     s.routed_experts_gaps = rs.gaps;

@@ -93,6 +93,9 @@ struct EngineStats {
   // Wall time the step thread spent committing captured routes and assembling finished
   // requests' routes (the bookkeeping routes add beyond capture in the forward).
   double route_seconds = 0;
+  // Wall time of attention over the KV cache (both cores: the loops that read the cache), so a
+  // benchmark can set the KV bytes read against attention's own time.
+  double attention_seconds = 0;
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
   int free_window_blocks = 0, num_window_blocks = 0;  // the sliding-window layers' pool (0: none)
   uint64_t window_blocks_freed = 0;                   // of it, released as windows slid past

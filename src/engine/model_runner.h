@@ -78,6 +78,7 @@ class ModelRunner {
   std::vector<std::vector<uint64_t>> expert_load() const;
   std::vector<std::vector<uint64_t>> physical_expert_load() const;
   uint64_t weight_bytes_read() const { return weight_bytes_.load(); }
+  uint64_t attention_ns() const { return attention_ns_.load(); }  // EngineStats::attention_seconds
 
  private:
   template <typename KvT>
@@ -133,6 +134,7 @@ class ModelRunner {
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
+  std::atomic<uint64_t> attention_ns_{0};
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;
