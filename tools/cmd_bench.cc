@@ -485,11 +485,19 @@ int cmd_bench(int argc, char** argv) {
     std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
     char route_work[24];
     std::snprintf(route_work, sizeof route_work, "%.3f%%", 100 * r.route_work.median);
-    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %9.2f %8s %10.1f %8s %8s\n", r.en.name.c_str(),
+    // Attention's own KV rate only for decode: a prefill chunk's queries share each load of K and
+    // V (kernels/attention.h groups), so its KV bytes per token are not bytes from memory.
+    char attention_kv[24] = "-";
+    std::string attention_kv_fraction = "-";
+    if (r.en.measure == Entry::Decode) {
+      std::snprintf(attention_kv, sizeof attention_kv, "%.2f", r.attention_kv.median);
+      attention_kv_fraction = fraction(r.attention_kv.median, read.median);
+    }
+    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %9s %8s %10.1f %8s %8s\n", r.en.name.c_str(),
                 r.off.median, off_range, r.on.median, r.ratio, route_work, r.gb.median,
                 fraction(r.gb.median, read.median).c_str(), r.kv.median, fraction(r.kv.median, read.median).c_str(),
-                r.attention_kv.median, fraction(r.attention_kv.median, read.median).c_str(), r.gflops.median,
-                fraction(r.gflops.median, peak.median).c_str(), fraction(r.gflops.median, fma.median).c_str());
+                attention_kv, attention_kv_fraction.c_str(), r.gflops.median, fraction(r.gflops.median, peak.median).c_str(),
+                fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
               {"prompt_len", r.en.prompt_len},
               {"tokens_per_s_routes_off", r.unused.median},
@@ -502,16 +510,19 @@ int cmd_bench(int argc, char** argv) {
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
               {"kv_gb_per_s", r.kv.median},
-              {"attention_kv_gb_per_s", r.attention_kv.median},
-              {"attention_kv_gb_per_s_spread", spread_json(r.attention_kv)},
+
               {"gflops", r.gflops.median},
               {"machine_kernels", m0.kernels},
               {"machine_read_gb_per_s", spread_json(read)},
               {"machine_peak_gflops", spread_json(peak)},
               {"machine_fma_peak_gflops", spread_json(fma)},
               {"weight_bandwidth_over_read", r.gb.median > read.median}};
-    if (r.en.measure == Entry::Decode) j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
-    else {
+    if (r.en.measure == Entry::Decode) {
+      j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
+      j["attention_kv_gb_per_s"] = r.attention_kv.median;
+      j["attention_kv_gb_per_s_spread"] = spread_json(r.attention_kv);
+      j["attention_kv_over_read"] = r.attention_kv.median > read.median;
+    } else {
       j["flops_fraction"] = r.gflops.median / peak.median;
       j["fma_flops_fraction"] = r.gflops.median / fma.median;
     }
