@@ -510,7 +510,6 @@ int cmd_bench(int argc, char** argv) {
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
               {"kv_gb_per_s", r.kv.median},
-
               {"gflops", r.gflops.median},
               {"machine_kernels", m0.kernels},
               {"machine_read_gb_per_s", spread_json(read)},

@@ -122,23 +122,23 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   // DeepseekV3Attention: qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2.
   const float scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
   const int stride = rope_.max_pos() + block_size_;
-  {
-  ScopedNanoseconds timed{attention_ns_};
-  pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
-    thread_local std::vector<float> scores;
-    if (scores.size() < size_t(stride)) scores.resize(size_t(stride));
-    const int t = int(i / nh), h = int(i % nh);
-    float* o = &o_lat_[(size_t(h) * T + size_t(t)) * kvr];
-    const PlannedToken& tok = plan.tokens[size_t(t)];
-    if (tok.seq < 0) {
-      std::fill(o, o + kvr, 0.f);
-    } else {
-      const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
-                                           block_size_, lw};
-      kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, rows, scores.data(), o);
-    }
-    round_to_bf16(o, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
-  });
+  {  // attention over the cache, timed (EngineStats::attention_seconds)
+    ScopedNanoseconds timed{attention_ns_};
+    pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
+      thread_local std::vector<float> scores;
+      if (scores.size() < size_t(stride)) scores.resize(size_t(stride));
+      const int t = int(i / nh), h = int(i % nh);
+      float* o = &o_lat_[(size_t(h) * T + size_t(t)) * kvr];
+      const PlannedToken& tok = plan.tokens[size_t(t)];
+      if (tok.seq < 0) {
+        std::fill(o, o + kvr, 0.f);
+      } else {
+        const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
+                                             block_size_, lw};
+        kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, rows, scores.data(), o);
+      }
+      round_to_bf16(o, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
+    });
   }
   // attn[t, h * vd : (h + 1) * vd] = uv_h o_lat[h, t]
   per_head_matmul(mla_heads_[size_t(layer)], false, o_lat_.data(), o_latb_.data(), T, kvr, attn_.data(), nh * vd, vd);

@@ -301,30 +301,22 @@ inline void prefetch_run(const void* p, size_t bytes) {
 // where the V runs are short (a part of the heads) and the loads hit L1.
 template <int NV, bool Spread, typename KvT>
 inline void add_weighted_values(const float* w, int m, const KvT* v, Vec16* acc) {
-  constexpr int hd = 16 * NV;
-  if constexpr (!Spread) {
-    for (int t = 0; t < m; ++t, v += hd) {
-      const Vec16 wt = Vec16::set1(w[t]);
+  auto add_row = [&](Vec16 wt) {  // the next key's row
 #pragma GCC unroll 8
-      for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
-    }
+    for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
+    v += 16 * NV;
+  };
+  if constexpr (!Spread) {
+    for (int t = 0; t < m; ++t) add_row(Vec16::set1(w[t]));
     return;
   }
   for (int c = 0; c < m; c += 16) {
     const Vec16 w16 = Vec16::load(w + c);
     if (m - c >= 16) {
 #pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t, v += hd) {
-        const Vec16 wt = broadcast_lane(w16, t);
-#pragma GCC unroll 8
-        for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
-      }
+      for (int t = 0; t < 16; ++t) add_row(broadcast_lane(w16, t));
     } else {
-      for (int t = 0; t < m - c; ++t, v += hd) {
-        const Vec16 wt = broadcast_lane(w16, t);
-#pragma GCC unroll 8
-        for (int i = 0; i < NV; ++i) acc[i] = fmadd(wt, Vec16::load(v + 16 * i), acc[i]);
-      }
+      for (int t = 0; t < m - c; ++t) add_row(broadcast_lane(w16, t));
     }
   }
 }
