@@ -93,12 +93,19 @@ void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64&
   round_to_bf16(x.data(), int64_t(x.size()), xb.data());
   std::vector<float> want(size_t(T) * O);
   kernel_set_portable().matmul_rows({x.data(), xb.data(), T}, Wb, want.data(), O, 0, O);
-  for (const KernelSet* set : supported_kernel_sets()) {
-    std::vector<float> got(size_t(T) * O);
-    set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
-    set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
-    expect_same_bits(got, want, std::string(set->name) + " " + what + " n=" + std::to_string(n) + " T=" + std::to_string(T));
+  const Bf16Tiles before = bf16_tiles();
+  for (Bf16Tiles t : {Bf16Tiles::Fma, Bf16Tiles::DotProduct}) {
+    set_bf16_tiles(t);
+    for (const KernelSet* set : supported_kernel_sets()) {
+      std::vector<float> got(size_t(T) * O);
+      set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
+      set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
+      expect_same_bits(got, want,
+                       std::string(set->name) + " " + bf16_tiles_name(t) + " " + what + " n=" + std::to_string(n) +
+                           " T=" + std::to_string(T));
+    }
   }
+  set_bf16_tiles(before);
 }
 
 // MXFP4 weights, decoded inside the matmul on every set, give the bits of the bf16 matmul of
@@ -107,7 +114,7 @@ void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64&
 TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
   std::mt19937_64 rng(11);
   for (int n : {32, 64, 1056})
-    for (int T : {1, 2, 6, 7, 13}) {
+    for (int T : {1, 2, 3, 4, 6, 7, 13}) {  // fused decode up to 4 tokens, decoded panels above
       const int O = 133;  // ranges of more than one 4-panel pass
       std::vector<uint8_t> blocks(size_t(O) * n / 2), scales(size_t(O) * n / 32);
       for (uint8_t& b : blocks) b = uint8_t(rng());

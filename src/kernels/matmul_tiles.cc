@@ -436,27 +436,43 @@ int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
 constexpr uint16_t kE2m1Bf16[16] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
                                     0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
 
+#if R3_ISA_AVX512
+// The e2m1 table as bf16 words, twice: vpermw reads an index's low 5 bits.
+inline __m512i mxfp4_bf16_table() {
+  return _mm512_set_epi16(short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
+                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
+                          short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
+                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+}
+// A group's 16 scale bytes as the exponent step (scale - 127) << 7 in both words of row r's dword.
+inline __m512i mxfp4_exponent_steps(const uint8_t* scales) {
+  const __m512i k = _mm512_slli_epi32(
+      _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+                       _mm512_set1_epi32(127)),
+      7);
+  return _mm512_or_si512(_mm512_and_si512(k, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(k, 16));
+}
+// One pair row (16 bytes, row r's inputs 2q and 2q + 1 as its low and high nibble) as bf16 pair
+// row words: dword r = byte r, and byte r << 12 puts its high nibble at word 2r + 1's index
+// bits; the table gives each e2m1 value's bf16 bits and a nonzero magnitude's exponent moves by
+// its row's step (exact: the loader keeps every result a normal number).
+inline __m512i mxfp4_pair_row_bf16(const uint8_t* at, __m512i table, __m512i steps) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  const __m512i v = _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), table);
+  return _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7fff)), v, steps);
+}
+#endif
+
 void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
   constexpr int kG = kMxfp4GroupPairs;
 #if R3_ISA_AVX512
-  const __m512i lut = _mm512_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000,
-                                        0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0);
-  const __m512i magnitude = _mm512_set1_epi32(0x7fff);
+  const __m512i table = mxfp4_bf16_table();
   for (int g = 0; g < pairs / kG; ++g) {
     const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
-    const __m512i k = _mm512_slli_epi32(
-        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + kG * 16))),
-                         _mm512_set1_epi32(127)),
-        7);
+    const __m512i steps = mxfp4_exponent_steps(group + kG * 16);
     for (int j = 0; j < kG; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(group + j * 16 + 1024), _MM_HINT_T0);
-      // vpermd reads only an index's low 4 bits: the high nibble above the low one is ignored.
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + j * 16)));
-      __m512i lo = _mm512_permutexvar_epi32(b, lut);
-      __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(b, 4), lut);
-      lo = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(lo, magnitude), lo, k);
-      hi = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(hi, magnitude), hi, k);
-      _mm512_storeu_si512(out + size_t(g * kG + j) * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      _mm512_storeu_si512(out + size_t(g * kG + j) * 32, mxfp4_pair_row_bf16(group + j * 16, table, steps));
     }
   }
 #elif R3_ISA_AVX2
@@ -506,13 +522,14 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
 // Bytes ahead of the stream a fused tile prefetches (16 lines of each of its panels).
 constexpr ptrdiff_t kMxfp4Prefetch = 1024;
 
-// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy. Lane r of a pair
-// row's weights is its e2m1 value as fp32 times 2^(scale - 127) (an exact product, built from the
-// scale byte as an fp32 exponent), then the bf16 tile's fma chain: w[2q + 1] x[2q + 1] first,
-// then w[2q] x[2q], so the bits are the bf16 path's. Near a panel's end the prefetch moves on to
-// the same panel of the next pass (`next_panels` of them follow in this range), so a pass does not
-// start on cold misses.
-template <int P, int C>
+// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy, the bf16 tile's
+// per-row order (w[2q + 1] x[2q + 1] first, then w[2q] x[2q]), so the bits are the bf16 path's.
+// kDp: each pair row decoded to bf16 words (mxfp4_pair_row_bf16) and one vdpbf16ps per token;
+// else lane r's weights as fp32, its e2m1 value times 2^(scale - 127) (an exact product, built
+// from the scale byte as an fp32 exponent), and two fma. Near a panel's end the prefetch moves on
+// to the same panel of the next pass (`next_panels` of them follow in this range), so a pass does
+// not start on cold misses.
+template <int P, int C, bool kDp>
 void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, const Activations& x, int t0, int pairs,
                 float* y, int ldy, int row0, int lo, int hi) {
   constexpr int kG = kMxfp4GroupPairs;
@@ -521,20 +538,27 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
   __m512 acc[P][C];
   __mmask16 rows_mask[P];
   fused_tile_start<P, C>(x, t0, ldx, row0, lo, hi, xf, rows_mask, acc);
+  [[maybe_unused]] const uint16_t* xb[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
+  const __m512i table = mxfp4_bf16_table();
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
   for (int g = 0; g < pairs / kG; ++g) {
     const size_t group = size_t(g) * kMxfp4GroupBytes;
     // Past the panel's end the prefetch lands P panels on: the same panel of the next pass.
     const bool wraps = group + kMxfp4GroupBytes + kMxfp4Prefetch > panel_bytes;
-    __m512 scale[P];
+    __m512i scale[P];  // kDp: exponent steps; else 2^(scale - 127) as fp32 bits
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-      scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(panels + size_t(p) * panel_bytes + group + kG * 16))),
-          23));
+    for (int p = 0; p < P; ++p) {
+      const uint8_t* bytes = panels + size_t(p) * panel_bytes + group + kG * 16;
+      if constexpr (kDp) scale[p] = mxfp4_exponent_steps(bytes);
+      else
+        scale[p] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))), 23);
+    }
     for (int j = 0; j < kG; ++j) {
+      const int q = g * kG + j;
+      __m512i w[P];
       __m512 w0[P], w1[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
@@ -543,12 +567,29 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
         if (!wraps || ahead < panel_bytes) _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch), _MM_HINT_T0);
         else if (p < next_panels)
           _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch + size_t(P - 1) * panel_bytes), _MM_HINT_T0);
-        // vpermps reads only an index's low 4 bits: the high nibble above the low one is ignored.
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-        w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(b, lut), scale[p]);
-        w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), scale[p]);
+        if constexpr (kDp) {
+          w[p] = mxfp4_pair_row_bf16(at, table, scale[p]);
+        } else {
+          // vpermps reads only an index's low 4 bits: the high nibble above the low one is ignored.
+          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+          w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(b, lut), _mm512_castsi512_ps(scale[p]));
+          w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), _mm512_castsi512_ps(scale[p]));
+        }
       }
-      fma_pair<P, C>(w0, w1, xf, g * kG + j, acc);
+#if R3_ISA_AVX512BF16
+      if constexpr (kDp) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          uint32_t pair;
+          std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+          for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
+        }
+        continue;
+      }
+#endif
+      fma_pair<P, C>(w0, w1, xf, q, acc);
     }
   }
   store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
@@ -564,11 +605,17 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const size_t panel_bytes = mxfp4_panel_bytes(W);
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
+    // vdpbf16ps for single tokens, and for more where tile_choice.h found it faster.
+#if R3_ISA_AVX512BF16
+    const bool dp = x.rows < 2 || bf16_tiles() == Bf16Tiles::DotProduct;
+#else
+    constexpr bool dp = false;
+#endif
     const int p_end = (hi + kPanel - 1) / kPanel;
     fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
-      mxfp4_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy, p * kPanel,
-                       o_begin, hi);
+      auto* tile = dp ? mxfp4_tile<P, C, true> : mxfp4_tile<P, C, false>;
+      tile(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy, p * kPanel, o_begin, hi);
     });
     return;
   }
