@@ -82,6 +82,21 @@ inline void fma_pair(const __m512* w0, const __m512* w1, const float* const* xf,
   }
 }
 
+#if R3_ISA_AVX512BF16
+// The same pair with vdpbf16ps on bf16 pair rows w (xb: the C tokens' bf16 rows).
+template <int P, int C>
+inline void dp_pair(const __m512i* w, const uint16_t* const* xb, int q, __m512 (*acc)[C]) {
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    uint32_t pair;
+    std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
+    const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
+  }
+}
+#endif
+
 template <int P, int C>
 inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* masks, const __m512 (*acc)[C]) {
 #pragma GCC unroll 4
@@ -122,14 +137,7 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
       __m512i w[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) w[p] = pair_row(panels + size_t(p) * panel_elems, q, ahead);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        uint32_t pair;
-        std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
-      }
+      dp_pair<P, C>(w, xb, q, acc);
     }
   } else
 #endif
@@ -578,14 +586,7 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
       }
 #if R3_ISA_AVX512BF16
       if constexpr (kDp) {
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
-          uint32_t pair;
-          std::memcpy(&pair, xb[c] + 2 * size_t(q), 4);
-          const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(pair));
-#pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) acc[p][c] = _mm512_dpbf16_ps(acc[p][c], (__m512bh)w[p], xv);
-        }
+        dp_pair<P, C>(w, xb, q, acc);
         continue;
       }
 #endif
