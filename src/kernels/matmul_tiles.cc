@@ -447,10 +447,7 @@ constexpr uint16_t kE2m1Bf16[16] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x40
 #if R3_ISA_AVX512
 // The e2m1 table as bf16 words, twice: vpermw reads an index's low 5 bits.
 inline __m512i mxfp4_bf16_table() {
-  return _mm512_set_epi16(short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
-                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
-                          short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
-                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kE2m1Bf16)));
 }
 // A group's 16 scale bytes as the exponent step (scale - 127) << 7 in both words of row r's dword.
 inline __m512i mxfp4_exponent_steps(const uint8_t* scales) {
