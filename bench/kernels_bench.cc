@@ -122,7 +122,8 @@ void BM_MatmulFp8(benchmark::State& state) { matmul_streaming<Fp8Weights>(state)
 BENCHMARK(BM_MatmulFp8)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
 
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
-// (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores,
+// (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores
+// (each core starting its next item's weights on their way before it runs the current one),
 // gate/up then down. Arg: tokens per expert, or 0 for the batch-32 top-8 draw (binomial 32, 1/8).
 // 8 layers of distinct weights (1.5 GB) so they stream from memory.
 void BM_MoeLayer(benchmark::State& state) {
@@ -154,12 +155,13 @@ void BM_MoeLayer(benchmark::State& state) {
   int64_t bytes = 0;
   for (auto _ : state) {
     const auto& n_of = counts[size_t(layer)];
-    auto run = [&](int rows, auto fn) {
+    auto run = [&](int rows, auto fn, auto ahead) {
       items.clear();
       for (int e = 0; e < kE; ++e)
         if (n_of[size_t(e)] > 0)
           for (int r = 0; r < rows; r += kItem) items.push_back({e, r, r + kItem});
-      pool().parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
+      pool().parallel_for_each(
+          int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); }, [&](int64_t i) { ahead(items[size_t(i)]); });
     };
     run(kI, [&](const Item& it) {
       const Expert& w = *experts[size_t(layer * kE + it.e)];
@@ -167,11 +169,17 @@ void BM_MoeLayer(benchmark::State& state) {
       float* g = gate.data() + size_t(it.e) * 32 * kI;
       r3::kernels::matmul_rows(a, w.gate.view, g, kI, it.begin, it.end);
       r3::kernels::matmul_rows(a, w.up.view, up.data() + size_t(it.e) * 32 * kI, kI, it.begin, it.end);
+    }, [&](const Item& it) {
+      const Expert& w = *experts[size_t(layer * kE + it.e)];
+      r3::kernels::prefetch_rows_start(w.gate.view, it.begin, it.end);
+      r3::kernels::prefetch_rows_start(w.up.view, it.begin, it.end);
     });
     run(kH, [&](const Item& it) {
       const Expert& w = *experts[size_t(layer * kE + it.e)];
       const r3::kernels::Activations a{h.data(), hb.data(), n_of[size_t(it.e)]};
       r3::kernels::matmul_rows(a, w.down.view, out.data(), kH, it.begin, it.end);
+    }, [&](const Item& it) {
+      r3::kernels::prefetch_rows_start(experts[size_t(layer * kE + it.e)]->down.view, it.begin, it.end);
     });
     for (int e = 0; e < kE; ++e) bytes += n_of[size_t(e)] > 0 ? int64_t(3) * kI * kH * 2 : 0;
     layer = (layer + 1) % kLayers;

@@ -70,6 +70,19 @@ void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn) {
   parallel_for(size(), grab);
 }
 
+void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn, FunctionRef<void(int64_t)> ahead) {
+  std::atomic<int64_t> next{0};
+  auto grab = [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;) {
+      const int64_t j = next.fetch_add(1, std::memory_order_relaxed);
+      if (j < n) ahead(j);
+      fn(i);
+      i = j;
+    }
+  };
+  parallel_for(size(), grab);
+}
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {

@@ -45,6 +45,10 @@ class ThreadPool {
   // free (uneven items, e.g. experts with different token counts, stay balanced). Each item
   // must write its own outputs, so the results do not depend on who ran it.
   void parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn);
+  // The same, each thread claiming its next item before it runs the current one and calling
+  // ahead(next) first: the next item's data (its weights) can start on its way from memory, so
+  // an item does not begin on cold misses.
+  void parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn, FunctionRef<void(int64_t)> ahead);
 
  private:
   void worker_loop(int index);

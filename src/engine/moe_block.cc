@@ -23,11 +23,11 @@ struct WorkItem {
 };
 
 // Runs `rows` of an expert's weight for every group in [first, last): items are (group, row block)
-// pairs so both cores stay busy even when one expert has few rows. When every group has the same
-// token count (batch-1 decode: one token each) the items cost the same, so each core takes a
-// contiguous share and, before each item, prefetch(next item) starts its weights towards L2: the
-// next item then begins on L2 hits, not on memory misses. Otherwise items go to whichever core is
-// free. Each item writes its own outputs, so who runs it changes no bit.
+// pairs handed to whichever core is free, so both cores stay busy even when one expert has few
+// rows or the groups' token counts differ. Each core claims its next item before it runs the
+// current one and calls prefetch(next) first, which starts that item's weights towards L2: the
+// next item then begins on L2 hits, not on memory misses. Each item writes its own outputs, so
+// who runs it changes no bit.
 template <typename Fn, typename Prefetch>
 void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first, int last, int rows, Fn fn,
                     Prefetch prefetch) {
@@ -36,25 +36,11 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first
   std::vector<WorkItem>& items = items_storage;
   items.clear();
   const int block = 256;  // rows per item: long contiguous weight streams per core (64-row items measured ~5% slower)
-  int tokens = -1;
-  bool uniform = true;
-  for (int g = first; g < last; ++g) {
-    const int n = offsets[size_t(g + 1)] - offsets[size_t(g)];
-    if (n == 0) continue;
-    uniform &= tokens < 0 || n == tokens;
-    tokens = n;
-    for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
-  }
-  if (uniform) {
-    pool->parallel_for(int64_t(items.size()), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + 1 < end) prefetch(items[size_t(i + 1)]);
-        fn(items[size_t(i)]);
-      }
-    });
-    return;
-  }
-  pool->parallel_for_each(int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); });
+  for (int g = first; g < last; ++g)
+    if (offsets[size_t(g + 1)] > offsets[size_t(g)])
+      for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
+  pool->parallel_for_each(
+      int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); }, [&](int64_t i) { prefetch(items[size_t(i)]); });
 }
 
 // GPT-OSS's gated activation (GptOssExperts): g = min(gate, limit), u = clamp(up, -limit, limit),

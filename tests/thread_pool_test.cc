@@ -1,0 +1,67 @@
+// ThreadPool: every index runs exactly once, whoever runs it; parallel_for_each with a look-ahead
+// calls ahead(j) before fn(j) on the thread that will run j, for every item but each thread's first.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace r3 {
+namespace {
+
+TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 2, 7, 1000}) {
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) runs[size_t(i)].fetch_add(1);
+    });
+    for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+  }
+}
+
+TEST(ThreadPool, ParallelForEachRunsEveryItemOnce) {
+  ThreadPool pool(2);
+  for (int64_t n : {0, 1, 3, 500}) {
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+    pool.parallel_for_each(n, [&](int64_t i) { runs[size_t(i)].fetch_add(1); });
+    for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+  }
+}
+
+TEST(ThreadPool, LookAheadComesBeforeItsItemOnTheSameThread) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 5, 300}) {
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(n)), aheads(static_cast<size_t>(n));
+      std::vector<std::thread::id> ahead_by(static_cast<size_t>(n));
+      std::atomic<int> misordered{0}, other_thread{0};
+      pool.parallel_for_each(
+          n,
+          [&](int64_t i) {
+            runs[size_t(i)].fetch_add(1);
+            if (aheads[size_t(i)].load() == 1 && ahead_by[size_t(i)] != std::this_thread::get_id()) ++other_thread;
+          },
+          [&](int64_t j) {
+            if (runs[size_t(j)].load() != 0) ++misordered;
+            ahead_by[size_t(j)] = std::this_thread::get_id();
+            aheads[size_t(j)].fetch_add(1);
+          });
+      int looked_ahead = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(runs[size_t(i)].load(), 1) << "item " << i;
+        EXPECT_LE(aheads[size_t(i)].load(), 1) << "item " << i;
+        looked_ahead += aheads[size_t(i)].load();
+      }
+      EXPECT_EQ(misordered.load(), 0);
+      EXPECT_EQ(other_thread.load(), 0);
+      // Only a thread's first item goes without a look-ahead.
+      EXPECT_GE(looked_ahead, int(n) - pool.size()) << threads << " threads, " << n << " items";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace r3
