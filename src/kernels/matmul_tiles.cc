@@ -300,6 +300,24 @@ int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* 
   return p;
 }
 
+// vdpbf16ps tiles (kDp): always for single tokens (pure weight streaming), for more where
+// tile_choice.h found them faster on this CPU. Both give the same bits.
+inline bool use_dp_tiles(int rows) {
+#if R3_ISA_AVX512BF16
+  return rows < 2 || bf16_tiles() == Bf16Tiles::DotProduct;
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
+// fn(std::bool_constant<dp>{}): a run-time tile choice as a template argument.
+template <typename Fn>
+inline void with_dp_tiles(bool dp, Fn fn) {
+  if (dp) fn(std::true_type{});
+  else fn(std::false_type{});
+}
+
 void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
 #if R3_ISA_AVX2
   const FlushDenormals ftz_daz;
@@ -310,19 +328,11 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
   // 16 ymm registers: one panel (two halves) x up to 4 tokens.
   panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
 #else
-#if R3_ISA_AVX512BF16
-  constexpr bool kDpForFew = true;
-  if (x.rows >= 2 && bf16_tiles() == Bf16Tiles::DotProduct) {  // tile_choice.h: timed on this CPU
-    if (x.rows < 7) panels_from<4, 6, true>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-    else panels_from<2, 8, true>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-    return;
-  }
-#else
-  constexpr bool kDpForFew = false;
-#endif
-  if (x.rows < 2) panels_from<4, 1, kDpForFew>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-  else if (x.rows < 7) panels_from<4, 6, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-  else panels_from<2, 8, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  with_dp_tiles(use_dp_tiles(x.rows), [&](auto dp) {
+    if (x.rows < 2) panels_from<4, 1, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    else if (x.rows < 7) panels_from<4, 6, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    else panels_from<2, 8, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+  });
 #endif
 }
 
@@ -385,26 +395,16 @@ void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_be
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
     panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
 #else
-#if R3_ISA_AVX512BF16
-    constexpr bool kDpForFew = true;
-    if (x.rows >= 2 && bf16_tiles() == Bf16Tiles::DotProduct) {
-      if (x.rows < 7) panel_tokens<1, 6, true>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-      else panel_tokens<1, 8, true>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-      continue;
-    }
-#else
-    constexpr bool kDpForFew = false;
-#endif
-    if (x.rows < 2) panel_tokens<1, 1, kDpForFew>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-    else if (x.rows < 7) panel_tokens<1, 6, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-    else panel_tokens<1, 8, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    with_dp_tiles(use_dp_tiles(x.rows), [&](auto dp) {
+      if (x.rows < 2) panel_tokens<1, 1, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      else if (x.rows < 7) panel_tokens<1, 6, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      else panel_tokens<1, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    });
 #endif
   }
 }
 
 #if R3_ISA_AVX512
-// Panels [p, p_end) x all tokens for a tile with the decode fused in, P panels at a time (4
-// weight streams in flight), tokens in tiles of up to 4: tile.template operator()<P, C>(p, t).
 // The start of a fused-decode tile of P panels x C tokens: the tokens' fp32 rows, the panels'
 // row masks within [lo, hi), zeroed sums.
 template <int P, int C>
@@ -419,6 +419,8 @@ inline void fused_tile_start(const Activations& x, int t0, size_t ldx, int row0,
     for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
 }
 
+// Panels [p, p_end) x all tokens for a tile with the decode fused in, P panels at a time (4
+// weight streams in flight), tokens in tiles of up to 4: tile.template operator()<P, C>(p, t).
 template <int P, typename Tile>
 int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
   for (; p + P <= p_end; p += P)
@@ -603,12 +605,7 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const size_t panel_bytes = mxfp4_panel_bytes(W);
 #if R3_ISA_AVX512
   if (x.rows <= 4) {
-    // vdpbf16ps for single tokens, and for more where tile_choice.h found it faster.
-#if R3_ISA_AVX512BF16
-    const bool dp = x.rows < 2 || bf16_tiles() == Bf16Tiles::DotProduct;
-#else
-    constexpr bool dp = false;
-#endif
+    const bool dp = use_dp_tiles(x.rows);
     const int p_end = (hi + kPanel - 1) / kPanel;
     fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
