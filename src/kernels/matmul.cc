@@ -106,11 +106,16 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
   auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * mxfp4_panel_bytes(W);
+    std::memset(panel, 0, mxfp4_panel_bytes(W));  // two codes share a byte: they are or-ed in
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
-      const int64_t lane = r - p * kPanelRows;
+      const int lane = int(r - p * kPanelRows);
       for (int64_t g = 0; g < blocks_per_row; ++g) {
         uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
-        for (int64_t j = 0; j < kMxfp4GroupPairs; ++j) group[j * 16 + lane] = blocks[r * pairs + g * kMxfp4GroupPairs + j];
+        for (int j = 0; j < kMxfp4GroupPairs; ++j) {
+          const uint8_t codes = blocks[r * pairs + g * kMxfp4GroupPairs + j];  // input 2q low nibble, 2q + 1 high
+          for (int h = 0; h < 2; ++h)
+            group[mxfp4_code_byte(j, lane, h)] |= uint8_t(((codes >> (4 * h)) & 15) << mxfp4_code_shift(j));
+        }
         group[kMxfp4GroupPairs * 16 + lane] = W.scales[r * blocks_per_row + g];
       }
     }

@@ -459,14 +459,13 @@ inline __m512i mxfp4_exponent_steps(const uint8_t* scales) {
       7);
   return _mm512_or_si512(_mm512_and_si512(k, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(k, 16));
 }
-// One pair row (16 bytes, row r's inputs 2q and 2q + 1 as its low and high nibble) as bf16 pair
-// row words: dword r = byte r, and byte r << 12 puts its high nibble at word 2r + 1's index
-// bits; the table gives each e2m1 value's bf16 bits and a nonzero magnitude's exponent moves by
-// its row's step (exact: the loader keeps every result a normal number).
-inline __m512i mxfp4_pair_row_bf16(const uint8_t* at, __m512i table, __m512i steps) {
-  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-  const __m512i v = _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), table);
-  return _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7fff)), v, steps);
+// One pair row as bf16 pair row words from a group line shifted to it (codes: word 2r + h holds
+// row r's input 2q + h at bits 0-3, matmul.h): the table gives each e2m1 value's bf16 bits and a
+// nonzero magnitude's exponent moves by its row's step (exact: the loader keeps every result a
+// normal number).
+inline __m512i mxfp4_pair_row_bf16(__m512i codes, __m512i table, __m512i steps) {
+  const __m512i v = _mm512_permutexvar_epi16(codes, table);
+  return _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(codes, _mm512_set1_epi16(7)), v, steps);
 }
 #endif
 
@@ -477,16 +476,21 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
   for (int g = 0; g < pairs / kG; ++g) {
     const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
     const __m512i steps = mxfp4_exponent_steps(group + kG * 16);
-    for (int j = 0; j < kG; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(group + j * 16 + 1024), _MM_HINT_T0);
-      _mm512_storeu_si512(out + size_t(g * kG + j) * 32, mxfp4_pair_row_bf16(group + j * 16, table, steps));
+    for (int m = 0; m < kG / 4; ++m) {
+      _mm_prefetch(reinterpret_cast<const char*>(group + m * 64 + 1024), _MM_HINT_T0);
+      const __m512i line = _mm512_loadu_si512(group + m * 64);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k)
+        _mm512_storeu_si512(out + size_t(g * kG + 4 * m + k) * 32,
+                            mxfp4_pair_row_bf16(_mm512_srli_epi16(line, 4 * k), table, steps));
     }
   }
 #elif R3_ISA_AVX2
-  // 8 lanes: the magnitude from an 8-entry table, the sign bit moved into place.
+  // 8 lanes: the magnitude from an 8-entry table, the sign bit moved into place; dword r of a
+  // line's half holds row r's two words (inputs 2q and 2q + 1).
   const __m256i lut = _mm256_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0);
   const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8), zero = _mm256_setzero_si256();
-  auto decode = [&](__m256i n, __m256i k) {
+  auto decode = [&](__m256i n, __m256i k) {  // the code in n's bits 0-3
     const __m256i mag = _mm256_permutevar8x32_epi32(lut, _mm256_and_si256(n, seven));
     const __m256i nonzero = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
     const __m256i scaled = _mm256_add_epi32(mag, _mm256_and_si256(k, nonzero));
@@ -499,27 +503,26 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
           _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + kG * 16 + 8 * h))),
                            _mm256_set1_epi32(127)),
           7);
-      for (int j = 0; j < kG; ++j) {
-        const __m256i b =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + j * 16 + 8 * h)));
-        const __m256i lo = decode(b, k), hi = decode(_mm256_srli_epi32(b, 4), k);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(g * kG + j) * 32 + 16 * h),
-                            _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+      for (int m = 0; m < kG / 4; ++m) {
+        const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + m * 64 + 32 * h));
+        for (int j = 0; j < 4; ++j) {
+          const __m256i lo = decode(_mm256_srli_epi32(d, 4 * j), k), hi = decode(_mm256_srli_epi32(d, 16 + 4 * j), k);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(g * kG + 4 * m + j) * 32 + 16 * h),
+                              _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+        }
       }
     }
   }
 #else
   for (int q = 0; q < pairs; ++q) {
     const uint8_t* group = panel + size_t(q / kG) * kMxfp4GroupBytes;
+    const int j = q % kG;
     for (int r = 0; r < kPanel; ++r) {
-      const uint8_t b = group[size_t(q % kG) * 16 + size_t(r)];
       const int k = (int(group[kG * 16 + r]) - 127) * 128;
-      auto one = [&](int n) {
-        const uint16_t v = kE2m1Bf16[n];
-        return uint16_t(v & 0x7fff ? v + k : v);
-      };
-      out[size_t(q) * 32 + size_t(r) * 2] = one(b & 15);
-      out[size_t(q) * 32 + size_t(r) * 2 + 1] = one(b >> 4);
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t v = kE2m1Bf16[(group[mxfp4_code_byte(j, r, h)] >> mxfp4_code_shift(j)) & 15];
+        out[size_t(q) * 32 + size_t(r) * 2 + size_t(h)] = uint16_t(v & 0x7fff ? v + k : v);
+      }
     }
   }
 #endif
@@ -548,48 +551,57 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
   [[maybe_unused]] const uint16_t* xb[C];
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
-  const __m512i table = mxfp4_bf16_table();
+  [[maybe_unused]] const __m512i table = mxfp4_bf16_table();
   const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
                                     -4.f, -6.f);
+  // One prefetch per 64 bytes of a panel's stream, kMxfp4Prefetch ahead; past the panel's end it
+  // lands P panels on, on the same panel of the next pass.
+  auto prefetch = [&](int p, size_t offset) {
+    const uint8_t* at = panels + size_t(p) * panel_bytes + offset + kMxfp4Prefetch;
+    if (offset + kMxfp4Prefetch < panel_bytes) _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+    else if (p < next_panels) _mm_prefetch(reinterpret_cast<const char*>(at + size_t(P - 1) * panel_bytes), _MM_HINT_T0);
+  };
   for (int g = 0; g < pairs / kG; ++g) {
     const size_t group = size_t(g) * kMxfp4GroupBytes;
-    // Past the panel's end the prefetch lands P panels on: the same panel of the next pass.
-    const bool wraps = group + kMxfp4GroupBytes + kMxfp4Prefetch > panel_bytes;
     __m512i scale[P];  // kDp: exponent steps; else 2^(scale - 127) as fp32 bits
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
+      prefetch(p, group + kG * 16);
       const uint8_t* bytes = panels + size_t(p) * panel_bytes + group + kG * 16;
       if constexpr (kDp) scale[p] = mxfp4_exponent_steps(bytes);
       else
         scale[p] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))), 23);
     }
-    for (int j = 0; j < kG; ++j) {
-      const int q = g * kG + j;
-      __m512i w[P];
-      __m512 w0[P], w1[P];
+    for (int m = 0; m < kG / 4; ++m) {  // the group's lines: pair rows 4m..4m + 3 each
+      __m512i line[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        const uint8_t* at = panels + size_t(p) * panel_bytes + group + size_t(j) * 16;
-        const size_t ahead = group + size_t(j) * 16 + kMxfp4Prefetch;
-        if (!wraps || ahead < panel_bytes) _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch), _MM_HINT_T0);
-        else if (p < next_panels)
-          _mm_prefetch(reinterpret_cast<const char*>(at + kMxfp4Prefetch + size_t(P - 1) * panel_bytes), _MM_HINT_T0);
-        if constexpr (kDp) {
-          w[p] = mxfp4_pair_row_bf16(at, table, scale[p]);
-        } else {
-          // vpermps reads only an index's low 4 bits: the high nibble above the low one is ignored.
-          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-          w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(b, lut), _mm512_castsi512_ps(scale[p]));
-          w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut), _mm512_castsi512_ps(scale[p]));
-        }
+        prefetch(p, group + size_t(m) * 64);
+        line[p] = _mm512_loadu_si512(panels + size_t(p) * panel_bytes + group + size_t(m) * 64);
       }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const int q = g * kG + 4 * m + k;
 #if R3_ISA_AVX512BF16
-      if constexpr (kDp) {
-        dp_pair<P, C>(w, xb, q, acc);
-        continue;
-      }
+        if constexpr (kDp) {
+          __m512i w[P];
+#pragma GCC unroll 4
+          for (int p = 0; p < P; ++p) w[p] = mxfp4_pair_row_bf16(_mm512_srli_epi16(line[p], 4 * k), table, scale[p]);
+          dp_pair<P, C>(w, xb, q, acc);
+          continue;
+        }
 #endif
-      fma_pair<P, C>(w0, w1, xf, q, acc);
+        // Dword r holds row r's two words: input 2q's code at bit 4k, 2q + 1's at 16 + 4k;
+        // vpermps reads an index's low 4 bits.
+        __m512 w0[P], w1[P];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(line[p], 4 * k), lut), _mm512_castsi512_ps(scale[p]));
+          w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(line[p], 16 + 4 * k), lut),
+                                _mm512_castsi512_ps(scale[p]));
+        }
+        fma_pair<P, C>(w0, w1, xf, q, acc);
+      }
     }
   }
   store_panels<P, C>(y, t0, ldy, row0, rows_mask, acc);
