@@ -437,8 +437,9 @@ int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
 
 // ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
 //
-// The panel layout (matmul.h, pack_mxfp4): groups of 16 pair rows (row r's byte holds its inputs
-// 2q and 2q + 1, low nibble first), each group followed by the rows' scales. Decoding is exact:
+// The panel layout (matmul.h, pack_mxfp4): groups of 16 pair rows as four 64-byte lines (word
+// 2r + h of line m holds row r's codes of input 2q + h for pair rows 4m..4m + 3, a nibble each),
+// each group followed by the rows' scales. Decoding is exact:
 // the e2m1 value as bf16 bits, its exponent field moved by scale - 127 (the loader keeps every
 // result a normal number); zero stays zero. The decoded pair rows are the bf16 panel of the
 // same weights, so the tiles and their bits are the bf16 ones.
