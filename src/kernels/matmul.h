@@ -47,15 +47,17 @@ inline constexpr int kPanelRows = 16;
 inline bool packable(DType t) { return t == DType::BF16 || t == DType::MXFP4 || t == DType::F8_E4M3; }
 // An MXFP4 panel is groups of 16 pair rows (the 16 rows' 32-input block) followed by the rows'
 // scales of that block (16 bytes): 272 bytes per group, one sequential stream per panel, so the
-// scales arrive with their weights. The group's nibbles are 4 lines of 64 bytes, line j / 4 for
-// pair rows j..j+3: 16-bit word 2r + h of a line holds, at bits 4 (j % 4), the e2m1 code of row
-// r's input 2q + h (q the pair row). One 64-byte load then gives four pair rows whose codes a
-// 16-bit shift brings to each word's low bits, where a permute reads them (matmul_tiles.cc).
+// scales arrive with their weights. The group's codes are 4 lines of 64 bytes, line m for pair
+// rows 4m..4m + 3: 16-bit word 2r + h of a line holds, at bits 4k, the e2m1 code of row r's
+// input 2q + h for its pair row q = 4m + k. One 64-byte load then gives four pair rows whose codes
+// a 16-bit shift brings to each word's low bits, where a permute reads them (matmul_tiles.cc).
 inline constexpr int kMxfp4GroupPairs = 16;
 inline constexpr size_t kMxfp4GroupBytes = kMxfp4GroupPairs * 16 + 16;
 // Where pair row j's code of row r, input 2q + h (h = 0, 1) lies in its group: this byte, at
 // bit mxfp4_code_shift(j).
-inline constexpr size_t mxfp4_code_byte(int j, int r, int h) { return size_t(j / 4) * 64 + size_t(2 * (2 * r + h) + j % 4 / 2); }
+inline constexpr size_t mxfp4_code_byte(int j, int r, int h) {
+  return size_t(j / 4) * 64 + size_t(2 * (2 * r + h) + j % 4 / 2);
+}
 inline constexpr int mxfp4_code_shift(int j) { return 4 * (j % 2); }
 // Bytes of one packed panel of an MXFP4 weight [O, I] (I a multiple of 32): its groups.
 inline size_t mxfp4_panel_bytes(const TensorView& W) {

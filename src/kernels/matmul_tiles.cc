@@ -622,8 +622,10 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
     const int p_end = (hi + kPanel - 1) / kPanel;
     fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
-      auto* tile = dp ? mxfp4_tile<P, C, true> : mxfp4_tile<P, C, false>;
-      tile(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy, p * kPanel, o_begin, hi);
+      with_dp_tiles(dp, [&](auto kDp) {
+        mxfp4_tile<P, C, kDp>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy,
+                              p * kPanel, o_begin, hi);
+      });
     });
     return;
   }
