@@ -1,8 +1,11 @@
 // ThreadPool: every index runs exactly once, whoever runs it; parallel_for_each with a look-ahead
-// calls ahead(j) before fn(j) on the thread that will run j, for every item but each thread's first.
+// calls ahead(j) on the thread that will run j, before it runs the item before j (so j's data
+// moves while that item computes), for every item but each thread's first.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -37,17 +40,26 @@ TEST(ThreadPool, LookAheadComesBeforeItsItemOnTheSameThread) {
     for (int64_t n : {0, 1, 2, 5, 300}) {
       std::vector<std::atomic<int>> runs(static_cast<size_t>(n)), aheads(static_cast<size_t>(n));
       std::vector<std::thread::id> ahead_by(static_cast<size_t>(n));
-      std::atomic<int> misordered{0}, other_thread{0};
+      std::atomic<int> misordered{0}, other_thread{0}, late{0};
+      std::mutex mu;
+      std::map<std::thread::id, int64_t> last_ahead;  // per thread: the item it looked ahead to last
       pool.parallel_for_each(
           n,
           [&](int64_t i) {
             runs[size_t(i)].fetch_add(1);
             if (aheads[size_t(i)].load() == 1 && ahead_by[size_t(i)] != std::this_thread::get_id()) ++other_thread;
+            // The look-ahead to a thread's next item comes before this one runs: only a thread's
+            // last item finds its own look-ahead the latest.
+            std::lock_guard<std::mutex> lock(mu);
+            auto it = last_ahead.find(std::this_thread::get_id());
+            if (it != last_ahead.end() && it->second == i) ++late;
           },
           [&](int64_t j) {
             if (runs[size_t(j)].load() != 0) ++misordered;
             ahead_by[size_t(j)] = std::this_thread::get_id();
             aheads[size_t(j)].fetch_add(1);
+            std::lock_guard<std::mutex> lock(mu);
+            last_ahead[std::this_thread::get_id()] = j;
           });
       int looked_ahead = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -57,6 +69,7 @@ TEST(ThreadPool, LookAheadComesBeforeItsItemOnTheSameThread) {
       }
       EXPECT_EQ(misordered.load(), 0);
       EXPECT_EQ(other_thread.load(), 0);
+      EXPECT_LE(late.load(), pool.size()) << threads << " threads, " << n << " items";
       // Only a thread's first item goes without a look-ahead.
       EXPECT_GE(looked_ahead, int(n) - pool.size()) << threads << " threads, " << n << " items";
     }
