@@ -210,6 +210,45 @@ TEST(Cli, BenchSequentialEnginesMeasuresEveryMode) {
   }
 }
 
+// Two routes-on engines stepped in turn, then the routes-off one: every mode measured. The KV pool
+// holds mixed_rollout's 32 requests only because their 4 shared 128-token prefixes are counted
+// once (144 blocks of 16: 4 x 128 + 32 x (32 + 8 + 16) tokens); the entry keeps its 160-token
+// prompts and no run preempts.
+TEST(Cli, BenchPairedStepsMeasuresEveryModeWithoutPreemption) {
+  const std::string model = test_model("olmoe");
+  fs::path d = temp_dir("bench_paired");
+  CliRun r = run("bench --model " + model + " --suite mixed_rollout,decode_b1 --paired-steps --reps 2 " +
+                 "--decode-tokens 4 --num-kv-blocks 144 --json " + (d / "b.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("preemptions"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["prompt_len"], 160) << j[0].dump();
+  for (auto& e : j) {
+    EXPECT_EQ(e["preemptions"], 0) << e.dump();
+    EXPECT_GT(e["tokens_per_s_engine_option_off"].get<double>(), 0) << e.dump();
+    EXPECT_GT(e["tokens_per_s_routes_off_spread"]["min"].get<double>(), 0) << e.dump();
+    EXPECT_GT(e["tokens_per_s_routes_on_spread"]["min"].get<double>(), 0) << e.dump();
+  }
+  // One block fewer: the prompts are fitted shorter instead of preempting.
+  r = run("bench --model " + model + " --suite mixed_rollout --paired-steps --reps 1 --decode-tokens 4 " +
+          "--num-kv-blocks 143 --json " + (d / "b.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("mixed_rollout runs 159-token prompts, not 160"), std::string::npos) << r.out;
+  j = nlohmann::json::parse(std::ifstream(d / "b.json"));
+  EXPECT_EQ(j[0]["preemptions"], 0) << j[0].dump();
+}
+
+TEST(Cli, BenchRefusesTwoEngineSchedules) {
+  const std::string model = test_model("olmoe");
+  CliRun r = run("bench --model " + model + " --suite decode_b1 --paired-steps --sequential-engines");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("pick one"), std::string::npos) << r.out;
+  r = run("bench --model " + model + " --suite decode_b1 --reps 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--reps must be at least 1"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace r3::testing
 

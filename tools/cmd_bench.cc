@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "args.h"
+#include "bench_run.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/resident_memory.h"
@@ -29,18 +30,6 @@ namespace r3::cli {
 using json = nlohmann::json;
 
 namespace {
-
-struct Entry {
-  std::string name;
-  int requests, prompt_len, shared_prefix, max_tokens;
-  enum Measure { Decode, Prefill, Total } measure;
-};
-
-struct Timing {
-  double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0, kv_gb_per_s = 0;
-  double attention_kv_gb_per_s = 0;  // the same KV bytes over attention's own time
-  double route_fraction = 0;  // of the timed span, spent committing and assembling routes
-};
 
 // Median, min and max of samples (empty: zeros).
 struct Spread {
@@ -65,122 +54,6 @@ std::string fraction(double achieved, double limit) {
   if (achieved > limit) return "> limit";
   std::snprintf(b, sizeof b, "%.0f%%", 100 * achieved / limit);
   return b;
-}
-
-// Per-token matmul FLOPs of the model (2 per weight element a token touches) plus attention at
-// an average context of `avg_ctx` positions (capped at a sliding layer's window).
-double flops_per_token(const ModelConfig& c, double avg_ctx) {
-  const double H = c.hidden_size, qd = double(c.num_heads) * c.head_dim, kvd = double(c.num_kv_heads) * c.head_dim;
-  double f = 0;
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.mla) {
-      // MLA, absorbed: q (through the low-rank path), the latent, uk_t and uv per head, o; then
-      // scores over the latent row and the latent-space weighted sum per head.
-      const MlaSpec& m = *c.mla;
-      const double nh = c.num_heads, qw = nh * m.qk_head_dim();
-      f += 2 * (m.q_lora_rank ? H * m.q_lora_rank + m.q_lora_rank * qw : H * qw);
-      f += 2 * (H * m.latent_width() + nh * m.qk_nope_head_dim * m.kv_lora_rank + nh * m.v_head_dim * m.kv_lora_rank +
-                nh * m.v_head_dim * H);
-      f += 2 * avg_ctx * nh * (m.latent_width() + m.kv_lora_rank);
-    } else {
-      const int window = c.layers[size_t(l)].attention.sliding_window;
-      f += 2 * (H * qd * 2 + H * kvd * 2);
-      f += 2 * 2 * (window > 0 ? std::min(avg_ctx, double(window)) : avg_ctx) * qd;
-    }
-    const LayerConfig& lc = c.layers[size_t(l)];
-    if (lc.moe)
-      f += 2 * (H * c.num_experts + c.top_k * 3.0 * H * c.moe_intermediate_size + 3.0 * H * lc.shared_intermediate);
-    else
-      f += 2 * 3.0 * H * c.intermediate_size;
-  }
-  return f;
-}
-
-// KV-cache bytes attention reads per token at a context of `ctx` positions: every layer's cached
-// row (K and V, or MLA's latent) per position it attends, a sliding layer's at most its window.
-double kv_bytes_per_token(const ModelConfig& c, double ctx, double element_bytes) {
-  double b = 0;
-  for (const LayerConfig& l : c.layers) {
-    const int w = l.attention.sliding_window;
-    b += double(c.kv_cache_width()) * (w > 0 ? std::min(ctx, double(w)) : ctx) * element_bytes;
-  }
-  return b;
-}
-
-// `run` salts the prompts: every run gets its own, so no run finds the previous run's prompts in
-// the prefix cache (prefixes are shared only within a run, as the entry intends). Decode entries
-// are the exception: they prefill their prompts untimed anyway, so every run takes the same
-// prompts, and after an engine's first run that prefill is a cache hit instead of minutes of
-// prefill (decode_b32_ctx8k); the three modes then decode one workload.
-Timing run_entry(Engine& e, const Entry& en, bool ask_routes, int vocab, uint64_t run) {
-  if (en.measure == Entry::Decode) run = 0;
-  std::vector<std::vector<int>> prompts;
-  std::vector<std::vector<int>> bases(4);
-  for (size_t b = 0; b < bases.size(); ++b)
-    for (int i = 0; i < en.shared_prefix; ++i)
-      bases[b].push_back(3 + int(hash_pair(hash_pair(run, b), uint64_t(i)) % uint64_t(vocab - 3)));
-  for (int r = 0; r < en.requests; ++r) {
-    std::vector<int> p = en.shared_prefix ? bases[size_t(r) % bases.size()] : std::vector<int>{};
-    while (int(p.size()) < en.prompt_len) p.push_back(3 + int(hash_pair(hash_pair(run, 1000 + r), p.size()) % uint64_t(vocab - 3)));
-    prompts.push_back(p);
-  }
-  SamplingParams sp;
-  sp.temperature = 1.f;
-  sp.ignore_eos = true;
-  sp.return_routed_experts = ask_routes;
-  if (en.measure == Entry::Decode) {
-    // Untimed: the prompts once, one token each, so their KV sits in the prefix cache. The timed
-    // run then starts every request at once (a cache hit, not a chunked prefill that lets the
-    // first requests finish before the last begins) and measures decode at the full context.
-    sp.max_tokens = 1;
-    for (int r = 0; r < en.requests; ++r) e.add_request(prompts[size_t(r)], sp);
-    while (e.has_unfinished()) e.step();
-  }
-  sp.max_tokens = en.max_tokens;
-  for (int r = 0; r < en.requests; ++r) {
-    sp.seed = uint64_t(r);
-    e.add_request(prompts[size_t(r)], sp);
-  }
-  using clock = std::chrono::steady_clock;
-  auto t0 = clock::now();
-  const EngineStats s0 = e.stats();
-  clock::time_point t1 = t0;
-  EngineStats s1 = s0;
-  bool first = true;
-  while (e.has_unfinished()) {
-    e.step();
-    if (first && en.measure == Entry::Decode) {
-      // The first step(s) prefill; decode timing starts once every request has its first token.
-      if (e.stats().generated_tokens - s0.generated_tokens >= uint64_t(en.requests)) {
-        first = false;
-        t1 = clock::now();
-        s1 = e.stats();
-      }
-    }
-  }
-  const auto t2 = clock::now();
-  const EngineStats s2 = e.stats();
-  Timing t;
-  const auto& start_t = en.measure == Entry::Decode ? t1 : t0;
-  const auto& start_s = en.measure == Entry::Decode ? s1 : s0;
-  const double secs = std::chrono::duration<double>(t2 - start_t).count();
-  double tokens = 0;
-  if (en.measure == Entry::Decode) tokens = double(s2.generated_tokens - start_s.generated_tokens);
-  else if (en.measure == Entry::Prefill) tokens = double(s2.computed_tokens - start_s.computed_tokens);
-  else tokens = double(s2.computed_tokens - start_s.computed_tokens);
-  t.tokens_per_s = tokens / secs;
-  t.weight_gb_per_s = double(s2.weight_bytes_read - start_s.weight_bytes_read) / secs / 1e9;
-  t.route_fraction = (s2.route_seconds - start_s.route_seconds) / secs;
-  const double avg_ctx = en.measure == Entry::Prefill ? en.prompt_len / 2.0 : en.prompt_len + en.max_tokens / 2.0;
-  t.gflops = tokens * flops_per_token(e.model_config(), avg_ctx) / secs / 1e9;
-  // KV bytes read per second over the whole timed span (a lower bound on attention's own rate),
-  // and over the time the engine spent in attention over the cache (EngineStats::attention_seconds).
-  const double kv_element = e.stats().kv_cache_dtype == "bf16" ? 2.0 : 4.0;
-  const double kv_bytes = tokens * kv_bytes_per_token(e.model_config(), avg_ctx, kv_element);
-  t.kv_gb_per_s = kv_bytes / secs / 1e9;
-  const double attention_secs = s2.attention_seconds - start_s.attention_seconds;
-  t.attention_kv_gb_per_s = attention_secs > 0 ? kv_bytes / attention_secs / 1e9 : 0;
-  return t;
 }
 
 // Refit cost: from disk (read, validate, swap, repack) and from tensors in memory (check, adopt
@@ -243,18 +116,17 @@ ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& 
   one.threads = (cfg.threads > 0 ? cfg.threads : int(std::thread::hardware_concurrency())) * cfg.expert_parallel;
   row.one_threads = one.threads;
   Engine ep(cfg);
-  const int vocab = ep.model_config().vocab_size;
-  run_entry(ep, en, true, vocab, run++);  // warm-up: pages in the weights and the KV it uses
+  run_entry(ep, en, true, run++);  // warm-up: pages in the weights and the KV it uses
   row.rank_mb = ep.resident_mb_by_rank();
   const double before = resident_mb();
   Engine solo(one);
-  run_entry(solo, en, true, vocab, run++);
+  run_entry(solo, en, true, run++);
   row.one_mb = resident_mb() - before;
   std::vector<double> a, b;
   for (int rep = 0; rep < reps; ++rep) {
-    if (rep % 2 == 0) a.push_back(run_entry(solo, en, true, vocab, run++).tokens_per_s);
-    b.push_back(run_entry(ep, en, true, vocab, run++).tokens_per_s);
-    if (rep % 2 == 1) a.push_back(run_entry(solo, en, true, vocab, run++).tokens_per_s);
+    if (rep % 2 == 0) a.push_back(run_entry(solo, en, true, run++).tokens_per_s);
+    b.push_back(run_entry(ep, en, true, run++).tokens_per_s);
+    if (rep % 2 == 1) a.push_back(run_entry(solo, en, true, run++).tokens_per_s);
   }
   row.one = spread_of(a);
   row.ranks = spread_of(b);
@@ -312,9 +184,24 @@ int cmd_bench(int argc, char** argv) {
       .opt("json", "", "write the results as a JSON list here")
       .flag("sequential-engines", false,
             "build each entry's two engines one at a time (routes-on, then routes-off) instead of side by side: for "
-            "long entries whose two KV pools do not fit in memory together (rollout_long)");
+            "long entries whose two KV pools do not fit in memory together (rollout_long)")
+      .flag("paired-steps", false,
+            "measure routes on against on-but-unused on two routes-on engines stepped in turn, one step each, so the "
+            "machine's drift over a long entry falls on both alike; then the routes-off engine alone. Holds two KV "
+            "pools at once (rollout_long on the bench preset: --kv-cache-mb 7000)");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig base = engine_config_from(a);
+  enum class Schedule { SideBySide, Sequential, PairedSteps };
+  if (a.on("sequential-engines") && a.on("paired-steps"))
+    throw Error("r3 bench: --sequential-engines and --paired-steps are two ways to schedule the engines; pick one");
+  if (base.expert_parallel > 1 && (a.on("sequential-engines") || a.on("paired-steps")))
+    throw Error("r3 bench: --expert-parallel compares ranks with one process and takes neither --sequential-engines "
+                "nor --paired-steps");
+  const Schedule schedule = a.on("paired-steps")        ? Schedule::PairedSteps
+                            : a.on("sequential-engines") ? Schedule::Sequential
+                                                         : Schedule::SideBySide;
+  const int reps = int(a.integer("reps"));
+  if (reps < 1) throw Error("r3 bench: --reps must be at least 1");
   const int dec = int(a.integer("decode-tokens")), pre = int(a.integer("prefill-tokens"));
   std::vector<Entry> all = {
       {"decode_b1", 1, 16, 0, dec, Entry::Decode},
@@ -365,42 +252,50 @@ int cmd_bench(int argc, char** argv) {
     Entry en;
     Spread off, unused, on, gb, gflops, kv, attention_kv, route_work;
     double ratio;
+    uint64_t preemptions;
   };
   std::vector<Row> rows;
   std::vector<ExpertParallelRow> ep_rows;
   uint64_t ep_run = 0;
   for (Entry en : suite) {
     // ... nor past what the KV pool holds for all of the entry's requests at once (no preemption
-    // inside a measurement; a block of slack per request).
-    const int longest = std::min(max_positions - en.max_tokens - 1,
-                                 kv_tokens / en.requests - en.max_tokens - base.block_size);
-    if (longest < 16) {
+    // inside a measurement; the shared prefixes once when the prefix cache shares them).
+    const bool caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && base.enable_prefix_caching;
+    Entry fitted = en;
+    fitted.prompt_len = std::min(en.prompt_len, max_positions - en.max_tokens - 1);
+    while (fitted.prompt_len >= 16 && kv_tokens_needed(fitted, caching, base.block_size) > kv_tokens) --fitted.prompt_len;
+    if (fitted.prompt_len < 16) {
       std::fprintf(stderr, "r3 bench: %s skipped: %d requests of %d generated tokens do not fit the KV pool (%d tokens)\n",
                    en.name.c_str(), en.requests, en.max_tokens, kv_tokens);
       continue;
     }
-    if (en.prompt_len > longest) {
+    if (fitted.prompt_len < en.prompt_len) {
       std::fprintf(stderr, "r3 bench: %s runs %d-token prompts, not %d (the model allows %d positions; the KV pool "
-                   "holds %d tokens)\n", en.name.c_str(), longest, en.prompt_len, max_positions, kv_tokens);
-      en.prompt_len = longest;
-      en.shared_prefix = std::min(en.shared_prefix, longest);
+                   "holds %d tokens)\n", en.name.c_str(), fitted.prompt_len, en.prompt_len, max_positions, kv_tokens);
+      en.prompt_len = fitted.prompt_len;
+      en.shared_prefix = std::min(en.shared_prefix, en.prompt_len);
     }
     std::fprintf(stderr, "r3 bench: running %s\n", en.name.c_str());
     EngineConfig cfg = base;
     cfg.max_num_seqs = std::max(cfg.max_num_seqs, en.requests);
     if (en.measure == Entry::Prefill) cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
-    cfg.enable_prefix_caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && base.enable_prefix_caching;
+    cfg.enable_prefix_caching = caching;
     EngineConfig cfg_off = cfg;
     cfg_off.enable_return_routed_experts = false;
     cfg.enable_return_routed_experts = true;
     if (base.expert_parallel > 1) {
-      ep_rows.push_back(compare_expert_parallel(cfg, en, int(a.integer("reps")), ep_run));
+      ep_rows.push_back(compare_expert_parallel(cfg, en, reps, ep_run));
       continue;
     }
     std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work;
-    auto keep_off = [&](const Timing& t) { off.push_back(t.tokens_per_s); };
+    uint64_t preemptions = 0;
+    auto keep_off = [&](const Timing& t) {
+      off.push_back(t.tokens_per_s);
+      preemptions += t.preemptions;
+    };
     auto keep_unused = [&](const Timing& t) {
       unused.push_back(t.tokens_per_s);
+      preemptions += t.preemptions;
       gb.push_back(t.weight_gb_per_s);
       gflops.push_back(t.gflops);
       kv.push_back(t.kv_gb_per_s);
@@ -409,50 +304,69 @@ int cmd_bench(int argc, char** argv) {
     auto keep_on = [&](const Timing& t) {
       on.push_back(t.tokens_per_s);
       route_work.push_back(t.route_fraction);
+      preemptions += t.preemptions;
     };
-    const int reps = int(a.integer("reps"));
-    const bool sequential = a.on("sequential-engines");
     uint64_t run = 0;
-    if (sequential) {
+    // The long entries' warm-ups stop after 16 generated tokens: they page in the weights, and
+    // the entries that need them run for minutes.
+    Entry warm = en;
+    warm.max_tokens = std::min(en.max_tokens, 16);
+    if (schedule == Schedule::Sequential) {
       // One engine at a time: the routes-on engine (unused and on take turns going first), then
-      // the routes-off one. Warm-ups stop after 16 generated tokens: they page in the weights,
-      // and the entries that need this run for minutes.
-      Entry warm = en;
-      warm.max_tokens = std::min(en.max_tokens, 16);
+      // the routes-off one.
       {
         Engine e_on(cfg);
-        const int vocab = e_on.model_config().vocab_size;
-        run_entry(e_on, warm, true, vocab, run++);
+        run_entry(e_on, warm, true, run++);
         for (int rep = 0; rep < reps; ++rep)
           for (int k = 0; k < 2; ++k)
-            if ((rep + k) % 2 == 0) keep_unused(run_entry(e_on, en, false, vocab, run++));
-            else keep_on(run_entry(e_on, en, true, vocab, run++));
+            if ((rep + k) % 2 == 0) keep_unused(run_entry(e_on, en, false, run++));
+            else keep_on(run_entry(e_on, en, true, run++));
       }
       Engine e_off(cfg_off);
-      const int vocab = e_off.model_config().vocab_size;
-      run_entry(e_off, warm, false, vocab, run++);
-      for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, vocab, run++));
+      run_entry(e_off, warm, false, run++);
+      for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, run++));
+    } else if (schedule == Schedule::PairedSteps) {
+      // Two routes-on engines stepped in turn, one asking for routes and one not; the engine
+      // that asks alternates over the repetitions (where each one's weights landed differs).
+      // Then the routes-off engine alone.
+      {
+        Engine first(cfg), second(cfg);
+        run_entries_paired(first, true, second, true, warm, run++);
+        for (int rep = 0; rep < reps; ++rep) {
+          const bool first_asks = rep % 2 == 0;
+          const auto [f, s] = run_entries_paired(first, first_asks, second, !first_asks, en, run++);
+          keep_on(first_asks ? f : s);
+          keep_unused(first_asks ? s : f);
+        }
+      }
+      Engine e_off(cfg_off);
+      run_entry(e_off, warm, false, run++);
+      for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, run++));
     }
     // Two builds of the engine pair, in opposite orders: the engine built first has measured 1-3%
     // slower in either role (where its packed weights land), so the repetitions alternate
     // between the builds. Within a build the three modes take turns going first.
-    const int pair_builds = sequential ? 0 : std::min(2, reps);
+    const int pair_builds = schedule == Schedule::SideBySide ? std::min(2, reps) : 0;
     for (int build = 0; build < pair_builds; ++build) {
       std::optional<Engine> e_off, e_on;
       if (build == 0) e_off.emplace(cfg_off), e_on.emplace(cfg);
       else e_on.emplace(cfg), e_off.emplace(cfg_off);
-      const int vocab = e_on->model_config().vocab_size;
-      run_entry(*e_off, en, false, vocab, run++);  // warm-ups (page in the weights)
-      run_entry(*e_on, en, true, vocab, run++);
+      run_entry(*e_off, en, false, run++);  // warm-ups (page in the weights)
+      run_entry(*e_on, en, true, run++);
       for (int rep = build; rep < reps; rep += 2)
         for (int k = 0; k < 3; ++k) switch ((rep + k) % 3) {
-            case 0: keep_off(run_entry(*e_off, en, false, vocab, run++)); break;
-            case 1: keep_unused(run_entry(*e_on, en, false, vocab, run++)); break;
-            default: keep_on(run_entry(*e_on, en, true, vocab, run++)); break;
+            case 0: keep_off(run_entry(*e_off, en, false, run++)); break;
+            case 1: keep_unused(run_entry(*e_on, en, false, run++)); break;
+            default: keep_on(run_entry(*e_on, en, true, run++)); break;
           }
     }
+    if (preemptions > 0)
+      std::fprintf(stderr, "r3 bench: %s: %llu preemptions in the timed runs (the KV pool is short of the entry's "
+                   "%lld tokens): its figures include recomputation\n", en.name.c_str(),
+                   static_cast<unsigned long long>(preemptions),
+                   static_cast<long long>(kv_tokens_needed(en, caching, base.block_size)));
     Row row{en,           spread_of(off), spread_of(unused),       spread_of(on),         spread_of(gb),
-            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0};
+            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions};
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -506,6 +420,7 @@ int cmd_bench(int argc, char** argv) {
               {"tokens_per_s_routes_on_spread", spread_json(r.on)},
               {"tokens_per_s_engine_option_off", r.off.median},
               {"routes_ratio", r.ratio},
+              {"preemptions", r.preemptions},
               {"route_work_fraction", r.route_work.median},
               {"engine_option_ratio", r.unused.median / r.off.median},
               {"weight_gb_per_s", r.gb.median},
@@ -530,7 +445,7 @@ int cmd_bench(int argc, char** argv) {
   std::fflush(stdout);
   kernels::MachineLimits m = m0;
   m.read_gb_per_s = read.median;
-  if (weight_sync) results.push_back(bench_weight_sync(base, m, int(a.integer("reps"))));
+  if (weight_sync) results.push_back(bench_weight_sync(base, m, reps));
   if (!a.str("json").empty()) {
     std::ofstream out(a.str("json"));
     if (!out) throw Error(a.str("json") + ": cannot open for writing");
