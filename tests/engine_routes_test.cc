@@ -498,6 +498,41 @@ TEST(EngineRefit, FromMemoryEqualsFromDisk) {
   EXPECT_THROW(Checkpoint::from_memory(cfg_text.str(), std::move(bad)), Error);
 }
 
+// Two engines on one checkpoint (r3 bench --paired-steps): each gives the solo run's tokens and
+// routes; a refit from tensors, which writes the checkpoint in place, is refused while it is
+// shared and accepted once the engine holds it alone.
+TEST(EngineSharedCheckpoint, SameOutputsAndNoInPlaceRefitWhileShared) {
+  const std::string dir = test_model("mixtral", "tiny", 0);
+  SamplingParams p;
+  p.max_tokens = 6;
+  p.temperature = 0.f;
+  p.return_routed_experts = true;
+  const EngineConfig c = solo_config(dir);
+  Engine solo(c);
+  const RequestOutput want = solo.generate({{3, 4, 5, 6}}, {p})[0];
+  auto ck = Checkpoint::open(dir);
+  auto other = std::make_unique<Engine>(c, ck);
+  Engine e(c, ck);
+  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "first engine on a shared checkpoint");
+  expect_matches_solo(other->generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "second engine on a shared checkpoint");
+  std::vector<TensorToWrite> bucket;
+  for (TensorToWrite& t : ck->stored_tensors())
+    if (t.name == "model.embed_tokens.weight") bucket.push_back(std::move(t));
+  ASSERT_EQ(bucket.size(), 1u);
+  try {
+    e.stage_weights(bucket);
+    ADD_FAILURE() << "a refit from tensors on a shared checkpoint was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("shared"), std::string::npos) << err.what();
+  }
+  ck.reset();
+  other.reset();
+  e.stage_weights(std::move(bucket));
+  e.commit_staged_weights(true);
+  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "after a refit with the same bytes");
+  EXPECT_THROW(Engine(c, std::shared_ptr<Checkpoint>()), Error);
+}
+
 // EPLB placement rebuilt from the engine's own load statistics: outputs and routes unchanged,
 // replicas go to the most loaded experts.
 TEST(EngineRefit, EplbRebalanceFromOwnStatistics) {

@@ -24,6 +24,7 @@
 #include "kernels/attention_choice.h"
 #include "kernels/machine_limits.h"
 #include "kernels/tile_choice.h"
+#include "model/checkpoint.h"
 
 namespace r3::cli {
 
@@ -327,10 +328,12 @@ int cmd_bench(int argc, char** argv) {
       for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, run++));
     } else if (schedule == Schedule::PairedSteps) {
       // Two routes-on engines stepped in turn, one asking for routes and one not; the engine
-      // that asks alternates over the repetitions (where each one's weights landed differs).
-      // Then the routes-off engine alone.
+      // that asks alternates over the repetitions (where each one's packed weights landed
+      // differs). They share one checkpoint, so memory holds the stored weights once (two KV
+      // pools do not leave room for two copies: rollout_long). Then the routes-off engine alone.
       {
-        Engine first(cfg), second(cfg);
+        auto shared = Checkpoint::open(cfg.model);
+        Engine first(cfg, shared), second(cfg, shared);
         run_entries_paired(first, true, second, true, warm, run++);
         for (int rep = 0; rep < reps; ++rep) {
           const bool first_asks = rep % 2 == 0;

@@ -36,10 +36,19 @@ EplbMap eplb_for(const EngineConfig& cfg, const ModelConfig& mc) {
 }
 }  // namespace
 
-Engine::Engine(EngineConfig cfg) : Engine(std::move(cfg), nullptr) {}
+Engine::Engine(EngineConfig cfg) : Engine(std::move(cfg), nullptr, nullptr) {}
 
 Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
-    : cfg_(std::move(cfg)), exchange_(std::move(exchange)) {
+    : Engine(std::move(cfg), std::move(exchange), nullptr) {}
+
+Engine::Engine(EngineConfig cfg, std::shared_ptr<Checkpoint> shared)
+    : Engine(std::move(cfg), nullptr, shared ? std::move(shared) : throw Error("Engine: the shared checkpoint is null")) {}
+
+Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared)
+    : cfg_(std::move(cfg)), ckpt_(std::move(shared)), exchange_(std::move(exchange)) {
+  if (ckpt_ && cfg_.expert_parallel > 1)
+    throw Error("expert_parallel: every rank reads its own experts from the checkpoint directory; a shared checkpoint "
+                "cannot serve them");
   if (cfg_.block_size <= 0) throw Error("block_size must be positive");
   if (cfg_.expert_parallel < 1) throw Error("expert_parallel must be at least 1");
   if (!(cfg_.expert_timeout_s > 0)) throw Error("expert_timeout_s must be positive");
@@ -64,7 +73,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
     held = [this](const ModelConfig& mc) {
       return held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(), exchange_->ranks());
     };
-  ckpt_ = Checkpoint::open(cfg_.model, held);
+  if (!ckpt_) ckpt_ = Checkpoint::open(cfg_.model, held);
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {
@@ -136,6 +145,13 @@ void Engine::refuse_under_expert_parallel(const char* what) const {
   if (exchange_)
     throw Error(std::string(what) + " is not supported with expert parallelism yet: it would have to reach every rank "
                 "(docs/EXPERT_PARALLEL.md)");
+}
+
+void Engine::refuse_on_shared_checkpoint(const char* what) const {
+  // The engine and its model runner are the checkpoint's own two owners; any other holds it too.
+  if (ckpt_.use_count() > 2)
+    throw Error(std::string(what) + ": this engine's checkpoint is shared with another engine or caller, and a refit "
+                "from tensors would change it under them; refit from a checkpoint (update_weights) instead");
 }
 
 Engine::~Engine() {
@@ -550,6 +566,7 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
 
 void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
   refuse_under_expert_parallel("update_weights_from_tensors (refit)");
+  refuse_on_shared_checkpoint("update_weights_from_tensors (refit)");
   ckpt_->check_update(tensors);
   for (TensorToWrite& t : tensors) {
     std::string name = t.name;
@@ -563,6 +580,7 @@ void Engine::commit_staged_weights(bool flush) {
   all.reserve(staged_.size());
   for (auto& [name, t] : staged_) all.push_back(std::move(t));
   staged_.clear();  // refused or applied, this set of buckets is done
+  refuse_on_shared_checkpoint("update_weights_from_tensors (refit)");
   drain();
   // All checks come before anything changes; the checkpoint takes the sent bytes over and only
   // the panels of those tensors are repacked. What they replaced is freed on a side thread, so the

@@ -116,6 +116,11 @@ class Engine {
   // One of ranks 1..N-1 of an expert-parallel engine (src/parallel/): it computes the steps rank
   // 0 plans, handed to compute_step.
   Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange);
+  // An engine on a checkpoint another engine already holds (cfg.model names its directory): one
+  // copy of the stored weights, panels packed per engine (r3 bench --paired-steps runs two
+  // engines side by side). A refit from tensors writes the checkpoint's storage in place, so it
+  // is refused while the checkpoint is shared; update_weights gives the engine its own.
+  Engine(EngineConfig cfg, std::shared_ptr<Checkpoint> shared);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -178,7 +183,9 @@ class Engine {
   void compute_step(const StepPlan& plan, const int* token_ids) { runner_->forward(plan, token_ids, nullptr); }
   // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
   // under expert parallelism. Callers check before reading a new checkpoint.
+  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared);
   void refuse_under_expert_parallel(const char* what) const;
+  void refuse_on_shared_checkpoint(const char* what) const;
 
  private:
   // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
