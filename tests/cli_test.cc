@@ -226,6 +226,8 @@ TEST(Cli, BenchPairedStepsMeasuresEveryModeWithoutPreemption) {
   EXPECT_EQ(j[0]["prompt_len"], 160) << j[0].dump();
   for (auto& e : j) {
     EXPECT_EQ(e["preemptions"], 0) << e.dump();
+    ASSERT_EQ(e["routes_ratio_per_pair"].size(), 2u) << e.dump();  // one per repetition
+    EXPECT_GT(e["routes_ratio_per_pair"][1].get<double>(), 0) << e.dump();
     EXPECT_GT(e["tokens_per_s_engine_option_off"].get<double>(), 0) << e.dump();
     EXPECT_GT(e["tokens_per_s_routes_off_spread"]["min"].get<double>(), 0) << e.dump();
     EXPECT_GT(e["tokens_per_s_routes_on_spread"]["min"].get<double>(), 0) << e.dump();

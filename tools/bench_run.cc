@@ -106,10 +106,11 @@ Timing TimedRun::timing() const {
   const double tokens = en_.measure == Entry::Decode ? double(s.generated_tokens - start_.generated_tokens)
                                                      : double(s.computed_tokens - start_.computed_tokens);
   Timing t;
+  t.preemptions = s.preemptions - before_.preemptions;
+  if (!(secs > 0)) return t;  // nothing timed (a decode entry of one token)
   t.tokens_per_s = tokens / secs;
   t.weight_gb_per_s = double(s.weight_bytes_read - start_.weight_bytes_read) / secs / 1e9;
   t.route_fraction = (s.route_seconds - start_.route_seconds) / secs;
-  t.preemptions = s.preemptions - before_.preemptions;
   const double avg_ctx = en_.measure == Entry::Prefill ? en_.prompt_len / 2.0 : en_.prompt_len + en_.max_tokens / 2.0;
   t.gflops = tokens * flops_per_token(e_.model_config(), avg_ctx) / secs / 1e9;
   // KV bytes read per second over the whole timed span (a lower bound on attention's own rate),

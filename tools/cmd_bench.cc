@@ -3,7 +3,9 @@
 // over --reps, over two builds of the engine pair; median and spread reported), beside the
 // machine's streaming-read bandwidth and bf16 and fp32 FMA peaks, measured before the suite and
 // again after every entry, so the fractions rest on their median and the spread shows how much
-// the machine itself moved during the run.
+// the machine itself moved during the run. Long entries schedule their engines one at a time
+// (--sequential-engines) or step two routes-on engines in turn (--paired-steps), so a routes
+// ratio over minutes is not the machine's drift. One timed run: tools/bench_run.h.
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,7 +181,7 @@ int cmd_bench(int argc, char** argv) {
         "entries to run (also: decode_b32_ctx8k, rollout_long)")
       .opt("reps", "3",
            "repetitions per mode, alternating between two builds of the engine pair unless "
-           "--sequential-engines (median and spread reported)")
+           "--sequential-engines or --paired-steps (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
       .opt("json", "", "write the results as a JSON list here")
@@ -189,7 +191,7 @@ int cmd_bench(int argc, char** argv) {
       .flag("paired-steps", false,
             "measure routes on against on-but-unused on two routes-on engines stepped in turn, one step each, so the "
             "machine's drift over a long entry falls on both alike; then the routes-off engine alone. Holds two KV "
-            "pools at once (rollout_long on the bench preset: --kv-cache-mb 7000)");
+            "pools at once (rollout_long on the bench preset: --kv-cache-mb 6800)");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig base = engine_config_from(a);
   enum class Schedule { SideBySide, Sequential, PairedSteps };
@@ -254,6 +256,7 @@ int cmd_bench(int argc, char** argv) {
     Spread off, unused, on, gb, gflops, kv, attention_kv, route_work;
     double ratio;
     uint64_t preemptions;
+    std::vector<double> paired_ratios;
   };
   std::vector<Row> rows;
   std::vector<ExpertParallelRow> ep_rows;
@@ -289,6 +292,7 @@ int cmd_bench(int argc, char** argv) {
       continue;
     }
     std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work;
+    std::vector<double> paired_ratios;  // --paired-steps: routes on / on-but-unused of each repetition
     uint64_t preemptions = 0;
     auto keep_off = [&](const Timing& t) {
       off.push_back(t.tokens_per_s);
@@ -338,8 +342,11 @@ int cmd_bench(int argc, char** argv) {
         for (int rep = 0; rep < reps; ++rep) {
           const bool first_asks = rep % 2 == 0;
           const auto [f, s] = run_entries_paired(first, first_asks, second, !first_asks, en, run++);
-          keep_on(first_asks ? f : s);
-          keep_unused(first_asks ? s : f);
+          const Timing& asking = first_asks ? f : s;
+          const Timing& not_asking = first_asks ? s : f;
+          keep_on(asking);
+          keep_unused(not_asking);
+          paired_ratios.push_back(asking.tokens_per_s / not_asking.tokens_per_s);
         }
       }
       Engine e_off(cfg_off);
@@ -369,7 +376,8 @@ int cmd_bench(int argc, char** argv) {
                    static_cast<unsigned long long>(preemptions),
                    static_cast<long long>(kv_tokens_needed(en, caching, base.block_size)));
     Row row{en,           spread_of(off), spread_of(unused),       spread_of(on),         spread_of(gb),
-            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions};
+            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions,
+            paired_ratios};
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -434,6 +442,9 @@ int cmd_bench(int argc, char** argv) {
               {"machine_peak_gflops", spread_json(peak)},
               {"machine_fma_peak_gflops", spread_json(fma)},
               {"weight_bandwidth_over_read", r.gb.median > read.median}};
+    // Each paired repetition's own ratio: the asking engine alternates, so a gap that flips sign
+    // with it is where the engines' weights landed, not the routes.
+    if (!r.paired_ratios.empty()) j["routes_ratio_per_pair"] = r.paired_ratios;
     if (r.en.measure == Entry::Decode) {
       j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
       j["attention_kv_gb_per_s"] = r.attention_kv.median;
