@@ -183,11 +183,12 @@ class Engine {
   void compute_step(const StepPlan& plan, const int* token_ids) { runner_->forward(plan, token_ids, nullptr); }
   // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
   // under expert parallelism. Callers check before reading a new checkpoint.
-  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared);
   void refuse_under_expert_parallel(const char* what) const;
-  void refuse_on_shared_checkpoint(const char* what) const;
 
  private:
+  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared);
+  // A refit that writes the checkpoint in place: refused (r3::Error) while another owner holds it.
+  void refuse_on_shared_checkpoint(const char* what) const;
   // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
   // in flight and the one being planned) that are reused, so a step allocates nothing.
   struct Job {
