@@ -327,9 +327,6 @@ int cmd_bench(int argc, char** argv) {
             if ((rep + k) % 2 == 0) keep_unused(run_entry(e_on, en, false, run++));
             else keep_on(run_entry(e_on, en, true, run++));
       }
-      Engine e_off(cfg_off);
-      run_entry(e_off, warm, false, run++);
-      for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, run++));
     } else if (schedule == Schedule::PairedSteps) {
       // Two routes-on engines stepped in turn, one asking for routes and one not; the engine
       // that asks alternates over the repetitions (where each one's packed weights landed
@@ -349,6 +346,9 @@ int cmd_bench(int argc, char** argv) {
           paired_ratios.push_back(asking.tokens_per_s / not_asking.tokens_per_s);
         }
       }
+    }
+    if (schedule != Schedule::SideBySide) {
+      // Both schedules then run the routes-off engine alone, once the routes-on engines are gone.
       Engine e_off(cfg_off);
       run_entry(e_off, warm, false, run++);
       for (int rep = 0; rep < reps; ++rep) keep_off(run_entry(e_off, en, false, run++));
