@@ -96,7 +96,12 @@ struct Mxfp4Weights {
 };
 
 void BM_MatmulMxfp4(benchmark::State& state) { matmul_streaming<Mxfp4Weights>(state); }
-BENCHMARK(BM_MatmulMxfp4)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
+BENCHMARK(BM_MatmulMxfp4)
+    ->Args({1, 1024, 1024})
+    ->Args({1, 512, 1024})
+    ->Args({8, 512, 1024})
+    ->Args({32, 512, 1024})
+    ->UseRealTime();
 
 // Block-scaled FP8 weights (128 x 128 blocks, as DeepSeek-V3 is released), the same shapes.
 struct Fp8Weights {
@@ -125,13 +130,19 @@ BENCHMARK(BM_MatmulFp8)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 
 // (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores
 // (each core starting its next item's weights on their way before it runs the current one),
 // gate/up then down. Arg: tokens per expert, or 0 for the batch-32 top-8 draw (binomial 32, 1/8).
-// 8 layers of distinct weights (1.5 GB) so they stream from memory.
-void BM_MoeLayer(benchmark::State& state) {
-  constexpr int kE = 64, kH = 1024, kI = 512, kLayers = 8;
+// 8 layers of distinct weights (1.5 GB in bf16) so they stream from memory. W: the experts'
+// weight format (bytes/s counts the bytes the kernels really read).
+template <typename W>
+struct MoeExpert {
+  static constexpr int kH = 1024, kI = 512;
+  W gate{kI, kH}, up{kI, kH}, down{kH, kI};
+};
+
+template <typename W>
+void moe_layer(benchmark::State& state) {
+  using Expert = MoeExpert<W>;
+  constexpr int kE = 64, kH = Expert::kH, kI = Expert::kI, kLayers = 8;
   constexpr int kItem = 256;  // rows per item, as the model runner
-  struct Expert {
-    Weights gate{kI, kH}, up{kI, kH}, down{kH, kI};
-  };
   static std::vector<std::unique_ptr<Expert>> experts;
   if (experts.empty())
     for (int i = 0; i < kE * kLayers; ++i) experts.push_back(std::make_unique<Expert>());
@@ -181,13 +192,23 @@ void BM_MoeLayer(benchmark::State& state) {
     }, [&](const Item& it) {
       r3::kernels::prefetch_rows_start(experts[size_t(layer * kE + it.e)]->down.view, it.begin, it.end);
     });
-    for (int e = 0; e < kE; ++e) bytes += n_of[size_t(e)] > 0 ? int64_t(3) * kI * kH * 2 : 0;
+    const Expert& any = *experts[0];
+    const int64_t expert_bytes = int64_t(any.gate.view.nbytes() + any.up.view.nbytes() + any.down.view.nbytes());
+    for (int e = 0; e < kE; ++e) bytes += n_of[size_t(e)] > 0 ? expert_bytes : 0;
     layer = (layer + 1) % kLayers;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(bytes);
 }
+void BM_MoeLayer(benchmark::State& state) { moe_layer<Weights>(state); }
 BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealTime();
+// The same layer with MXFP4 experts (GPT-OSS as released; 0.4 GB for the 8 layers); 16 and 32
+// tokens an expert are either side of where the fused decode tiles hand over to decoded panels.
+void BM_MoeLayerMxfp4(benchmark::State& state) { moe_layer<Mxfp4Weights>(state); }
+BENCHMARK(BM_MoeLayerMxfp4)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)->UseRealTime();
+// And with block-scaled FP8 experts (DeepSeek-V3 as released; 128 x 128 blocks).
+void BM_MoeLayerFp8(benchmark::State& state) { moe_layer<Fp8Weights>(state); }
+BENCHMARK(BM_MoeLayerFp8)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)->UseRealTime();
 
 // Decode attention of one layer as the engine runs it: `seqs` sequences of `ctx` keys, 16 kv
 // heads of 64, on both cores; enough layers of distinct caches (>= 512 MB) that the KV streams

@@ -114,7 +114,9 @@ void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64&
 TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
   std::mt19937_64 rng(11);
   for (int n : {32, 64, 1056})
-    for (int T : {1, 2, 3, 4, 6, 7, 13}) {  // fused decode up to 4 tokens, decoded panels above
+    // Fused decode tiles of 4 panels up to 3 tokens, of 2 panels x up to 8 tokens up to 16 (9,
+    // 12 and 13 split in two tiles of about equal width), decoded panels above.
+    for (int T : {1, 2, 3, 4, 6, 7, 8, 9, 12, 13, 16, 17}) {
       const int O = 133;  // ranges of more than one 4-panel pass
       std::vector<uint8_t> blocks(size_t(O) * n / 2), scales(size_t(O) * n / 32);
       for (uint8_t& b : blocks) b = uint8_t(rng());
@@ -134,7 +136,7 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
 TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
   std::mt19937_64 rng(13);
   for (auto [n, br, bc] : {std::tuple{32, 5, 6}, {64, 16, 64}, {1030, 128, 128}, {200, 7, 2}})
-    for (int T : {1, 2, 6, 7, 13}) {
+    for (int T : {1, 2, 3, 4, 6, 8, 9, 13, 16, 17}) {  // the tile shapes of the MXFP4 test
       const int O = 53;
       std::vector<uint8_t> values(size_t(O) * n);
       for (uint8_t& b : values) do b = uint8_t(rng()); while (e4m3_is_nan(b));

@@ -227,12 +227,37 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #endif
 }
 
+// fn.template operator()<C>() for a run-time width 1..kMax: a tile width as a template argument.
+template <int kMax, typename Fn>
+inline void with_width(int width, Fn fn) {
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    ((width == C + 1 ? fn.template operator()<C + 1>() : void()), ...);
+  }(std::make_integer_sequence<int, kMax>{});
+}
+
+// Tiles of up to kMaxC of `rows` tokens: fn(t, width) for each. A last tile of few tokens keeps
+// few chains in flight: it and the last full tile become two of about equal width instead (a
+// token's sums do not depend on its tile).
+template <int kMaxC, typename Fn>
+inline void token_tiles(int rows, Fn fn) {
+  int full = rows / kMaxC, rest = rows % kMaxC, t = 0;
+  const bool even_out = full > 0 && rest > 0 && rest < kMaxC - 2;
+  if (even_out) --full, rest += kMaxC;
+  for (int i = 0; i < full; ++i, t += kMaxC) fn(t, kMaxC);
+  if (even_out) {
+    fn(t, rest - rest / 2);
+    fn(t + rest - rest / 2, rest / 2);
+  } else if (rest > 0) {
+    fn(t, rest);
+  }
+}
+
 // Pairs per chunk when several token tiles share the panels: P panels x this many pairs is
 // 32 KiB, so every tile after the first finds its weights in L1 (48 KiB here).
 template <int P>
 constexpr int kChunkPairs = 512 / P;
 
-// All tokens against P panels: tiles of up to kMaxC tokens (the remainder as one narrower tile).
+// All tokens against P panels: tiles of up to kMaxC tokens (token_tiles).
 // With more than one tile the input pairs go in chunks, every tile through one chunk before
 // the next chunk; the first tile of a chunk streams it in, the others (whose weights are in
 // L1) prefetch the next chunk, or the next panels after the last chunk, so the weight stream
@@ -263,26 +288,12 @@ void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations&
   for (int q0 = 0; q0 < pairs; q0 += chunk) {
     const int q1 = std::min(pairs, q0 + chunk);
     const ptrdiff_t next = q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
-    auto tile = [&]<int C>(int t) {
-      panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo, hi);
-    };
-    auto narrow_tile = [&](int t, int width) {
-      [&]<int... C>(std::integer_sequence<int, C...>) {
-        ((width == C + 1 ? tile.template operator()<C + 1>(t) : void()), ...);
-      }(std::make_integer_sequence<int, kMaxC - 1>{});
-    };
-    // A last tile of few tokens keeps few chains in flight: it and the last full tile become two
-    // of about equal width instead (a token's sums do not depend on its tile).
-    int full = x.rows / kMaxC, rest = x.rows % kMaxC, t = 0;
-    const bool even_out = full > 0 && rest > 0 && rest < kMaxC - 2;
-    if (even_out) --full, rest += kMaxC;
-    for (int i = 0; i < full; ++i, t += kMaxC) tile.template operator()<kMaxC>(t);
-    if (even_out) {
-      narrow_tile(t, rest - rest / 2);
-      narrow_tile(t + rest - rest / 2, rest / 2);
-    } else if (rest > 0) {
-      narrow_tile(t, rest);
-    }
+    token_tiles<kMaxC>(x.rows, [&](int t, int width) {
+      with_width<kMaxC>(width, [&]<int C>() {
+        panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo,
+                              hi);
+      });
+    });
   }
 }
 
@@ -419,18 +430,16 @@ inline void fused_tile_start(const Activations& x, int t0, size_t ldx, int row0,
     for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
 }
 
-// Panels [p, p_end) x all tokens for a tile with the decode fused in, P panels at a time (4
-// weight streams in flight), tokens in tiles of up to 4: tile.template operator()<P, C>(p, t).
-template <int P, typename Tile>
+// Panels [p, p_end) x all tokens for a tile with the decode fused in, P panels at a time (each
+// a weight stream in flight), tokens in tiles of up to kMaxC (token_tiles), each tile decoding
+// the panels again (the later ones read them from L1 or L2): tile.template operator()<P, C>(p, t).
+template <int P, int kMaxC, typename Tile>
 int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
   for (; p + P <= p_end; p += P)
-    for (int t = 0; t < rows; t += 4) switch (std::min(4, rows - t)) {
-        case 4: tile.template operator()<P, 4>(p, t); break;
-        case 3: tile.template operator()<P, 3>(p, t); break;
-        case 2: tile.template operator()<P, 2>(p, t); break;
-        default: tile.template operator()<P, 1>(p, t); break;
-      }
-  if constexpr (P > 1) p = fused_panels_from<P / 2>(rows, p, p_end, tile);
+    token_tiles<kMaxC>(rows, [&](int t, int width) {
+      with_width<kMaxC>(width, [&]<int C>() { tile.template operator()<P, C>(p, t); });
+    });
+  if constexpr (P > 1) p = fused_panels_from<P / 2, kMaxC>(rows, p, p_end, tile);
   return p;
 }
 #endif
@@ -530,6 +539,10 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
 }
 
 #if R3_ISA_AVX512
+// Tokens up to which the quantized weights' fused tiles (MXFP4, FP8) run. Each tile of up to 8
+// tokens decodes the weights again, which costs less than decoding a panel once into a bf16
+// copy up to about 16 tokens and more beyond (BM_MoeLayerMxfp4 and BM_MoeLayerFp8, /16 and /32).
+constexpr int kFusedDecodeTokens = 16;
 // Bytes ahead of the stream a fused tile prefetches (16 lines of each of its panels).
 constexpr ptrdiff_t kMxfp4Prefetch = 1024;
 
@@ -617,20 +630,25 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
   const size_t panel_bytes = mxfp4_panel_bytes(W);
 #if R3_ISA_AVX512
-  if (x.rows <= 4) {
+  // Up to 3 tokens: tiles of 4 panels (4 streams in flight); up to kFusedDecodeTokens: 2 panels x
+  // up to 8 tokens, so that each decoded pair row feeds more tokens and the sums still fit the
+  // registers.
+  if (x.rows <= kFusedDecodeTokens) {
     const bool dp = use_dp_tiles(x.rows);
     const int p_end = (hi + kPanel - 1) / kPanel;
-    fused_panels_from<4>(x.rows, o_begin / kPanel, p_end, [&]<int P, int C>(int p, int t) {
+    auto tile = [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
       with_dp_tiles(dp, [&](auto kDp) {
         mxfp4_tile<P, C, kDp>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy,
                               p * kPanel, o_begin, hi);
       });
-    });
+    };
+    if (x.rows < 4) fused_panels_from<4, 3>(x.rows, o_begin / kPanel, p_end, tile);
+    else fused_panels_from<2, 8>(x.rows, o_begin / kPanel, p_end, tile);
     return;
   }
 #endif
-  // More tokens: each panel decoded once into bf16 pair rows, then the bf16 tiles.
+  // More tokens (prefill): each panel decoded once into bf16 pair rows, then the bf16 tiles.
   decoded_panels(x, pairs, y, ldy, o_begin, hi,
                  [&](int p, uint16_t* out) { decode_mxfp4_panel(packed + size_t(p) * panel_bytes, pairs, out); });
 }
@@ -802,11 +820,15 @@ void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, in
   const size_t panel_bytes = fp8_panel_bytes(W);
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
 #if R3_ISA_AVX512
-  if (x.rows <= 4) {
-    fused_panels_from<4>(x.rows, o_begin / kPanel, (hi + kPanel - 1) / kPanel, [&]<int P, int C>(int p, int t) {
+  // The tile shapes of matmul_mxfp4, for the same reasons.
+  if (x.rows <= kFusedDecodeTokens) {
+    auto tile = [&]<int P, int C>(int p, int t) {
       fp8_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, W.block_cols, x, t, pairs, y, ldy, p * kPanel,
                      o_begin, hi);
-    });
+    };
+    const int p_end = (hi + kPanel - 1) / kPanel;
+    if (x.rows < 4) fused_panels_from<4, 3>(x.rows, o_begin / kPanel, p_end, tile);
+    else fused_panels_from<2, 8>(x.rows, o_begin / kPanel, p_end, tile);
     return;
   }
 #endif
