@@ -348,8 +348,12 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
       set.rms_norm(x.data(), W, 0, n, 1e-6f, norm.data());
       set.silu_mul(x.data(), up.data(), gated.data(), n);
       set.softmax(x.data(), n, soft.data());
-      norm.insert(norm.end(), gated.begin(), gated.end());
-      norm.insert(norm.end(), soft.begin(), soft.end());
+      // GPT-OSS's activation at its limit 7 (the wide gates clamped from above), and at limit 1,
+      // where both sides of the wide up values are clamped too.
+      std::vector<float> clamped(static_cast<size_t>(n)), clamped_up(static_cast<size_t>(n));
+      set.clamped_swiglu(x.data(), up.data(), clamped.data(), n, 7.f, 1.702f);
+      set.clamped_swiglu(up.data(), x.data(), clamped_up.data(), n, 1.f, 1.702f);
+      for (const auto* v : {&gated, &soft, &clamped, &clamped_up}) norm.insert(norm.end(), v->begin(), v->end());
       return norm;
     };
     const std::vector<float> want = ops(portable);

@@ -43,15 +43,6 @@ void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first
       int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); }, [&](int64_t i) { prefetch(items[size_t(i)]); });
 }
 
-// GPT-OSS's gated activation (GptOssExperts): g = min(gate, limit), u = clamp(up, -limit, limit),
-// out = (u + 1) * (g * sigmoid(alpha g)). Scalar, so every instruction set gives these bits.
-void clamped_swiglu(const float* gate, const float* up, float* out, int n, const ExpertActivation& a) {
-  for (int i = 0; i < n; ++i) {
-    const float g = std::min(gate[i], a.limit), u = std::clamp(up[i], -a.limit, a.limit);
-    out[i] = (u + 1.f) * (g * kernels::sigmoid(g * a.alpha));
-  }
-}
-
 }  // namespace
 
 // MoE by grouping tokens per expert (llama.cpp's mul_mat_id shape): router top-k and capture,
@@ -129,7 +120,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
         add_bias(gate_.data() + at, w.gate_bias, len, it.begin);
         add_bias(up_.data() + at, w.up_bias, len, it.begin);
       }
-      if (act.clamped) clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act);
+      if (act.clamped) kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act.limit, act.alpha);
       else kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }

@@ -108,6 +108,9 @@ void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, floa
   active_kernels().rms_norm(x, w, w_offset, n, eps, y);
 }
 void silu_mul(const float* gate, const float* up, float* out, int n) { active_kernels().silu_mul(gate, up, out, n); }
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha) {
+  active_kernels().clamped_swiglu(gate, up, out, n, limit, alpha);
+}
 void round_to_bf16(float* x, int64_t n, uint16_t* bits) { active_kernels().round_to_bf16(x, n, bits); }
 void softmax(const float* x, int n, float* out) { active_kernels().softmax(x, n, out); }
 double sum_f64(const float* x, int n) { return active_kernels().sum_f64(x, n); }

@@ -31,6 +31,7 @@ void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int p
                   const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out);
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, float* out, int n);
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha);
 void round_to_bf16(float* x, int64_t n, uint16_t* bits);
 void softmax(const float* x, int n, float* out);
 double sum_f64(const float* x, int n);

@@ -19,6 +19,7 @@ const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
       .attend_heads_bf16 = &isa::attend_heads<uint16_t>,
       .rms_norm = &isa::rms_norm,
       .silu_mul = &isa::silu_mul,
+      .clamped_swiglu = &isa::clamped_swiglu,
       .round_to_bf16 = &isa::round_to_bf16,
       .softmax = &isa::softmax,
       .sum_f64 = &isa::sum_f64,

@@ -35,6 +35,7 @@ struct KernelSet {
                             float* out);
   void (*rms_norm)(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
+  void (*clamped_swiglu)(const float* gate, const float* up, float* out, int n, float limit, float alpha);
   void (*round_to_bf16)(float* x, int64_t n, uint16_t* bits);
   void (*softmax)(const float* x, int n, float* out);
   double (*sum_f64)(const float* x, int n);

@@ -50,6 +50,26 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   }
 }
 
+// The same sigmoid (exp.h); the vector path the same operations in the same order.
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha) {
+  int i = 0;
+#if defined(R3_VEC16)
+  const Vec16 one = Vec16::set1(1.f), zero = Vec16::zero(), hi = Vec16::set1(limit), lo = Vec16::set1(-limit),
+              a = Vec16::set1(alpha);
+  for (; i + 16 <= n; i += 16) {
+    const Vec16 g = min(hi, Vec16::load(gate + i)), u = min(hi, max(lo, Vec16::load(up + i)));
+    const Vec16 x = g * a;
+    const Vec16 e = exp_nonpositive(zero - abs(x));
+    const Vec16 sig = select_ge(x, zero, one, e) / (one + e);
+    ((u + one) * (g * sig)).store(out + i);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.f) * (g * sigmoid(g * alpha));
+  }
+}
+
 // f32_to_bf16 (core/dtype.h) per lane: round to nearest even, a NaN kept quiet. Not
 // vcvtneps2bf16, which flushes subnormal inputs to zero.
 void round_to_bf16(float* x, int64_t n, uint16_t* bits) {

@@ -32,6 +32,10 @@ class Rope {
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int n);
 
+// GPT-OSS's expert activation: out[i] = (clamp(up[i], -limit, limit) + 1) * g * sigmoid(alpha * g),
+// g = min(gate[i], limit).
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha);
+
 // Softmax over n values (fp32: max, exp_nonpositive of x - max, sequential sum).
 void softmax(const float* x, int n, float* out);
 

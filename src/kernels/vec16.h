@@ -137,6 +137,23 @@ inline Vec16 pow2(Vec16 n) {
 #endif
 }
 
+// Per lane a < b ? a : b, and a > b ? a : b: b where either is NaN, as vminps / vmaxps (so
+// min(limit, x) is std::min(x, limit) and max(lo, x) the lower half of std::clamp, NaN kept).
+inline Vec16 min(Vec16 a, Vec16 b) {
+#if R3_ISA_AVX512
+  return {_mm512_min_ps(a.v, b.v)};
+#else
+  return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)};
+#endif
+}
+inline Vec16 max(Vec16 a, Vec16 b) {
+#if R3_ISA_AVX512
+  return {_mm512_max_ps(a.v, b.v)};
+#else
+  return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
+#endif
+}
+
 // Per lane: a >= b (false where either is NaN) ? if_ge : otherwise.
 inline Vec16 select_ge(Vec16 a, Vec16 b, Vec16 if_ge, Vec16 otherwise) {
 #if R3_ISA_AVX512
