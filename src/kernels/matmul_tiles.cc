@@ -396,19 +396,29 @@ void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* 
 
 // Panels touching [o_begin, hi) of a quantized weight: decode(p, out) writes panel p as bf16
 // pair rows (the bf16 panel of the decoded weights), which the bf16 tiles then read from L2.
+// From 7 tokens on (AVX-512 and portable) two panels are decoded at a time for the 2-panel x
+// 8-token tiles matmul_packed runs there, so each token's broadcast serves two panels.
 template <typename Decode>
 void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_begin, int hi, Decode decode) {
   const size_t panel_elems = size_t(pairs) * 32;
-  thread_local PackedBf16 decoded;  // one panel as bf16 pair rows (stays in L2)
-  if (decoded.size() < panel_elems) decoded.resize(panel_elems);
-  for (int p = o_begin / kPanel; p * kPanel < hi; ++p) {
-    decode(p, decoded.data());
+#if R3_ISA_AVX2 && !R3_ISA_AVX512
+  constexpr int kStep = 1;
+#else
+  const int kStep = x.rows < 7 ? 1 : 2;
+#endif
+  thread_local PackedBf16 decoded;  // kStep panels as bf16 pair rows (they stay in L2)
+  if (decoded.size() < kStep * panel_elems) decoded.resize(kStep * panel_elems);
+  const int p_end = (hi + kPanel - 1) / kPanel;
+  for (int p = o_begin / kPanel; p < p_end; p += kStep) {
+    const int n = std::min(kStep, p_end - p);
+    for (int i = 0; i < n; ++i) decode(p + i, decoded.data() + size_t(i) * panel_elems);
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
     panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
 #else
     with_dp_tiles(use_dp_tiles(x.rows), [&](auto dp) {
       if (x.rows < 2) panel_tokens<1, 1, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
       else if (x.rows < 7) panel_tokens<1, 6, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      else if (n == 2) panel_tokens<2, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
       else panel_tokens<1, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
     });
 #endif
