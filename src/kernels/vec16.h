@@ -89,18 +89,22 @@ inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
 #endif
 }
 
-// Lane-wise arithmetic, each operation rounded once as its scalar counterpart.
+// Lane-wise arithmetic, each operation rounded once as its scalar counterpart. min(a, b) and
+// max(a, b) are a < b ? a : b and a > b ? a : b, b where either is NaN (vminps / vmaxps), so
+// min(limit, x) is std::min(x, limit) and max(lo, x) the lower half of std::clamp, NaN kept.
 #if R3_ISA_AVX512
-#define R3_VEC16_BINARY(op, fn) \
-  inline Vec16 operator op(Vec16 a, Vec16 b) { return {_mm512_##fn##_ps(a.v, b.v)}; }
+#define R3_VEC16_BINARY(name, fn) \
+  inline Vec16 name(Vec16 a, Vec16 b) { return {_mm512_##fn##_ps(a.v, b.v)}; }
 #else
-#define R3_VEC16_BINARY(op, fn) \
-  inline Vec16 operator op(Vec16 a, Vec16 b) { return {_mm256_##fn##_ps(a.lo, b.lo), _mm256_##fn##_ps(a.hi, b.hi)}; }
+#define R3_VEC16_BINARY(name, fn) \
+  inline Vec16 name(Vec16 a, Vec16 b) { return {_mm256_##fn##_ps(a.lo, b.lo), _mm256_##fn##_ps(a.hi, b.hi)}; }
 #endif
-R3_VEC16_BINARY(+, add)
-R3_VEC16_BINARY(-, sub)
-R3_VEC16_BINARY(*, mul)
-R3_VEC16_BINARY(/, div)
+R3_VEC16_BINARY(operator+, add)
+R3_VEC16_BINARY(operator-, sub)
+R3_VEC16_BINARY(operator*, mul)
+R3_VEC16_BINARY(operator/, div)
+R3_VEC16_BINARY(min, min)
+R3_VEC16_BINARY(max, max)
 #undef R3_VEC16_BINARY
 
 inline Vec16 abs(Vec16 a) {
@@ -134,23 +138,6 @@ inline Vec16 pow2(Vec16 n) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
 #else
   return {pow2_half(n.lo), pow2_half(n.hi)};
-#endif
-}
-
-// Per lane a < b ? a : b, and a > b ? a : b: b where either is NaN, as vminps / vmaxps (so
-// min(limit, x) is std::min(x, limit) and max(lo, x) the lower half of std::clamp, NaN kept).
-inline Vec16 min(Vec16 a, Vec16 b) {
-#if R3_ISA_AVX512
-  return {_mm512_min_ps(a.v, b.v)};
-#else
-  return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)};
-#endif
-}
-inline Vec16 max(Vec16 a, Vec16 b) {
-#if R3_ISA_AVX512
-  return {_mm512_max_ps(a.v, b.v)};
-#else
-  return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
 #endif
 }
 
