@@ -402,15 +402,15 @@ template <typename Decode>
 void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_begin, int hi, Decode decode) {
   const size_t panel_elems = size_t(pairs) * 32;
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
-  constexpr int kStep = 1;
+  constexpr int at_once = 1;
 #else
-  const int kStep = x.rows < 7 ? 1 : 2;
+  const int at_once = x.rows < 7 ? 1 : 2;
 #endif
-  thread_local PackedBf16 decoded;  // kStep panels as bf16 pair rows (they stay in L2)
-  if (decoded.size() < kStep * panel_elems) decoded.resize(kStep * panel_elems);
+  thread_local PackedBf16 decoded;  // at_once panels as bf16 pair rows (they stay in L2)
+  if (decoded.size() < at_once * panel_elems) decoded.resize(at_once * panel_elems);
   const int p_end = (hi + kPanel - 1) / kPanel;
-  for (int p = o_begin / kPanel; p < p_end; p += kStep) {
-    const int n = std::min(kStep, p_end - p);
+  for (int p = o_begin / kPanel; p < p_end; p += at_once) {
+    const int n = std::min(at_once, p_end - p);
     for (int i = 0; i < n; ++i) decode(p + i, decoded.data() + size_t(i) * panel_elems);
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
     panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
@@ -556,7 +556,7 @@ constexpr int kFusedDecodeTokens = 16;
 // Bytes ahead of the stream a fused tile prefetches (16 lines of each of its panels).
 constexpr ptrdiff_t kMxfp4Prefetch = 1024;
 
-// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy, the bf16 tile's
+// Up to kFusedDecodeTokens tokens (decode): the decode fused into the tile, no bf16 copy, the bf16 tile's
 // per-row order (w[2q + 1] x[2q + 1] first, then w[2q] x[2q]), so the bits are the bf16 path's.
 // kDp: each pair row decoded to bf16 words (mxfp4_pair_row_bf16) and one vdpbf16ps per token;
 // else lane r's weights as fp32, its e2m1 value times 2^(scale - 127) (an exact product, built
@@ -758,7 +758,7 @@ void decode_fp8_panel(const uint8_t* panel, int pairs, int block_cols, uint16_t*
 }
 
 #if R3_ISA_AVX512
-// Few tokens (weight streaming): the decode fused into the tile, no bf16 copy; each weight is
+// Up to kFusedDecodeTokens tokens (decode): the decode fused into the tile, no bf16 copy; each weight is
 // the decoded bf16 value (kept in fp32) and the fma chain is the bf16 tile's, so the bits are
 // the bf16 path's.
 template <int P, int C>
