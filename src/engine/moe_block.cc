@@ -120,7 +120,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
         add_bias(gate_.data() + at, w.gate_bias, len, it.begin);
         add_bias(up_.data() + at, w.up_bias, len, it.begin);
       }
-      if (act.clamped) kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act.limit, act.alpha);
+      if (act.clamped)
+        kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act.limit, act.alpha);
       else kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
       round_to_bf16(act_.data() + at, len, actb_.data() + at);
     }

@@ -452,6 +452,15 @@ int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
   if constexpr (P > 1) p = fused_panels_from<P / 2, kMaxC>(rows, p, p_end, tile);
   return p;
 }
+
+// The fused tiles' shapes (MXFP4, FP8): below 4 tokens, 4 panels (4 streams in flight) x up to 3
+// tokens; from 4 on, 2 panels x up to 8 tokens, so that each decoded pair row feeds more tokens
+// and the sums still fit the registers.
+template <typename Tile>
+void fused_decode_tiles(int rows, int p, int p_end, const Tile& tile) {
+  if (rows < 4) fused_panels_from<4, 3>(rows, p, p_end, tile);
+  else fused_panels_from<2, 8>(rows, p, p_end, tile);
+}
 #endif
 
 // ---- MXFP4 weights: 4-bit panels decoded one panel at a time into bf16 pair rows ----
@@ -640,9 +649,6 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
   const size_t panel_bytes = mxfp4_panel_bytes(W);
 #if R3_ISA_AVX512
-  // Up to 3 tokens: tiles of 4 panels (4 streams in flight); up to kFusedDecodeTokens: 2 panels x
-  // up to 8 tokens, so that each decoded pair row feeds more tokens and the sums still fit the
-  // registers.
   if (x.rows <= kFusedDecodeTokens) {
     const bool dp = use_dp_tiles(x.rows);
     const int p_end = (hi + kPanel - 1) / kPanel;
@@ -653,8 +659,7 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
                               p * kPanel, o_begin, hi);
       });
     };
-    if (x.rows < 4) fused_panels_from<4, 3>(x.rows, o_begin / kPanel, p_end, tile);
-    else fused_panels_from<2, 8>(x.rows, o_begin / kPanel, p_end, tile);
+    fused_decode_tiles(x.rows, o_begin / kPanel, p_end, tile);
     return;
   }
 #endif
@@ -830,15 +835,12 @@ void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, in
   const size_t panel_bytes = fp8_panel_bytes(W);
   const auto* packed = reinterpret_cast<const uint8_t*>(W.packed);
 #if R3_ISA_AVX512
-  // The tile shapes of matmul_mxfp4, for the same reasons.
   if (x.rows <= kFusedDecodeTokens) {
     auto tile = [&]<int P, int C>(int p, int t) {
       fp8_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, W.block_cols, x, t, pairs, y, ldy, p * kPanel,
                      o_begin, hi);
     };
-    const int p_end = (hi + kPanel - 1) / kPanel;
-    if (x.rows < 4) fused_panels_from<4, 3>(x.rows, o_begin / kPanel, p_end, tile);
-    else fused_panels_from<2, 8>(x.rows, o_begin / kPanel, p_end, tile);
+    fused_decode_tiles(x.rows, o_begin / kPanel, (hi + kPanel - 1) / kPanel, tile);
     return;
   }
 #endif
