@@ -15,14 +15,16 @@ namespace r3::kernels {
 namespace {
 
 // What the set's instructions need: AVX-512 Foundation plus the byte/word, vector-length and
-// doubleword extensions the tiles use (Skylake-SP and later); __builtin_cpu_supports also checks
-// that the operating system saves the wide registers.
+// doubleword extensions the tiles use (Skylake-SP and later); the avx512bf16 set also VBMI's
+// byte permutes (the FP8 tables: Sapphire Rapids, Zen 4 and later). __builtin_cpu_supports also
+// checks that the operating system saves the wide registers.
 bool cpu_runs(const KernelSet& set) {
   const std::string name = set.name;
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (name == "avx512bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
+  if (name == "avx512bf16")
+    return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   if (name == "avx512") return avx512;
   if (name == "avx2") return avx2;
   return true;

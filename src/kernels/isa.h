@@ -12,7 +12,7 @@
 //   are instantiated, so the linker cannot keep an AVX-512 copy of, say, a std::vector member
 //   for callers on a CPU without it. isa_end.h switches back.
 // - Paths. Code chooses its path with R3_ISA_AVX2 / R3_ISA_AVX512 / R3_ISA_AVX512BF16 (0 or 1;
-//   each implies the ones before it), since the compiler's own __AVX2__-style macros do not
+//   each implies the ones before it; R3_ISA_AVX512BF16 also means AVX512-VBMI), since the compiler's own __AVX2__-style macros do not
 //   follow the pragma in C++. Outside the kernels they follow the build's flags.
 #pragma once
 
@@ -24,7 +24,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && R3_ISA_AVX2
 #define R3_ISA_AVX512 1
 #endif
-#if defined(__AVX512BF16__) && R3_ISA_AVX512
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && R3_ISA_AVX512
 #define R3_ISA_AVX512BF16 1
 #endif
 #endif

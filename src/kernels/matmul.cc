@@ -122,26 +122,34 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
   }
 }
 
-// Block-scaled FP8 [O, I] into 8-bit panels (matmul_tiles.cc decodes them): per panel of 16
-// rows, pair row q holds the rows' codes of input 2q (16 bytes), then of input 2q + 1, then per
-// column block each row's scale (16 fp32). Rows past O stay zero (they decode to 0).
+// Block-scaled FP8 [O, I] into 8-bit panels (matmul.h; matmul_tiles.cc decodes them), or, for a
+// block shape fp8_native refuses, into the bf16 panel of its decoded values. Rows past O, and
+// the padding pair row after an odd last one, stay zero (they decode to 0).
 void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
-  const int64_t O = W.shape[0], I = W.shape[1], col_blocks = (I + W.block_cols - 1) / W.block_cols;
+  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, col_blocks = (I + W.block_cols - 1) / W.block_cols;
+  if (!fp8_native(W)) {
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      uint16_t* panel = packed + size_t(p) * size_t(pairs) * 32;
+      std::memset(panel, 0, size_t(pairs) * 64);
+      for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r)
+        for (int64_t k = 0; k < I; ++k)
+          panel[(k / 2) * 32 + (r - p * kPanelRows) * 2 + k % 2] = f32_to_bf16(W.at(r * I + k));
+    }
+    return;
+  }
   const size_t panel_bytes = fp8_panel_bytes(W);
   const auto* w = static_cast<const uint8_t*>(W.data);
   auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * panel_bytes;
-    auto* scales = reinterpret_cast<float*>(panel + size_t(I) * kPanelRows);
+    std::memset(panel, 0, panel_bytes);
     for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
-      const int64_t lane = r - p * kPanelRows;
-      for (int64_t q = 0; q < I / 2; ++q) {
-        panel[q * 32 + lane] = w[r * I + 2 * q];
-        panel[q * 32 + 16 + lane] = w[r * I + 2 * q + 1];
-      }
-      for (int64_t b = 0; b < col_blocks; ++b)
-        scales[b * kPanelRows + lane] = W.scale_inv[r / W.block_rows * col_blocks + b];
+      const int lane = int(r - p * kPanelRows);
+      for (int64_t k = 0; k < I; ++k) panel[fp8_code_byte(k / 2, lane, int(k % 2))] = w[r * I + k];
     }
+    // The panel's rows lie in one row block (fp8_native): one scale per column block.
+    auto* scales = reinterpret_cast<float*>(panel + fp8_scales_offset(W));
+    for (int64_t b = 0; b < col_blocks; ++b) scales[b] = W.scale_inv[p * kPanelRows / W.block_rows * col_blocks + b];
   }
 }
 

@@ -63,16 +63,33 @@ inline constexpr int mxfp4_code_shift(int j) { return 4 * (j % 2); }
 inline size_t mxfp4_panel_bytes(const TensorView& W) {
   return size_t(W.shape[1] / (2 * kMxfp4GroupPairs)) * kMxfp4GroupBytes;
 }
-// Bytes of one packed panel of a block-scaled FP8 weight [O, I]: 16 rows x I bytes, then 16 fp32
-// scales per column block.
+// A block-scaled FP8 weight runs natively (8-bit panels decoded inside the matmul) when each
+// panel's 16 rows share their block scales and every column block starts on an even pair row:
+// block rows a multiple of 16, block columns of 4, as every released FP8 checkpoint (128 x 128).
+// Other block shapes are packed as the bf16 panel of their decoded values: the same bits, twice
+// the bytes.
+inline bool fp8_native(const TensorView& W) { return W.block_rows % kPanelRows == 0 && W.block_cols % 4 == 0; }
+// A native FP8 panel: the codes of pair rows q and q + 1 (q even) as one 64-byte line, then one
+// fp32 scale per column block, padded to a whole line. Byte 16l + 8h + j of the line holds word
+// 8l + j of pair row q + h, where word 2r + i of a pair row is row r's code of input 2q + i: a
+// byte unpack of the line (vpunpcklbw / vpunpckhbw, which work in 16-byte lanes) then gives both
+// pair rows in the word order of the bf16 panel (matmul_tiles.cc).
+inline constexpr size_t fp8_code_byte(int64_t q, int r, int i) {
+  const int w = 2 * r + i;
+  return size_t(q / 2) * 64 + size_t(w / 8) * 16 + size_t(q % 2) * 8 + size_t(w % 8);
+}
+// Where a native FP8 panel's block scales start: after its code lines.
+inline size_t fp8_scales_offset(const TensorView& W) { return size_t((W.shape[1] / 2 + 1) / 2) * 64; }
 inline size_t fp8_panel_bytes(const TensorView& W) {
-  return size_t(W.shape[1]) * kPanelRows + size_t((W.shape[1] + W.block_cols - 1) / W.block_cols) * kPanelRows * 4;
+  const size_t col_blocks = size_t((W.shape[1] + W.block_cols - 1) / W.block_cols);
+  return fp8_scales_offset(W) + (col_blocks * 4 + 63) / 64 * 64;
 }
 
-// Bytes of one packed panel of a packable weight: bf16 (64 bytes per input pair), MXFP4 or FP8.
+// Bytes of one packed panel of a packable weight: bf16 (64 bytes per input pair, as FP8 of other
+// block shapes), MXFP4 or native FP8.
 inline size_t packed_panel_bytes(const TensorView& W) {
   if (W.dtype == DType::MXFP4) return mxfp4_panel_bytes(W);
-  if (W.dtype == DType::F8_E4M3) return fp8_panel_bytes(W);
+  if (W.dtype == DType::F8_E4M3 && fp8_native(W)) return fp8_panel_bytes(W);
   return size_t(W.shape[1] / 2) * 64;
 }
 
