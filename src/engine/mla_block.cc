@@ -124,20 +124,27 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   const int stride = rope_.max_pos() + block_size_;
   {  // attention over the cache, timed (EngineStats::attention_seconds)
     ScopedNanoseconds timed{attention_ns_};
-    pool_->parallel_for_each(int64_t(T) * nh, [&](int64_t i) {
+    // Items of (token, group of heads): up to kLatentHeads heads share each pass over the rows,
+    // in smaller groups when that leaves threads idle (the same bits either way).
+    const int groups = std::max((nh + kernels::kLatentHeads - 1) / kernels::kLatentHeads,
+                                std::min(nh, (pool_->size() + T - 1) / T));
+    const int per_group = (nh + groups - 1) / groups;
+    pool_->parallel_for_each(int64_t(T) * groups, [&](int64_t i) {
       thread_local std::vector<float> scores;
-      if (scores.size() < size_t(stride)) scores.resize(size_t(stride));
-      const int t = int(i / nh), h = int(i % nh);
-      float* o = &o_lat_[(size_t(h) * T + size_t(t)) * kvr];
+      if (scores.size() < size_t(per_group) * size_t(stride)) scores.resize(size_t(per_group) * size_t(stride));
+      const int t = int(i / groups), h0 = int(i % groups) * per_group, h1 = std::min(nh, h0 + per_group);
       const PlannedToken& tok = plan.tokens[size_t(t)];
+      float* o = &o_lat_[size_t(t) * kvr];  // head h's output at o + h * T * kvr
+      const size_t o_stride = size_t(T) * size_t(kvr);
       if (tok.seq < 0) {
-        std::fill(o, o + kvr, 0.f);
+        for (int h = h0; h < h1; ++h) std::fill(o + h * o_stride, o + h * o_stride + kvr, 0.f);
       } else {
         const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
                                              block_size_, lw};
-        kernels::attend_latent(&q_lat_[(size_t(t) * nh + h) * lw], kvr, tok.position, scale, rows, scores.data(), o);
+        kernels::attend_latent_heads(&q_lat_[size_t(t) * nh * lw], h0, h1, kvr, tok.position, scale, rows,
+                                     scores.data(), stride, o, o_stride);
       }
-      round_to_bf16(o, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
+      for (int h = h0; h < h1; ++h) round_to_bf16(o + h * o_stride, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
     });
   }
   // attn[t, h * vd : (h + 1) * vd] = uv_h o_lat[h, t]

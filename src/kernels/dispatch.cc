@@ -106,6 +106,22 @@ template void attend_heads(const float*, int, int, int, int, int, float, const P
 template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<uint16_t>&, const float*,
                            float*, int, float*);
 
+template <typename KvT>
+void attend_latent_heads(const float* q, int h0, int h1, int value_width, int pos, float scale,
+                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out, size_t out_stride) {
+  if constexpr (std::is_same_v<KvT, float>)
+    active_kernels().attend_latent_heads_f32(q, h0, h1, value_width, pos, scale, cache, scores, score_stride, out,
+                                             out_stride);
+  else
+    active_kernels().attend_latent_heads_bf16(q, h0, h1, value_width, pos, scale, cache, scores, score_stride, out,
+                                              out_stride);
+}
+
+template void attend_latent_heads(const float*, int, int, int, int, float, const PagedLatent<float>&, float*, int,
+                                  float*, size_t);
+template void attend_latent_heads(const float*, int, int, int, int, float, const PagedLatent<uint16_t>&, float*, int,
+                                  float*, size_t);
+
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
   active_kernels().rms_norm(x, w, w_offset, n, eps, y);
 }

@@ -1,7 +1,7 @@
 // The entry points each instruction set's kernels define, inside r3::kernels::R3_ISA_NS (isa.h).
 // Included only by the kernel translation units compiled once per set; everything else calls the
-// public declarations of matmul.h, attention.h, ops.h and machine_limits.h, which forward to the
-// chosen set (kernel_set.h).
+// public declarations of matmul.h, attention.h, attention_latent.h, ops.h and machine_limits.h,
+// which forward to the chosen set (kernel_set.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/attention_latent.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 
@@ -29,6 +30,9 @@ void attend_group(const float* const* q, const int* pos, int nq, int head_dim, f
 template <typename KvT>
 void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
                   const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out);
+template <typename KvT>
+void attend_latent_heads(const float* q, int h0, int h1, int value_width, int pos, float scale,
+                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out, size_t out_stride);
 void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, float* out, int n);
 void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha);

@@ -17,6 +17,8 @@ const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
       .attend_group_bf16 = &isa::attend_group<uint16_t>,
       .attend_heads_f32 = &isa::attend_heads<float>,
       .attend_heads_bf16 = &isa::attend_heads<uint16_t>,
+      .attend_latent_heads_f32 = &isa::attend_latent_heads<float>,
+      .attend_latent_heads_bf16 = &isa::attend_latent_heads<uint16_t>,
       .rms_norm = &isa::rms_norm,
       .silu_mul = &isa::silu_mul,
       .clamped_swiglu = &isa::clamped_swiglu,

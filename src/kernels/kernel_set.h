@@ -3,7 +3,8 @@
 // once, on first use: the widest set the CPU supports (cpuid, with the operating system's
 // register support), or the one named by the environment variable R3_KERNELS (portable, avx2,
 // avx512, avx512bf16), which is refused with an error when the CPU lacks it. The public entry
-// points of matmul.h, attention.h, ops.h and machine_limits.h call through the chosen table.
+// points of matmul.h, attention.h, attention_latent.h, ops.h and machine_limits.h call through
+// the chosen table.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/attention_latent.h"
 #include "kernels/matmul.h"
 
 namespace r3::kernels {
@@ -33,6 +35,12 @@ struct KernelSet {
   void (*attend_heads_bf16)(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
                             const PagedHead<uint16_t>& kv, const float* sinks, float* scores, int score_stride,
                             float* out);
+  void (*attend_latent_heads_f32)(const float* q, int h0, int h1, int value_width, int pos, float scale,
+                                  const PagedLatent<float>& cache, float* scores, int score_stride, float* out,
+                                  size_t out_stride);
+  void (*attend_latent_heads_bf16)(const float* q, int h0, int h1, int value_width, int pos, float scale,
+                                   const PagedLatent<uint16_t>& cache, float* scores, int score_stride, float* out,
+                                   size_t out_stride);
   void (*rms_norm)(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
   void (*clamped_swiglu)(const float* gate, const float* up, float* out, int n, float limit, float alpha);
