@@ -211,19 +211,20 @@ void Checkpoint::check_quantized_values(const TensorView& t) const {
   };
   const auto* b = static_cast<const uint8_t*>(t.data);
   if (!b) return;  // unread (another rank's expert)
+  const int64_t n = t.numel();
   if (t.dtype == DType::F8_E4M3) {
-    for (int64_t i = 0; i < t.numel(); ++i)
+    for (int64_t i = 0; i < n; ++i)
       if (e4m3_is_nan(b[i])) refuse("an F8_E4M3 NaN", i);
   } else if (c.fp8_block_rows && ends_with(t.name, ".weight_scale_inv") && is_float_dtype(t.dtype)) {
     // Every nonzero product with an e4m3 value (2^-9 .. 448) stays a normal number whose bf16
     // rounding is finite: no path can flush it or overflow.
-    for (int64_t i = 0; i < t.numel(); ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       const float v = t.at(i);
       if (!(v == 0.f || (v >= 0x1p-117f && v <= 0x1p118f)))
         refuse("block scale " + std::to_string(v) + " (must be 0 or within [2^-117, 2^118])", i);
     }
   } else if (c.experts_mxfp4 && ends_with(t.name, "_scales") && t.dtype == DType::U8) {
-    for (int64_t i = 0; i < t.numel(); ++i)
+    for (int64_t i = 0; i < n; ++i)
       if (b[i] < 2 || b[i] > 252)
         refuse("scale byte " + std::to_string(b[i]) + ", outside [2, 252] (MXFP4 values would leave bf16's normal range)", i);
   }
@@ -273,7 +274,7 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
 TensorView Checkpoint::decoded_bf16(const TensorView& src) {
   derived_.emplace_back(size_t(src.numel()) * 2);
   auto* d = reinterpret_cast<uint16_t*>(derived_.back().data());
-  for (int64_t i = 0; i < src.numel(); ++i) d[i] = f32_to_bf16(src.at(i));
+  for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = f32_to_bf16(src.at(i));
   TensorView v;
   v.name = src.name;
   v.file = src.file;
