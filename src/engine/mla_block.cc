@@ -121,19 +121,19 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
   per_head_matmul(mla_heads_[size_t(layer)], true, q_nope_.data(), q_nopeb_.data(), T, nope, q_lat_.data(), nh * lw, lw);
   // DeepseekV3Attention: qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2.
   const float scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
-  const int stride = rope_.max_pos() + block_size_;
   {  // attention over the cache, timed (EngineStats::attention_seconds)
     ScopedNanoseconds timed{attention_ns_};
     // Items of (token, group of heads): up to kLatentHeads heads share each pass over the rows,
     // in smaller groups when that leaves threads idle (the same bits either way).
     const int groups = std::max((nh + kernels::kLatentHeads - 1) / kernels::kLatentHeads,
-                                std::min(nh, (pool_->size() + T - 1) / T));
+                                std::min(nh, (pool_->size() + T - 1) / std::max(1, T)));
     const int per_group = (nh + groups - 1) / groups;
     pool_->parallel_for_each(int64_t(T) * groups, [&](int64_t i) {
-      thread_local std::vector<float> scores;
-      if (scores.size() < size_t(per_group) * size_t(stride)) scores.resize(size_t(per_group) * size_t(stride));
       const int t = int(i / groups), h0 = int(i % groups) * per_group, h1 = std::min(nh, h0 + per_group);
       const PlannedToken& tok = plan.tokens[size_t(t)];
+      const int keys = tok.position + 1;  // the score rows' stride
+      thread_local std::vector<float> scores;
+      if (scores.size() < size_t(per_group) * size_t(keys)) scores.resize(size_t(per_group) * size_t(keys));
       float* o = &o_lat_[size_t(t) * kvr];  // head h's output at o + h * T * kvr
       const size_t o_stride = size_t(T) * size_t(kvr);
       if (tok.seq < 0) {
@@ -142,7 +142,7 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
         const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
                                              block_size_, lw};
         kernels::attend_latent_heads(&q_lat_[size_t(t) * nh * lw], h0, h1, kvr, tok.position, scale, rows,
-                                     scores.data(), stride, o, o_stride);
+                                     scores.data(), keys, o, o_stride);
       }
       for (int h = h0; h < h1; ++h) round_to_bf16(o + h * o_stride, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
     });
