@@ -12,8 +12,9 @@
 //   are instantiated, so the linker cannot keep an AVX-512 copy of, say, a std::vector member
 //   for callers on a CPU without it. isa_end.h switches back.
 // - Paths. Code chooses its path with R3_ISA_AVX2 / R3_ISA_AVX512 / R3_ISA_AVX512BF16 (0 or 1;
-//   each implies the ones before it; R3_ISA_AVX512BF16 also means AVX512-VBMI), since the compiler's own __AVX2__-style macros do not
-//   follow the pragma in C++. Outside the kernels they follow the build's flags.
+//   each implies the ones before it; R3_ISA_AVX512BF16 also means AVX512-VBMI), since the
+//   compiler's own __AVX2__-style macros do not follow the pragma in C++. Outside the kernels
+//   they follow the build's flags.
 #pragma once
 
 #ifndef R3_ISA_NS

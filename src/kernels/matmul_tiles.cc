@@ -708,7 +708,8 @@ inline __m256i ps_to_bf16_bits(__m256 v) {
 inline __m256i ps_to_bf16_words(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16));
+  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 #endif
 // The table of one block scale s: word m of words[m / 32] is the bf16 bits of magnitude m x s.
@@ -792,7 +793,8 @@ inline __m256i e4m3_to_f16(__m256i words) {
 }
 #endif
 
-// Panel p's codes decoded into bf16 pair rows (the decoded path, beyond kFusedDecodeTokens).
+// One panel's codes decoded into bf16 pair rows (the decoded path: beyond kFusedDecodeTokens on
+// AVX-512, at every token count on AVX2 and portable).
 void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int block_cols, uint16_t* out) {
   const auto* scales = reinterpret_cast<const float*>(panel + scales_at);
   const int pairs_per_block = block_cols / 2;  // even (fp8_native)
@@ -811,13 +813,14 @@ void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int blo
     const __m256 scale = _mm256_set1_ps(scales[cb] * 256.f);
     for (int q = q0; q < q1; q += 2)
       for (int l = 0; l < 4; ++l) {  // 16 bytes: words 8l..8l + 7 of pair row q, then of q + 1
-        const __m256i h = e4m3_to_f16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + size_t(q) * 32 + 16 * l))));
+        const auto* at = reinterpret_cast<const __m128i*>(panel + size_t(q) * 32 + 16 * l);
+        const __m256i h = e4m3_to_f16(_mm256_cvtepu8_epi16(_mm_loadu_si128(at)));
         const __m256i a = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale));
         const __m256i b = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale));
         const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);  // a's 8 words, then b's
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + size_t(q) * 32 + 8 * l), _mm256_castsi256_si128(words));
-        if (q + 1 < q1)
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + size_t(q + 1) * 32 + 8 * l), _mm256_extracti128_si256(words, 1));
+        auto* row_q = reinterpret_cast<__m128i*>(out + size_t(q) * 32 + 8 * l);
+        _mm_storeu_si128(row_q, _mm256_castsi256_si128(words));
+        if (q + 1 < q1) _mm_storeu_si128(row_q + 4, _mm256_extracti128_si256(words, 1));  // pair row q + 1
       }
 #else
     const float* magnitudes = e4m3_magnitudes();
@@ -852,7 +855,8 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int b
     Fp8Table table[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p)
-      table[p] = fp8_table(magnitudes, reinterpret_cast<const float*>(panels + size_t(p) * panel_bytes + scales_at)[cb]);
+      table[p] = fp8_table(magnitudes,
+                           reinterpret_cast<const float*>(panels + size_t(p) * panel_bytes + scales_at)[cb]);
     for (int q = q0; q < q1; q += 2) {
       __m512i row_q[P], row_q1[P];
 #pragma GCC unroll 4
