@@ -40,6 +40,18 @@ void head_scores(const float* q, int n, float scale, const PagedLatent<KvT>& cac
   }
 }
 
+// out[d] = fma(w[j], v_j[d], out[d]) over keys 0..n-1 in key order, for d in [d0, value_width)
+// (all of them on the portable path, what the vector passes leave on the others).
+template <typename KvT>
+void weighted_values_from(int d0, const float* w, int n, int value_width, const PagedLatent<KvT>& cache, float* out) {
+  if (d0 >= value_width) return;
+  std::fill(out + d0, out + value_width, 0.f);
+  for (int j = 0; j < n; ++j) {
+    const KvT* r = latent_row(cache, j);
+    for (int d = d0; d < value_width; ++d) out[d] = std::fma(w[j], widen(r[d]), out[d]);
+  }
+}
+
 #if defined(R3_VEC16)
 // Scores of keys [j, j + K) for the heads in q_lanes' lanes (q_lanes: [width][16], head per
 // lane): K independent fma chains, each row element broadcast once for all heads. Lane i of the
@@ -81,20 +93,12 @@ void weighted_values(const float* w, int n, int value_width, const PagedLatent<K
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) acc[c].store(out + d0 + 16 * c);
   }
-  for (int d = d0; d < value_width; ++d) out[d] = 0.f;
-  for (int j = 0; j < n && d0 < value_width; ++j) {
-    const KvT* r = latent_row(cache, j);
-    for (int d = d0; d < value_width; ++d) out[d] = std::fma(w[j], widen(r[d]), out[d]);
-  }
+  weighted_values_from(d0, w, n, value_width, cache, out);
 }
 #else
 template <typename KvT>
 void weighted_values(const float* w, int n, int value_width, const PagedLatent<KvT>& cache, float* out) {
-  std::fill(out, out + value_width, 0.f);
-  for (int j = 0; j < n; ++j) {
-    const KvT* r = latent_row(cache, j);
-    for (int d = 0; d < value_width; ++d) out[d] = std::fma(w[j], widen(r[d]), out[d]);
-  }
+  weighted_values_from(0, w, n, value_width, cache, out);
 }
 #endif
 

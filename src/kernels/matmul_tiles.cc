@@ -703,15 +703,6 @@ inline __m256i ps_to_bf16_bits(__m256 v) {
 #endif
 
 #if R3_ISA_AVX512
-#if !R3_ISA_AVX512BF16
-// fp32 -> bf16 bits (round to nearest even) as 16 words; no NaN can occur.
-inline __m256i ps_to_bf16_words(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-}
-#endif
 // The table of one block scale s: word m of words[m / 32] is the bf16 bits of magnitude m x s.
 inline void fp8_word_table(const float* magnitudes, float s, __m512i* words) {
   const __m512 scale = _mm512_set1_ps(s);
@@ -722,7 +713,12 @@ inline void fp8_word_table(const float* magnitudes, float s, __m512i* words) {
 #if R3_ISA_AVX512BF16
     words[i] = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // round to nearest even, a's words first
 #else
-    words[i] = _mm512_inserti64x4(_mm512_castsi256_si512(ps_to_bf16_words(a)), ps_to_bf16_words(b), 1);
+    alignas(64) float products[32];  // rounded by the per-token op (ops.cc), once per block
+    alignas(64) uint16_t bits[32];
+    _mm512_store_ps(products, a);
+    _mm512_store_ps(products + 16, b);
+    round_to_bf16(products, 32, bits);
+    words[i] = _mm512_load_si512(bits);
 #endif
   }
 }
