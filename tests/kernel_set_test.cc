@@ -364,6 +364,33 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
   }
 }
 
+// Every set adds a bias as one fp32 add of its stored value, fp32 or bf16 widened, from an
+// offset into the bias, over lengths with and without a vector tail.
+TEST(KernelSet, AddBiasIsOneAddOfTheStoredValueOnEverySet) {
+  std::mt19937_64 rng(19);
+  const int size = 1100;
+  const std::vector<float> bias_f32 = random_values(size_t(size), rng, true);
+  std::vector<uint16_t> bias_bf16(bias_f32.size());
+  for (size_t i = 0; i < bias_bf16.size(); ++i) bias_bf16[i] = f32_to_bf16(bias_f32[i]);
+  const TensorView f32_view{.dtype = DType::F32, .shape = {size}, .data = bias_f32.data()};
+  const TensorView bf16_view{.dtype = DType::BF16, .shape = {size}, .data = bias_bf16.data()};
+  for (int n : {1, 15, 16, 33, 1030})
+    for (int64_t offset : {0, 7, 70}) {
+      const std::vector<float> x = random_values(size_t(n), rng, false);
+      for (const KernelSet* set : supported_kernel_sets()) {
+        std::vector<float> a = x, b = x;
+        set->add_bias(a.data(), f32_view, offset, n);
+        set->add_bias(b.data(), bf16_view, offset, n);
+        for (int i = 0; i < n; ++i) {
+          const size_t at = size_t(offset + i);
+          ASSERT_EQ(bits(a[size_t(i)]), bits(x[size_t(i)] + bias_f32[at])) << set->name << " n=" << n << " i=" << i;
+          ASSERT_EQ(bits(b[size_t(i)]), bits(x[size_t(i)] + bf16_to_f32(bias_bf16[at])))
+              << set->name << " n=" << n << " i=" << i;
+        }
+      }
+    }
+}
+
 // Every set rounds as core/dtype.h's f32_to_bf16 does, lane for lane: ties to even, subnormals
 // kept (vcvtneps2bf16 would flush them), NaNs kept quiet, the bits and the rounded value both.
 TEST(KernelSet, RoundToBf16IsF32ToBf16OnEverySet) {

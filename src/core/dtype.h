@@ -71,6 +71,10 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// A stored fp32 or bf16 value (a KV cache element, a bias) as fp32: bf16 widens exactly.
+inline float widen(float v) { return v; }
+inline float widen(uint16_t bits) { return bf16_to_f32(bits); }
+
 // Round to nearest even; NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;

@@ -15,19 +15,6 @@ namespace r3 {
 using kernels::Activations;
 using kernels::rms_norm;
 
-// x[i] += b[from + i], the bias widened to fp32.
-void add_bias(float* x, const TensorView& b, int n, int from) {
-  if (b.dtype == DType::BF16) {
-    const uint16_t* bb = static_cast<const uint16_t*>(b.data) + from;
-    for (int i = 0; i < n; ++i) x[i] += bf16_to_f32(bb[i]);
-  } else if (b.dtype == DType::F32) {
-    const float* bf = static_cast<const float*>(b.data) + from;
-    for (int i = 0; i < n; ++i) x[i] += bf[i];
-  } else {
-    for (int i = 0; i < n; ++i) x[i] += b.at(from + i);
-  }
-}
-
 // Attention of every real token over its request's keys 0..pos (kernels/attention.h), per
 // (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
 // load of K and V.
@@ -153,9 +140,9 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       float* k = &k_[size_t(t) * kvd];
       float* v = &v_[size_t(t) * kvd];
       if (a.qkv_bias) {
-        add_bias(q, L.q_bias, qd);
-        add_bias(k, L.k_bias, kvd);
-        add_bias(v, L.v_bias, kvd);
+        kernels::add_bias(q, L.q_bias, 0, qd);
+        kernels::add_bias(k, L.k_bias, 0, kvd);
+        kernels::add_bias(v, L.v_bias, 0, kvd);
       }
       if (a.qk_norm == QkNorm::PerHead) {
         for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);

@@ -275,7 +275,7 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
     });
     matmul({attn_.data(), attnb_.data(), T}, L.o, tmp_.data(), pool_);
     if (!L.o_bias.empty())
-      for (int t = 0; t < T; ++t) add_bias(tmp_.data() + size_t(t) * H, L.o_bias, H);
+      for (int t = 0; t < T; ++t) kernels::add_bias(tmp_.data() + size_t(t) * H, L.o_bias, 0, H);
     add_and_norm(tmp_.data(), L.post_norm, T);
     if (L.moe)
       moe(L, moe_layer++, T, ffn_.data(), slot, num_real);

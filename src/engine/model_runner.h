@@ -27,9 +27,6 @@
 
 namespace r3 {
 
-// x[i] += b[from + i] for i < n, the bias widened to fp32.
-void add_bias(float* x, const TensorView& b, int n, int from = 0);
-
 class ModelRunner {
  public:
   // max_step_tokens bounds a step's tokens (incl. padding), max_seqs its sampled rows; kv_dtype

@@ -117,8 +117,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     for (int r = off; r < off + n; ++r) {
       const size_t at = size_t(r) * I + size_t(it.begin);
       if (!w.gate_bias.empty()) {
-        add_bias(gate_.data() + at, w.gate_bias, len, it.begin);
-        add_bias(up_.data() + at, w.up_bias, len, it.begin);
+        kernels::add_bias(gate_.data() + at, w.gate_bias, it.begin, len);
+        kernels::add_bias(up_.data() + at, w.up_bias, it.begin, len);
       }
       if (act.clamped)
         kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act.limit, act.alpha);
@@ -137,7 +137,7 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
                 expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
     if (!w.down_bias.empty())
       for (int r = off; r < off + n; ++r)
-        add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.end - it.begin, it.begin);
+        kernels::add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.begin, it.end - it.begin);
   }, [&](const WorkItem& it) { kernels::prefetch_rows_start(weights_of(it.group).down, it.begin, it.end); });
   if (exchange_) exchange_->gather_expert_rows(expert_out_.data(), group_offsets_.data(), P, H);
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {

@@ -24,10 +24,6 @@ inline namespace R3_ISA_NS {
 
 namespace {
 
-// A cache element as fp32 (bf16 widens exactly).
-inline float widen(float v) { return v; }
-inline float widen(uint16_t bits) { return bf16_to_f32(bits); }
-
 // Key j's values: head_dim elements, contiguous; the block's later slots follow at head_dim strides.
 template <typename KvT>
 inline const KvT* v_row(const PagedHead<KvT>& kv, int j, int hd) {

@@ -20,9 +20,6 @@ inline namespace R3_ISA_NS {
 
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(uint16_t bits) { return bf16_to_f32(bits); }
-
 template <typename KvT>
 inline const KvT* latent_row(const PagedLatent<KvT>& cache, int j) {
   const int bs = cache.block_size;

@@ -20,6 +20,7 @@ const KernelSet& R3_ISA_CAT(kernel_set_, R3_ISA_NS)() {
       .attend_latent_heads_f32 = &isa::attend_latent_heads<float>,
       .attend_latent_heads_bf16 = &isa::attend_latent_heads<uint16_t>,
       .rms_norm = &isa::rms_norm,
+      .add_bias = &isa::add_bias,
       .silu_mul = &isa::silu_mul,
       .clamped_swiglu = &isa::clamped_swiglu,
       .round_to_bf16 = &isa::round_to_bf16,

@@ -42,6 +42,7 @@ struct KernelSet {
                                    const PagedLatent<uint16_t>& cache, float* scores, int score_stride, float* out,
                                    size_t out_stride);
   void (*rms_norm)(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
+  void (*add_bias)(float* x, const TensorView& b, int64_t b_offset, int n);
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
   void (*clamped_swiglu)(const float* gate, const float* up, float* out, int n, float limit, float alpha);
   void (*round_to_bf16)(float* x, int64_t n, uint16_t* bits);

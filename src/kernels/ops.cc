@@ -32,6 +32,22 @@ void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, floa
   }
 }
 
+template <typename BiasT>
+void add_stored_bias(float* x, const BiasT* b, int n) {
+  int i = 0;
+#if defined(R3_VEC16)
+  for (; i + 16 <= n; i += 16) (Vec16::load(x + i) + Vec16::load(b + i)).store(x + i);
+#endif
+  for (; i < n; ++i) x[i] += widen(b[i]);
+}
+
+void add_bias(float* x, const TensorView& b, int64_t b_offset, int n) {
+  if (b.dtype == DType::F32) add_stored_bias(x, static_cast<const float*>(b.data) + b_offset, n);
+  else if (b.dtype == DType::BF16) add_stored_bias(x, static_cast<const uint16_t*>(b.data) + b_offset, n);
+  else
+    for (int i = 0; i < n; ++i) x[i] += b.at(b_offset + i);
+}
+
 // silu(g) = g * sigmoid(g), sigmoid as exp.h computes it (the vector path the same operations).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
   int i = 0;

@@ -1,4 +1,4 @@
-// Small per-token ops of the engine forward: RMSNorm, RoPE, SiLU-gating, softmax. Each works on
+// Small per-token ops of the engine forward: RMSNorm, RoPE, biases, SiLU-gating, softmax. Each works on
 // one token's vector, so batch composition cannot change its result.
 #pragma once
 #include <cstdint>
@@ -28,6 +28,10 @@ class Rope {
   float* table_;  // [max_pos, half] cos then sin
   std::vector<float> storage_;
 };
+
+// x[i] += b[b_offset + i] for i < n: one fp32 add each, the bias (fp32, or bf16 widened exactly)
+// as it is stored; any other stored type is read through TensorView::at.
+void add_bias(float* x, const TensorView& b, int64_t b_offset, int n);
 
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int n);
