@@ -8,11 +8,11 @@
 // (no vector load splits) and can be handed back to the operating system while the engine idles.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <variant>
-#include <vector>
 
+#include "core/big_alloc.h"
 #include "core/dtype.h"
-#include "kernels/matmul.h"
 
 namespace r3 {
 
@@ -27,8 +27,8 @@ class KvCache {
     restore();
   }
 
-  KvT* k_layer(int layer) { return k_.data() + size_t(layer) * layer_k_; }
-  KvT* v_layer(int layer) { return v_.data() + size_t(layer) * layer_v_; }
+  KvT* k_layer(int layer) { return k_->get() + size_t(layer) * layer_k_; }
+  KvT* v_layer(int layer) { return v_->get() + size_t(layer) * layer_v_; }
   int block_size() const { return block_size_; }
   int64_t k_width() const { return k_width_; }
 
@@ -50,14 +50,16 @@ class KvCache {
   }
 
   void release() {
-    decltype(k_)().swap(k_);  // swap: clear() would keep the capacity (and the pages)
-    decltype(v_)().swap(v_);
+    k_.reset();
+    v_.reset();
     released_ = true;
   }
+  // Zeros, committed only as blocks are written (core/big_alloc.h): the cache's size costs no
+  // start-up (or resume) time, and an idle engine's unused blocks hold no memory.
   void restore() {
     if (!released_) return;  // never released: its contents stay
-    k_.assign(layer_k_ * size_t(layers_), KvT(0));
-    v_.assign(layer_v_ * size_t(layers_), KvT(0));
+    k_ = std::make_unique<BigArray<KvT>>(layer_k_ * size_t(layers_), ZeroFilled{});
+    v_ = std::make_unique<BigArray<KvT>>(layer_v_ * size_t(layers_), ZeroFilled{});
     released_ = false;
   }
   bool released() const { return released_; }
@@ -70,7 +72,7 @@ class KvCache {
   size_t layer_k_, layer_v_;  // elements per layer
   int layers_, block_size_;
   int64_t k_width_, v_width_;
-  std::vector<KvT, kernels::CacheLineAllocator<KvT>> k_, v_;
+  std::unique_ptr<BigArray<KvT>> k_, v_;  // [layer][...] as above; null while released
 };
 
 // The engine's cache: fp32, or bf16 (uint16_t bits).
