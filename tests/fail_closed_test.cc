@@ -179,3 +179,28 @@ TEST(FailClosedValues, NonFiniteLogitsFailTheRequestNotTheBatch) {
 
 }  // namespace
 }  // namespace r3
+
+namespace r3 {
+namespace {
+
+// A KV pool larger than the machine is refused when the engine is built, naming both sizes and
+// the options, instead of starting (its memory is committed only as written) and failing later.
+TEST(FailClosedConfig, KvCacheLargerThanTheMachineIsRefused) {
+  EngineConfig c = config_for(test_model("olmoe"));
+  c.block_size = 4096;
+  c.num_kv_blocks = 1 << 16;  // hundreds of GiB of KV at any model width
+  try {
+    Engine e(c);
+    ADD_FAILURE() << "an engine with a KV cache larger than the machine was built";
+  } catch (const Error& err) {
+    const std::string what = err.what();
+    EXPECT_NE(what.find("exceeds this machine's memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("--num-kv-blocks"), std::string::npos) << what;
+  }
+  c.num_kv_blocks = 64;  // the same model and block size within the machine: built
+  Engine ok(c);
+  EXPECT_EQ(ok.config().num_kv_blocks, 64);
+}
+
+}  // namespace
+}  // namespace r3

@@ -13,4 +13,8 @@ double resident_mb() {
   return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1e6;
 }
 
+double physical_memory_mb() {
+  return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / double(1 << 20);
+}
+
 }  // namespace r3

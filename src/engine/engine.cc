@@ -107,6 +107,15 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   }
   cfg_.num_kv_blocks = blocks;
   const int window_blocks = window > 0 ? int(std::min<int64_t>(blocks, window_need)) : 0;
+  // The pool's memory is committed only as it is written (engine/kv_cache.h), so a pool larger
+  // than the machine would start and fail later, mid-run: refuse it here instead.
+  const double kv_mb = double(bs) * double(mc.kv_cache_width()) * double(dtype_size(kv_dtype)) *
+                       (double(blocks + 1) * double(mc.num_layers - sliding_layers) +
+                        double(window > 0 ? window_blocks + 1 : 0) * double(sliding_layers)) / double(1 << 20);
+  if (kv_mb > physical_memory_mb())
+    throw Error("the KV cache (" + std::to_string(blocks) + " blocks: " + std::to_string(int64_t(kv_mb)) +
+                " MiB) exceeds this machine's memory (" + std::to_string(int64_t(physical_memory_mb())) +
+                " MiB): lower --num-kv-blocks or --kv-cache-mb");
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
   if (window > 0) window_kv_ = std::make_unique<KvPool>(window_blocks, cfg_.block_size);
   if (cfg_.eplb_redundant_experts < 0 || cfg_.eplb_redundant_experts > mc.num_experts)
