@@ -95,9 +95,9 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
     if (l.attention.sliding_window > 0) window = std::max(window, l.attention.sliding_window), ++sliding_layers;
   const int bs = cfg_.block_size, S = cfg_.max_num_seqs;
   const int64_t window_need = int64_t(S) * ((window - 1 + bs - 1) / bs + 3) + (max_step + bs - 1) / bs;
+  const size_t per_layer_block = size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);  // bytes
   int blocks = cfg_.num_kv_blocks;
   if (blocks <= 0) {
-    const size_t per_layer_block = size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);
     const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20), full = size_t(mc.num_layers - sliding_layers);
     // blocks x full layers + min(blocks, window_need) x sliding layers within the budget.
     size_t b = budget / (size_t(mc.num_layers) * per_layer_block);
@@ -108,13 +108,14 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   cfg_.num_kv_blocks = blocks;
   const int window_blocks = window > 0 ? int(std::min<int64_t>(blocks, window_need)) : 0;
   // The pool's memory is committed only as it is written (engine/kv_cache.h), so a pool larger
-  // than the machine would start and fail later, mid-run: refuse it here instead.
-  const double kv_mb = double(bs) * double(mc.kv_cache_width()) * double(dtype_size(kv_dtype)) *
+  // than the machine would start and fail later, mid-run: refuse it here instead. Each pool
+  // holds one scratch block past its blocks.
+  const double kv_mb = double(per_layer_block) *
                        (double(blocks + 1) * double(mc.num_layers - sliding_layers) +
                         double(window > 0 ? window_blocks + 1 : 0) * double(sliding_layers)) / double(1 << 20);
-  if (kv_mb > physical_memory_mb())
+  if (const double machine_mb = physical_memory_mb(); kv_mb > machine_mb)
     throw Error("the KV cache (" + std::to_string(blocks) + " blocks: " + std::to_string(int64_t(kv_mb)) +
-                " MiB) exceeds this machine's memory (" + std::to_string(int64_t(physical_memory_mb())) +
+                " MiB) exceeds this machine's memory (" + std::to_string(int64_t(machine_mb)) +
                 " MiB): lower --num-kv-blocks or --kv-cache-mb");
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
   if (window > 0) window_kv_ = std::make_unique<KvPool>(window_blocks, cfg_.block_size);
