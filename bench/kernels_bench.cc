@@ -126,6 +126,26 @@ struct Fp8Weights {
 void BM_MatmulFp8(benchmark::State& state) { matmul_streaming<Fp8Weights>(state); }
 BENCHMARK(BM_MatmulFp8)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
 
+// Repacking one weight into its panels on one core, as a refit does for every changed tensor
+// (the model runner spreads items of panels over the threads). Bytes/s counts the stored bytes
+// read; compare with `r3 bench`'s weight_sync entry and the measured streaming read.
+template <typename W>
+void pack_panels(benchmark::State& state) {
+  W w(int(state.range(0)), int(state.range(1)));
+  const int64_t panels = (w.view.shape[0] + r3::kernels::kPanelRows - 1) / r3::kernels::kPanelRows;
+  for (auto _ : state) {
+    r3::kernels::pack_bf16_panels(w.view, w.packed.data(), 0, panels);
+    benchmark::DoNotOptimize(w.packed.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(w.view.nbytes()));
+}
+void BM_PackBf16(benchmark::State& state) { pack_panels<Weights>(state); }
+void BM_PackMxfp4(benchmark::State& state) { pack_panels<Mxfp4Weights>(state); }
+void BM_PackFp8(benchmark::State& state) { pack_panels<Fp8Weights>(state); }
+BENCHMARK(BM_PackBf16)->Args({2880, 2880})->UseRealTime();
+BENCHMARK(BM_PackMxfp4)->Args({2880, 2880})->UseRealTime();
+BENCHMARK(BM_PackFp8)->Args({2048, 2048})->UseRealTime();
+
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
 // (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores
 // (each core starting its next item's weights on their way before it runs the current one),

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -40,6 +41,28 @@ TEST(Fp8, E4m3CodecRoundTripsEveryCodeAndRoundsToNearestEven) {
 // The view multiplies each e4m3 value by its own block's scale (rows by block_rows, columns by
 // block_cols: the test block is uneven so a swap shows), and the dequantized checkpoint holds
 // exactly the bf16 rounding of those products.
+// The word-at-a-time NaN scan a refit runs over every FP8 code finds the first NaN (0x7f or
+// 0xff) wherever it lies, the tail past the last whole word included, and nothing among the
+// other 254 codes (0x7e and 0xfe, the largest finite ones, sit next to it).
+TEST(Fp8, FirstNanCodeIsFoundAnywhere) {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if (!e4m3_is_nan(uint8_t(c))) codes.push_back(uint8_t(c));
+  ASSERT_EQ(codes.size(), 254u);
+  for (int n : {0, 1, 7, 8, 9, 254, 259}) {
+    std::vector<uint8_t> b(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) b[size_t(i)] = codes[size_t(i) % codes.size()];
+    EXPECT_EQ(first_e4m3_nan(b.data(), n), -1) << n;
+    for (int at = 0; at < n; ++at)
+      for (uint8_t nan : {uint8_t(0x7f), uint8_t(0xff)}) {
+        std::vector<uint8_t> c = b;
+        c[size_t(at)] = nan;
+        if (at + 9 < n) c[size_t(at + 9)] = 0x7f;  // a NaN in a later word does not hide the first
+        ASSERT_EQ(first_e4m3_nan(c.data(), n), at) << n << " " << at << " " << int(nan);
+      }
+  }
+}
+
 TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
   for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
     SCOPED_TRACE(arch);

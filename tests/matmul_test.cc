@@ -7,6 +7,8 @@
 
 #include <cfloat>
 #include <random>
+#include <vector>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -210,6 +212,44 @@ TEST(Matmul, UnpackedBf16IsAnError) {
   EXPECT_NO_THROW(pack_bf16(odd));
   odd.shape = {4, 7};
   EXPECT_THROW(pack_bf16(odd), Error);
+}
+
+// A refit repacks a weight's panels in place: packing over stale bytes gives the bytes of a
+// pack into fresh zeros, padding rows (O not a multiple of 16), FP8's padding pair row (an odd
+// number of pairs) and its scale padding included, whatever the panel range of each call.
+TEST(Matmul, RepackOverStaleBytesEqualsAFreshPack) {
+  std::mt19937_64 rng(23);
+  std::vector<uint8_t> codes(size_t(133) * 1056), scales(size_t(133) * 1056 / 32);
+  for (uint8_t& b : codes) b = uint8_t(rng());
+  for (uint8_t& b : scales) b = uint8_t(120 + rng() % 14);
+  std::vector<uint8_t> fp8(size_t(53) * 1030);
+  for (uint8_t& b : fp8) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+  std::vector<float> block_scales(size_t(4) * 9, 0.5f);
+  std::vector<uint16_t> bf16(size_t(133) * 70);
+  for (uint16_t& v : bf16) v = f32_to_bf16(float(int(rng() % 200) - 100));
+  std::vector<TensorView> weights;
+  for (int n : {32, 1056}) {
+    TensorView m{.dtype = DType::MXFP4, .shape = {133, n}, .data = codes.data()};
+    m.scales = scales.data();
+    weights.push_back(m);
+  }
+  for (auto [o, n, b] : {std::tuple{53, 1030, 128}, {53, 200, 64}, {40, 36, 4}}) {
+    TensorView f{.dtype = DType::F8_E4M3, .shape = {o, n}, .data = fp8.data()};
+    f.scale_inv = block_scales.data();
+    f.block_rows = b % 16 ? 16 : b;
+    f.block_cols = b;
+    ASSERT_TRUE(fp8_native(f));
+    weights.push_back(f);
+  }
+  weights.push_back(TensorView{.dtype = DType::BF16, .shape = {133, 70}, .data = bf16.data()});
+  for (const TensorView& W : weights) {
+    const PackedBf16 fresh = pack_bf16(W);
+    PackedBf16 stale(fresh.size(), 0xA5A5);
+    const int64_t panels = (W.shape[0] + kPanelRows - 1) / kPanelRows;
+    pack_bf16_panels(W, stale.data(), 0, panels / 2);
+    pack_bf16_panels(W, stale.data(), panels / 2, panels);
+    EXPECT_TRUE(fresh == stale) << dtype_name(W.dtype) << " " << W.shape_str();
+  }
 }
 
 TEST(Matmul, CloseToExactDot) {

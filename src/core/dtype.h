@@ -46,6 +46,20 @@ inline float e4m3_to_f32(uint8_t b) {
   return b & 0x80 ? -v : v;
 }
 inline bool e4m3_is_nan(uint8_t b) { return (b & 0x7f) == 0x7f; }
+// The index of the first NaN code among n e4m3 codes, or -1: eight codes a word, since a refit
+// checks every code of every FP8 weight it is sent. (b & 0x7f) + 1 carries into bit 7 exactly
+// when the low seven bits are all ones, and never into the next byte.
+inline int64_t first_e4m3_nan(const uint8_t* b, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, b + i, 8);
+    if (((w & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & 0x8080808080808080ull) break;
+  }
+  for (; i < n; ++i)
+    if (e4m3_is_nan(b[i])) return i;
+  return -1;
+}
 // Nearest e4m3 value, ties to even, saturating at +-448 (how checkpoints are quantized).
 inline uint8_t f32_to_e4m3(float x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;

@@ -181,11 +181,8 @@ void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
   for (const TensorView* t : bf16) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
   if (!(reuse && packed_ && packed_at_ == at)) {
     changed = nullptr;
-    packed_ = std::make_unique<BigArray<uint16_t>>(at.back());
+    packed_ = std::make_unique<BigArray<uint16_t>>(at.back());  // not cleared: packing writes every panel byte
     packed_at_ = std::move(at);
-    pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {  // zeroes the padding rows
-      std::fill(packed_->get() + packed_at_[size_t(i)], packed_->get() + packed_at_[size_t(i) + 1], uint16_t(0));
-    });
   }
   // Work items of about 1 MiB of panels, so one large tensor is spread over every thread.
   struct Item {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -98,25 +99,65 @@ void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin
   active_kernels().pack_panels(W, packed, panel_begin, panel_end);
 }
 
+namespace {
+// A stored row of W, or a row of zeros for the rows past O that fill a panel's last lanes, so
+// every byte of a panel is written (a refit repacks over the old panels).
+const uint8_t* row_or_zeros(const uint8_t* rows, int64_t row_bytes, int64_t r, int64_t O,
+                            const std::vector<uint8_t>& zeros) {
+  return r < O ? rows + r * row_bytes : zeros.data();
+}
+
+uint64_t load_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+
+// The nibbles at bits 8b of x (b = 0..7, all other bits clear) moved to bits 4b of each 32-bit
+// half: bytes 0..3 give the low 16 bits, bytes 4..7 bits 32..47.
+uint64_t gather_nibbles(uint64_t x) {
+  x = (x | x >> 4) & 0x00FF00FF00FF00FFull;
+  return (x | x >> 8) & 0x0000FFFF0000FFFFull;
+}
+
+// The low and the high 32-bit halves of a and b: (a.lo, b.lo) and (a.hi, b.hi).
+uint64_t low_halves(uint64_t a, uint64_t b) { return (a & 0xFFFFFFFFull) | b << 32; }
+uint64_t high_halves(uint64_t a, uint64_t b) { return a >> 32 | (b & 0xFFFFFFFF00000000ull); }
+}  // namespace
+
 // MXFP4 [O, I] into 4-bit panels (matmul.h: groups of 16 pair rows, then their scales; matmul_tiles.cc
-// decodes them). Rows past O stay zero bytes (they decode to 0).
+// decodes them). Row r's 8 code bytes of pair rows 8c..8c + 7 hold, in their low nibbles, the
+// codes of inputs 2q and, in their high nibbles, of inputs 2q + 1: gathered 4 to a word they are
+// row r's words 2r and 2r + 1 of lines 2c and 2c + 1, which lie next to row r + 1's. Rows past O
+// are zero codes (they decode to 0).
 void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, blocks_per_row = I / 32;
   const auto* blocks = static_cast<const uint8_t*>(W.data);
+  const std::vector<uint8_t> zeros(size_t(pairs), 0);
   auto* out = reinterpret_cast<uint8_t*>(packed);
+  constexpr uint64_t kLowNibbles = 0x0F0F0F0F0F0F0F0Full;
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * mxfp4_panel_bytes(W);
-    std::memset(panel, 0, mxfp4_panel_bytes(W));  // two codes share a byte: they are or-ed in
-    for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
-      const int lane = int(r - p * kPanelRows);
-      for (int64_t g = 0; g < blocks_per_row; ++g) {
-        uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
-        for (int j = 0; j < kMxfp4GroupPairs; ++j) {
-          const uint8_t codes = blocks[r * pairs + g * kMxfp4GroupPairs + j];  // input 2q low nibble, 2q + 1 high
-          for (int h = 0; h < 2; ++h)
-            group[mxfp4_code_byte(j, lane, h)] |= uint8_t(((codes >> (4 * h)) & 15) << mxfp4_code_shift(j));
+    const uint8_t* rows[kPanelRows];
+    for (int lane = 0; lane < kPanelRows; ++lane) rows[lane] = row_or_zeros(blocks, pairs, p * kPanelRows + lane, O, zeros);
+    for (int64_t g = 0; g < blocks_per_row; ++g) {  // group by group, so each is written whole at once
+      uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
+      for (int c = 0; c < kMxfp4GroupPairs / 8; ++c)
+        for (int lane = 0; lane < kPanelRows; lane += 2) {
+          // Per row: its words 2r, 2r + 1 of line 2c in the low half, of line 2c + 1 in the high.
+          uint64_t words[2];
+          for (int i = 0; i < 2; ++i) {
+            const uint64_t codes = load_u64(rows[lane + i] + g * kMxfp4GroupPairs + 8 * c);
+            words[i] = gather_nibbles(codes & kLowNibbles) | gather_nibbles(codes >> 4 & kLowNibbles) << 16;
+          }
+          store_u64(group + mxfp4_code_byte(8 * c, lane, 0), low_halves(words[0], words[1]));
+          store_u64(group + mxfp4_code_byte(8 * c + 4, lane, 0), high_halves(words[0], words[1]));
         }
-        group[kMxfp4GroupPairs * 16 + lane] = W.scales[r * blocks_per_row + g];
+      for (int lane = 0; lane < kPanelRows; ++lane) {
+        const int64_t r = p * kPanelRows + lane;
+        group[kMxfp4GroupPairs * 16 + lane] = r < O ? W.scales[r * blocks_per_row + g] : 0;
       }
     }
   }
@@ -124,7 +165,9 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
 
 // Block-scaled FP8 [O, I] into 8-bit panels (matmul.h; matmul_tiles.cc decodes them), or, for a
 // block shape fp8_native refuses, into the bf16 panel of its decoded values. Rows past O, and
-// the padding pair row after an odd last one, stay zero (they decode to 0).
+// the padding pair row after an odd last one, are zero (they decode to 0). Row r's 4 codes of
+// inputs 4l..4l + 3 are its words 2r, 2r + 1 of pair rows 2l and 2l + 1, which line l holds as
+// two 16-bit halves 8 bytes apart (fp8_code_byte).
 void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, col_blocks = (I + W.block_cols - 1) / W.block_cols;
   if (!fp8_native(W)) {
@@ -139,16 +182,34 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
   }
   const size_t panel_bytes = fp8_panel_bytes(W);
   const auto* w = static_cast<const uint8_t*>(W.data);
+  const std::vector<uint8_t> zeros(size_t(I), 0);
+  const int64_t whole = I / 8;  // 8 codes of a row: lines 2c and 2c + 1
   auto* out = reinterpret_cast<uint8_t*>(packed);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * panel_bytes;
-    std::memset(panel, 0, panel_bytes);
-    for (int64_t r = p * kPanelRows; r < std::min(O, (p + 1) * kPanelRows); ++r) {
-      const int lane = int(r - p * kPanelRows);
-      for (int64_t k = 0; k < I; ++k) panel[fp8_code_byte(k / 2, lane, int(k % 2))] = w[r * I + k];
-    }
+    const uint8_t* rows[kPanelRows];
+    for (int lane = 0; lane < kPanelRows; ++lane) rows[lane] = row_or_zeros(w, I, p * kPanelRows + lane, O, zeros);
+    for (int64_t c = 0; c < whole; ++c)  // two lines at a time, so each is written whole at once
+      for (int lane = 0; lane < kPanelRows; lane += 4) {
+        // Four rows' words of pair rows 4c..4c + 3, transposed: t[k] holds pair row 4c + k's word
+        // of each row, the 8 bytes fp8_code_byte puts together.
+        uint64_t s[4];
+        for (int i = 0; i < 4; ++i) s[i] = load_u64(rows[lane + i] + 8 * c);
+        constexpr uint64_t kEven = 0x0000FFFF0000FFFFull;
+        const uint64_t a = (s[0] & kEven) | (s[1] & kEven) << 16, b = (s[0] >> 16 & kEven) | (s[1] & ~kEven);
+        const uint64_t d = (s[2] & kEven) | (s[3] & kEven) << 16, e = (s[2] >> 16 & kEven) | (s[3] & ~kEven);
+        const uint64_t t[4] = {low_halves(a, d), low_halves(b, e), high_halves(a, d), high_halves(b, e)};
+        for (int k = 0; k < 4; ++k) store_u64(panel + fp8_code_byte(4 * c + k, lane, 0), t[k]);
+      }
+    for (int64_t q = 4 * whole; q < (pairs + 1) / 2 * 2; ++q)  // the last pair rows, and a padding one
+      for (int lane = 0; lane < kPanelRows; ++lane) {
+        const uint8_t* at = q < pairs ? rows[lane] + 2 * q : zeros.data();
+        panel[fp8_code_byte(q, lane, 0)] = at[0];
+        panel[fp8_code_byte(q, lane, 1)] = at[1];
+      }
     // The panel's rows lie in one row block (fp8_native): one scale per column block.
     auto* scales = reinterpret_cast<float*>(panel + fp8_scales_offset(W));
+    std::memset(scales, 0, panel_bytes - fp8_scales_offset(W));
     for (int64_t b = 0; b < col_blocks; ++b) scales[b] = W.scale_inv[p * kPanelRows / W.block_rows * col_blocks + b];
   }
 }

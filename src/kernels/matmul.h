@@ -100,8 +100,8 @@ PackedBf16 pack_bf16(const TensorView& W);
 // Elements of W's packed form (panels x pairs x 16 x 2).
 size_t packed_bf16_size(const TensorView& W);
 // Panels [panel_begin, panel_end) of W into `packed` (packed_bf16_size elements), in place: a
-// refit rewrites the engine's panels without allocating. Rows past W's last (the last panel's
-// padding) are not written; pack_bf16 zeroes them once.
+// refit rewrites the engine's panels without allocating. Every byte of those panels is written,
+// the last panel's rows past W's last as zeros, so `packed` needs no clearing first.
 void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
 
 // Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).

@@ -1004,6 +1004,8 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
         uint8_t* dst = panel + size_t(q0 * 64 + r * 4);
         for (int64_t q = q0; q < q1; ++q, src += 4, dst += 64) std::memcpy(dst, src, 4);
       }
+      for (int64_t q = q0; rows < kPanel && q < q1; ++q)  // the rows past O: zeros, whatever was there
+        std::memset(panel + size_t(q * 64 + rows * 4), 0, size_t(kPanel - rows) * 4);
     }
   }
 }
