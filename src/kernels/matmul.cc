@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/u64_words.h"
 #include "kernels/kernel_set.h"
 
 namespace r3::kernels {
@@ -107,14 +108,6 @@ const uint8_t* row_or_zeros(const uint8_t* rows, int64_t row_bytes, int64_t r, i
   return r < O ? rows + r * row_bytes : zeros.data();
 }
 
-uint64_t load_u64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-
-void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
-
 // The nibbles at bits 8b of x (b = 0..7, all other bits clear) moved to bits 4b of each 32-bit
 // half: bytes 0..3 give the low 16 bits, bytes 4..7 bits 32..47.
 uint64_t gather_nibbles(uint64_t x) {
@@ -122,9 +115,6 @@ uint64_t gather_nibbles(uint64_t x) {
   return (x | x >> 8) & 0x0000FFFF0000FFFFull;
 }
 
-// The low and the high 32-bit halves of a and b: (a.lo, b.lo) and (a.hi, b.hi).
-uint64_t low_halves(uint64_t a, uint64_t b) { return (a & 0xFFFFFFFFull) | b << 32; }
-uint64_t high_halves(uint64_t a, uint64_t b) { return a >> 32 | (b & 0xFFFFFFFF00000000ull); }
 }  // namespace
 
 // MXFP4 [O, I] into 4-bit panels (matmul.h: groups of 16 pair rows, then their scales; matmul_tiles.cc
@@ -193,12 +183,9 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
       for (int lane = 0; lane < kPanelRows; lane += 4) {
         // Four rows' words of pair rows 4c..4c + 3, transposed: t[k] holds pair row 4c + k's word
         // of each row, the 8 bytes fp8_code_byte puts together.
-        uint64_t s[4];
+        uint64_t s[4], t[4];
         for (int i = 0; i < 4; ++i) s[i] = load_u64(rows[lane + i] + 8 * c);
-        constexpr uint64_t kEven = 0x0000FFFF0000FFFFull;
-        const uint64_t a = (s[0] & kEven) | (s[1] & kEven) << 16, b = (s[0] >> 16 & kEven) | (s[1] & ~kEven);
-        const uint64_t d = (s[2] & kEven) | (s[3] & kEven) << 16, e = (s[2] >> 16 & kEven) | (s[3] & ~kEven);
-        const uint64_t t[4] = {low_halves(a, d), low_halves(b, e), high_halves(a, d), high_halves(b, e)};
+        transpose_u16_4x4(s, t);
         for (int k = 0; k < 4; ++k) store_u64(panel + fp8_code_byte(4 * c + k, lane, 0), t[k]);
       }
     for (int64_t q = 4 * whole; q < (pairs + 1) / 2 * 2; ++q)  // the last pair rows, and a padding one

@@ -2,11 +2,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
+#include "core/u64_words.h"
 #include "model/tensor_names.h"
 
 namespace r3 {
@@ -259,9 +261,9 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
     v.scale_inv = static_cast<const float*>(s.data);
   } else {  // widened into derived_, which an update hands back as rewritten
     const std::vector<float> f = s.to_f32();
-    derived_.emplace_back(f.size() * 4);
-    std::memcpy(derived_.back().data(), f.data(), f.size() * 4);
-    v.scale_inv = reinterpret_cast<const float*>(derived_.back().data());
+    uint8_t* d = derived_buffer(f.size() * 4);
+    std::memcpy(d, f.data(), f.size() * 4);
+    v.scale_inv = reinterpret_cast<const float*>(d);
   }
   v.block_rows = int(br);
   v.block_cols = int(bc);
@@ -271,8 +273,7 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
 // A bf16 copy of a block-scaled FP8 matrix: each element rounded from its fp32 product, as the
 // kernels decode it (for weights the engine rearranges instead of multiplying as stored).
 TensorView Checkpoint::decoded_bf16(const TensorView& src) {
-  derived_.emplace_back(size_t(src.numel()) * 2);
-  auto* d = reinterpret_cast<uint16_t*>(derived_.back().data());
+  auto* d = reinterpret_cast<uint16_t*>(derived_buffer(size_t(src.numel()) * 2));
   for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = f32_to_bf16(src.at(i));
   TensorView v;
   v.name = src.name;
@@ -394,32 +395,71 @@ void Checkpoint::load_weights() {
   }
 }
 
+uint8_t* Checkpoint::derived_buffer(size_t bytes) {
+  std::vector<uint8_t> buffer;
+  auto spare = spare_derived_.find(bytes);
+  if (spare != spare_derived_.end() && !spare->second.empty()) {
+    buffer = std::move(spare->second.back());
+    spare->second.pop_back();
+  } else {
+    buffer.resize(bytes);
+  }
+  derived_.push_back(std::move(buffer));
+  return derived_.back().data();
+}
+
 // A strided copy of src into derived_: out[r, k] = src[base + r * row_stride + k * col_stride]
 // (a vector when shape has one dimension), in src's dtype, named src.name + what.
 TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape,
                                     int64_t base, int64_t row_stride, int64_t col_stride) {
   const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
-  derived_.emplace_back(size_t(rows * cols) * dtype_size(src.dtype));
+  uint8_t* out = derived_buffer(size_t(rows * cols) * dtype_size(src.dtype));
   auto copy = [&](auto element) {
     using T = decltype(element);
-    T* d = reinterpret_cast<T*>(derived_.back().data());
+    T* d = reinterpret_cast<T*>(out);
     const T* f = static_cast<const T*>(src.data);
-    // In tiles: a transposing copy (GPT-OSS's [in, out] experts) then reads each source line it
-    // touches for many rows while it is in cache, rather than once per element.
-    constexpr int64_t kTile = 64;
-    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-      for (int64_t k0 = 0; k0 < cols; k0 += kTile)
-        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-          for (int64_t k = k0; k < std::min(cols, k0 + kTile); ++k)
-            d[r * cols + k] = f[base + r * row_stride + k * col_stride];
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
   };
-  if (dtype_size(src.dtype) == 2) copy(uint16_t());
+  if (dtype_size(src.dtype) == 2 && row_stride == 1 && cols > 1)  // a transpose (GPT-OSS's [in, out] experts)
+    transpose_u16(static_cast<const uint16_t*>(src.data) + base, col_stride, cols, rows,
+                  reinterpret_cast<uint16_t*>(out), cols);
+  else if (dtype_size(src.dtype) == 2) copy(uint16_t());
   else copy(uint32_t());  // F32 (F16 was widened by require)
   TensorView v = src;
   v.name = src.name + what;
   v.shape = std::move(shape);
-  v.data = derived_.back().data();
+  v.data = out;
   return v;
+}
+
+std::pair<TensorView, TensorView> Checkpoint::split_gate_up(const TensorView& gate_up, int64_t e,
+                                                            const std::string& tag) {
+  const int64_t H = gate_up.shape[1], I = gate_up.shape[2] / 2;
+  const size_t bytes = size_t(I * H) * dtype_size(gate_up.dtype);
+  uint8_t* gate = derived_buffer(bytes);
+  uint8_t* up = derived_buffer(bytes);
+  if (dtype_size(gate_up.dtype) == 2) {
+    transpose_u16_pairs(static_cast<const uint16_t*>(gate_up.data) + e * H * 2 * I, 2 * I, H, I,
+                        reinterpret_cast<uint16_t*>(gate), reinterpret_cast<uint16_t*>(up), H);
+  } else {  // F32 (F16 was widened by require)
+    const float* f = static_cast<const float*>(gate_up.data) + e * H * 2 * I;
+    auto* g = reinterpret_cast<float*>(gate);
+    auto* u = reinterpret_cast<float*>(up);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        g[i * H + h] = f[h * 2 * I + 2 * i];
+        u[i * H + h] = f[h * 2 * I + 2 * i + 1];
+      }
+  }
+  auto view = [&](const uint8_t* data, const char* what) {
+    TensorView v = gate_up;
+    v.name = gate_up.name + tag + what;
+    v.shape = {I, H};
+    v.data = data;
+    return v;
+  };
+  return {view(gate, ".gate"), view(up, ".up")};
 }
 
 std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
@@ -436,9 +476,7 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
-      // gate row i is column 2i of expert e's [H, 2I] block, up row i column 2i + 1.
-      out[size_t(e)].gate = derived_copy(gate_up, tag + ".gate", {I, H}, e * H * 2 * I, 2, 2 * I);
-      out[size_t(e)].up = derived_copy(gate_up, tag + ".up", {I, H}, e * H * 2 * I + 1, 2, 2 * I);
+      std::tie(out[size_t(e)].gate, out[size_t(e)].up) = split_gate_up(gate_up, e, tag);
       out[size_t(e)].down = derived_copy(down, tag, {H, I}, e * I * H, 1, H);
     }
   }
@@ -491,8 +529,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   // Rows parity, parity + 2, ... of expert e's gate_up: blocks then scales in one derived buffer.
   auto every_other_row = [&](int64_t e, int parity) {
     const int64_t rb = H / 2, rs = H / 32;  // bytes per row
-    derived_.emplace_back(size_t(I * (rb + rs)));
-    uint8_t* out = derived_.back().data();
+    uint8_t* out = derived_buffer(size_t(I * (rb + rs)));
     const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
     const auto* s = static_cast<const uint8_t*>(gu_scales.data) + size_t(e * 2 * I * rs);
     for (int64_t i = 0; i < I; ++i) {
@@ -599,10 +636,13 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors) 
   }
   widened_.clear();
   owned_.clear();
+  // The load rebuilds the derived copies into the buffers they had (derived_buffer).
+  for (std::vector<uint8_t>& d : derived_) spare_derived_[d.size()].push_back(std::move(d));
   derived_.clear();
   used_.clear();
   weights_.layers.clear();
   load_weights();
+  spare_derived_.clear();
   // Derived copies (split fused experts) are new buffers: whatever was packed from them is rebuilt.
   for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());
   return out;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,13 @@ class Checkpoint {
   void check_quantized_values(const TensorView& t) const;
   TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
                           int64_t row_stride, int64_t col_stride);
+  // Expert e's gate and up rows ([I, H] each) out of its [H, 2I] block of an interleaved
+  // gate_up (GPT-OSS's bf16 layout), both in one pass over the block.
+  std::pair<TensorView, TensorView> split_gate_up(const TensorView& gate_up, int64_t e, const std::string& tag);
+  // A buffer of `bytes` appended to derived_: a spare one of that size left by the previous load
+  // when there is one (an update rebuilds the same copies, and fresh pages cost the kernel a
+  // clear each), else a new one.
+  uint8_t* derived_buffer(size_t bytes);
 
   std::string dir_;
   bool partial_ = false;  // opened without some experts
@@ -115,6 +123,7 @@ class Checkpoint {
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32; FP8 with their scales
   std::vector<std::vector<float>> owned_;
   std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
+  std::map<size_t, std::vector<std::vector<uint8_t>>> spare_derived_;  // by size: during an update's load
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
   std::vector<TensorView> memory_views_;
   struct Adopted {                          // apply_update: a sent tensor's bytes and their view
