@@ -595,7 +595,7 @@ void Engine::commit_staged_weights(bool flush) {
   // All checks come before anything changes; the checkpoint takes the sent bytes over and only
   // the panels of those tensors are repacked. What they replaced is freed on a side thread, so the
   // munmap of gigabytes is not part of the refit.
-  Checkpoint::Update update = ckpt_->apply_update(std::move(all));
+  Checkpoint::Update update = ckpt_->apply_update(std::move(all), pool_.get());
   runner_->set_weights(ckpt_, &update.written);
   ++weight_version_;
   if (flush) drop_prefix_cache();

@@ -1,8 +1,8 @@
 #include "model/checkpoint.h"
 
+#include <array>
 #include <cstring>
 #include <filesystem>
-#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -421,10 +421,7 @@ TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& wh
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
   };
-  if (dtype_size(src.dtype) == 2 && row_stride == 1 && cols > 1)  // a transpose (GPT-OSS's [in, out] experts)
-    transpose_u16(static_cast<const uint16_t*>(src.data) + base, col_stride, cols, rows,
-                  reinterpret_cast<uint16_t*>(out), cols);
-  else if (dtype_size(src.dtype) == 2) copy(uint16_t());
+  if (dtype_size(src.dtype) == 2) copy(uint16_t());
   else copy(uint32_t());  // F32 (F16 was widened by require)
   TensorView v = src;
   v.name = src.name + what;
@@ -433,34 +430,33 @@ TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& wh
   return v;
 }
 
-std::pair<TensorView, TensorView> Checkpoint::split_gate_up(const TensorView& gate_up, int64_t e,
-                                                            const std::string& tag) {
+namespace {
+// Expert e's rows of GPT-OSS's bf16 (or float) fused experts, gate_up [E, H, 2I] and down
+// [E, I, H] (inputs first), as [out, in] matrices: gate [I, H] from gate_up's even columns, up
+// [I, H] from its odd ones (both in one pass over the block), down [H, I].
+void split_expert(const TensorView& gate_up, const TensorView& down, int64_t e, uint8_t* gate, uint8_t* up,
+                  uint8_t* dn) {
   const int64_t H = gate_up.shape[1], I = gate_up.shape[2] / 2;
-  const size_t bytes = size_t(I * H) * dtype_size(gate_up.dtype);
-  uint8_t* gate = derived_buffer(bytes);
-  uint8_t* up = derived_buffer(bytes);
   if (dtype_size(gate_up.dtype) == 2) {
     transpose_u16_pairs(static_cast<const uint16_t*>(gate_up.data) + e * H * 2 * I, 2 * I, H, I,
                         reinterpret_cast<uint16_t*>(gate), reinterpret_cast<uint16_t*>(up), H);
-  } else {  // F32 (F16 was widened by require)
-    const float* f = static_cast<const float*>(gate_up.data) + e * H * 2 * I;
-    auto* g = reinterpret_cast<float*>(gate);
-    auto* u = reinterpret_cast<float*>(up);
-    for (int64_t i = 0; i < I; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        g[i * H + h] = f[h * 2 * I + 2 * i];
-        u[i * H + h] = f[h * 2 * I + 2 * i + 1];
-      }
+    transpose_u16(static_cast<const uint16_t*>(down.data) + e * I * H, H, I, H, reinterpret_cast<uint16_t*>(dn), I);
+    return;
   }
-  auto view = [&](const uint8_t* data, const char* what) {
-    TensorView v = gate_up;
-    v.name = gate_up.name + tag + what;
-    v.shape = {I, H};
-    v.data = data;
-    return v;
-  };
-  return {view(gate, ".gate"), view(up, ".up")};
+  // F32 (F16 was widened by require)
+  const float* gu = static_cast<const float*>(gate_up.data) + e * H * 2 * I;
+  const float* d = static_cast<const float*>(down.data) + e * I * H;
+  auto* g = reinterpret_cast<float*>(gate);
+  auto* u = reinterpret_cast<float*>(up);
+  auto* o = reinterpret_cast<float*>(dn);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < I; ++i) {
+      g[i * H + h] = gu[h * 2 * I + 2 * i];
+      u[i * H + h] = gu[h * 2 * I + 2 * i + 1];
+      o[h * I + i] = d[i * H + h];
+    }
 }
+}  // namespace
 
 std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   const ModelConfig& c = weights_.config;
@@ -473,12 +469,31 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
     const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
     out.resize(static_cast<size_t>(E));
+    // The buffers first (derived_ grows on this thread only), then the copies, an expert at a
+    // time on the update's threads when it has some.
+    const size_t bytes = size_t(I * H) * dtype_size(gate_up.dtype);
+    std::vector<std::array<uint8_t*, 3>> to(static_cast<size_t>(E), {nullptr, nullptr, nullptr});
+    auto view = [&](const TensorView& src, std::string name, std::vector<int64_t> shape, const uint8_t* data) {
+      TensorView v = src;
+      v.name = std::move(name);
+      v.shape = std::move(shape);
+      v.data = data;
+      return v;
+    };
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
-      std::tie(out[size_t(e)].gate, out[size_t(e)].up) = split_gate_up(gate_up, e, tag);
-      out[size_t(e)].down = derived_copy(down, tag, {H, I}, e * I * H, 1, H);
+      to[size_t(e)] = {derived_buffer(bytes), derived_buffer(bytes), derived_buffer(bytes)};
+      out[size_t(e)].gate = view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
+      out[size_t(e)].up = view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
+      out[size_t(e)].down = view(down, down.name + tag, {H, I}, to[size_t(e)][2]);
     }
+    auto split = [&](int64_t e) {
+      if (to[size_t(e)][0]) split_expert(gate_up, down, e, to[size_t(e)][0], to[size_t(e)][1], to[size_t(e)][2]);
+    };
+    if (pool_) pool_->parallel_for_each(E, split);
+    else
+      for (int64_t e = 0; e < E; ++e) split(e);
   }
   // The biases, in both layouts: gate_up_proj_bias [E, 2I] interleaved, down_proj_bias [E, H].
   if (!c.layers[size_t(layer)].expert_bias) return out;
@@ -591,7 +606,7 @@ std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   return out;
 }
 
-Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors) {
+Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool) {
   check_update(tensors);
   // The one rule load_weights checks that an update can break: a stored lm_head of a tied model
   // must stay equal to the embedding. Checked on the bytes after the update, before anything is
@@ -641,7 +656,14 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors) 
   derived_.clear();
   used_.clear();
   weights_.layers.clear();
-  load_weights();
+  pool_ = pool;
+  try {
+    load_weights();
+  } catch (...) {
+    pool_ = nullptr;
+    throw;
+  }
+  pool_ = nullptr;
   spare_derived_.clear();
   // Derived copies (split fused experts) are new buffers: whatever was packed from them is rebuilt.
   for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());

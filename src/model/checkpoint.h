@@ -8,10 +8,10 @@
 #include <memory>
 #include <set>
 #include <span>
-#include <utility>
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -87,7 +87,8 @@ class Checkpoint {
     // to free where the time does not count.
     std::vector<std::shared_ptr<void>> replaced;
   };
-  Update apply_update(std::vector<TensorToWrite> tensors);
+  // pool: threads to rebuild the derived copies on (the engine's, idle between steps); none: this one.
+  Update apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool = nullptr);
 
  private:
   // A float tensor of this shape (F16 widened to F32); U8 with `bytes`.
@@ -102,9 +103,6 @@ class Checkpoint {
   void check_quantized_values(const TensorView& t) const;
   TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
                           int64_t row_stride, int64_t col_stride);
-  // Expert e's gate and up rows ([I, H] each) out of its [H, 2I] block of an interleaved
-  // gate_up (GPT-OSS's bf16 layout), both in one pass over the block.
-  std::pair<TensorView, TensorView> split_gate_up(const TensorView& gate_up, int64_t e, const std::string& tag);
   // A buffer of `bytes` appended to derived_: a spare one of that size left by the previous load
   // when there is one (an update rebuilds the same copies, and fresh pages cost the kernel a
   // clear each), else a new one.
@@ -124,6 +122,7 @@ class Checkpoint {
   std::vector<std::vector<float>> owned_;
   std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
   std::map<size_t, std::vector<std::vector<uint8_t>>> spare_derived_;  // by size: during an update's load
+  ThreadPool* pool_ = nullptr;  // during an update's load: apply_update's pool
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
   std::vector<TensorView> memory_views_;
   struct Adopted {                          // apply_update: a sent tensor's bytes and their view
