@@ -395,6 +395,17 @@ void Checkpoint::load_weights() {
   }
 }
 
+namespace {
+// src's description for a derived copy of (part of) it: its dtype and file, this name and shape.
+TensorView derived_view(const TensorView& src, std::string name, std::vector<int64_t> shape, const uint8_t* data) {
+  TensorView v = src;
+  v.name = std::move(name);
+  v.shape = std::move(shape);
+  v.data = data;
+  return v;
+}
+}  // namespace
+
 uint8_t* Checkpoint::derived_buffer(size_t bytes) {
   std::vector<uint8_t> buffer;
   auto spare = spare_derived_.find(bytes);
@@ -423,11 +434,7 @@ TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& wh
   };
   if (dtype_size(src.dtype) == 2) copy(uint16_t());
   else copy(uint32_t());  // F32 (F16 was widened by require)
-  TensorView v = src;
-  v.name = src.name + what;
-  v.shape = std::move(shape);
-  v.data = out;
-  return v;
+  return derived_view(src, src.name + what, std::move(shape), out);
 }
 
 namespace {
@@ -473,20 +480,13 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     // time on the update's threads when it has some.
     const size_t bytes = size_t(I * H) * dtype_size(gate_up.dtype);
     std::vector<std::array<uint8_t*, 3>> to(static_cast<size_t>(E), {nullptr, nullptr, nullptr});
-    auto view = [&](const TensorView& src, std::string name, std::vector<int64_t> shape, const uint8_t* data) {
-      TensorView v = src;
-      v.name = std::move(name);
-      v.shape = std::move(shape);
-      v.data = data;
-      return v;
-    };
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
       to[size_t(e)] = {derived_buffer(bytes), derived_buffer(bytes), derived_buffer(bytes)};
-      out[size_t(e)].gate = view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
-      out[size_t(e)].up = view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
-      out[size_t(e)].down = view(down, down.name + tag, {H, I}, to[size_t(e)][2]);
+      out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
+      out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
+      out[size_t(e)].down = derived_view(down, down.name + tag, {H, I}, to[size_t(e)][2]);
     }
     auto split = [&](int64_t e) {
       if (to[size_t(e)][0]) split_expert(gate_up, down, e, to[size_t(e)][0], to[size_t(e)][1], to[size_t(e)][2]);
@@ -656,16 +656,16 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   derived_.clear();
   used_.clear();
   weights_.layers.clear();
-  pool_ = pool;
-  try {
+  {
+    struct PoolForTheLoad {
+      Checkpoint* c;
+      ~PoolForTheLoad() { c->pool_ = nullptr; }
+    } scope{this};
+    pool_ = pool;
     load_weights();
-  } catch (...) {
-    pool_ = nullptr;
-    throw;
   }
-  pool_ = nullptr;
   spare_derived_.clear();
-  // Derived copies (split fused experts) are new buffers: whatever was packed from them is rebuilt.
+  // Derived copies (split fused experts) are all rewritten: whatever was packed from them is rebuilt.
   for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());
   return out;
 }
