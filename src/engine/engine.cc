@@ -73,7 +73,9 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
     held = [this](const ModelConfig& mc) {
       return held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(), exchange_->ranks());
     };
-  if (!ckpt_) ckpt_ = Checkpoint::open(cfg_.model, held);
+  int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+  if (!ckpt_) ckpt_ = Checkpoint::open(cfg_.model, held, pool_.get());
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {
@@ -82,8 +84,6 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
       throw Error(tok_dir + ": the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                   " tokens but the model's vocab_size is " + std::to_string(mc.vocab_size));
   }
-  int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<ThreadPool>(threads);
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
   cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
   int max_step = cfg_.max_num_batched_tokens;

@@ -44,7 +44,7 @@ std::string router_bias_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
 }
 
-std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held) {
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held, ThreadPool* pool) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = dir;
   if (!fs::is_directory(dir)) throw Error(dir + ": not a checkpoint directory");
@@ -109,8 +109,17 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldE
     if (!ck->index_.count(name))
       throw Error((fs::path(dir) / file).string() + ": tensor \"" + name +
                   "\" is listed in the index but not in the shard");
-  ck->load_weights();
+  ck->load_weights_on(pool);
   return ck;
+}
+
+void Checkpoint::load_weights_on(ThreadPool* pool) {
+  struct PoolForTheLoad {
+    Checkpoint* c;
+    ~PoolForTheLoad() { c->pool_ = nullptr; }
+  } scope{this};
+  pool_ = pool;
+  load_weights();
 }
 
 std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_json,
@@ -656,14 +665,7 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   derived_.clear();
   used_.clear();
   weights_.layers.clear();
-  {
-    struct PoolForTheLoad {
-      Checkpoint* c;
-      ~PoolForTheLoad() { c->pool_ = nullptr; }
-    } scope{this};
-    pool_ = pool;
-    load_weights();
-  }
+  load_weights_on(pool);
   spare_derived_.clear();
   // Derived copies (split fused experts) are all rewritten: whatever was packed from them is rebuilt.
   for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());

@@ -57,7 +57,9 @@ class Checkpoint {
   // others' tensors, or their rows of a fused per-layer tensor, are validated but never read,
   // so they take no memory, and their ExpertWeights stay empty. Empty: every expert.
   using HeldExperts = std::function<std::vector<std::vector<bool>>(const ModelConfig&)>;
-  static std::shared_ptr<Checkpoint> open(const std::string& dir, const HeldExperts& held = {});
+  // pool: threads to build the derived copies on (GPT-OSS's per-expert split); none: this one.
+  static std::shared_ptr<Checkpoint> open(const std::string& dir, const HeldExperts& held = {},
+                                          ThreadPool* pool = nullptr);
   // The same from tensors in memory (an RL trainer's refit without a round trip through disk):
   // config.json text and tensors under their Hugging Face names; validated the same way.
   static std::shared_ptr<Checkpoint> from_memory(const std::string& config_json,
@@ -94,6 +96,7 @@ class Checkpoint {
   // A float tensor of this shape (F16 widened to F32); U8 with `bytes`.
   const TensorView& require(const std::string& name, std::vector<int64_t> shape, bool bytes = false);
   void load_weights();
+  void load_weights_on(ThreadPool* pool);  // load_weights with pool_ set for its duration
   // Per-expert [out, in] views of a layer's fused expert tensors (LayerTensorNames::fused_experts),
   // copied into derived_ in the source dtype.
   std::vector<ExpertWeights> split_fused_experts(int layer);
@@ -122,7 +125,7 @@ class Checkpoint {
   std::vector<std::vector<float>> owned_;
   std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
   std::map<size_t, std::vector<std::vector<uint8_t>>> spare_derived_;  // by size: during an update's load
-  ThreadPool* pool_ = nullptr;  // during an update's load: apply_update's pool
+  ThreadPool* pool_ = nullptr;  // during a load: open's or apply_update's pool
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
   std::vector<TensorView> memory_views_;
   struct Adopted {                          // apply_update: a sent tensor's bytes and their view
