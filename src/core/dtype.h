@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/u64_words.h"
+
 namespace r3 {
 
 // F32, BF16, F16, U8 and F8_E4M3 are stored (safetensors); MXFP4 exists only as a view of U8
@@ -52,8 +54,7 @@ inline bool e4m3_is_nan(uint8_t b) { return (b & 0x7f) == 0x7f; }
 inline int64_t first_e4m3_nan(const uint8_t* b, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
+    const uint64_t w = load_u64(b + i);
     if (((w & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & 0x8080808080808080ull) break;
   }
   for (; i < n; ++i)

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
+#include "core/thread_pool.h"
 #include "core/u64_words.h"
 #include "model/tensor_names.h"
 

@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
 namespace r3 {
+
+class ThreadPool;
 
 struct ExpertWeights {
   TensorView gate, up, down;  // [I, H], [I, H], [H, I]
