@@ -7,7 +7,10 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <atomic>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "server/server.h"
 #include "test_tokenizer.h"
@@ -22,7 +25,7 @@ struct TextServer {
   std::unique_ptr<server::Server> srv;
   std::shared_ptr<text::Tokenizer> tok;
   int port = 0;
-  TextServer() {
+  explicit TextServer(bool trust_request_chat_template = true) {
     EngineConfig c;
     c.model = testing::model_with_tokenizer();
     c.num_kv_blocks = 128;
@@ -32,6 +35,7 @@ struct TextServer {
     c.enable_return_routed_experts = true;
     server::ServerOptions o;
     o.port = 0;
+    o.trust_request_chat_template = trust_request_chat_template;
     srv = std::make_unique<server::Server>(c, o);
     port = srv->start();
     tok = text::Tokenizer::load(c.model);
@@ -203,6 +207,73 @@ TEST(ServerText, ChatCompletionsRenderTheTemplateAndStreamTheSameText) {
                    400)["error"]["param"],
             "messages");
   EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", json::array()}}, 400)["error"]["param"], "messages");
+}
+
+TEST(ServerText, RequestTemplatesAreRefusedUnlessTrusted) {
+  TextServer s(false);
+  const json messages = {{{"role", "user"}, {"content", "the sand and"}}};
+  const std::string vllm_words = "Chat template is passed with request, but --trust-request-chat-template is not set.";
+  for (const json& body : {json{{"messages", messages}, {"chat_template", "{{ 'x' }}"}},
+                           json{{"messages", messages}, {"chat_template_kwargs", {{"chat_template", "{{ 'x' }}"}}}}}) {
+    const json e = s.post("/v1/chat/completions", body, 400)["error"];
+    EXPECT_NE(e["message"].get<std::string>().find(vllm_words), std::string::npos) << e.dump();
+    EXPECT_EQ(e["param"], "chat_template");
+  }
+  // The model's own template still serves.
+  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}})["object"], "chat.completion");
+}
+
+// Issue 48's reproductions through the server: each hostile request template is a 400 naming the
+// template line, within its budget, while completions running beside them stay bit-identical
+// to a solo run and the server stays healthy.
+TEST(ServerText, HostileTemplatesAre400sAndTheServerKeepsServing) {
+  TextServer s;
+  const json solo_body = {{"prompt", "the sand and"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 11},
+                          {"ignore_eos", true}};
+  const json solo = s.post("/v1/completions", solo_body)["choices"][0]["token_ids"];
+  std::atomic<bool> done{false};
+  std::atomic<int> checked{0}, mismatched{0};
+  std::thread background([&] {
+    while (!done) {
+      const json r = s.post("/v1/completions", solo_body);
+      ++checked;
+      if (r["choices"][0]["token_ids"] != solo) ++mismatched;
+    }
+  });
+  const std::string deep(100000, '(');
+  const std::vector<std::string> hostile = {
+      "{% for i in range(10**9) %}{% endfor %}",
+      "{{ 'a' * 10**10 }}",
+      "{{ 'a\nb' | indent(10**9) }}",
+      "{{ [[1]] | tojson(indent=10**8) }}",
+      "{% macro f(g) %}{{ g(g) }}{% endmacro %}{{ f(f) }}",
+      "{{ " + deep + "1 }}",
+      "{{ (-9223372036854775807 - 1) // -1 }}",
+      "{% set l = [] %}{{ l.append(l) }}{{ l | tojson }}",
+      "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+      "{{ 99999999999999999999 }}",
+      "{{ '\\uZZZZ' }}",
+  };
+  const json messages = {{{"role", "user"}, {"content", "hi"}}};
+  for (const std::string& t : hostile) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const json e = s.post("/v1/chat/completions", {{"messages", messages}, {"chat_template", t}}, 400)["error"];
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0) << t.substr(0, 60);
+    EXPECT_NE(e["message"].get<std::string>().find("chat template line 1"), std::string::npos) << e.dump();
+  }
+  // A cyclic value printed as Python prints it, and the server still renders good templates.
+  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1},
+                                            {"chat_template", "{% set l = [1] %}{{ l.append(l) }}{{ l }}"}})
+                ["prompt_token_ids"].get<std::vector<int32_t>>(),
+            s.tok->encode("None[1, [...]]", false));
+  done = true;
+  background.join();
+  EXPECT_GT(checked.load(), 0);
+  EXPECT_EQ(mismatched.load(), 0);
+  httplib::Client cli("127.0.0.1", s.port);
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 }  // namespace

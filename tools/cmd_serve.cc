@@ -35,6 +35,8 @@ int cmd_serve(int argc, char** argv) {
       .opt("weight-version", "0", "initial weight version label (a string; refits set it, SGLang's weight_version)")
       .opt("shutdown-grace-seconds", "30", "on SIGTERM/SIGINT: requests in flight may finish for this long, then are aborted")
       .opt("health-stall-seconds", "120", "/health answers 503 while one engine step has run longer than this")
+      .flag("trust-request-chat-template", false,
+            "render a chat request's own \"chat_template\" (off: such requests get 400, as in vLLM)")
       .flag("log-requests", false, "one line per HTTP request on stderr");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig cfg = engine_config_from(a);
@@ -55,6 +57,7 @@ int cmd_serve(int argc, char** argv) {
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
   o.model_name = a.str("served-model-name");
   o.weight_version = a.str("weight-version");
+  o.trust_request_chat_template = a.on("trust-request-chat-template");
   o.routed_experts_format = a.str("routed-experts-format");
   if (!o.routed_experts_format.empty()) (void)parse_route_format(o.routed_experts_format);  // fails early on a typo
   o.control_port = int(a.integer("control-port"));

@@ -39,7 +39,8 @@ json chat_logprobs(const RequestOutput& o, size_t from, const CompletionRequest&
 }  // namespace
 
 CompletionRequest parse_chat_request(const json& b, const std::string& raw, const std::function<uint64_t()>& seeds,
-                                     std::shared_ptr<const text::Tokenizer> tok, int max_context) {
+                                     std::shared_ptr<const text::Tokenizer> tok, int max_context,
+                                     const ChatTemplatePolicy& policy) {
   refuse_unknown_fields(
       b, "", {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
               "stream", "stream_options", "logprobs", "top_logprobs", "stop", "stop_token_ids", "seed",
@@ -50,6 +51,16 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
               "return_routed_experts", "routed_experts_start", "routed_experts_format", "prompt_logprobs", "echo",
               "response_format", "add_special_tokens"});
   if (!tok) throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)", "messages");
+  // vLLM's rule and words: a template sent with the request (or in chat_template_kwargs) is code
+  // from the client, rendered only when the server was told to trust it.
+  const bool sends_template = (b.contains("chat_template") && !b["chat_template"].is_null()) ||
+                              (b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object() &&
+                               b["chat_template_kwargs"].contains("chat_template") &&
+                               !b["chat_template_kwargs"]["chat_template"].is_null());
+  if (sends_template && !policy.trust_request_chat_template)
+    throw bad_request("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                      "Refused request with untrusted chat template.",
+                      "chat_template");
   if (auto e = opt_bool(b, "echo", "echo"); e && *e) throw bad_request("\"echo\" is not supported by r3", "echo");
   if (b.contains("response_format") && !b["response_format"].is_null()) {
     const json& rf = b["response_format"];
@@ -83,7 +94,7 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
   std::vector<int32_t> ids;
   try {
     const text::ChatTemplate ct(tok, opt_string(b, "chat_template", "chat_template").value_or(""));
-    const std::string prompt = ct.render(cr);
+    const std::string prompt = ct.render(cr, policy.cancelled);
     ids = tok->encode(prompt, opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(false));
   } catch (const ApiError&) {
     throw;

@@ -17,12 +17,22 @@
 
 namespace r3::server {
 
+// How a server renders chat templates: a request's own "chat_template" is refused (400, vLLM's
+// message) unless trusted (--trust-request-chat-template); every render, the model's template
+// too, runs within its budget (text/jinja_budget.h) and stops when `cancelled` says so (client
+// gone, shutdown).
+struct ChatTemplatePolicy {
+  bool trust_request_chat_template = false;
+  std::function<bool()> cancelled;
+};
+
 // body: the parsed request; raw: its text (messages and tools keep their key order, which
 // tojson in a template prints). max_context: the most tokens a request may hold (positions and
 // KV pool); without max_tokens a chat completion may use all that the prompt leaves.
 CompletionRequest parse_chat_request(const nlohmann::json& body, const std::string& raw,
                                      const std::function<uint64_t()>& seeds,
-                                     std::shared_ptr<const text::Tokenizer> tok, int max_context);
+                                     std::shared_ptr<const text::Tokenizer> tok, int max_context,
+                                     const ChatTemplatePolicy& policy = {});
 nlohmann::json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);
 // One streamed choice delta (tokens [from, end), text bytes [text_from, end)); `first` adds the
 // assistant role.

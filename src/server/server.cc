@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <semaphore>
 #include <random>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "server/chat_api.h"
 #include "server/openai_api.h"
 #include "server/tokenize_api.h"
+#include "text/jinja_budget.h"
 
 namespace r3::server {
 
@@ -149,7 +151,13 @@ struct Server::Impl {
   int port = -1, control_port = -1;
   socket_t listen_fd = -1, control_fd = -1;
   std::atomic<bool> stopped{false}, draining{false};
+  // Chat templates render on at most this many HTTP threads at once (the machine's cores): a
+  // render is CPU work within its budget, so more at once would only multiply the memory that
+  // hostile templates can hold; the others wait, at most one render's time budget.
+  std::counting_semaphore<> render_slots{std::max<std::ptrdiff_t>(1, std::thread::hardware_concurrency())};
   std::mutex stop_mu;
+  std::mutex health_mu;                  // /health_generate: one generation at a time
+  Clock::time_point health_ok_at{};      // its last success
   int64_t started = int64_t(std::time(nullptr));
   std::atomic<uint64_t> next_id{0};
   std::mutex rng_mu;
@@ -294,7 +302,17 @@ struct Server::Impl {
       const EngineConfig& ec = loop->engine_config();
       const int max_context =
           std::min(loop->model_config().max_position_embeddings, ec.num_kv_blocks * ec.block_size);
-      st->req = parse_chat_request(body, hreq.body, [this] { return fresh_seed(); }, loop->tokenizer(), max_context);
+      ChatTemplatePolicy policy;
+      policy.trust_request_chat_template = opts.trust_request_chat_template;
+      policy.cancelled = [this] { return stopped || draining; };
+      if (!render_slots.try_acquire_for(std::chrono::duration<double>(text::jinja::RenderLimits{}.max_seconds)))
+        throw ApiError(503, "every chat-template render slot stayed busy; retry", "server_error");
+      struct Release {
+        std::counting_semaphore<>& s;
+        ~Release() { s.release(); }
+      } release{render_slots};
+      st->req = parse_chat_request(body, hreq.body, [this] { return fresh_seed(); }, loop->tokenizer(), max_context,
+                                   policy);
     } else {
       st->req = parse_completion_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     }
@@ -455,13 +473,20 @@ struct Server::Impl {
                     "text/plain");
   }
 
-  // A real one-token generation through the engine loop, answered within a time limit.
+  // A real one-token generation through the engine loop, answered within a time limit. As in
+  // SGLang it needs no API key (probes carry none), so it is rate-limited instead: one
+  // generation at a time, and callers within a second of a success share it.
   void health_generate(httplib::Response& res) {
     if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
     if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
     if (loop->paused()) throw ApiError(503, "generation is paused (/continue_generation resumes it)", "server_error");
     if (loop->memory_released())
       throw ApiError(503, "memory is released (/resume_memory_occupation restores it)", "server_error");
+    std::unique_lock<std::mutex> one_at_a_time(health_mu);
+    if (Clock::now() - health_ok_at < std::chrono::seconds(1)) {
+      res.status = 200;
+      return;
+    }
     Job j;
     j.prompt = {0};
     j.params.max_tokens = 1;
@@ -478,6 +503,7 @@ struct Server::Impl {
     while (Clock::now() < deadline) {
       if (std::string f = ch->failure(); !f.empty()) throw ApiError(503, f, "server_error");
       if (ch->take(seen, std::chrono::milliseconds(100), outs) && outs[0] && outs[0]->finished) {
+        health_ok_at = Clock::now();
         res.status = 200;
         return;
       }

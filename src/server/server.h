@@ -34,6 +34,9 @@ struct ServerOptions {
   double stall_seconds = 120;          // /health says 503 while one engine step runs longer
   double health_generate_timeout_seconds = 20;  // /health_generate's one-token generation (SGLang: 20)
   std::string weight_version = "0";    // the initial weight version label
+  // vLLM's --trust-request-chat-template: render a chat request's own "chat_template" (code
+  // from the client; every render runs within text/jinja_budget.h's budget either way).
+  bool trust_request_chat_template = false;
   // Route wire format when a request names none: "" = each endpoint's peer default (/generate:
   // sglang, /v1/completions: vllm), else r3 | sglang | vllm | nrlre1 for both.
   std::string routed_experts_format;

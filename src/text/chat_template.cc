@@ -4,11 +4,25 @@
 
 namespace r3::text {
 
+namespace {
+// Bytes of a render's budget per byte of the request: each message's text is copied each time
+// the template reads it (the release templates read it a handful of times).
+constexpr size_t kBytesPerRequestByte = 32;
+}  // namespace
+
 ChatTemplate::ChatTemplate(std::shared_ptr<const Tokenizer> tok, const std::string& source)
     : tok_(std::move(tok)),
       tpl_(source.empty() ? tok_->parsed_chat_template() : std::make_shared<const jinja::Template>(source)) {}
 
-std::string ChatTemplate::render(const ChatRequest& req) const {
+jinja::RenderLimits ChatTemplate::limits_for(const ChatRequest& req) {
+  jinja::RenderLimits l;
+  const size_t sent =
+      req.messages.dump().size() + (req.tools.is_null() ? 0 : req.tools.dump().size()) + req.kwargs.dump().size();
+  l.max_bytes += int64_t(kBytesPerRequestByte * sent);
+  return l;
+}
+
+std::string ChatTemplate::render(const ChatRequest& req, std::function<bool()> cancelled) const {
   if (!req.messages.is_array() || req.messages.empty()) throw Error("messages must be a non-empty list");
   for (size_t i = 0; i < req.messages.size(); ++i) {
     const auto& m = req.messages[i];
@@ -31,7 +45,9 @@ std::string ChatTemplate::render(const ChatRequest& req) const {
       if (kv.first == it.key()) kv.second = jinja::from_json(it.value()), replaced = true;
     if (!replaced) ctx.emplace_back(it.key(), jinja::from_json(it.value()));
   }
-  std::string text = tpl_->render(ctx);
+  jinja::RenderLimits limits = limits_for(req);
+  limits.cancelled = std::move(cancelled);
+  std::string text = tpl_->render(ctx, limits);
   if (req.continue_final_message) {
     // Cut after the final message's content, as Hugging Face does, so the model continues it.
     const auto& last = req.messages.back();

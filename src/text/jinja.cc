@@ -3,12 +3,14 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <ctime>
 #include <cstring>
 #include <set>
 
 #include "core/error.h"
+#include "text/jinja_budget.h"
 #include "text/utf8.h"
 
 namespace r3::text::jinja {
@@ -27,25 +29,36 @@ struct Segment {
   int line;
 };
 
-int line_of(const std::string& s, size_t pos) { return 1 + int(std::count(s.begin(), s.begin() + long(pos), '\n')); }
-
 std::vector<Segment> segments(const std::string& src) {
   struct Raw {
     Segment seg;
     bool strip_before = false, strip_after = false, lstrip = false, trim = false;
   };
   std::vector<Raw> raw;
+  // Line numbers counted as the scan moves forward (positions only grow), and each opener found
+  // by one scan: the whole template is read a bounded number of times, whatever its size.
+  size_t counted_to = 0;
+  int counted_line = 1;
+  auto line_of = [&](size_t at) {
+    counted_line += int(std::count(src.begin() + long(counted_to), src.begin() + long(at), '\n'));
+    counted_to = at;
+    return counted_line;
+  };
+  auto next_opener = [&](size_t from) {
+    for (size_t at = src.find('{', from); at != std::string::npos; at = src.find('{', at + 1))
+      if (at + 1 < src.size() && (src[at + 1] == '{' || src[at + 1] == '%' || src[at + 1] == '#')) return at;
+    return std::string::npos;
+  };
   size_t pos = 0;
   while (pos < src.size()) {
-    size_t open = std::string::npos;
-    for (const char* o : {"{{", "{%", "{#"}) open = std::min(open, src.find(o, pos));
+    const size_t open = next_opener(pos);
     if (open == std::string::npos) {
-      raw.push_back({{Segment::Text, src.substr(pos), line_of(src, pos)}});
+      raw.push_back({{Segment::Text, src.substr(pos), line_of(pos)}});
       break;
     }
-    if (open > pos) raw.push_back({{Segment::Text, src.substr(pos, open - pos), line_of(src, pos)}});
+    if (open > pos) raw.push_back({{Segment::Text, src.substr(pos, open - pos), line_of(pos)}});
     const char kind = src[open + 1];
-    const int line = line_of(src, open);
+    const int line = line_of(open);
     size_t i = open + 2;
     Raw r;
     if (i < src.size() && src[i] == '-') r.strip_before = true, ++i;
@@ -182,8 +195,10 @@ std::vector<Tok> tokenize(const std::string& s, int line) {
           case '"': v += '"'; break;
           case '0': v += '\0'; break;
           case 'u': {
-            if (j + 4 >= s.size()) fail(line, "bad \\u escape");
-            v += utf8_encode(char32_t(std::stoul(s.substr(j + 1, 4), nullptr, 16)));
+            if (j + 4 >= s.size() || !std::all_of(s.begin() + long(j) + 1, s.begin() + long(j) + 5,
+                                                  [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); }))
+              fail(line, "bad \\u escape (\\u takes four hex digits)");
+            v += utf8_encode(char32_t(std::strtoul(s.substr(j + 1, 4).c_str(), nullptr, 16)));
             j += 4;
             break;
           }
@@ -223,6 +238,7 @@ struct Expr {
   std::vector<std::shared_ptr<Expr>> args;  // operands, call args, list items, dict keys/values interleaved
   std::vector<std::pair<std::string, std::shared_ptr<Expr>>> kwargs;
   bool negated = false;  // Test: "is not"
+  int depth = 1;         // of this node's tree, bounded at parse time (kMaxTemplateNesting)
 };
 using ExprP = std::shared_ptr<Expr>;
 
@@ -255,6 +271,36 @@ class Parser {
  public:
   explicit Parser(std::vector<Segment> segs) : segs_(std::move(segs)) {}
 
+ private:
+  // The parser recurses once per nesting level; a template nested past kMaxTemplateNesting is
+  // refused here, before its depth can exhaust the stack (here, when evaluated, or when freed).
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.nesting_ > kMaxTemplateNesting)
+        fail(p_.line_, "the template nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
+    }
+    ~Nest() { --p_.nesting_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+  // e's depth from its operands'; chains built by loops (a + b + c ..., x|f|g, a.b.c) are bounded
+  // here, as recursion bounds the rest.
+  ExprP deepen(ExprP e) {
+    int d = 0;
+    for (const ExprP& a : e->args)
+      if (a) d = std::max(d, a->depth);
+    for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxTemplateNesting)
+      fail(line_, "an expression nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
+    return e;
+  }
+
+ public:
   std::vector<NodeP> parse_all() {
     std::vector<NodeP> out = parse_block({});
     if (seg_ < segs_.size()) fail(segs_[seg_].line, "unexpected {% " + first_word(segs_[seg_]) + " %}");
@@ -315,6 +361,7 @@ class Parser {
   }
 
   NodeP statement(const std::string& w, int line) {
+    const Nest nest(*this);
     auto n = std::make_shared<Node>();
     n->line = line;
     name_token();  // the keyword
@@ -399,7 +446,7 @@ class Parser {
         list->line = line_;
         list->args.push_back(n->expr);
         while (accept_op(",")) list->args.push_back(expression());
-        n->expr = list;
+        n->expr = deepen(list);
       }
       expect_end();
     } else if (w == "macro") {
@@ -469,10 +516,11 @@ class Parser {
   ExprP binary(const std::string& op, ExprP a, ExprP b) {
     ExprP e = make(Expr::Binary, op);
     e->args = {std::move(a), std::move(b)};
-    return e;
+    return deepen(e);
   }
 
   ExprP expression() {
+    const Nest nest(*this);
     ExprP e = or_expr();
     if (peek_name("if")) {
       name_token();
@@ -484,7 +532,7 @@ class Parser {
         other = expression();
       }
       c->args = {cond, e, other};
-      return c;
+      return deepen(c);
     }
     return e;
   }
@@ -506,10 +554,11 @@ class Parser {
   }
   ExprP not_expr() {
     if (peek_name("not")) {
+      const Nest nest(*this);
       name_token();
       ExprP e = make(Expr::Unary, "not");
       e->args = {not_expr()};
-      return e;
+      return deepen(e);
     }
     return compare();
   }
@@ -559,10 +608,11 @@ class Parser {
   }
   ExprP unary() {
     if (peek_op("-") || peek_op("+")) {
+      const Nest nest(*this);
       const std::string op = toks_[tok_++].v;
       ExprP e = make(Expr::Unary, op);
       e->args = {unary()};
-      return filters(e);
+      return filters(deepen(e));
     }
     return filters(postfix(primary()));
   }
@@ -586,7 +636,7 @@ class Parser {
         ExprP f = make(Expr::Filter, name);
         f->args.push_back(e);
         if (accept_op("(")) call_args(f);
-        e = f;
+        e = deepen(f);
       } else if (peek_name("is")) {
         name_token();
         bool neg = false;
@@ -607,7 +657,7 @@ class Parser {
         else if (peek().kind == Tok::Str || peek().kind == Tok::Int || peek().kind == Tok::Float ||
                  (peek().kind == Tok::Name && !std::set<std::string>{"and", "or", "else", "if", "is", "not", "in"}.count(peek().v)))
           t->args.push_back(postfix(primary()));
-        e = t;
+        e = deepen(t);
       } else {
         return e;
       }
@@ -618,7 +668,7 @@ class Parser {
       if (accept_op(".")) {
         ExprP a = make(Expr::Attr, peek().kind == Tok::Int ? toks_[tok_++].v : name_token());
         a->args = {e};
-        e = a;
+        e = deepen(a);
       } else if (accept_op("[")) {
         // item or slice [a:b:c]
         ExprP parts[3];
@@ -634,17 +684,17 @@ class Parser {
           if (!parts[0]) fail(line_, "empty subscript");
           ExprP it = make(Expr::Item);
           it->args = {e, parts[0]};
-          e = it;
+          e = deepen(it);
         } else {
           ExprP s = make(Expr::Slice);
           s->args = {e, parts[0], parts[1], parts[2]};
-          e = s;
+          e = deepen(s);
         }
       } else if (accept_op("(")) {
         ExprP c = make(Expr::Call);
         c->args.push_back(e);
         call_args(c);
-        e = c;
+        e = deepen(c);
       } else {
         return e;
       }
@@ -662,7 +712,14 @@ class Parser {
     if (t.kind == Tok::Int || t.kind == Tok::Float) {
       ++tok_;
       ExprP e = make(Expr::Literal);
-      e->literal = t.kind == Tok::Int ? Value::integer(std::stoll(t.v)) : Value::number(std::stod(t.v));
+      if (t.kind == Tok::Float) {
+        e->literal = Value::number(std::strtod(t.v.c_str(), nullptr));  // 1e999 is inf, as in Python
+        return e;
+      }
+      errno = 0;
+      const long long x = std::strtoll(t.v.c_str(), nullptr, 10);
+      if (errno == ERANGE) fail(line_, "integer literal " + t.v.substr(0, 40) + " does not fit in 64 bits");
+      e->literal = Value::integer(x);
       return e;
     }
     if (t.kind == Tok::Name) {
@@ -680,7 +737,7 @@ class Parser {
         ExprP l = make(Expr::ListLit);
         l->args.push_back(e);
         while (accept_op(",") && !peek_op(")")) l->args.push_back(expression());
-        e = l;
+        e = deepen(l);
       }
       expect_op(")");
       return e;
@@ -691,7 +748,7 @@ class Parser {
         l->args.push_back(expression());
         if (!peek_op("]")) expect_op(",");
       }
-      return l;
+      return deepen(l);
     }
     if (accept_op("{")) {
       ExprP d = make(Expr::DictLit);
@@ -701,7 +758,7 @@ class Parser {
         d->args.push_back(expression());
         if (!peek_op("}")) expect_op(",");
       }
-      return d;
+      return deepen(d);
     }
     fail(line_, at_end() ? "unexpected end of expression" : "unexpected '" + t.v + "'");
   }
@@ -711,6 +768,7 @@ class Parser {
   std::vector<Tok> toks_;
   size_t tok_ = 0;
   int line_ = 0;
+  int nesting_ = 0;
 };
 
 // ---- evaluation ----
@@ -730,6 +788,7 @@ struct Scope {
 enum class Flow { Normal, Break, Continue };
 
 std::vector<std::string> chars_of(const std::string& s) {
+  charge_bytes(uint64_t(s.size()) * sizeof(std::string));  // a string per byte at most
   std::vector<std::string> out;
   for (std::string_view c : utf8_chars(s)) out.emplace_back(c);
   return out;
@@ -783,6 +842,7 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
     for (size_t k = 0; k < cs.size(); ++k) {
       if (is_space_str(cs[k])) {
         if (in) {
+          charge_bytes(sizeof(Value) + cur.size());
           out.push_back(cur);
           cur.clear();
           in = false;
@@ -809,6 +869,7 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
     if (maxsplit >= 0 && int64_t(out.size()) >= maxsplit) break;
     const size_t j = s.find(sep.s, at);
     if (j == std::string::npos) break;
+    charge_bytes(sizeof(Value) + j - at);
     out.push_back(s.substr(at, j - at));
     at = j + sep.s.size();
   }
@@ -818,7 +879,8 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
 
 int64_t py_len(const Value& v, int line) {
   switch (v.kind) {
-    case Value::Kind::String: return int64_t(utf8_chars(v.s).size());
+    case Value::Kind::String:  // code points: the bytes that do not continue a UTF-8 sequence
+      return int64_t(std::count_if(v.s.begin(), v.s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
     case Value::Kind::List: return int64_t(v.list->size());
     case Value::Kind::Dict: return int64_t(v.dict->size());
     case Value::Kind::Undefined: return 0;
@@ -829,13 +891,15 @@ int64_t py_len(const Value& v, int line) {
 // The items a for loop (or a filter) walks: a list's elements, a dict's keys, a string's chars.
 List iterate(const Value& v, int line) {
   switch (v.kind) {
-    case Value::Kind::List: return *v.list;
+    case Value::Kind::List: charge_bytes(v.list->size() * sizeof(Value)); return *v.list;
     case Value::Kind::Dict: {
+      charge_bytes(v.dict->size() * sizeof(Value));
       List keys;
       for (const auto& [k, x] : *v.dict) keys.push_back(Value::string(k));
       return keys;
     }
     case Value::Kind::String: {
+      charge_bytes(v.s.size() * sizeof(Value));
       List cs;
       for (std::string& c : chars_of(v.s)) cs.push_back(Value::string(c));
       return cs;
@@ -847,6 +911,32 @@ List iterate(const Value& v, int line) {
 
 int64_t normalise_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
 
+// Python's integers are unbounded; r3's are 64-bit, so a result that does not fit is an error
+// (never a wrapped value or a trap).
+[[noreturn]] void overflow(int line, const std::string& what) {
+  fail(line, "integer overflow in " + what + " (r3's templates compute with 64-bit integers)");
+}
+
+// A number as an integer (bools count), for range(), indent widths and the int filter; floats
+// are truncated as Python's int() does.
+int64_t to_int(const Value& v, int line, const std::string& what) {
+  if (v.kind == Value::Kind::Int) return v.i;
+  if (v.kind == Value::Kind::Bool) return v.b;
+  if (v.kind != Value::Kind::Float) fail(line, what + " needs a number, not " + to_str(v));
+  if (!std::isfinite(v.f) || v.f >= 9.2233720368547758e18 || v.f < -9.2233720368547758e18) overflow(line, what);
+  return int64_t(v.f);
+}
+
+int64_t int_pow(int64_t base, int64_t exp, int line) {
+  int64_t r = 1;
+  while (exp > 0) {
+    if ((exp & 1) && __builtin_mul_overflow(r, base, &r)) overflow(line, "**");
+    exp >>= 1;
+    if (exp > 0 && __builtin_mul_overflow(base, base, &base)) overflow(line, "**");
+  }
+  return r;
+}
+
 Value arg(const Args& a, const Kwargs& kw, size_t pos, const char* name, Value dflt = Value::undefined()) {
   for (const auto& [k, v] : kw)
     if (k == name) return v;
@@ -855,7 +945,7 @@ Value arg(const Args& a, const Kwargs& kw, size_t pos, const char* name, Value d
 
 class Renderer {
  public:
-  explicit Renderer(Scope* globals) : globals_(globals) {}
+  Renderer(Scope* globals, RenderBudget& budget) : globals_(globals), budget_(budget) {}
 
   Flow exec(const std::vector<NodeP>& body, Scope& scope, std::string& out) {
     for (const NodeP& n : body) {
@@ -866,9 +956,16 @@ class Renderer {
   }
 
   Flow exec(const Node& n, Scope& scope, std::string& out) {
+    budget_.step(n.line);
+    const DepthGuard depth(budget_);
     switch (n.kind) {
-      case Node::Text: out += n.text; return Flow::Normal;
-      case Node::Output: out += to_str(eval(*n.expr, scope)); return Flow::Normal;
+      case Node::Text: budget_.produce(n.text.size()); out += n.text; return Flow::Normal;
+      case Node::Output: {
+        const std::string text = to_str(eval(*n.expr, scope));
+        budget_.produce(text.size());
+        out += text;
+        return Flow::Normal;
+      }
       case Node::Block: return exec(n.body, scope, out);
       case Node::If:
         for (const auto& [cond, body] : n.branches)
@@ -879,6 +976,7 @@ class Renderer {
         if (n.filter) {
           List kept;
           for (Value& it : items) {
+            budget_.step(n.line);
             Scope s{{}, &scope};
             bind(n, it, s);
             if (eval(*n.filter, s).truthy()) kept.push_back(it);
@@ -888,6 +986,7 @@ class Renderer {
         if (items.empty()) return exec(n.else_body, scope, out);
         const int64_t len = int64_t(items.size());
         for (int64_t k = 0; k < len; ++k) {
+          budget_.step(n.line);  // an iteration is a step even when its body is empty
           Scope s{{}, &scope};
           bind(n, items[size_t(k)], s);
           Dict loop = {{"index0", Value::integer(k)},
@@ -961,7 +1060,17 @@ class Renderer {
     for (size_t k = 0; k < parts.size(); ++k) s.vars[n.targets[k]] = parts[k];
   }
 
+  // Every evaluation is a step at its line, one level deeper, and the bytes of the string it
+  // yields (copies included: they cost the time and may be kept).
   Value eval(const Expr& e, Scope& scope) {
+    budget_.step(e.line);
+    const DepthGuard depth(budget_);
+    Value v = evaluate(e, scope);
+    if (v.kind == Value::Kind::String) budget_.produce(v.s.size());
+    return v;
+  }
+
+  Value evaluate(const Expr& e, Scope& scope) {
     switch (e.kind) {
       case Expr::Literal: return e.literal;
       case Expr::Name: {
@@ -995,7 +1104,10 @@ class Renderer {
         if (e.name == "not") return Value::boolean(!v.truthy());
         if (!v.is_number()) fail(e.line, "unary " + e.name + " of a non-number");
         if (e.name == "+") return v;
-        return v.kind == Value::Kind::Float ? Value::number(-v.f) : Value::integer(-(v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i));
+        if (v.kind == Value::Kind::Float) return Value::number(-v.f);
+        int64_t neg;
+        if (__builtin_sub_overflow(int64_t(0), v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i, &neg)) overflow(e.line, "unary -");
+        return Value::integer(neg);
       }
       case Expr::Binary: return binary(e, scope);
       case Expr::Cond:
@@ -1081,6 +1193,7 @@ class Renderer {
       case Value::Kind::List:
         if (name == "append")
           return bound([obj](const Args& a, const Kwargs&) {
+            charge_bytes(sizeof(Value) + (a.empty() ? 0 : a[0].s.size()));
             obj.list->push_back(a.empty() ? Value::none() : a[0]);
             return Value::none();
           });
@@ -1129,6 +1242,7 @@ class Renderer {
         size_t at = 0;
         if (a[0].s.empty()) return Value::string(s);
         for (size_t j; count != 0 && (j = s.find(a[0].s, at)) != std::string::npos; --count) {
+          charge_bytes(j - at + a[1].s.size());
           out += s.substr(at, j - at) + a[1].s;
           at = j + a[0].s.size();
         }
@@ -1140,7 +1254,11 @@ class Renderer {
       return bound([s](const Args& a, const Kwargs&) {
         std::string out;
         List items = a.empty() ? List{} : iterate(a[0], 0);
-        for (size_t k = 0; k < items.size(); ++k) out += (k ? s : "") + to_str(items[k]);
+        for (size_t k = 0; k < items.size(); ++k) {
+          const std::string piece = (k ? s : "") + to_str(items[k]);
+          charge_bytes(piece.size());
+          out += piece;
+        }
         return Value::string(out);
       });
     if (name == "find" || name == "count")
@@ -1196,7 +1314,7 @@ class Renderer {
     List items;
     std::vector<std::string> cs;
     int64_t n;
-    if (obj.kind == Value::Kind::List) n = int64_t(obj.list->size());
+    if (obj.kind == Value::Kind::List) n = int64_t(obj.list->size()), budget_.produce(obj.list->size() * sizeof(Value));
     else if (obj.kind == Value::Kind::String) cs = chars_of(obj.s), n = int64_t(cs.size());
     else fail(e.line, "cannot slice " + to_str(obj));
     // Python's slice.indices.
@@ -1254,6 +1372,7 @@ class Renderer {
     if (op == "+") {
       if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
       if (a.kind == Value::Kind::List && b.kind == Value::Kind::List) {
+        budget_.produce((a.list->size() + b.list->size()) * sizeof(Value));
         List l = *a.list;
         l.insert(l.end(), b.list->begin(), b.list->end());
         return Value::new_list(std::move(l));
@@ -1261,8 +1380,13 @@ class Renderer {
     }
     if (op == "*" && ((a.is_string() && b.kind == Value::Kind::Int) || (b.is_string() && a.kind == Value::Kind::Int))) {
       const std::string& s = a.is_string() ? a.s : b.s;
+      const int64_t times = std::max<int64_t>(0, a.is_string() ? b.i : a.i);
+      uint64_t bytes;
+      if (__builtin_mul_overflow(uint64_t(s.size()), uint64_t(times), &bytes)) bytes = UINT64_MAX;
+      budget_.produce(bytes);  // refused before anything is allocated
       std::string out;
-      for (int64_t k = 0; k < (a.is_string() ? b.i : a.i); ++k) out += s;
+      out.reserve(size_t(bytes));
+      for (int64_t k = 0; k < times; ++k) out += s;
       return Value::string(out);
     }
     if (!a.is_number() || !b.is_number())
@@ -1272,9 +1396,22 @@ class Renderer {
     const bool ints = a.kind != Value::Kind::Float && b.kind != Value::Kind::Float;
     const int64_t ai = a.kind == Value::Kind::Bool ? a.b : a.i, bi = b.kind == Value::Kind::Bool ? b.b : b.i;
     const double x = a.as_double(), y = b.as_double();
-    if (op == "+") return ints ? Value::integer(ai + bi) : Value::number(x + y);
-    if (op == "-") return ints ? Value::integer(ai - bi) : Value::number(x - y);
-    if (op == "*") return ints ? Value::integer(ai * bi) : Value::number(x * y);
+    int64_t r;
+    if (op == "+") {
+      if (!ints) return Value::number(x + y);
+      if (__builtin_add_overflow(ai, bi, &r)) overflow(e.line, "+");
+      return Value::integer(r);
+    }
+    if (op == "-") {
+      if (!ints) return Value::number(x - y);
+      if (__builtin_sub_overflow(ai, bi, &r)) overflow(e.line, "-");
+      return Value::integer(r);
+    }
+    if (op == "*") {
+      if (!ints) return Value::number(x * y);
+      if (__builtin_mul_overflow(ai, bi, &r)) overflow(e.line, "*");
+      return Value::integer(r);
+    }
     if (op == "/") {
       if (y == 0) fail(e.line, "division by zero");
       return Value::number(x / y);
@@ -1282,14 +1419,18 @@ class Renderer {
     if (op == "//" || op == "%") {
       if (y == 0) fail(e.line, "division by zero");
       if (ints) {
-        int64_t q = ai / bi, r = ai % bi;
-        if (r != 0 && ((r < 0) != (bi < 0))) --q, r += bi;
-        return Value::integer(op == "//" ? q : r);
+        if (ai == INT64_MIN && bi == -1) {
+          if (op == "%") return Value::integer(0);
+          overflow(e.line, "//");
+        }
+        int64_t q = ai / bi, rem = ai % bi;
+        if (rem != 0 && ((rem < 0) != (bi < 0))) --q, rem += bi;
+        return Value::integer(op == "//" ? q : rem);
       }
       const double q = std::floor(x / y);
       return Value::number(op == "//" ? q : x - q * y);
     }
-    if (op == "**") return ints && bi >= 0 ? Value::integer(int64_t(std::llround(std::pow(double(ai), double(bi))))) : Value::number(std::pow(x, y));
+    if (op == "**") return ints && bi >= 0 ? Value::integer(int_pow(ai, bi, e.line)) : Value::number(std::pow(x, y));
     fail(e.line, "unknown operator " + op);
   }
 
@@ -1319,7 +1460,8 @@ class Renderer {
       if (v.kind != Value::Kind::Int) fail(e.line, "test '" + t + "' of a non-integer");
       return (v.i % 2 != 0) == (t == "odd");
     }
-    if (t == "divisibleby") return v.kind == Value::Kind::Int && a[0].kind == Value::Kind::Int && a[0].i && v.i % a[0].i == 0;
+    if (t == "divisibleby")  // x % -1 is 0 for every x (INT64_MIN % -1 traps in C++)
+      return v.kind == Value::Kind::Int && a[0].kind == Value::Kind::Int && a[0].i && (a[0].i == -1 || v.i % a[0].i == 0);
     if (t == "eq" || t == "equalto" || t == "sameas") return equal(v, a[0]);
     if (t == "ne") return !equal(v, a[0]);
     if (t == "in") {
@@ -1361,8 +1503,8 @@ class Renderer {
       std::string item_sep = ", ", key_sep = ": ";
       if (seps.kind == Value::Kind::List && seps.list->size() == 2) item_sep = to_str((*seps.list)[0]), key_sep = to_str((*seps.list)[1]);
       else if (ind.is_number()) item_sep = ",";
-      std::optional<int> indent;
-      if (ind.is_number()) indent = int(ind.as_double());
+      std::optional<int> indent;  // json.dumps: a negative indent is newlines without spaces
+      if (ind.is_number()) indent = int(std::clamp<int64_t>(to_int(ind, line, "tojson indent"), -1, INT32_MAX));
       std::string out = to_json(v, indent, sort.truthy(), item_sep, key_sep);
       return Value::string(out);
     }
@@ -1380,10 +1522,13 @@ class Renderer {
       const Value sep = arg(a, kw, 0, "d", Value::string(""));
       const Value attr = arg(a, kw, 1, "attribute");
       std::string out;
+      const std::string sep_text = to_str(sep);
       List items = iterate(v, line);
       for (size_t k = 0; k < items.size(); ++k) {
         Value x = attr.is_string() ? attribute(items[k], attr.s, line) : items[k];
-        out += (k ? to_str(sep) : "") + to_str(x);
+        const std::string piece = (k ? sep_text : "") + to_str(x);
+        budget_.produce(piece.size());
+        out += piece;
       }
       return Value::string(out);
     }
@@ -1442,7 +1587,7 @@ class Renderer {
       return Value::new_list(std::move(out));
     }
     if (f == "int") {
-      if (v.is_number()) return Value::integer(int64_t(v.as_double()));
+      if (v.is_number()) return Value::integer(to_int(v, line, "int"));
       if (v.is_string()) {
         try {
           return Value::integer(std::stoll(v.s));
@@ -1463,7 +1608,10 @@ class Renderer {
     }
     if (f == "abs") {
       if (!v.is_number()) fail(line, "abs of a non-number");
-      return v.kind == Value::Kind::Float ? Value::number(std::fabs(v.f)) : Value::integer(std::llabs(v.i));
+      if (v.kind == Value::Kind::Float) return Value::number(std::fabs(v.f));
+      const int64_t i = to_int(v, line, "abs");
+      if (i == INT64_MIN) overflow(line, "abs");
+      return Value::integer(i < 0 ? -i : i);
     }
     if (f == "round") {
       const int prec = int(arg(a, kw, 0, "precision", Value::integer(0)).as_double());
@@ -1485,9 +1633,11 @@ class Renderer {
       return Value::string(out);
     }
     if (f == "indent") {
-      const int width = int(arg(a, kw, 0, "width", Value::integer(4)).as_double());
+      // Python's " " * width: a negative width indents by nothing.
+      const int64_t width = std::max<int64_t>(0, to_int(arg(a, kw, 0, "width", Value::integer(4)), line, "indent"));
       const bool first = arg(a, kw, 1, "first", Value::boolean(false)).truthy();
       const bool blank = arg(a, kw, 2, "blank", Value::boolean(false)).truthy();
+      budget_.produce(uint64_t(width));
       const std::string pad(size_t(width), ' ');
       std::string s = to_str(v), out;
       size_t at = 0;
@@ -1495,6 +1645,7 @@ class Renderer {
       while (at <= s.size()) {
         size_t nl = s.find('\n', at);
         std::string ln = s.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+        budget_.produce(pad.size() + ln.size() + 1);
         if ((is_first && first) || (!is_first && (blank || !ln.empty()))) out += pad;
         out += ln;
         if (nl == std::string::npos) break;
@@ -1515,8 +1666,11 @@ class Renderer {
       Value acc = Value::integer(0);
       for (const Value& x : iterate(v, line)) {
         if (!x.is_number()) fail(line, "sum of non-numbers");
-        acc = acc.kind == Value::Kind::Int && x.kind == Value::Kind::Int ? Value::integer(acc.i + x.i)
-                                                                         : Value::number(acc.as_double() + x.as_double());
+        if (acc.kind == Value::Kind::Int && x.kind == Value::Kind::Int) {
+          if (__builtin_add_overflow(acc.i, x.i, &acc.i)) overflow(line, "sum");
+        } else {
+          acc = Value::number(acc.as_double() + x.as_double());
+        }
       }
       return acc;
     }
@@ -1524,6 +1678,7 @@ class Renderer {
   }
 
   Scope* globals_;
+  RenderBudget& budget_;
 };
 
 }  // namespace
@@ -1537,28 +1692,53 @@ Template::Template(const std::string& source) {
 Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 
-std::string Template::render(const Dict& context) const {
+namespace {
+// The context copied into the render's own containers, so the budget owns every container a
+// template can reach (a template may append to messages) and the caller's values stay as given.
+Value owned_copy(const Value& v, int depth) {
+  if (v.kind != Value::Kind::List && v.kind != Value::Kind::Dict) return v;
+  if (depth > kMaxValueDepth)
+    throw Error("chat template: a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  if (v.kind == Value::Kind::List) {
+    List l;
+    l.reserve(v.list->size());
+    for (const Value& x : *v.list) l.push_back(owned_copy(x, depth + 1));
+    return Value::new_list(std::move(l));
+  }
+  Dict d;
+  d.reserve(v.dict->size());
+  for (const auto& [k, x] : *v.dict) d.emplace_back(k, owned_copy(x, depth + 1));
+  return Value::new_dict(std::move(d));
+}
+}  // namespace
+
+std::string Template::render(const Dict& context, const RenderLimits& limits) const {
+  RenderBudget budget(limits);
   Scope globals;
   globals.vars["raise_exception"] = Value::function([](const Args& a, const Kwargs&) -> Value {
     throw Error("chat template raised an exception: " + (a.empty() ? std::string() : to_str(a[0])));
   });
   globals.vars["namespace"] = Value::function([](const Args& a, const Kwargs& kw) {
-    Value v;
-    v.kind = Value::Kind::Namespace;
-    v.ns = std::make_shared<Namespace>();
+    Value v = Value::new_namespace();
     if (!a.empty() && a[0].kind == Value::Kind::Dict)
       for (const auto& [k, x] : *a[0].dict) v.ns->attrs[k] = x;
     for (const auto& [k, x] : kw) v.ns->attrs[k] = x;
     return v;
   });
-  globals.vars["range"] = Value::function([](const Args& a, const Kwargs&) {
+  globals.vars["range"] = Value::function([&budget](const Args& a, const Kwargs&) {
+    const int line = budget.line();
     int64_t start = 0, stop = 0, step = 1;
-    if (a.size() == 1) stop = int64_t(a[0].as_double());
-    else if (a.size() >= 2) start = int64_t(a[0].as_double()), stop = int64_t(a[1].as_double());
-    if (a.size() >= 3) step = int64_t(a[2].as_double());
-    if (step == 0) throw Error("chat template: range() step must not be zero");
+    if (a.size() == 1) stop = to_int(a[0], line, "range");
+    else if (a.size() >= 2) start = to_int(a[0], line, "range"), stop = to_int(a[1], line, "range");
+    if (a.size() >= 3) step = to_int(a[2], line, "range");
+    if (step == 0) fail(line, "range() step must not be zero");
+    // The length first (in 128 bits: stop - start can overflow 64), refused before allocating.
+    const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+    const __int128 count = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128(step)) - 1) / (step > 0 ? step : -__int128(step));
+    budget.produce(count > __int128(INT64_MAX / int64_t(sizeof(Value))) ? UINT64_MAX : uint64_t(count) * sizeof(Value));
     List l;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) l.push_back(Value::integer(k));
+    l.reserve(size_t(count));
+    for (__int128 k = 0; k < count; ++k) l.push_back(Value::integer(int64_t(start + k * step)));
     return Value::new_list(std::move(l));
   });
   globals.vars["dict"] = Value::function([](const Args&, const Kwargs& kw) {
@@ -1574,9 +1754,9 @@ std::string Template::render(const Dict& context) const {
     return Value::string(std::string(buf, n));
   });
   Scope top{{}, &globals};
-  for (const auto& [k, v] : context) top.vars[k] = v;
+  for (const auto& [k, v] : context) top.vars[k] = owned_copy(v, 0);
   std::string out;
-  Renderer r(&globals);
+  Renderer r(&globals, budget);
   r.exec(root_->body, top, out);
   return out;
 }

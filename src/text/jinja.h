@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "text/jinja_budget.h"
 #include "text/jinja_value.h"
 
 namespace r3::text::jinja {
@@ -17,13 +18,15 @@ struct Node;
 
 class Template {
  public:
-  // Throws r3::Error ("chat template line N: ...") for syntax outside the subset.
+  // Throws r3::Error ("chat template line N: ...") for syntax outside the subset, literals that
+  // do not parse, and nesting past kMaxTemplateNesting.
   explicit Template(const std::string& source);
   ~Template();
   Template(Template&&) noexcept;
   // context: the template's variables (messages, tools, add_generation_prompt, bos_token, ...).
-  // Throws r3::Error for a runtime error, raise_exception's message included.
-  std::string render(const Dict& context) const;
+  // Throws r3::Error for a runtime error, raise_exception's message included, and when the
+  // render exceeds `limits` (text/jinja_budget.h). The context is copied, never changed.
+  std::string render(const Dict& context, const RenderLimits& limits = {}) const;
 
  private:
   std::shared_ptr<Node> root_;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "text/jinja_budget.h"
 #include "text/utf8.h"
 
 namespace r3::text::jinja {
@@ -38,6 +39,30 @@ const Value* Value::get(const std::string& key) const {
   for (const auto& [k, v] : *dict)
     if (k == key) return &v;
   return nullptr;
+}
+
+Value Value::new_list(List x) {
+  Value v;
+  v.kind = Kind::List;
+  v.list = std::make_shared<List>(std::move(x));
+  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.list);
+  return v;
+}
+
+Value Value::new_dict(Dict x) {
+  Value v;
+  v.kind = Kind::Dict;
+  v.dict = std::make_shared<Dict>(std::move(x));
+  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.dict);
+  return v;
+}
+
+Value Value::new_namespace() {
+  Value v;
+  v.kind = Kind::Namespace;
+  v.ns = std::make_shared<Namespace>();
+  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.ns);
+  return v;
 }
 
 Value from_json(const nlohmann::ordered_json& j) {
@@ -124,12 +149,57 @@ std::string py_repr_string(const std::string& s) {
   return out + q;
 }
 
-std::string repr(const Value& v) {
-  if (v.kind == Value::Kind::String) return py_repr_string(v.s);
-  return to_str(v);
+// An error about a value, with the template line when a render is running.
+[[noreturn]] void value_error(const std::string& what) {
+  if (RenderBudget* b = RenderBudget::active()) b->exceeded(what);
+  throw Error("chat template: " + what);
+}
+
+void check_depth(int depth) {
+  if (depth > kMaxValueDepth) value_error("a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+}
+
+// Python's str (top level) or repr (inside a container); `open` holds the containers being
+// printed, so one that contains itself prints as [...] or {...}, as Python does.
+void print(const Value& v, bool top, std::vector<const void*>& open, std::string& out) {
+  auto put = [&out](const std::string& piece) {
+    charge_bytes(piece.size());
+    out += piece;
+  };
+  switch (v.kind) {
+    case Value::Kind::Undefined: return;
+    case Value::Kind::None: return put("None");
+    case Value::Kind::Bool: return put(v.b ? "True" : "False");
+    case Value::Kind::Int: return put(std::to_string(v.i));
+    case Value::Kind::Float: return put(python_float(v.f));
+    case Value::Kind::String: return put(top ? v.s : py_repr_string(v.s));
+    case Value::Kind::Namespace: return put("<Namespace>");
+    case Value::Kind::Function: return put("<function>");
+    case Value::Kind::List:
+    case Value::Kind::Dict: break;
+  }
+  const bool list = v.kind == Value::Kind::List;
+  const void* id = list ? static_cast<const void*>(v.list.get()) : static_cast<const void*>(v.dict.get());
+  if (std::find(open.begin(), open.end(), id) != open.end()) return put(list ? "[...]" : "{...}");
+  check_depth(int(open.size()) + 1);
+  open.push_back(id);
+  put(list ? "[" : "{");
+  const size_t n = list ? v.list->size() : v.dict->size();
+  for (size_t k = 0; k < n; ++k) {
+    if (k) put(", ");
+    if (list) {
+      print((*v.list)[k], false, open, out);
+    } else {
+      put(py_repr_string((*v.dict)[k].first) + ": ");
+      print((*v.dict)[k].second, false, open, out);
+    }
+  }
+  put(list ? "]" : "}");
+  open.pop_back();
 }
 
 void json_string(const std::string& s, std::string& out) {
+  charge_bytes(s.size() + 2);
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
@@ -153,11 +223,20 @@ void json_string(const std::string& s, std::string& out) {
 }
 
 void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::string& item_sep,
-          const std::string& key_sep, int depth, std::string& out) {
+          const std::string& key_sep, int depth, std::vector<const void*>& open, std::string& out) {
   auto newline = [&](int d) {
+    const uint64_t spaces = uint64_t(std::max(0, *indent)) * uint64_t(d);
+    charge_bytes(spaces + 1);
     out += '\n';
-    out += std::string(size_t(*indent * d), ' ');
+    out.append(size_t(spaces), ' ');
   };
+  auto enter = [&](const void* id) {
+    if (std::find(open.begin(), open.end(), id) != open.end())
+      value_error("tojson of a value that contains itself (circular reference)");
+    check_depth(depth + 1);
+    open.push_back(id);
+  };
+  charge_bytes(item_sep.size() + key_sep.size() + 8);
   // With indent, Python puts items on their own lines and drops the item separator's trailing space.
   const std::string sep = indent ? (item_sep == ", " ? "," : item_sep) : item_sep;
   switch (v.kind) {
@@ -176,14 +255,16 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
         out += "[]";
         break;
       }
+      enter(v.list.get());
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += sep;
         if (indent) newline(depth + 1);
-        dump((*v.list)[k], indent, sort_keys, item_sep, key_sep, depth + 1, out);
+        dump((*v.list)[k], indent, sort_keys, item_sep, key_sep, depth + 1, open, out);
       }
       if (indent) newline(depth);
       out += ']';
+      open.pop_back();
       break;
     case Value::Kind::Dict: {
       if (v.dict->empty()) {
@@ -194,16 +275,18 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
       for (const auto& kv : *v.dict) items.push_back(&kv);
       if (sort_keys)
         std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      enter(v.dict.get());
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += sep;
         if (indent) newline(depth + 1);
         json_string(items[k]->first, out);
         out += key_sep;
-        dump(items[k]->second, indent, sort_keys, item_sep, key_sep, depth + 1, out);
+        dump(items[k]->second, indent, sort_keys, item_sep, key_sep, depth + 1, open, out);
       }
       if (indent) newline(depth);
       out += '}';
+      open.pop_back();
       break;
     }
     case Value::Kind::Namespace:
@@ -213,38 +296,23 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
 }  // namespace
 
 std::string to_str(const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::Undefined: return "";
-    case Value::Kind::None: return "None";
-    case Value::Kind::Bool: return v.b ? "True" : "False";
-    case Value::Kind::Int: return std::to_string(v.i);
-    case Value::Kind::Float: return python_float(v.f);
-    case Value::Kind::String: return v.s;
-    case Value::Kind::List: {
-      std::string out = "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
-    }
-    case Value::Kind::Dict: {
-      std::string out = "{";
-      for (size_t k = 0; k < v.dict->size(); ++k)
-        out += (k ? ", " : "") + py_repr_string((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
-      return out + "}";
-    }
-    case Value::Kind::Namespace: return "<Namespace>";
-    case Value::Kind::Function: return "<function>";
-  }
-  return "";
+  if (v.kind == Value::Kind::String) return v.s;
+  std::string out;
+  std::vector<const void*> open;
+  print(v, true, open, out);
+  return out;
 }
 
 std::string to_json(const Value& v, std::optional<int> indent, bool sort_keys, const std::string& item_sep,
                     const std::string& key_sep) {
   std::string out;
-  dump(v, indent, sort_keys, item_sep, key_sep, 0, out);
+  std::vector<const void*> open;
+  dump(v, indent, sort_keys, item_sep, key_sep, 0, open, out);
   return out;
 }
 
-bool equal(const Value& a, const Value& b) {
+namespace {
+bool equal_at(const Value& a, const Value& b, int depth) {
   if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
   if (a.kind != b.kind) return (a.is_undefined() || a.is_none()) && (b.is_undefined() || b.is_none()) && a.kind == b.kind;
   switch (a.kind) {
@@ -252,19 +320,28 @@ bool equal(const Value& a, const Value& b) {
     case Value::Kind::None: return true;
     case Value::Kind::String: return a.s == b.s;
     case Value::Kind::List:
+      if (a.list == b.list) return true;  // Python compares a container's items by identity first
       if (a.list->size() != b.list->size()) return false;
+      check_depth(depth + 1);
+      charge_work(a.list->size());
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equal((*a.list)[k], (*b.list)[k])) return false;
+        if (!equal_at((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       return true;
     case Value::Kind::Dict:
+      if (a.dict == b.dict) return true;
       if (a.dict->size() != b.dict->size()) return false;
+      check_depth(depth + 1);
+      charge_work(a.dict->size() * a.dict->size());  // each key looked up by a scan
       for (const auto& [k, v] : *a.dict) {
         const Value* o = b.get(k);
-        if (!o || !equal(v, *o)) return false;
+        if (!o || !equal_at(v, *o, depth + 1)) return false;
       }
       return true;
     default: return a.ns == b.ns && a.fn == b.fn;
   }
 }
+}  // namespace
+
+bool equal(const Value& a, const Value& b) { return equal_at(a, b, 0); }
 
 }  // namespace r3::text::jinja

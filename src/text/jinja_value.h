@@ -45,8 +45,10 @@ struct Value {
   static Value integer(int64_t x) { Value v; v.kind = Kind::Int; v.i = x; return v; }
   static Value number(double x) { Value v; v.kind = Kind::Float; v.f = x; return v; }
   static Value string(std::string x) { Value v; v.kind = Kind::String; v.s = std::move(x); return v; }
-  static Value new_list(List x = {}) { Value v; v.kind = Kind::List; v.list = std::make_shared<List>(std::move(x)); return v; }
-  static Value new_dict(Dict x = {}) { Value v; v.kind = Kind::Dict; v.dict = std::make_shared<Dict>(std::move(x)); return v; }
+  // Containers made during a render belong to its RenderBudget (text/jinja_budget.h).
+  static Value new_list(List x = {});
+  static Value new_dict(Dict x = {});
+  static Value new_namespace();
   static Value function(Function f) { Value v; v.kind = Kind::Function; v.fn = std::make_shared<Function>(std::move(f)); return v; }
   static Value undefined(std::string name = {}) { Value v; v.undefined_name = std::move(name); return v; }
 
@@ -62,15 +64,19 @@ struct Value {
 
 // From JSON, object keys in the document's order (ordered_json).
 Value from_json(const nlohmann::ordered_json& j);
-// str(value) as Jinja prints it ({{ x }}): Python's str, "" for undefined.
+// str(value) as Jinja prints it ({{ x }}): Python's str, "" for undefined; a list or dict that
+// contains itself prints as Python does ([[...]]).
 std::string to_str(const Value& v);
 // Python's repr of a float ("1.0", "1e-05", "1e+16", "inf").
 std::string python_float(double x);
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...), as the
-// tojson filter of Hugging Face's chat-template environment does.
+// tojson filter of Hugging Face's chat-template environment does (a value that contains itself is
+// an error, as Python's "Circular reference detected"). A negative indent is Python's: newlines
+// without spaces.
 std::string to_json(const Value& v, std::optional<int> indent = std::nullopt, bool sort_keys = false,
                     const std::string& item_sep = ", ", const std::string& key_sep = ": ");
-// Python's == between two values.
+// Python's == between two values (a container equals itself without a look inside). Values
+// nested deeper than kMaxValueDepth are an r3::Error in these three.
 bool equal(const Value& a, const Value& b);
 
 }  // namespace r3::text::jinja
