@@ -177,6 +177,40 @@ TEST(FailClosedValues, NonFiniteLogitsFailTheRequestNotTheBatch) {
   EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
 }
 
+// Issue 48: a NaN logit loses every comparison, so a check on the log-normaliser alone let it be
+// dropped; a NaN router score would quietly route around itself. Both now fail the request that
+// meets them with the non-finite-logits error (lm_head: one token's row; router: one expert's
+// row, which every token scores).
+TEST(FailClosedValues, NanInTheHeadOrTheRouterFailsTheRequest) {
+  for (const std::string tensor : {"lm_head.weight", "model.layers.0.mlp.gate.weight"}) {
+    SCOPED_TRACE(tensor);
+    const std::string dir = copy_model(test_model("olmoe", "tiny"), "nan_row");
+    const fs::path st = fs::path(dir) / "model.safetensors";
+    {
+      SafetensorsFile f(st.string());
+      std::vector<TensorToWrite> out;
+      for (auto& [name, t] : f.tensors()) {
+        TensorToWrite w = copy_tensor(t);
+        if (name == tensor) {
+          const size_t row = size_t(t.shape[1]) * dtype_size(t.dtype);
+          ASSERT_GT(t.shape[0], 1);
+          for (size_t i = 0; i < row; i += dtype_size(t.dtype)) {  // row 1: NaN (bf16, or f32's high half)
+            w.bytes[row + i + dtype_size(t.dtype) - 2] = 0xc0;
+            w.bytes[row + i + dtype_size(t.dtype) - 1] = 0x7f;
+          }
+        }
+        out.push_back(std::move(w));
+      }
+      write_safetensors(st.string(), out);
+    }
+    Engine e(config_for(dir));
+    const RequestOutput o = e.generate({{3, 4, 5}}, {greedy(4)})[0];
+    EXPECT_EQ(o.finish_reason, "error");
+    EXPECT_NE(o.error.find("non-finite logits"), std::string::npos) << o.error;
+    EXPECT_FALSE(o.routed_experts.has_value());
+  }
+}
+
 }  // namespace
 }  // namespace r3
 

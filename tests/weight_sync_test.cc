@@ -3,6 +3,7 @@
 // checked first (name, shape, dtype) and a refused one changes nothing.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -234,6 +235,97 @@ TEST(WeightSync, TheCheckpointAdoptsTheSentBytesAndHandsBackWhatTheyReplaced) {
   for (const TensorToWrite& t : from_b) want[t.name] = t.bytes;
   for (const TensorToWrite& t : ck->stored_tensors()) EXPECT_EQ(t.bytes, want.at(t.name)) << t.name;
   EXPECT_EQ(ck->weights().final_norm.to_f32(), Checkpoint::open(b)->weights().final_norm.to_f32());
+}
+
+}  // namespace
+}  // namespace r3
+
+namespace r3 {
+namespace {
+
+// A tensor with one element set to `bits` (a bf16 or f32 bit pattern, by the tensor's dtype).
+TensorToWrite with_element(TensorToWrite t, size_t element, uint32_t bits) {
+  const size_t width = dtype_size(t.dtype);
+  if (width == 2) bits = bits >> 16;  // the f32 pattern's bf16 half
+  std::memcpy(t.bytes.data() + element * width, &bits, width);
+  return t;
+}
+
+// Issue 48: a NaN or an infinity in refit weights (from tensors or from disk) is refused naming
+// the tensor and the element, before anything changes; the old weights keep serving.
+TEST(WeightSync, NonFiniteWeightsAreRefused) {
+  const std::string a = testing::test_model("olmoe", "tiny", 0), b = testing::test_model("olmoe", "tiny", 7);
+  Engine e(testing::small_config(a));
+  const RequestOutput before = e.generate({{3, 4, 5}}, {testing::greedy(5)})[0];
+  std::vector<TensorToWrite> good = tensors_of(b);
+  size_t head = 0;
+  for (size_t i = 0; i < good.size(); ++i)
+    if (good[i].name == "lm_head.weight") head = i;
+  for (uint32_t bits : {0x7fc00000u, 0x7f800000u, 0xff800000u}) {  // NaN, +inf, -inf
+    const size_t last = good[head].bytes.size() / dtype_size(good[head].dtype) - 1;
+    for (size_t element : {size_t(0), size_t(13), last}) {
+      try {
+        e.stage_weights({with_element(good[head], element, bits)});
+        ADD_FAILURE() << "accepted";
+      } catch (const Error& err) {
+        const std::string what = err.what();
+        EXPECT_NE(what.find(good[head].name), std::string::npos) << what;
+        EXPECT_NE(what.find("non-finite value (NaN or infinity) at element " + std::to_string(element)), std::string::npos)
+            << what;
+      }
+    }
+  }
+  EXPECT_EQ(e.staged_weight_tensors(), 0u);
+  // From disk: a copy of b with one router row NaN.
+  const std::string dir = (fs::temp_directory_path() / ("r3_nan_refit_" + std::to_string(getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(b) / "config.json", fs::path(dir) / "config.json");
+  std::vector<TensorToWrite> on_disk = good;
+  for (TensorToWrite& t : on_disk)
+    if (t.name == "model.layers.0.mlp.gate.weight") t = with_element(t, 5, 0x7fc00000u);
+  write_safetensors(dir + "/model.safetensors", on_disk);
+  try {
+    e.update_weights(dir, false);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("model.layers.0.mlp.gate.weight"), std::string::npos) << err.what();
+  }
+  fs::remove_all(dir);
+  EXPECT_EQ(e.weight_version(), 0u);
+  const RequestOutput after = e.generate({{3, 4, 5}}, {testing::greedy(5)})[0];
+  EXPECT_EQ(after.token_ids, before.token_ids);
+  EXPECT_EQ(after.logprobs, before.logprobs);
+}
+
+// Issue 48: KV computed under one weight version is never a prefix hit under another, even when
+// the refit keeps the cache (flush false): the repeated prompt equals a fresh engine's run on the
+// new weights, and every token carries the new version.
+TEST(WeightSync, PrefixHitsNeverCrossAWeightVersion) {
+  const std::string a = testing::test_model("olmoe", "tiny", 0), b = testing::test_model("olmoe", "tiny", 7);
+  EngineConfig c = testing::small_config(a);
+  c.enable_prefix_caching = true;
+  Engine e(c);
+  std::vector<int> prompt;
+  for (int i = 0; i < 4 * c.block_size + 3; ++i) prompt.push_back(3 + (i * 7) % 50);
+  e.generate({prompt}, {testing::greedy(3)});
+  e.generate({prompt}, {testing::greedy(3)});
+  const uint64_t hits_before = e.stats().prefix_hit_tokens;
+  EXPECT_GT(hits_before, 0u);  // the cache works within one version
+  e.stage_weights(tensors_of(b));
+  e.commit_staged_weights(false);
+  const RequestOutput got = e.generate({prompt}, {testing::greedy(6)})[0];
+  EXPECT_EQ(e.stats().prefix_hit_tokens, hits_before);  // no hit on version-0 blocks
+  EngineConfig fc = testing::small_config(b);
+  fc.enable_prefix_caching = true;
+  Engine fresh(fc);
+  const RequestOutput want = fresh.generate({prompt}, {testing::greedy(6)})[0];
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.logprobs, want.logprobs);
+  for (uint64_t v : got.weight_versions) EXPECT_EQ(v, 1u);
+  // Within the new version the cache works again.
+  e.generate({prompt}, {testing::greedy(3)});
+  EXPECT_GT(e.stats().prefix_hit_tokens, hits_before);
 }
 
 }  // namespace

@@ -407,14 +407,15 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
   requests_.erase(r->id);
 }
 
-// KV computed under older weights is never published (refit), so no prefix hit reaches it.
+// KV computed under older weights is never published (refit), and the hash chains start from the
+// weight version (KvPool::chain_root), so no prefix hit crosses a refit, flushed or not.
 void Engine::publish_full_blocks(Request* r, int computed) {
   if (!cfg_.enable_prefix_caching || r->kv_version != weight_version_) return;
   const int bs = cfg_.block_size;
   block_tokens_.resize(size_t(bs));
   for (int b = int(r->block_hashes.size()); b < computed / bs; ++b) {
     for (int j = 0; j < bs; ++j) block_tokens_[size_t(j)] = r->token(b * bs + j);
-    const uint64_t parent = b ? r->block_hashes[size_t(b - 1)] : 0;
+    const uint64_t parent = b ? r->block_hashes[size_t(b - 1)] : KvPool::chain_root(r->kv_version);
     const uint64_t h = KvPool::chain_hash(parent, block_tokens_.data(), bs);
     kv_->publish(r->blocks[size_t(b)], h, block_tokens_.data());
     // Its sliding-window block, unless already released (a chunk longer than the window).
@@ -567,6 +568,7 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
     for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
     throw Error(msg + "); start a new engine for it");
   }
+  ckpt->refuse_non_finite_values();  // before anything changes: a refused refit leaves the old weights
   drain();
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);

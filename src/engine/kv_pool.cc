@@ -91,10 +91,14 @@ int KvPool::find(uint64_t hash, const int* tokens) const {
   return std::equal(tokens, tokens + block_size_, k.tokens.begin()) ? it->second : -1;  // else a collision
 }
 
-std::vector<int> KvPool::lookup_prefix(const std::vector<int>& tokens) const {
+uint64_t KvPool::chain_root(uint64_t weight_version) {
+  return weight_version == 0 ? 0 : splitmix64(weight_version ^ 0x5745494748545321ull);
+}
+
+std::vector<int> KvPool::lookup_prefix(const std::vector<int>& tokens, uint64_t root) const {
   std::vector<int> hit;
   const int full = (int(tokens.size()) - 1) / block_size_;  // never the last token
-  uint64_t h = 0;
+  uint64_t h = root;
   for (int i = 0; i < full; ++i) {
     const int* t = tokens.data() + size_t(i) * block_size_;
     h = chain_hash(h, t, block_size_);

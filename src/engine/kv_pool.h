@@ -31,12 +31,16 @@ class KvPool {
 
   // Chained hash of a full block: hash(parent, tokens).
   static uint64_t chain_hash(uint64_t parent, const int* tokens, int n);
+  // The parent of a sequence's first block: the weight version its KV is computed under, so a
+  // block computed under one version is never a prefix hit under another (whatever a refit's
+  // flush_cache said), and every token's version label stays true.
+  static uint64_t chain_root(uint64_t weight_version);
   // Publishes a full block under its chained hash (first writer wins). tokens are kept to
   // check hits against hash collisions.
   void publish(int block, uint64_t hash, const int* tokens);
   // The longest run of cached full blocks for `tokens`, never covering the last token (a prefix
   // hit must leave at least one token to compute). Does not take references.
-  std::vector<int> lookup_prefix(const std::vector<int>& tokens) const;
+  std::vector<int> lookup_prefix(const std::vector<int>& tokens, uint64_t root = 0) const;
   // The cached block published under `hash` holding `tokens` (block_size of them), or -1.
   int find(uint64_t hash, const int* tokens) const;
   // Forgets every published hash (weight refit): no later lookup can hit old KV.

@@ -2,6 +2,7 @@
 // in router order, shared experts (through the dense MLP block, dense_block.cc).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/dtype.h"
 #include "engine/model_runner.h"
@@ -64,8 +65,14 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> route_scratch;  // [E], for the sigmoid router
     for (int64_t t = t0; t < t1; ++t) {
-      route_token(c.router, probs_.data() + size_t(t) * E, bias, E, K, route_ids_.data() + size_t(t) * K,
-                  route_w_.data() + size_t(t) * K, route_scratch);
+      float* scores = probs_.data() + size_t(t) * E;
+      // A NaN score would lose every comparison and quietly route around itself: instead the
+      // token's expert weights become NaN, so its hidden state and logits are NaN and the
+      // request fails on its non-finite logits (its routes are never returned as if valid).
+      const bool nan = std::any_of(scores, scores + E, [](float x) { return std::isnan(x); });
+      route_token(c.router, scores, bias, E, K, route_ids_.data() + size_t(t) * K, route_w_.data() + size_t(t) * K,
+                  route_scratch);
+      if (nan) std::fill_n(route_w_.data() + size_t(t) * K, K, std::numeric_limits<float>::quiet_NaN());
       if (slot) slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K);  // before any remap
     }
   });

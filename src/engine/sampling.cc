@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -35,12 +36,15 @@ LogitStats logit_stats(const float* logits, int V, std::vector<float>& scratch) 
   // Numerators exp(l - max) (exp.h), summed in double in a fixed order.
   LogitStats s;
   s.max = logits[0];
-  for (int i = 1; i < V; ++i)
+  bool nan = std::isnan(logits[0]);
+  for (int i = 1; i < V; ++i) {
     if (logits[i] > s.max) s.max = logits[i], s.argmax = i;
+    nan |= std::isnan(logits[i]);  // a NaN loses every comparison: it must be looked for
+  }
   scratch.resize(size_t(V));
   kernels::exp_below_max(logits, V, s.max, 1.f, scratch.data());
   s.z = kernels::sum_f64(scratch.data(), V);
-  s.log_z = float(std::log(s.z)) + s.max;
+  s.log_z = nan ? std::numeric_limits<float>::quiet_NaN() : float(std::log(s.z)) + s.max;
   return s;
 }
 

@@ -93,12 +93,13 @@ void Scheduler::admit_prefix(Request* r) {
   if (!cfg_.enable_prefix_caching || r->params.prompt_logprobs_start >= 0) return;
   std::vector<int> toks(size_t(r->num_tokens()));
   for (int i = 0; i < r->num_tokens(); ++i) toks[size_t(i)] = r->token(i);
-  std::vector<int> hit = pool_->lookup_prefix(toks);
+  const uint64_t root = KvPool::chain_root(weight_version_);
+  std::vector<int> hit = pool_->lookup_prefix(toks, root);
   stats_.prefix_queried_tokens += uint64_t(r->num_tokens());
   const int bs = pool_->block_size();
   std::vector<uint64_t> hashes;
   for (size_t i = 0; i < hit.size(); ++i)
-    hashes.push_back(KvPool::chain_hash(i ? hashes.back() : 0, toks.data() + i * size_t(bs), bs));
+    hashes.push_back(KvPool::chain_hash(i ? hashes.back() : root, toks.data() + i * size_t(bs), bs));
   // The sliding layers need their blocks of the window before the first token to compute: the
   // hit is cut back to where they are all cached.
   std::vector<int> window(hit.size(), -1);
@@ -184,6 +185,7 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
 }
 
 void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version) {
+  weight_version_ = weight_version;
   plan.clear();
   plan.iter = iter;
   plan.weight_version = weight_version;

@@ -77,6 +77,7 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;
   std::vector<Request*> order_;  // scratch of schedule()
+  uint64_t weight_version_ = 0;  // of the step being scheduled: the root of prefix hash chains
   SchedulerStats stats_;
 };
 

@@ -74,9 +74,13 @@ class Checkpoint {
   std::vector<std::string> differences(const Checkpoint& other) const;
   // In-memory weight updates (a trainer's tensors by Hugging Face name). check_update throws
   // r3::Error naming the first tensor this checkpoint does not hold with that shape and dtype, or
-  // whose quantized values the loader would refuse; U8 bytes sent for an F8_E4M3 tensor are
-  // taken as its codes (their dtype is set to F8_E4M3).
+  // whose quantized values the loader would refuse, or whose float values are not all finite;
+  // U8 bytes sent for an F8_E4M3 tensor are taken as its codes (their dtype is set to F8_E4M3).
   void check_update(std::vector<TensorToWrite>& tensors) const;
+  // Throws r3::Error naming the first stored float tensor (BF16, F16, F32) holding a NaN or an
+  // infinity, and where: a refit from disk checks the new checkpoint with this before it serves.
+  // The initial load does not (its non-finite values fail requests on their logits instead).
+  void refuse_non_finite_values() const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
   // apply_update checks everything first, then takes the sent bytes over as this checkpoint's
