@@ -36,6 +36,21 @@ namespace {
 using r3::EngineConfig;
 using r3::RequestOutput;
 
+// A seed is None or an int in [0, 2**64): anything else is an r3.Error naming the field (not
+// pybind's TypeError listing the constructor's signature).
+std::optional<uint64_t> seed_of(const py::object& seed) {
+  if (seed.is_none()) return std::nullopt;
+  if (!py::isinstance<py::int_>(seed) || py::isinstance<py::bool_>(seed))
+    throw r3::Error("seed must be an int in [0, 2**64) or None, not " +
+                    std::string(py::str(py::type::of(seed).attr("__name__"))));
+  const unsigned long long v = PyLong_AsUnsignedLongLong(seed.ptr());
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw r3::Error("seed must be in [0, 2**64); got " + std::string(py::str(seed)).substr(0, 40));
+  }
+  return uint64_t(v);
+}
+
 // SamplingParams with return_routed_experts left open (None = as the LLM was started).
 struct PySamplingParams {
   r3::SamplingParams p;
@@ -576,7 +591,7 @@ PYBIND11_MODULE(_r3, m) {
   bind_staging(staging);
 
   py::class_<PySamplingParams>(m, "SamplingParams")
-      .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, std::optional<uint64_t> seed,
+      .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, const py::object& seed,
                        std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
                        int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs,
                        const py::object& stop, bool include_stop_str_in_output, bool skip_special_tokens) {
@@ -595,7 +610,7 @@ PYBIND11_MODULE(_r3, m) {
              s.p.temperature = temperature;
              s.p.top_p = top_p;
              s.p.top_k = top_k;
-             s.seed = seed;
+             s.seed = seed_of(seed);
              s.p.stop_token_ids = std::move(stop_token_ids);
              s.p.ignore_eos = ignore_eos;
              s.p.logprobs = true;

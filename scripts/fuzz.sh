@@ -3,8 +3,9 @@
 #   request     the /v1/completions and /generate bodies and `r3 generate` JSONL lines
 #               (src/server/request_fuzz.h)
 #   checkpoint  the safetensors reader and the config.json parser (src/model/checkpoint_fuzz.h)
+#   template    the chat-template parser and renderer under their budgets (fuzz/jinja_fuzz.cc)
 #
-#   scripts/fuzz.sh [request|checkpoint] [SECONDS] [extra libFuzzer flags...]
+#   scripts/fuzz.sh [request|checkpoint|template] [SECONDS] [extra libFuzzer flags...]
 #   (target defaults to request, SECONDS to 60)
 #
 # Builds build-fuzz/<target>_fuzz with Debian's clang++ (only the parser sources, compiled
@@ -18,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGET=request
-case "${1:-}" in request|checkpoint) TARGET=$1; shift ;; esac
+case "${1:-}" in request|checkpoint|template) TARGET=$1; shift ;; esac
 SECS=${1:-60}
 [ $# -gt 0 ] && shift
 CXX=${FUZZ_CXX:-clang++}
@@ -31,6 +32,11 @@ if [ "$TARGET" = request ]; then
         src/staging/staging.cc)
   SEEDS=fuzz/corpus
   MAXLEN=4096
+elif [ "$TARGET" = template ]; then
+  BIN=$OUT/jinja_fuzz
+  SRCS=(fuzz/jinja_fuzz.cc src/text/jinja.cc src/text/jinja_value.cc src/text/jinja_budget.cc src/text/utf8.cc)
+  SEEDS=fuzz/corpus-template
+  MAXLEN=16384
 else
   BIN=$OUT/checkpoint_fuzz
   SRCS=(fuzz/checkpoint_fuzz.cc src/model/checkpoint_fuzz.cc src/model/safetensors.cc
@@ -38,6 +44,8 @@ else
   SEEDS=fuzz/corpus-checkpoint
   MAXLEN=8192
 fi
+LIBS=()
+[ "$TARGET" = template ] && LIBS=(-lutf8proc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 
@@ -66,7 +74,7 @@ for s in "${SRCS[@]}"; do
 done
 if [ $relink = 1 ] || [ ! -x "$BIN" ]; then
   echo "fuzz.sh: linking $BIN"
-  "$CXX" "${FLAGS[@]}" "${objs[@]}" -o "$BIN"
+  "$CXX" "${FLAGS[@]}" "${objs[@]}" -o "$BIN" "${LIBS[@]}"
 fi
 
 # Tokens the mutator may splice in: the parsers' field names and JSON edge cases.

@@ -1329,3 +1329,52 @@ TEST(ServerRefit, UpdateWeightsFromDisk) {
 
 }  // namespace
 }  // namespace r3
+
+namespace r3 {
+namespace {
+
+// Issue 48: a weight body whose safetensors header names a tensor the model lacks, or a wrong
+// shape, is refused (SGLang's {"success": false}) as soon as the header has arrived: the 100 MB
+// it declares are never read, and the connection is closed after the reply.
+TEST(ServerRefit, TensorBodiesAreCheckedBeforeTheirDataArrives) {
+  Running s(server_engine_config(test_model("olmoe")), server::ServerOptions{});
+  auto reply_to = [&](const std::string& header_json) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    std::string body(8, '\0');
+    for (int i = 0; i < 8; ++i) body[size_t(i)] = char((uint64_t(header_json.size()) >> (8 * i)) & 0xff);
+    body += header_json + std::string(20000, '\x01');  // the start of the data, far from all of it
+    const std::string head = "POST /update_weights_from_tensor HTTP/1.1\r\nHost: x\r\n"
+                             "Content-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+    EXPECT_EQ(send(fd, body.data(), body.size(), MSG_NOSIGNAL), ssize_t(body.size()));
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));  // until the server closes
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    close(fd);
+    return got;
+  };
+  std::string got = reply_to(R"({"model.nope.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})");
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
+  EXPECT_NE(got.find("\"success\":false"), std::string::npos) << got;
+  EXPECT_NE(got.find("model.nope.weight"), std::string::npos) << got;
+  got = reply_to(R"({"model.norm.weight": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}})");
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
+  EXPECT_NE(got.find("the served model's is"), std::string::npos) << got;
+  // The server still serves, at the old weights.
+  httplib::Client cli = s.client();
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+}  // namespace
+}  // namespace r3

@@ -28,7 +28,8 @@ int cmd_serve(int argc, char** argv) {
       .opt("api-key", "", "require \"Authorization: Bearer KEY\" (the R3_API_KEY variable also sets it)")
       .opt("max-body-bytes", std::to_string(16u << 20), "larger request bodies get 413")
       .opt("max-weights-body-bytes", std::to_string(size_t(4) << 30), "larger /update_weights_from_tensor bodies get 413 (send buckets)")
-      .opt("http-threads", "128", "HTTP connections served at once")
+      .opt("http-threads", "128", "HTTP requests handled at once (slow and idle connections wait without a thread)")
+      .opt("max-connections", "4096", "connections held at once; past it the longest-idle one is closed first")
       .opt("control-port", "-1", "also serve /health, /metrics and /abort on this port, with threads of their own (-1 = off, 0 = any free port)")
       .opt("served-model-name", "", "model id in /v1/models and replies (default: --model)")
       .opt("routed-experts-format", "", "route wire format when a request names none: sglang, vllm, r3 or nrlre1 (default: sglang on /generate, vllm on /v1/completions)")
@@ -55,6 +56,9 @@ int cmd_serve(int argc, char** argv) {
   o.max_weights_body_bytes = size_t(wbody);
   o.http_threads = int(a.integer("http-threads"));
   if (o.http_threads <= 0) throw Error("--http-threads must be positive");
+  const int64_t conns = a.integer("max-connections");
+  if (conns <= 0) throw Error("--max-connections must be positive");
+  o.max_connections = size_t(conns);
   o.model_name = a.str("served-model-name");
   o.weight_version = a.str("weight-version");
   o.trust_request_chat_template = a.on("trust-request-chat-template");

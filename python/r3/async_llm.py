@@ -7,6 +7,13 @@ import concurrent.futures
 from . import _r3
 
 
+class _ShutDown:
+    """What an AsyncLLM holds after shutdown(): every call is an r3.Error saying so."""
+
+    def __getattr__(self, name):
+        raise _r3.Error(f"AsyncLLM.{name}: this AsyncLLM was shut down (create a new one)")
+
+
 class AsyncLLM:
     """r3.AsyncLLM(model, enable_return_routed_experts=False, **engine_args).
 
@@ -81,5 +88,5 @@ class AsyncLLM:
         return self._engine.get_weight_version()
 
     def shutdown(self):
-        self._engine = None
+        self._engine = _ShutDown()
         self._pool.shutdown(wait=False)

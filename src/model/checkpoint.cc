@@ -652,6 +652,12 @@ void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
   }
 }
 
+std::map<std::string, std::pair<DType, std::vector<int64_t>>> Checkpoint::catalog() const {
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
+  for (const auto& [name, t] : index_) out[name] = {t->dtype, t->shape};
+  return out;
+}
+
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   std::vector<TensorToWrite> out;

@@ -83,6 +83,9 @@ class Checkpoint {
   void refuse_non_finite_values() const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
+  // Every stored tensor's dtype and shape by name: what an update may send (refits never change
+  // them), for checking a request's tensor list before its data arrives.
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog() const;
   // apply_update checks everything first, then takes the sent bytes over as this checkpoint's
   // storage (no copy: a refit costs the repacking only) and rebuilds the derived views (F16
   // widening). Call it only while nothing reads the weights; views taken before it dangle.

@@ -92,12 +92,18 @@ class EngineLoop {
   // flight are aborted first. Returns the new counter (throws r3::Error).
   uint64_t update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label = {},
                           bool abort_all = false);
-  // In-memory refit from safetensors bytes (parsed and checked on the calling thread): the
-  // tensors are staged; with `finished` every staged tensor is applied between two steps and the
-  // counter (and label) move on. Returns {tensors staged so far or applied, the counter}.
-  std::pair<size_t, uint64_t> update_weights_from_tensors(std::string_view safetensors_bytes, bool flush_cache,
+  // In-memory refit from safetensors bytes (parsed and checked on the calling thread; the bytes
+  // are freed once parsed, so a body costs twice its size at most): the tensors are staged; with
+  // `finished` every staged tensor is applied between two steps and the counter (and label) move
+  // on. Returns {tensors staged so far or applied, the counter}.
+  std::pair<size_t, uint64_t> update_weights_from_tensors(std::string&& safetensors_bytes, bool flush_cache,
                                                           const std::optional<std::string>& label, bool finished,
                                                           bool abort_all);
+  // The first bytes of a safetensors body as they arrive: false until its header is complete,
+  // then true once the header names only tensors the served model holds, with their dtypes and
+  // shapes (throws r3::Error naming the first that does not), so a bad body is refused before
+  // its data is read.
+  bool check_tensor_body_start(std::string_view received) const;
   std::pair<size_t, uint64_t> update_weights_from_tensors(std::vector<TensorToWrite> tensors, bool flush_cache,
                                                           const std::optional<std::string>& label, bool finished,
                                                           bool abort_all);
@@ -170,6 +176,7 @@ class EngineLoop {
   ModelConfig model_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog_;  // the served tensors
   // Loop-thread state.
   std::map<uint64_t, Target> targets_;
   std::map<std::string, std::vector<uint64_t>> rids_;

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/engine_loop.h"
+#include "server/gated_http_server.h"
 #include "server/generate_api.h"
 #include "server/json_fields.h"
 #include "server/metrics.h"
@@ -146,7 +147,9 @@ struct Server::Impl {
   ServerOptions opts;
   EngineConfig engine_cfg;
   std::unique_ptr<EngineLoop> loop;
-  httplib::Server http, control;  // control: /health, /metrics, /abort (ServerOptions::control_port)
+  // control: /health, /metrics, /abort (ServerOptions::control_port). Both hold connections in a
+  // gate until a whole request has arrived (gated_http_server.h).
+  GatedHttpServer http, control;
   std::thread bg, control_bg;
   int port = -1, control_port = -1;
   socket_t listen_fd = -1, control_fd = -1;
@@ -215,10 +218,17 @@ struct Server::Impl {
   // read here, capped at --max-body-bytes whatever its transfer encoding (chunked bodies carry
   // no length to check up front) and within a time limit, so a slow sender cannot hold a
   // connection slot indefinitely.
-  httplib::Server::HandlerWithContentReader post(std::function<void(const httplib::Request&, httplib::Response&)> fn,
-                                                 size_t max_body = 0) {
-    return [this, fn, max_body](const httplib::Request& req, httplib::Response& res,
-                                const httplib::ContentReader& reader) {
+  // `body_start.check`, when given, sees the body as it arrives and returns true once it has
+  // checked what it needs; it throws r3::Error to refuse the request before the rest is read,
+  // and body_start.refuse writes that reply. The handler may take the body (its only copy).
+  struct BodyStart {
+    std::function<bool(std::string_view)> check;
+    std::function<void(httplib::Response&, const std::string&)> refuse;
+  };
+  httplib::Server::HandlerWithContentReader post(std::function<void(httplib::Request&, httplib::Response&)> fn,
+                                                 size_t max_body = 0, BodyStart body_start = {}) {
+    return [this, fn, max_body, body_start](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) {
       const size_t cap = max_body ? max_body : opts.max_body_bytes;
       try {
         if (!authorized(req))
@@ -226,15 +236,31 @@ struct Server::Impl {
         const size_t declared = size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
         if (declared > cap) throw_too_large(cap);
         std::string body;
-        bool too_large = false, too_slow = false;
+        body.reserve(declared);  // one allocation of the declared size, not a doubling series
+        bool too_large = false, too_slow = false, started = !body_start.check;
+        std::optional<Error> refused;
         const auto deadline = Clock::now() + std::chrono::seconds(opts.body_timeout_seconds);
         const bool read_all = reader([&](const char* data, size_t len) {
           if (body.size() + len > cap) return !(too_large = true);
           if (Clock::now() > deadline) return !(too_slow = true);
           body.append(data, len);
+          if (!started) {
+            try {
+              started = body_start.check(body);
+            } catch (const Error& e) {
+              refused = e;
+              return false;
+            }
+          }
           return true;
         });
         if (too_large) throw_too_large(cap);
+        if (refused) {
+          body_start.refuse(res, refused->what());
+          res.set_header("Connection", "close");  // the unread rest of the body is not drained
+          GatedHttpServer::close_after_reply();
+          return;
+        }
         if (too_slow)
           throw ApiError(408, "request body took longer than " + std::to_string(opts.body_timeout_seconds) +
                                   " s to arrive", "invalid_request_error");
@@ -244,7 +270,10 @@ struct Server::Impl {
         fn(full, res);
       } catch (const ApiError& e) {
         send_error(res, e);
-        if (e.status() == 413 || e.status() == 408) res.set_header("Connection", "close");
+        if (e.status() == 413 || e.status() == 408) {
+          res.set_header("Connection", "close");
+          GatedHttpServer::close_after_reply();
+        }
       } catch (const Error& e) {
         send_error(res, bad_request(e.what()));
       } catch (const std::exception& e) {
@@ -304,7 +333,7 @@ struct Server::Impl {
           std::min(loop->model_config().max_position_embeddings, ec.num_kv_blocks * ec.block_size);
       ChatTemplatePolicy policy;
       policy.trust_request_chat_template = opts.trust_request_chat_template;
-      policy.cancelled = [this] { return stopped || draining; };
+      policy.cancelled = [this] { return stopped || draining || GatedHttpServer::client_gone(); };
       if (!render_slots.try_acquire_for(std::chrono::duration<double>(text::jinja::RenderLimits{}.max_seconds)))
         throw ApiError(503, "every chat-template render slot stayed busy; retry", "server_error");
       struct Release {
@@ -421,7 +450,7 @@ struct Server::Impl {
   // The body is a safetensors file of tensors by Hugging Face name; options come as query
   // parameters (flush_cache, weight_version, finished, abort_all_requests). finished=false stages
   // a bucket; the bucket that says finished applies everything staged.
-  void update_weights_from_tensor(const httplib::Request& hreq, httplib::Response& res) {
+  void update_weights_from_tensor(httplib::Request& hreq, httplib::Response& res) {
     for (auto& [k, v] : hreq.params)
       if (k != "flush_cache" && k != "weight_version" && k != "finished" && k != "abort_all_requests")
         throw bad_request("unknown query parameter \"" + k + "\"", k);
@@ -437,7 +466,7 @@ struct Server::Impl {
     std::optional<std::string> label;
     if (hreq.has_param("weight_version")) label = hreq.get_param_value("weight_version");
     try {
-      auto [n, v] = loop->update_weights_from_tensors(hreq.body, flush, label, finished, abort_all);
+      auto [n, v] = loop->update_weights_from_tensors(std::move(hreq.body), flush, label, finished, abort_all);
       send_json(res, 200,
                 {{"success", true},
                  {"message", finished ? "applied " + std::to_string(n) + " tensors; weight version " + loop->weight_label()
@@ -640,7 +669,7 @@ struct Server::Impl {
   }
 
   // What both listeners share: socket options, body and time limits, error replies, counters.
-  void configure(httplib::Server& srv, int threads, socket_t* fd_out) {
+  void configure(GatedHttpServer& srv, int threads, socket_t* fd_out) {
     // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
     // server silently share the port. The fd is kept to raise the listen backlog after bind.
     srv.set_socket_options([fd_out](socket_t sock) {
@@ -650,12 +679,17 @@ struct Server::Impl {
     });
     // post() enforces each endpoint's cap; httplib's own must not undercut the largest one.
     srv.set_payload_max_length(std::max(opts.max_body_bytes, opts.max_weights_body_bytes));
-    srv.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    srv.set_keep_alive_max_count(1000);
-    // Idle and slow connections give their thread back: keep-alive ends after 5 s idle, a read
-    // (headers, body) waits at most read_timeout_seconds.
-    srv.set_keep_alive_timeout(5);
-    srv.set_read_timeout(opts.read_timeout_seconds, 0);
+    // httplib's accept loop only hands each connection to the gate: one thread is plenty.
+    srv.new_task_queue = [] { return new httplib::ThreadPool(1); };
+    // Requests are handled by `threads` workers once whole; slow and idle clients wait in the
+    // gate without a thread: headers within read_timeout_seconds, keep-alive 5 s idle.
+    GateLimits gate;
+    gate.workers = threads;
+    gate.header_seconds = opts.read_timeout_seconds;
+    gate.io_seconds = opts.read_timeout_seconds;
+    gate.idle_seconds = 5;
+    gate.max_connections = opts.max_connections;
+    srv.set_gate_limits(gate);
     srv.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
                                                                      httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
@@ -721,7 +755,11 @@ struct Server::Impl {
     http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
     http.Post("/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
     http.Post("/update_weights_from_tensor",
-              post([this](R q, W s) { update_weights_from_tensor(q, s); }, opts.max_weights_body_bytes));
+              post([this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); }, opts.max_weights_body_bytes,
+                   {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
+                    [](httplib::Response& s, const std::string& why) {
+                      send_json(s, 400, {{"success", false}, {"message", why}});
+                    }}));
     http.Post("/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
     http.Get("/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
     http.Post("/flush_cache", post([this](R, W s) { flush_cache(s); }));
@@ -831,6 +869,8 @@ void Server::stop() {
   impl_->loop->shutdown();  // waiting calls answer 503 now, so the HTTP threads can finish
   impl_->http.stop();
   impl_->control.stop();
+  impl_->http.stop_gate();
+  impl_->control.stop_gate();
 }
 
 int Server::port() const { return impl_->port; }

@@ -26,10 +26,13 @@ struct ServerOptions {
   std::string api_key;                 // non-empty: every endpoint but /health needs "Bearer KEY"
   size_t max_body_bytes = 16u << 20;   // larger bodies get 413
   size_t max_weights_body_bytes = size_t(4) << 30;  // /update_weights_from_tensor (a bucket of weights)
-  int http_threads = 128;              // concurrent HTTP connections served
+  int http_threads = 128;              // requests handled at once (whole requests: see max_connections)
+  // Connections held at once; slow and idle ones wait without a thread, and past this the
+  // longest-idle is closed first (gated_http_server.h).
+  size_t max_connections = 4096;
   std::string model_name;              // reported by /v1/models; default: the model path
   bool log_requests = false;           // one line per request on stderr
-  int read_timeout_seconds = 10;       // one read of a request (headers, a body chunk)
+  int read_timeout_seconds = 10;       // a request's headers in all; one read of a body chunk
   int body_timeout_seconds = 60;       // a whole request body
   double stall_seconds = 120;          // /health says 503 while one engine step runs longer
   double health_generate_timeout_seconds = 20;  // /health_generate's one-token generation (SGLang: 20)

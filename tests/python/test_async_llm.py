@@ -98,3 +98,14 @@ def test_async_llm_cancel_aborts_and_n_is_refused(make_model):
         engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_bad_seeds_and_a_shut_down_async_llm_are_r3_errors(make_model):
+    for seed in (-1, 2**64, 1.5, "7", True):
+        with pytest.raises(r3.Error, match="seed"):
+            r3.SamplingParams(seed=seed)
+    assert r3.SamplingParams(seed=2**64 - 1) is not None
+    llm = r3.AsyncLLM(make_model("olmoe"))
+    llm.shutdown()
+    with pytest.raises(r3.Error, match="shut down"):
+        asyncio.run(llm.abort("x"))
