@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "text/regex.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -15,6 +16,17 @@ namespace {
 
 using json = nlohmann::json;
 const std::string kFffd = "\xEF\xBF\xBD";
+
+// Issue 48: 10 MB of spaces made the Qwen3/GPT-2 split pattern exceed PCRE2's default match
+// limit (an HTTP 400 for text Hugging Face encodes); the limit now grows with the text.
+TEST(Regex, LongWhitespaceRunsMatchWhole) {
+  const Regex split("\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+  for (size_t n : {size_t(1000), size_t(12'000'000)}) {
+    const auto m = split.find_all(std::string(n, ' '));
+    ASSERT_EQ(m.size(), 1u) << n;
+    EXPECT_EQ(m[0], std::make_pair(size_t(0), n));
+  }
+}
 
 TEST(Utf8, LossyDecodeReplacesEachMaximalSubpart) {
   EXPECT_EQ(utf8_lossy("ok"), "ok");

@@ -225,7 +225,7 @@ void Engine::worker_loop() {
   }
 }
 
-uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
+uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uint64_t group) {
   const ModelConfig& mc = model_config();
   if (prompt.empty()) throw Error("prompt_token_ids is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -258,6 +258,7 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
                 " is past the last route row (" + std::to_string(total - 2) + ")");
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
+  r->group = group == kOwnGroup ? (uint64_t(1) << 63) | r->id : group;
   r->arrival = arrival_++;
   r->prompt = std::move(prompt);
   r->params = std::move(params);
@@ -285,7 +286,7 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params) {
 bool Engine::abort(uint64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second->status == RequestStatus::Finished) return false;
-  if (std::find(aborted_.begin(), aborted_.end(), id) == aborted_.end()) aborted_.push_back(id);
+  if (aborted_set_.insert(id).second) aborted_.push_back(id);  // O(1): aborting n requests is linear
   return true;
 }
 
@@ -297,6 +298,7 @@ void Engine::finish_aborted(std::vector<RequestOutput>& out) {
     if (it != requests_.end()) finish(it->second.get(), "abort", out);
   }
   aborted_.clear();
+  aborted_set_.clear();
 }
 
 void Engine::drop_prefix_cache() {

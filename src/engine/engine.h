@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -132,7 +133,10 @@ class Engine {
   std::shared_ptr<const text::Tokenizer> tokenizer() const { return tokenizer_; }
 
   // Validates and queues a request; throws r3::Error (bad ids, too long, routes not enabled...).
-  uint64_t add_request(std::vector<int> prompt, SamplingParams params);
+  // `group`: the submission the request belongs to (below 2^63; the requests of one group wait
+  // in order and groups take turns, WaitingQueue); by default a group of its own (plain FIFO).
+  static constexpr uint64_t kOwnGroup = ~uint64_t(0);
+  uint64_t add_request(std::vector<int> prompt, SamplingParams params, uint64_t group = kOwnGroup);
   // One iteration: outputs of the requests that changed (finished ones with finished = true).
   std::vector<RequestOutput> step();
   // Finishes a request with reason "abort" (its output comes from the next step(), or from
@@ -224,7 +228,8 @@ class Engine {
   std::unique_ptr<RouteCapturer> capturer_;
   std::unique_ptr<RouteManager> routes_;
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
-  std::vector<uint64_t> aborted_;
+  std::vector<uint64_t> aborted_;  // in the order asked, once each (aborted_set_)
+  std::unordered_set<uint64_t> aborted_set_;
   std::map<std::string, TensorToWrite> staged_;  // stage_weights, by name
   // The storage the last commit's tensors replaced, freed on a side thread: handing gigabytes of
   // pages back costs about what copying them would, and generation need not wait for it.

@@ -1,6 +1,7 @@
 // A request's live state, owned by the engine and changed only on the engine thread.
 #pragma once
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,11 @@ struct Request {
   SamplingParams params;
   RequestStatus status = RequestStatus::Waiting;
   std::string finish_reason;  // "length", "stop", "abort"
+  // Its submission (requests of one group wait in FIFO order, groups take turns: WaitingQueue),
+  // and its place in its group's list while waiting (O(1) removal).
+  uint64_t group = 0;
+  std::list<Request*>::iterator waiting_at;
+  bool in_waiting = false;
 
   std::vector<int> output;              // sampled tokens
   std::vector<float> logprobs;          // of each sampled token

@@ -29,8 +29,11 @@ void Scheduler::release_blocks(Request* r) {
 }
 
 void Scheduler::remove(Request* r) {
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
-  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  if (r->in_waiting) {
+    waiting_.remove(r);
+  } else {
+    running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  }
   release_blocks(r);
 }
 
@@ -217,7 +220,8 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     budget -= n;
   }
 
-  // Waiting requests, in order; stop at the first that does not fit (no overtaking).
+  // Waiting requests, groups taking turns (WaitingQueue); stop at the first that does not fit
+  // (no overtaking).
   while (!waiting_.empty() && budget > 0 && int(running_.size()) < cfg_.max_num_seqs) {
     Request* r = waiting_.front();
     if (r->blocks.empty()) admit_prefix(r);

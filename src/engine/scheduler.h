@@ -11,13 +11,14 @@
 // A prefix hit then needs, besides the full layers' blocks, the sliding layers' blocks of the
 // window before its end; it is shortened until they are cached.
 #pragma once
-#include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "engine/kv_pool.h"
 #include "engine/request.h"
+#include "engine/waiting_queue.h"
 #include "step/step_plan.h"
 
 namespace r3 {
@@ -74,7 +75,7 @@ class Scheduler {
   int scratch_block_;
   KvPool* window_pool_;
   int window_scratch_;
-  std::deque<Request*> waiting_;
+  WaitingQueue waiting_;
   std::vector<Request*> running_;
   std::vector<Request*> order_;  // scratch of schedule()
   uint64_t weight_version_ = 0;  // of the step being scheduled: the root of prefix hash chains

@@ -53,9 +53,10 @@ std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<
     if (draining_) throw ApiError(503, "server shutting down: not accepting new requests", "server_error");
     if (rids_.count(rid)) throw bad_request("request id \"" + rid + "\" is already in flight", "rid");
     std::vector<uint64_t> ids;
+    const uint64_t group = ++submissions_;  // its jobs wait together; submissions take turns
     for (size_t i = 0; i < jobs.size(); ++i) {
       try {
-        ids.push_back(engine_->add_request(std::move(jobs[i].prompt), jobs[i].params));
+        ids.push_back(engine_->add_request(std::move(jobs[i].prompt), jobs[i].params, group));
       } catch (const Error& e) {
         for (uint64_t id : ids) engine_->abort(id);  // their outputs go nowhere: no target
         throw SubmitError(i, e.what());

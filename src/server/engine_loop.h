@@ -177,6 +177,7 @@ class EngineLoop {
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog_;  // the served tensors
+  uint64_t submissions_ = 0;  // loop thread: the fairness group of each submit()
   // Loop-thread state.
   std::map<uint64_t, Target> targets_;
   std::map<std::string, std::vector<uint64_t>> rids_;

@@ -3,6 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "core/error.h"
 #include "text/utf8.h"
 
@@ -35,13 +38,24 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
   std::vector<std::pair<size_t, size_t>> out;
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
   if (!md) throw Error("regex: out of memory");
+  // PCRE2's default match limit (10^7 steps) is a guard against catastrophic patterns, but the
+  // tokenizers' own patterns backtrack once over a whitespace run (`\s*[\r\n]+` before
+  // `\s+(?!\S)`): 10 MB of spaces, which Hugging Face encodes, exceeded it. The limit grows with
+  // the text instead (64 steps a byte), so any text up to the body cap is encoded.
+  pcre2_match_context* mc = pcre2_match_context_create(nullptr);
+  if (!mc) {
+    pcre2_match_data_free(md);
+    throw Error("regex: out of memory");
+  }
+  pcre2_set_match_limit(mc, uint32_t(std::min<uint64_t>(UINT32_MAX, 10'000'000 + uint64_t(s.size()) * 64)));
   size_t at = 0;
   while (at <= s.size()) {
     const int rc = pcre2_match(impl_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK,
-                               md, nullptr);
+                               md, mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);
+      pcre2_match_context_free(mc);
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
       throw Error("regex \"" + pattern_ + "\": " + reinterpret_cast<const char*>(msg));
@@ -58,6 +72,7 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
     }
   }
   pcre2_match_data_free(md);
+  pcre2_match_context_free(mc);
   return out;
 }
 
