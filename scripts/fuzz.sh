@@ -29,7 +29,10 @@ if [ "$TARGET" = request ]; then
   SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
         src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
         src/routes/route_array.cc src/core/json_limits.cc src/server/route_reply.cc src/routes/route_formats.cc
-        src/staging/staging.cc)
+        src/staging/staging.cc src/server/chat_api.cc src/text/tokenizer.cc src/text/bpe.cc
+        src/text/normalizer.cc src/text/pre_tokenizer.cc src/text/decoder.cc src/text/regex.cc src/text/utf8.cc
+        src/text/detokenizer.cc src/text/chat_template.cc src/text/jinja.cc src/text/jinja_value.cc
+        src/text/jinja_budget.cc src/core/file_read.cc)
   SEEDS=fuzz/corpus
   MAXLEN=4096
 elif [ "$TARGET" = template ]; then
@@ -46,6 +49,7 @@ else
 fi
 LIBS=()
 [ "$TARGET" = template ] && LIBS=(-lutf8proc)
+[ "$TARGET" = request ] && LIBS=(-lpcre2-8 -lutf8proc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 
@@ -112,6 +116,18 @@ cat > "$OUT/request.dict" <<'DICT'
 "\"min_new_tokens\""
 "\"regex\""
 "\"text\""
+"\"messages\""
+"\"role\""
+"\"content\""
+"\"tools\""
+"\"chat_template\""
+"\"chat_template_kwargs\""
+"\"add_generation_prompt\""
+"\"continue_final_message\""
+"{% for"
+"{{"
+"}}"
+"| tojson"
 "true"
 "false"
 "null"

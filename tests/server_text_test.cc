@@ -270,6 +270,17 @@ TEST(ServerText, HostileTemplatesAre400sAndTheServerKeepsServing) {
   background.join();
   EXPECT_GT(checked.load(), 0);
   EXPECT_EQ(mismatched.load(), 0);
+  // A tools list too long for the context by its bytes alone is refused before encoding.
+  json tools = json::array();
+  for (int i = 0; i < 20000; ++i)
+    tools.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}, {"description", std::string(80, 'd')}}}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const json big = s.post("/v1/chat/completions",
+                          {{"messages", messages}, {"tools", tools},
+                           {"chat_template", "{{ tools | tojson }}{{ messages[-1]['content'] }}"}},
+                          400)["error"];
+  EXPECT_NE(big["message"].get<std::string>().find("tokens: more than the"), std::string::npos) << big.dump();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   httplib::Client cli("127.0.0.1", s.port);
   auto h = cli.Get("/health");
   ASSERT_TRUE(h);

@@ -164,6 +164,19 @@ std::shared_ptr<const jinja::Template> Tokenizer::parsed_chat_template() const {
   return parsed_;
 }
 
+size_t Tokenizer::max_token_bytes() const {
+  std::lock_guard<std::mutex> lk(parsed_mu_);
+  if (max_token_bytes_ == 0) {
+    size_t most = 1;
+    for (int32_t id = 0; id < vocab_end_; ++id) {
+      const int32_t one[1] = {id};
+      most = std::max(most, decode_raw(one).size());
+    }
+    max_token_bytes_ = most;
+  }
+  return max_token_bytes_;
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const AddedToken& a : added_)
     if (a.content == token) return a.id;

@@ -54,6 +54,10 @@ class Tokenizer {
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
   int32_t vocab_size() const { return vocab_end_; }  // one past the largest id
+  // The most bytes any one token decodes to (computed once): a text of B bytes needs at least
+  // B / (4 * this) tokens, whatever the normalizer does (none shrinks text by 4x), so a prompt
+  // too long for the context can be refused before it is encoded.
+  size_t max_token_bytes() const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
   // bos_token, eos_token, unk_token, pad_token of tokenizer_config.json (those it sets), as a
@@ -96,6 +100,7 @@ class Tokenizer {
   std::vector<std::pair<std::string, std::string>> special_tokens_;
   bool clean_up_spaces_ = false;
   mutable std::mutex parsed_mu_;
+  mutable size_t max_token_bytes_ = 0;  // under parsed_mu_
   mutable std::shared_ptr<const jinja::Template> parsed_;
 };
 
