@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "args.h"
+#include "bench_startup.h"
 #include "bench_run.h"
 #include "commands.h"
 #include "core/error.h"
@@ -178,7 +179,9 @@ int cmd_bench(int argc, char** argv) {
          "process with every rank's threads, routes on, side by side, with each rank's resident memory.");
   add_engine_flags(a);
   a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync",
-        "entries to run (also: decode_b32_ctx8k, rollout_long)")
+        "entries to run (also: decode_b32_ctx8k, rollout_long, startup: start to first token of a fresh engine\n"
+        "against reading the files once and first-touching its peak resident bytes, and that peak against the\n"
+        "checkpoint + KV pool)")
       .opt("reps", "3",
            "repetitions per mode, alternating between two builds of the engine pair unless "
            "--sequential-engines or --paired-steps (median and spread reported)")
@@ -217,14 +220,19 @@ int cmd_bench(int argc, char** argv) {
   };
   std::vector<Entry> suite;
   std::stringstream ss(a.str("suite"));
-  bool weight_sync = false;
+  bool weight_sync = false, startup = false;
   for (std::string n; std::getline(ss, n, ',');) {
-    bool found = n == "weight_sync";
-    weight_sync |= found;
+    bool found = n == "weight_sync" || n == "startup";
+    weight_sync |= n == "weight_sync";
+    startup |= n == "startup";
     for (auto& en : all)
       if (en.name == n) suite.push_back(en), found = true;
     if (!found) throw Error("r3 bench: unknown suite entry \"" + n + "\"");
   }
+  if (startup && base.expert_parallel > 1)
+    throw Error("r3 bench: the startup entry runs one process; leave out --expert-parallel");
+  // First, while this process has no threads (it forks a child per repetition).
+  const json startup_result = startup ? bench_startup(base, reps) : json();
   ThreadPool probe_pool(base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()));
   std::vector<kernels::MachineLimits> machine = {kernels::measure_machine(&probe_pool)};
   const kernels::MachineLimits m0 = machine[0];  // a copy: machine grows below
@@ -460,6 +468,7 @@ int cmd_bench(int argc, char** argv) {
   kernels::MachineLimits m = m0;
   m.read_gb_per_s = read.median;
   if (weight_sync) results.push_back(bench_weight_sync(base, m, reps));
+  if (startup) results.push_back(startup_result);
   if (!a.str("json").empty()) {
     std::ofstream out(a.str("json"));
     if (!out) throw Error(a.str("json") + ": cannot open for writing");

@@ -64,6 +64,7 @@ int cmd_generate(int argc, char** argv) {
   EngineConfig cfg = engine_config_from(a);
   if (!a.given("enable-return-routed-experts")) cfg.enable_return_routed_experts = any_routes;
   Engine engine(cfg);
+  std::fprintf(stderr, "r3 generate: %s\n", engine.startup().line().c_str());
   std::map<uint64_t, size_t> index_of;
   for (size_t i = 0; i < reqs.size(); ++i) {
     try {

@@ -9,9 +9,14 @@ namespace r3::cli {
 
 int cmd_make_model(int argc, char** argv) {
   Args a("make-model", "Writes a checkpoint with seeded random weights in the Hugging Face layout\n"
-                       "(config.json + safetensors, sharded for small and bench).");
+                       "(config.json + safetensors, sharded for small and bench, one shard per layer for full,\n"
+                       "written a shard at a time so make-model holds one layer's tensors at most).");
   a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss")
-      .opt("preset", "tiny", "tiny | small | bench")
+      .opt("preset", "tiny", "tiny | small | bench | full. full: the released shapes of OLMoE-1B-7B-0924 (--arch\n"
+                             "olmoe, 6.9B parameters, 13.8 GB in bf16), gpt-oss-20b (--arch gpt_oss --quant mxfp4,\n"
+                             "12.8 GB) and Qwen3-30B-A3B (--arch qwen3_moe, 61 GB in bf16, 31 GB with --quant fp8).\n"
+                             "On a 24 GiB machine the first two fit its disk and page cache; Qwen3-30B-A3B needs a\n"
+                             "bigger one (and r3 holds a second copy of the matrices today: issue 42)")
       .opt("seed", "0", "weight seed")
       .opt("dtype", "bf16", "bf16 | f32")
       .opt("out", "", "output directory (required)")

@@ -81,6 +81,7 @@ int cmd_serve(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   server::Server srv(cfg, o);
+  std::fprintf(stderr, "r3 serve: %s\n", srv.startup_line().c_str());
   const int port = srv.bind();
   std::fprintf(stderr, "r3 serve: %s on http://%s:%d%s\n", o.model_name.empty() ? cfg.model.c_str() : o.model_name.c_str(),
                o.host.c_str(), port, o.api_key.empty() ? "" : " (API key required)");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 
 #include "core/error.h"
@@ -75,7 +76,15 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
     };
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
-  if (!ckpt_) ckpt_ = Checkpoint::open(cfg_.model, held, pool_.get());
+  const auto started = std::chrono::steady_clock::now();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  if (!ckpt_) {
+    ckpt_ = Checkpoint::open(cfg_.model, held, pool_.get());
+    startup_.open_seconds = seconds_since(started);
+  }
+  const auto built = std::chrono::steady_clock::now();
   const ModelConfig& mc = ckpt_->config();
   const std::string tok_dir = cfg_.tokenizer.empty() ? cfg_.model : cfg_.tokenizer;
   if (!cfg_.tokenizer.empty() || text::Tokenizer::present(tok_dir)) {
@@ -144,6 +153,21 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   // Every rank built its engine (or this throws) before a worker thread exists to be joined.
   if (exchange_) exchange_->started(true);
   if (cfg_.overlap_scheduler) worker_ = std::thread([this] { worker_loop(); });
+  startup_.build_seconds = seconds_since(built);
+  startup_.total_seconds = seconds_since(started);
+  startup_.checkpoint_bytes = ckpt_->stored_bytes();
+  startup_.kv_bytes = uint64_t(kv_mb * double(1 << 20));
+  startup_.resident_mb = resident_mb();
+}
+
+std::string StartupReport::line() const {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "weights %.2f GB read and checked in %.2f s, packed with the KV pool (%.2f GB, committed as "
+                "written) set up in %.2f s; %.2f s in all; resident %.0f MB",
+                double(checkpoint_bytes) / 1e9, open_seconds, double(kv_bytes) / 1e9, build_seconds, total_seconds,
+                resident_mb);
+  return buf;
 }
 
 std::vector<double> Engine::resident_mb_by_rank() const {

@@ -111,6 +111,18 @@ struct EngineStats {
 // The KV cache element for EngineConfig::kv_cache_dtype (throws on an unknown name).
 DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& weights);
 
+// What start-up cost, measured as it happened: one line for `r3 serve` and `r3 generate`, and the
+// figures `r3 bench` reports.
+struct StartupReport {
+  double open_seconds = 0;     // read and validate the checkpoint (0 when it was shared)
+  double build_seconds = 0;    // pack the weights into the runner's panels, set up the KV pool
+  double total_seconds = 0;    // the whole constructor
+  uint64_t checkpoint_bytes = 0;  // the stored tensors
+  uint64_t kv_bytes = 0;          // the KV pools (committed as written)
+  double resident_mb = 0;         // the process at the end of start-up
+  std::string line() const;
+};
+
 class Engine {
  public:
   explicit Engine(EngineConfig cfg);
@@ -129,6 +141,7 @@ class Engine {
   const ModelConfig& model_config() const { return runner_->config(); }
   const EngineConfig& config() const { return cfg_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  const StartupReport& startup() const { return startup_; }
   // The tokenizer (EngineConfig::tokenizer), or null when the engine has none.
   std::shared_ptr<const text::Tokenizer> tokenizer() const { return tokenizer_; }
 
@@ -216,6 +229,7 @@ class Engine {
 
   EngineConfig cfg_;
   std::shared_ptr<Checkpoint> ckpt_;
+  StartupReport startup_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;

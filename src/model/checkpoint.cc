@@ -658,6 +658,12 @@ std::map<std::string, std::pair<DType, std::vector<int64_t>>> Checkpoint::catalo
   return out;
 }
 
+uint64_t Checkpoint::stored_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : index_) n += t->nbytes();
+  return n;
+}
+
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   std::vector<TensorToWrite> out;

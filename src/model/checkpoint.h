@@ -86,6 +86,8 @@ class Checkpoint {
   // Every stored tensor's dtype and shape by name: what an update may send (refits never change
   // them), for checking a request's tensor list before its data arrives.
   std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog() const;
+  // Bytes of every stored tensor (as in the files).
+  uint64_t stored_bytes() const;
   // apply_update checks everything first, then takes the sent bytes over as this checkpoint's
   // storage (no copy: a refit costs the repacking only) and rebuilds the derived views (F16
   // widening). Call it only while nothing reads the weights; views taken before it dangle.

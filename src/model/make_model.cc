@@ -38,7 +38,15 @@ Preset get_preset(const std::string& arch, const std::string& preset) {
     return {4, 256, 8, 8, 32, 64, 8, 64, 512, 2048, 2};
   }
   if (preset == "bench") return {12, 1024, 16, 16, 64, 64, 8, 512, 2048, 32000, 6};
-  throw Error("unknown preset \"" + preset + "\" (tiny, small, bench)");
+  // The released models' shapes, one shard per layer (make-model holds one layer at a time).
+  if (preset == "full") {
+    if (arch == "olmoe") return {16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304, 18};          // OLMoE-1B-7B-0924
+    if (arch == "qwen3_moe") return {48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936, 50};      // Qwen3-30B-A3B
+    if (arch == "gpt_oss") return {24, 2880, 64, 8, 64, 32, 4, 2880, 2880, 201088, 26};         // gpt-oss-20b
+    throw Error("--preset full exists for olmoe, qwen3_moe and gpt_oss (the shapes of OLMoE-1B-7B-0924, "
+                "Qwen3-30B-A3B and gpt-oss-20b), not " + arch);
+  }
+  throw Error("unknown preset \"" + preset + "\" (tiny, small, bench, full)");
 }
 
 }  // namespace
@@ -52,6 +60,7 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
   j["num_attention_heads"] = p.heads;
   j["num_key_value_heads"] = p.kv_heads;
   j["num_experts_per_tok"] = p.top_k;
+  const bool full = preset == "full";
   j["max_position_embeddings"] = 4096;
   j["rms_norm_eps"] = 1e-6;
   j["bos_token_id"] = 1;
@@ -74,10 +83,11 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["head_dim"] = p.head_dim;
     j["norm_topk_prob"] = true;
     j["decoder_sparse_step"] = 1;
-    // tiny keeps every layer MoE; small has a dense first layer, as the issue asks.
-    j["mlp_only_layers"] = preset == "tiny" ? json::array() : json::array({0});
+    // tiny and full (Qwen3-30B-A3B) keep every layer MoE; small and bench have a dense first layer.
+    j["mlp_only_layers"] = preset == "tiny" || full ? json::array() : json::array({0});
     j["rope_theta"] = 1e6;
     j["tie_word_embeddings"] = preset == "tiny";
+    if (full) j["max_position_embeddings"] = 40960;
     j["hidden_act"] = "silu";
   } else if (arch == "olmoe") {
     j["architectures"] = {"OlmoeForCausalLM"};
@@ -89,6 +99,7 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["rope_theta"] = 10000.0;
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
+    if (full) j["rms_norm_eps"] = 1e-5;
   } else if (arch == "qwen2_moe") {
     // Qwen1.5-MoE's layout: q/k/v biases, softmax router without renormalisation, one shared
     // expert behind a sigmoid gate.
@@ -181,7 +192,12 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["attention_bias"] = true;
     j["swiglu_limit"] = 7.0;
     j["rope_theta"] = 150000.0;
-    if (!tiny) {
+    if (full) {  // gpt-oss-20b's: YaRN 32x over 4096
+      j["max_position_embeddings"] = 131072;
+      j["rms_norm_eps"] = 1e-5;
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0},   {"beta_fast", 32.0},
+                           {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+    } else if (!tiny) {
       j["max_position_embeddings"] = 4096;
       j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0},    {"beta_fast", 32.0},
                            {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 1024}};

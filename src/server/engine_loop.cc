@@ -18,6 +18,7 @@ EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
   model_ = engine_->model_config();
   tokenizer_ = engine_->tokenizer();
   catalog_ = engine_->checkpoint().catalog();
+  startup_ = engine_->startup();
   thread_ = std::thread([this] { run(); });
 }
 

@@ -75,6 +75,7 @@ class EngineLoop {
   EngineLoop& operator=(const EngineLoop&) = delete;
 
   const ModelConfig& model_config() const { return model_; }
+  const StartupReport& startup() const { return startup_; }
   // The model's tokenizer (thread-safe to use from any thread), or null.
   std::shared_ptr<const text::Tokenizer> tokenizer() const { return tokenizer_; }
   const EngineConfig& engine_config() const { return cfg_; }
@@ -178,6 +179,7 @@ class EngineLoop {
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog_;  // the served tensors
   uint64_t submissions_ = 0;  // loop thread: the fairness group of each submit()
+  StartupReport startup_;     // the engine's, copied before the loop starts
   // Loop-thread state.
   std::map<uint64_t, Target> targets_;
   std::map<std::string, std::vector<uint64_t>> rids_;

@@ -873,6 +873,8 @@ void Server::stop() {
   impl_->control.stop_gate();
 }
 
+std::string Server::startup_line() const { return impl_->loop->startup().line(); }
+
 int Server::port() const { return impl_->port; }
 int Server::control_port() const { return impl_->control_port; }
 

@@ -53,6 +53,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // The engine's start-up figures (StartupReport::line).
+  std::string startup_line() const;
   // Binds host:port; returns the bound port. Throws r3::Error when the address is taken.
   int bind();
   // Serves until stop() (binds first if needed). Blocks.

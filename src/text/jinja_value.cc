@@ -41,27 +41,33 @@ const Value* Value::get(const std::string& key) const {
   return nullptr;
 }
 
+namespace {
+// A container made while a render runs belongs to its budget (emptied when the render ends).
+template <typename C>
+std::shared_ptr<C> adopted(std::shared_ptr<C> c) {
+  if (RenderBudget* b = RenderBudget::active()) b->adopt(c);
+  return c;
+}
+}  // namespace
+
 Value Value::new_list(List x) {
   Value v;
   v.kind = Kind::List;
-  v.list = std::make_shared<List>(std::move(x));
-  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.list);
+  v.list = adopted(std::make_shared<List>(std::move(x)));
   return v;
 }
 
 Value Value::new_dict(Dict x) {
   Value v;
   v.kind = Kind::Dict;
-  v.dict = std::make_shared<Dict>(std::move(x));
-  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.dict);
+  v.dict = adopted(std::make_shared<Dict>(std::move(x)));
   return v;
 }
 
 Value Value::new_namespace() {
   Value v;
   v.kind = Kind::Namespace;
-  v.ns = std::make_shared<Namespace>();
-  if (RenderBudget* b = RenderBudget::active()) b->adopt(v.ns);
+  v.ns = adopted(std::make_shared<Namespace>());
   return v;
 }
 
