@@ -81,10 +81,11 @@ int cmd_serve(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   server::Server srv(cfg, o);
-  std::fprintf(stderr, "r3 serve: %s\n", srv.startup_line().c_str());
   const int port = srv.bind();
   std::fprintf(stderr, "r3 serve: %s on http://%s:%d%s\n", o.model_name.empty() ? cfg.model.c_str() : o.model_name.c_str(),
                o.host.c_str(), port, o.api_key.empty() ? "" : " (API key required)");
+  // After the address line, which clients read first to learn the port.
+  std::fprintf(stderr, "r3 serve: %s\n", srv.startup_line().c_str());
   if (srv.control_port() >= 0)
     std::fprintf(stderr, "r3 serve: control endpoints (/health, /metrics, /abort) on http://%s:%d\n", o.host.c_str(),
                  srv.control_port());
