@@ -631,16 +631,8 @@ bool knowingly_unused(const std::string& name) {
 void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
   for (TensorToWrite& t : tensors) {
     auto it = index_.find(t.name);
-    if (it == index_.end()) throw Error("weight update: tensor \"" + t.name + "\" is not in the served model");
+    check_sent_tensor(it == index_.end() ? nullptr : it->second, t.name, t.dtype, t.shape);
     const TensorView& have = *it->second;
-    // Bytes sent for an F8_E4M3 tensor are its codes (callers without a float8 type send bytes).
-    if (t.dtype == DType::U8 && have.dtype == DType::F8_E4M3) t.dtype = DType::F8_E4M3;
-    TensorView got;
-    got.shape = t.shape;
-    got.dtype = t.dtype;
-    if (have.shape != t.shape || have.dtype != t.dtype)
-      throw Error("weight update: tensor \"" + t.name + "\" is " + dtype_name(t.dtype) + " " + got.shape_str() +
-                  ", the served model's is " + dtype_name(have.dtype) + " " + have.shape_str());
     if (t.bytes.size() != have.nbytes())
       throw Error("weight update: tensor \"" + t.name + "\" has " + std::to_string(t.bytes.size()) +
                   " bytes, its shape needs " + std::to_string(have.nbytes()));
@@ -652,9 +644,25 @@ void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
   }
 }
 
-std::map<std::string, std::pair<DType, std::vector<int64_t>>> Checkpoint::catalog() const {
-  std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
-  for (const auto& [name, t] : index_) out[name] = {t->dtype, t->shape};
+void Checkpoint::check_sent_tensor(const TensorView* have, const std::string& name, DType& dtype,
+                                   const std::vector<int64_t>& shape) {
+  if (!have) throw Error("weight update: tensor \"" + name + "\" is not in the served model");
+  // Bytes sent for an F8_E4M3 tensor are its codes (callers without a float8 type send bytes).
+  if (dtype == DType::U8 && have->dtype == DType::F8_E4M3) dtype = DType::F8_E4M3;
+  if (have->shape != shape || have->dtype != dtype) {
+    TensorView got;
+    got.shape = shape;
+    throw Error("weight update: tensor \"" + name + "\" is " + dtype_name(dtype) + " " + got.shape_str() +
+                ", the served model's is " + dtype_name(have->dtype) + " " + have->shape_str());
+  }
+}
+
+std::map<std::string, TensorView> Checkpoint::catalog() const {
+  std::map<std::string, TensorView> out;
+  for (const auto& [name, t] : index_) {
+    out[name] = *t;
+    out[name].data = nullptr;  // the description only: the bytes stay the checkpoint's
+  }
   return out;
 }
 

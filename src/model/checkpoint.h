@@ -83,9 +83,14 @@ class Checkpoint {
   void refuse_non_finite_values() const;
   // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
   std::vector<TensorToWrite> stored_tensors() const;
-  // Every stored tensor's dtype and shape by name: what an update may send (refits never change
-  // them), for checking a request's tensor list before its data arrives.
-  std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog() const;
+  // Every stored tensor's description by name, without its data: what an update may send
+  // (refits never change them), for checking a request's tensor list before its data arrives.
+  std::map<std::string, TensorView> catalog() const;
+  // The rule every tensor an update sends meets: `have` (the served tensor, null when there is
+  // none) has its shape and dtype; U8 bytes for an F8_E4M3 tensor are taken as its codes (`dtype`
+  // becomes F8_E4M3). Throws r3::Error naming the tensor. check_update applies it first.
+  static void check_sent_tensor(const TensorView* have, const std::string& name, DType& dtype,
+                                const std::vector<int64_t>& shape);
   // Bytes of every stored tensor (as in the files).
   uint64_t stored_bytes() const;
   // apply_update checks everything first, then takes the sent bytes over as this checkpoint's

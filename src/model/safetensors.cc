@@ -29,6 +29,60 @@ static DType parse_dtype(const std::string& s, const std::string& where) {
 
 static uint64_t round_up64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
 
+// The header length the first 8 bytes give, within the limit.
+static uint64_t header_length(const uint8_t len[8], const std::string& path) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  if (n > kMaxHeader)
+    throw Error(path + ": header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  return n;
+}
+
+// The header's JSON object: begins with '{', ends with '}' and spaces only, nesting bounded.
+static json parse_header(std::string_view text, const std::string& path) {
+  if (text.empty() || text[0] != '{')
+    throw Error(path + ": the header must begin with '{' (found " +
+                (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
+  size_t json_end = text.size();
+  while (json_end > 0 && text[json_end - 1] == ' ') --json_end;  // the only padding allowed
+  if (text[json_end - 1] != '}')
+    throw Error(path + ": malformed JSON header: the object must end with '}' followed only by spaces");
+  json header;
+  try {
+    header = parse_json_bounded(text.substr(0, json_end), path + ": header", 8);
+  } catch (const json::exception& e) {
+    throw Error(path + ": malformed JSON header: " + e.what());
+  }
+  if (!header.is_object()) throw Error(path + ": header is not a JSON object");
+  return header;
+}
+
+// A tensor entry's name, dtype and shape (its data offsets are the caller's): exactly dtype,
+// shape and data_offsets, a dtype r3 reads, a shape whose byte count cannot overflow.
+static TensorView entry_view(const std::string& name, const json& entry, const std::string& path) {
+  const std::string where = path + ": tensor \"" + name + "\"";
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+      !entry.contains("data_offsets") || entry.size() != 3)
+    throw Error(where + ": entry must hold exactly dtype, shape and data_offsets");
+  if (!entry["dtype"].is_string()) throw Error(where + ": dtype is not a string");
+  TensorView t;
+  t.name = name;
+  t.file = path;
+  t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
+  if (!entry["shape"].is_array()) throw Error(where + ": shape is not an array");
+  uint64_t total_bytes = dtype_size(t.dtype);
+  for (auto& d : entry["shape"]) {
+    if (!d.is_number_unsigned()) throw Error(where + ": shape holds a non-integer or negative");
+    const uint64_t du = d.get<uint64_t>();
+    // numel() and nbytes() must not overflow (a wrapped product could pass the span check).
+    if (du > uint64_t(INT64_MAX) || __builtin_mul_overflow(total_bytes, du, &total_bytes) ||
+        total_bytes > uint64_t(INT64_MAX))
+      throw Error(where + ": shape " + entry["shape"].dump() + " is too large");
+    t.shape.push_back(int64_t(du));
+  }
+  return t;
+}
+
 void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(64)); }
 
 // The format, strictly (huggingface/safetensors): u64 little-endian N; N bytes of a JSON object
@@ -40,6 +94,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const UnreadParts* unr
   RegularFile file(path, kMaxFile, "safetensors file");
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
   parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); }, unread);
+}
+
+std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::string_view start,
+                                                                        const std::string& name) {
+  if (start.size() < 8) return std::nullopt;
+  const uint64_t n = header_length(reinterpret_cast<const uint8_t*>(start.data()), name);
+  if (start.size() - 8 < n) return std::nullopt;
+  const json header = parse_header(start.substr(8, size_t(n)), name);  // outlives its items() below
+  std::vector<TensorView> out;
+  for (auto& [tensor, entry] : header.items())
+    if (tensor != "__metadata__") out.push_back(entry_view(tensor, entry, name));
+  return out;
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view bytes, const std::string& name) {
@@ -60,29 +126,13 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
                 " bytes, shorter than the 8-byte header length)");
   uint8_t len[8];
   read_at(0, len, 8);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
-  if (n > kMaxHeader)
-    throw Error(path + ": header length " + std::to_string(n) + " exceeds the 100 MB limit");
+  const uint64_t n = header_length(len, path);
   if (n > file_size - 8)
     throw Error(path + ": header length " + std::to_string(n) + " runs past the end of the file (" +
                 std::to_string(file_size) + " bytes)");
   std::string text(size_t(n), '\0');
   read_at(8, text.data(), text.size());
-  if (text.empty() || text[0] != '{')
-    throw Error(path + ": the header must begin with '{' (found " +
-                (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
-  size_t json_end = text.size();
-  while (json_end > 0 && text[json_end - 1] == ' ') --json_end;  // the only padding allowed
-  if (text[json_end - 1] != '}')
-    throw Error(path + ": malformed JSON header: the object must end with '}' followed only by spaces");
-  json header;
-  try {
-    header = parse_json_bounded(std::string_view(text).substr(0, json_end), path + ": header", 8);
-  } catch (const json::exception& e) {
-    throw Error(path + ": malformed JSON header: " + e.what());
-  }
-  if (!header.is_object()) throw Error(path + ": header is not a JSON object");
+  const json header = parse_header(text, path);
   const uint64_t buffer_size = file_size - 8 - n;
 
   struct Entry {
@@ -100,25 +150,7 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
       }
       continue;
     }
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets") || entry.size() != 3)
-      throw Error(where + ": entry must hold exactly dtype, shape and data_offsets");
-    if (!entry["dtype"].is_string()) throw Error(where + ": dtype is not a string");
-    TensorView t;
-    t.name = name;
-    t.file = path;
-    t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
-    if (!entry["shape"].is_array()) throw Error(where + ": shape is not an array");
-    uint64_t total_bytes = dtype_size(t.dtype);
-    for (auto& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) throw Error(where + ": shape holds a non-integer or negative");
-      const uint64_t du = d.get<uint64_t>();
-      // numel() and nbytes() must not overflow (a wrapped product could pass the span check).
-      if (du > uint64_t(INT64_MAX) || __builtin_mul_overflow(total_bytes, du, &total_bytes) ||
-          total_bytes > uint64_t(INT64_MAX))
-        throw Error(where + ": shape " + entry["shape"].dump() + " is too large");
-      t.shape.push_back(int64_t(du));
-    }
+    TensorView t = entry_view(name, entry, path);
     auto& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       throw Error(where + ": data_offsets must be [begin, end]");

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ class SafetensorsFile {
   // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
   // in errors.
   static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& name);
+  // The tensors (name, dtype, shape; no data) a safetensors file or body declares, read from its
+  // first bytes with the reader's own checks; nullopt while `start` ends before its header does.
+  static std::optional<std::vector<TensorView>> declared_tensors(std::string_view start, const std::string& name);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;

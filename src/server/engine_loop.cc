@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/json_limits.h"
+#include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "server/api_error.h"
 
@@ -118,34 +118,12 @@ uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, co
 }
 
 bool EngineLoop::check_tensor_body_start(std::string_view received) const {
-  const std::string where = "update_weights_from_tensor body";
-  if (received.size() < 8) return false;
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(received[size_t(i)])) << (8 * i);
-  if (n > (uint64_t(100) << 20)) throw Error(where + ": header length " + std::to_string(n) + " exceeds the 100 MB limit");
-  if (received.size() - 8 < n) return false;
-  nlohmann::json header;
-  try {
-    header = parse_json_bounded(received.substr(8, size_t(n)), where);
-  } catch (const nlohmann::json::exception&) {
-    throw Error(where + ": the header is not valid JSON");
-  }
-  if (!header.is_object()) throw Error(where + ": the header is not a JSON object");
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    auto have = catalog_.find(it.key());
-    if (have == catalog_.end()) throw Error("weight update: tensor \"" + it.key() + "\" is not in the served model");
-    const nlohmann::json& e = it.value();
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") || !e["shape"].is_array())
-      throw Error(where + ": tensor \"" + it.key() + "\" needs a dtype and a shape");
-    const std::string dtype = e["dtype"];
-    const bool codes = dtype == "U8" && have->second.first == DType::F8_E4M3;  // float8 sent as bytes
-    std::vector<int64_t> shape;
-    for (const auto& d : e["shape"]) shape.push_back(d.is_number_integer() ? d.get<int64_t>() : -1);
-    if ((dtype != dtype_name(have->second.first) && !codes) || shape != have->second.second)
-      throw Error("weight update: tensor \"" + it.key() + "\" is " + dtype + " " + e["shape"].dump() +
-                  ", the served model's is " + dtype_name(have->second.first) + " " +
-                  nlohmann::json(have->second.second).dump());
+  std::optional<std::vector<TensorView>> declared =
+      SafetensorsFile::declared_tensors(received, "update_weights_from_tensor body");
+  if (!declared) return false;
+  for (TensorView& t : *declared) {
+    auto have = catalog_.find(t.name);
+    Checkpoint::check_sent_tensor(have == catalog_.end() ? nullptr : &have->second, t.name, t.dtype, t.shape);
   }
   return true;
 }

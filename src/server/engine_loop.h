@@ -177,7 +177,7 @@ class EngineLoop {
   ModelConfig model_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
-  std::map<std::string, std::pair<DType, std::vector<int64_t>>> catalog_;  // the served tensors
+  std::map<std::string, TensorView> catalog_;  // the served tensors' descriptions (Checkpoint::catalog)
   uint64_t submissions_ = 0;  // loop thread: the fairness group of each submit()
   StartupReport startup_;     // the engine's, copied before the loop starts
   // Loop-thread state.

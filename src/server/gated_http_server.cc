@@ -162,11 +162,6 @@ GatedHttpServer::~GatedHttpServer() {
 
 void GatedHttpServer::set_gate_limits(const GateLimits& limits) { limits_ = limits; }
 
-size_t GatedHttpServer::gated_connections() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return held_count_;
-}
-
 void GatedHttpServer::start_threads() {
   gate_ = std::thread([this] { gate_loop(); });
   for (int i = 0; i < std::max(1, limits_.workers); ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -254,7 +249,6 @@ void GatedHttpServer::check_ready(socket_t sock) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     ready_.push_back(sock);
-    held_count_ = held_.size();
   }
   ++busy_;
   ready_cv_.notify_one();
@@ -296,14 +290,10 @@ void GatedHttpServer::gate_loop() {
     for (const auto& [sock, h] : held_)
       if (now > h.deadline) expired.emplace_back(sock, h.idle);
     for (auto [sock, idle] : expired) release(sock, idle ? nullptr : &kTimeoutReply);
-    std::lock_guard<std::mutex> lk(mu_);
-    held_count_ = held_.size();
   }
   std::vector<socket_t> all;
   for (const auto& [sock, h] : held_) all.push_back(sock);
   for (socket_t s : all) release(s, nullptr);
-  std::lock_guard<std::mutex> lk(mu_);
-  held_count_ = 0;
 }
 
 void GatedHttpServer::worker_loop() {

@@ -49,8 +49,6 @@ class GatedHttpServer : public httplib::Server {
   void set_gate_limits(const GateLimits& limits);
   // Closes every held connection and joins the gate and workers; httplib's stop() is separate.
   void stop_gate();
-  // Connections the gate holds now (waiting for a request), for tests and /metrics.
-  size_t gated_connections() const;
   // On a worker thread, inside a handler: whether the client of the request being handled has
   // closed its connection (long work such as a template render stops then). False elsewhere.
   static bool client_gone();
@@ -80,12 +78,11 @@ class GatedHttpServer : public httplib::Server {
   std::atomic<bool> stopping_{false};
   std::thread gate_;
   std::vector<std::thread> workers_;
-  mutable std::mutex mu_;  // guards incoming_, ready_, held_count_
+  std::mutex mu_;  // guards incoming_ and ready_
   std::condition_variable ready_cv_;
   std::deque<std::pair<socket_t, bool>> incoming_;  // (socket, idle) to be added by the gate thread
   std::deque<socket_t> ready_;                       // whole requests, for the workers
   std::unordered_map<socket_t, Held> held_;          // gate thread only
-  size_t held_count_ = 0;                            // held_.size(), readable from any thread
   std::atomic<size_t> busy_{0};                      // sockets with a worker or queued for one
 };
 

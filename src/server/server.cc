@@ -208,6 +208,12 @@ struct Server::Impl {
     return {f, loop->model_config().num_layers};
   }
 
+  // The connection ends with this reply (a body left unread would be taken for the next request).
+  static void close_after_reply(httplib::Response& res) {
+    res.set_header("Connection", "close");
+    GatedHttpServer::close_after_reply();
+  }
+
   [[noreturn]] void throw_too_large(size_t cap) const {
     throw ApiError(413, "request body is larger than " + std::to_string(cap) + " bytes (" +
                             (cap == opts.max_body_bytes ? "--max-body-bytes" : "--max-weights-body-bytes") + ")",
@@ -257,8 +263,7 @@ struct Server::Impl {
         if (too_large) throw_too_large(cap);
         if (refused) {
           body_start.refuse(res, refused->what());
-          res.set_header("Connection", "close");  // the unread rest of the body is not drained
-          GatedHttpServer::close_after_reply();
+          close_after_reply(res);  // the unread rest of the body is not drained
           return;
         }
         if (too_slow)
@@ -270,10 +275,7 @@ struct Server::Impl {
         fn(full, res);
       } catch (const ApiError& e) {
         send_error(res, e);
-        if (e.status() == 413 || e.status() == 408) {
-          res.set_header("Connection", "close");
-          GatedHttpServer::close_after_reply();
-        }
+        if (e.status() == 413 || e.status() == 408) close_after_reply(res);
       } catch (const Error& e) {
         send_error(res, bad_request(e.what()));
       } catch (const std::exception& e) {
