@@ -480,11 +480,7 @@ TEST(EngineRefit, FromMemoryEqualsFromDisk) {
   std::ifstream cfg(b + "/config.json");
   std::stringstream cfg_text;
   cfg_text << cfg.rdbuf();
-  SafetensorsFile f(b + "/model.safetensors");
-  for (auto& [name, t] : f.tensors()) {
-    const uint8_t* p = static_cast<const uint8_t*>(t.data);
-    tensors.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(p, p + t.nbytes())});
-  }
+  for (TensorToWrite& t : read_safetensors(b + "/model.safetensors")) tensors.push_back(std::move(t));
   SamplingParams p;
   p.max_tokens = 6;
   p.temperature = 0.f;

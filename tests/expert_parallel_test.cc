@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/engine_config_json.h"
 #include "engine/expert_exchange.h"
+#include "kernels/matmul.h"
 #include "model/checkpoint.h"
 #include "step/step_wire.h"
 #include "test_models.h"
@@ -109,12 +110,10 @@ TEST(ExpertPlacement, RanksTileThePhysicalExpertsAndHoldEveryReplica) {
   EXPECT_TRUE(held_experts(map, 2, 8, 1, 2)[0][0]);  // ... and its replica (physical 8) on rank 1
 }
 
-// Whether a's bytes (and its MXFP4 or FP8 scales) equal b's.
+// Whether a's packed panels (its only copy, scales included) equal b's.
 bool same_bytes(const TensorView& a, const TensorView& b) {
-  if (a.dtype != b.dtype || a.shape != b.shape || !a.data || !b.data) return false;
-  const size_t n = a.dtype == DType::MXFP4 ? size_t(a.numel()) / 2 : size_t(a.numel()) * dtype_size(a.dtype);
-  if (std::memcmp(a.data, b.data, n) != 0) return false;
-  if (a.dtype == DType::MXFP4 && std::memcmp(a.scales, b.scales, size_t(a.numel()) / 32) != 0) return false;
+  if (a.dtype != b.dtype || a.shape != b.shape || !a.packed || !b.packed) return false;
+  if (std::memcmp(a.packed, b.packed, kernels::packed_bf16_size(a) * 2) != 0) return false;
   if (a.scale_inv && std::memcmp(a.scale_inv, b.scale_inv, size_t(a.num_block_scales()) * 4) != 0) return false;
   return true;
 }
@@ -139,8 +138,8 @@ TEST(ExpertParallelCheckpoint, EachRankReadsExactlyItsOwnExperts) {
           const ExpertWeights& w = part->weights().layers[size_t(layers[m])].experts[size_t(e)];
           const ExpertWeights& f = full->weights().layers[size_t(layers[m])].experts[size_t(e)];
           if (!held[m][size_t(e)]) {
-            EXPECT_EQ(w.gate.data, nullptr);
-            EXPECT_EQ(w.down.data, nullptr);
+            EXPECT_TRUE(w.gate.empty());
+            EXPECT_TRUE(w.down.empty());
             ++missing;
             continue;
           }

@@ -145,8 +145,7 @@ class Naive {
     }
     for (auto& e : fs::directory_iterator(dir))
       if (e.path().extension() == ".safetensors") {
-        r3::SafetensorsFile f(e.path().string());
-        for (auto& [name, t] : f.tensors()) w_[name] = t.to_f32();
+        for (const r3::TensorToWrite& t : r3::read_safetensors(e.path().string())) w_[t.name] = r3::view_of(t).to_f32();
       }
   }
 
@@ -549,9 +548,10 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
   fs::create_directories(dst);
   fs::copy_file(src / "config.json", dst / "config.json", fs::copy_options::overwrite_existing);
   {
-    r3::SafetensorsFile f((src / "model.safetensors").string());
     std::vector<r3::TensorToWrite> out;
-    for (auto& [name, t] : f.tensors()) {
+    for (const r3::TensorToWrite& stored : r3::read_safetensors((src / "model.safetensors").string())) {
+      const std::string& name = stored.name;
+      const r3::TensorView t = r3::view_of(stored);
       ASSERT_EQ(t.dtype, DType::F32);
       std::vector<float> v = t.to_f32();
       const int64_t H = t.shape.size() == 2 ? t.shape[1] : 0;

@@ -1,5 +1,7 @@
 #include "core/tensor_view.h"
 
+#include "core/panel_layout.h"
+
 namespace r3 {
 
 int64_t TensorView::numel() const {
@@ -9,6 +11,7 @@ int64_t TensorView::numel() const {
 }
 
 float TensorView::at(int64_t i) const {
+  if (!data && packed) return packed_element(*this, i / shape[1], i % shape[1]);
   switch (dtype) {
     case DType::F32: return static_cast<const float*>(data)[i];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);

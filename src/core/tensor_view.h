@@ -15,8 +15,8 @@ struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
-  // bf16 weights repacked for the engine's kernels (kernels/matmul.h), owned by whoever packed
-  // them; null otherwise.
+  // The weight as the engine's kernels read it (core/panel_layout.h), owned by whoever packed it
+  // (the checkpoint: then data is null, the panels being the only copy); null otherwise.
   const uint16_t* packed = nullptr;
   // MXFP4 [O, I]: data holds the blocks [O, I/2] bytes, scales [O, I/32] bytes.
   const uint8_t* scales = nullptr;
@@ -37,8 +37,11 @@ struct TensorView {
     if (dtype == DType::MXFP4) return size_t(numel()) / 2 + size_t(numel()) / 32;
     return size_t(numel()) * dtype_size(dtype) + size_t(num_block_scales()) * 4;
   }
-  bool empty() const { return data == nullptr; }
-  float at(int64_t i) const;          // element i (flat, C order) as fp32
+  // No bytes and no panels: an absent optional tensor, or another rank's expert.
+  bool empty() const { return data == nullptr && packed == nullptr; }
+  // Element i (flat, C order) as fp32: from the stored bytes, or read back from the packed
+  // panels when those are the only copy (core/panel_layout.h).
+  float at(int64_t i) const;
   std::vector<float> to_f32() const;  // the whole tensor as fp32
   std::string shape_str() const;
 };

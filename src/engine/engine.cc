@@ -251,6 +251,8 @@ void Engine::worker_loop() {
 
 uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uint64_t group) {
   const ModelConfig& mc = model_config();
+  if (!failed_refit_.empty()) throw Error(failed_refit_);
+  runner_->refuse_if_released();  // before queueing: a refused request leaves nothing behind
   if (prompt.empty()) throw Error("prompt_token_ids is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= mc.vocab_size)
@@ -341,10 +343,15 @@ std::vector<RequestOutput> Engine::apply_aborts() {
 
 CaptureSlot* Engine::run_forward(int buffer) {
   CaptureSlot* slot = capturer_ ? capturer_->acquire(plans_[buffer].iter) : nullptr;
-  sampler_.resolve_tokens(plans_[buffer], token_ids_);
-  if (exchange_) exchange_->send_step(plans_[buffer], token_ids_.data());
-  runner_->forward(plans_[buffer], token_ids_.data(), slot);
-  sampler_.finish(plans_[buffer], *runner_, pool_.get(), results_[buffer]);
+  try {
+    sampler_.resolve_tokens(plans_[buffer], token_ids_);
+    if (exchange_) exchange_->send_step(plans_[buffer], token_ids_.data());
+    runner_->forward(plans_[buffer], token_ids_.data(), slot);
+    sampler_.finish(plans_[buffer], *runner_, pool_.get(), results_[buffer]);
+  } catch (...) {
+    if (slot) capturer_->release(slot);  // a failed step must not keep its slot: the next would wait forever
+    throw;
+  }
   return slot;
 }
 
@@ -581,23 +588,59 @@ std::vector<RequestOutput> Engine::generate(const std::vector<std::vector<int>>&
 
 void Engine::update_weights(const std::string& dir, bool flush) {
   refuse_under_expert_parallel("update_weights (refit)");  // before reading the new checkpoint
-  update_weights(Checkpoint::open(dir), flush);
+  update_weights_from_headers(Checkpoint::headers(dir), flush);
+}
+
+void Engine::update_weights_from_headers(const std::shared_ptr<Checkpoint>& next, bool flush) {
+  refuse_under_expert_parallel("update_weights (refit)");
+  const std::string& dir = next->dir();
+  if (ckpt_.use_count() > 2 || ckpt_->panels_released()) {
+    // Another engine serves this checkpoint, or its weights hold no memory: a checkpoint of the
+    // engine's own, each tensor checked for NaN and infinity as it is read (a refused refit
+    // leaves the old weights serving).
+    update_weights(Checkpoint::open(dir, {}, pool_.get(), /*refuse_non_finite=*/true), flush);
+    return;
+  }
+  // In place, a layer at a time (never a second copy of the weights). Everything that needs no
+  // weight value is checked first, while the old weights still serve.
+  refuse_model_change(*next);
+  ckpt_->check_refit(*next);
+  drain();
+  try {
+    ckpt_->refit_from(*next, pool_.get());
+  } catch (const std::exception& e) {
+    // Some layers are new and the rest old: no silent mix is served. Running requests end
+    // (reason abort) and new ones are refused, naming this refit, until a refit succeeds.
+    failed_refit_ = "update_weights: the refit from " + dir + " failed after the served weights began to change (" +
+                    e.what() + "); requests are refused until a refit succeeds";
+    runner_->set_weights(ckpt_);
+    for (const auto& [id, request] : requests_) abort(id);
+    throw Error(failed_refit_);
+  }
+  failed_refit_.clear();
+  runner_->set_weights(ckpt_);
+  ++weight_version_;
+  if (flush) drop_prefix_cache();
+}
+
+void Engine::refuse_model_change(const Checkpoint& next) const {
+  // The engine's buffers, tables (RoPE) and admission limits come from the served model's
+  // description: a refit may change weights only. A refused refit leaves the old weights serving.
+  const std::vector<std::string> diffs = ckpt_->differences(next);
+  if (diffs.empty()) return;
+  std::string msg = "update_weights: " + next.dir() + " describes a different model than the one served (";
+  for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+  throw Error(msg + "); start a new engine for it");
 }
 
 void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   refuse_under_expert_parallel("update_weights (refit)");
-  // The engine's buffers, tables (RoPE) and admission limits come from the served model's
-  // description: a refit may change weights only. A refused refit leaves the old weights serving.
-  const std::vector<std::string> diffs = ckpt_->differences(*ckpt);
-  if (!diffs.empty()) {
-    std::string msg = "update_weights: " + ckpt->dir() + " describes a different model than the one served (";
-    for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
-    throw Error(msg + "); start a new engine for it");
-  }
+  refuse_model_change(*ckpt);
   ckpt->refuse_non_finite_values();  // before anything changes: a refused refit leaves the old weights
   drain();
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);
+  failed_refit_.clear();
   ++weight_version_;
   if (flush) drop_prefix_cache();
 }
@@ -623,8 +666,11 @@ void Engine::commit_staged_weights(bool flush) {
   // All checks come before anything changes; the checkpoint takes the sent bytes over and only
   // the panels of those tensors are repacked. What they replaced is freed on a side thread, so the
   // munmap of gigabytes is not part of the refit.
+  // After a failed refit only one that sends every weight makes the served weights one set again.
+  const bool every_weight = ckpt_->used_tensors().size() == all.size();
   Checkpoint::Update update = ckpt_->apply_update(std::move(all), pool_.get());
-  runner_->set_weights(ckpt_, &update.written);
+  runner_->set_weights(ckpt_);
+  if (every_weight) failed_refit_.clear();
   ++weight_version_;
   if (flush) drop_prefix_cache();
   if (freeing_replaced_.valid()) freeing_replaced_.wait();
@@ -652,7 +698,11 @@ void Engine::release_memory(bool kv_cache, bool weights) {
     runner_->release_kv_cache();
     drop_prefix_cache();  // the cached blocks' contents are gone
   }
-  if (weights) runner_->release_packed_weights();
+  if (weights) {
+    refuse_on_shared_checkpoint("release_memory_occupation of the weights");
+    runner_->release_packed_weights();
+    ckpt_->release_panels();  // the only copy: resume reads the files again
+  }
   if (freeing_replaced_.valid()) freeing_replaced_.wait();  // the last refit's old storage goes back too
   // Freed heap pages stay in malloc's arenas unless handed back explicitly.
   malloc_trim(0);
@@ -660,7 +710,13 @@ void Engine::release_memory(bool kv_cache, bool weights) {
 
 void Engine::resume_memory(bool kv_cache, bool weights) {
   if (kv_cache) runner_->restore_kv_cache();
-  if (weights) runner_->restore_packed_weights();
+  if (weights && ckpt_->panels_released()) {
+    // Weights a refit sent from memory are on no disk: they stay released until the trainer
+    // sends them again (SGLang's resume-then-update order); generating is refused until then.
+    if (ckpt_->updated_in_memory()) return;
+    ckpt_ = ckpt_->reload(pool_.get());  // refused when the files changed since they were read
+    runner_->set_weights(ckpt_);
+  }
 }
 
 void Engine::rebalance_eplb() {

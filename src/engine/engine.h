@@ -165,9 +165,19 @@ class Engine {
   // RL refit: new weights for the same model description (every config key and tensor dtype
   // equal, else r3::Error naming the differences and the old weights keep serving); the version
   // counter increases. With flush, the prefix cache and its routes are dropped in the same step.
+  // From a directory the refit is in place, a layer at a time (Checkpoint::refit_from): whatever
+  // needs no weight value (description, headers, shapes, dtypes, block scales) is checked first;
+  // a failure after the weights began to change (a NaN in a layer, a file truncated meanwhile)
+  // ends the unfinished requests (reason abort) and refuses new ones with an error naming that
+  // refit until a refit of every weight succeeds (failed_refit()).
   void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
+  // The same from a checkpoint's headers (Checkpoint::headers, read where the time does not
+  // stall the engine, e.g. the server's HTTP thread).
+  void update_weights_from_headers(const std::shared_ptr<Checkpoint>& headers, bool flush_prefix_cache);
   void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
   uint64_t weight_version() const { return weight_version_; }
+  // Why requests are refused after a refit failed midway; empty when the weights are one set.
+  const std::string& failed_refit() const { return failed_refit_; }
   // In-memory refit in buckets (a trainer sending its weights by Hugging Face name): each bucket
   // is checked against the served model (name, shape, dtype; a refused bucket stages nothing)
   // and kept; commit applies every staged tensor between steps (unsent tensors keep their
@@ -206,6 +216,8 @@ class Engine {
   Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared);
   // A refit that writes the checkpoint in place: refused (r3::Error) while another owner holds it.
   void refuse_on_shared_checkpoint(const char* what) const;
+  // A refit's checkpoint describes the served model (config keys, tensor dtypes), else r3::Error.
+  void refuse_model_change(const Checkpoint& next) const;
   // A forward job of the overlap worker. Plans, results and jobs come in two buffers (the step
   // in flight and the one being planned) that are reused, so a step allocates nothing.
   struct Job {
@@ -255,6 +267,7 @@ class Engine {
   std::vector<RequestOutput> drained_;  // outputs of a step drained outside step()
   std::vector<int> block_tokens_;
   uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
+  std::string failed_refit_;  // set when a refit failed after the weights began to change
   uint64_t route_ns_ = 0;  // EngineStats::route_seconds
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, computed_tokens_ = 0, finished_ = 0,
            aborted_count_ = 0;

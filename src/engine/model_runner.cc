@@ -111,9 +111,9 @@ void ModelRunner::set_eplb(EplbMap map) {
   eplb_ = std::move(map);
 }
 
-void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed) {
+void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
   ckpt_ = std::move(ckpt);
-  pack_weights(!packed_released_, changed);
+  pack_weights();
 }
 
 void ModelRunner::release_kv_cache() {
@@ -133,73 +133,28 @@ void ModelRunner::release_packed_weights() {
   packed_released_ = true;
 }
 
-namespace {
-// Whether any of t's bytes (MXFP4: its blocks or its scales) lies in `ranges`.
-bool overlaps(const TensorView& t, const ModelRunner::ByteRanges& ranges) {
-  auto hit = [&](const uint8_t* b, size_t n) {
-    for (const auto& r : ranges)
-      if (r.data() < b + n && b < r.data() + r.size()) return true;
-    return false;
-  };
-  if (t.dtype == DType::MXFP4)
-    return hit(static_cast<const uint8_t*>(t.data), size_t(t.numel()) / 2) || hit(t.scales, size_t(t.numel()) / 32);
-  if (t.dtype == DType::F8_E4M3)
-    return hit(static_cast<const uint8_t*>(t.data), size_t(t.numel())) ||
-           hit(reinterpret_cast<const uint8_t*>(t.scale_inv), size_t(t.num_block_scales()) * 4);
-  return hit(static_cast<const uint8_t*>(t.data), t.nbytes());
-}
-}  // namespace
-
-void ModelRunner::pack_weights(bool reuse, const ByteRanges* changed) {
+// The checkpoint's matrices are packed already (its panels are the only copy); what the runner
+// packs itself is MLA's per-head absorbed weights, derived from kv_b (kept as stored).
+void ModelRunner::pack_weights() {
   packed_released_ = false;
   weights_ = ckpt_->weights();
-  std::vector<TensorView*> mats = {&weights_.lm_head};
-  for (LayerWeights& L : weights_.layers) {
-    for (TensorView* t : {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down, &L.shared.gate,
-                          &L.shared.up, &L.shared.down, &L.shared_gate})
-      mats.push_back(t);
-    // Other ranks' experts were never read (Checkpoint::HeldExperts): empty, so left unpacked below.
-    for (ExpertWeights& e : L.experts)
-      for (TensorView* t : {&e.gate, &e.up, &e.down}) mats.push_back(t);
-  }
-  for (LayerWeights& L : weights_.layers)
-    for (TensorView* t : {&L.q_a, &L.kv_a}) mats.push_back(t);
   build_mla_heads();
+  std::vector<TensorView*> mats;
   for (auto& layer : mla_heads_)
-    for (MlaHead& h : layer) mats.push_back(&h.uv);  // views of kv_b: repacked when its bytes change
-  const size_t copies_from = mats.size();  // the absorbed key weights: copies, so always repacked
-  for (auto& layer : mla_heads_)
-    for (MlaHead& h : layer) mats.push_back(&h.uk_t);
+    for (MlaHead& h : layer) mats.push_back(&h.uv), mats.push_back(&h.uk_t);
   std::vector<TensorView*> bf16;
-  std::vector<bool> always;  // repacked whatever changed
-  for (size_t i = 0; i < mats.size(); ++i)
-    if (!mats[i]->empty() && kernels::packable(mats[i]->dtype)) {
-      bf16.push_back(mats[i]);
-      always.push_back(i >= copies_from);
-    }
+  for (TensorView* t : mats)
+    if (!t->empty() && kernels::packable(t->dtype)) bf16.push_back(t);
   std::vector<size_t> at = {0};
   for (const TensorView* t : bf16) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
-  if (!(reuse && packed_ && packed_at_ == at)) {
-    changed = nullptr;
-    packed_ = std::make_unique<BigArray<uint16_t>>(at.back());  // not cleared: packing writes every panel byte
+  if (!(packed_ && packed_at_ == at)) {
+    packed_ = std::make_unique<BigArray<uint16_t>>(std::max<size_t>(at.back(), 32));  // packing writes every panel byte
     packed_at_ = std::move(at);
   }
-  // Work items of about 1 MiB of panels, so one large tensor is spread over every thread.
-  struct Item {
-    size_t tensor;
-    int64_t begin, end;
-  };
-  std::vector<Item> items;
-  for (size_t i = 0; i < bf16.size(); ++i) {
-    bf16[i]->packed = packed_->get() + packed_at_[i];
-    if (changed && !always[i] && !overlaps(*bf16[i], *changed)) continue;
-    const int64_t panels = (bf16[i]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
-    const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, bf16[i]->shape[1] * 32));
-    for (int64_t p = 0; p < panels; p += per_item) items.push_back({i, p, std::min(panels, p + per_item)});
-  }
-  pool_->parallel_for_each(int64_t(items.size()), [&](int64_t k) {
-    const Item& it = items[size_t(k)];
-    kernels::pack_bf16_panels(*bf16[it.tensor], packed_->get() + packed_at_[it.tensor], it.begin, it.end);
+  pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
+    kernels::pack_bf16_panels(*bf16[size_t(i)], packed_->get() + packed_at_[size_t(i)], 0,
+                              (bf16[size_t(i)]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows);
+    bf16[size_t(i)]->packed = packed_->get() + packed_at_[size_t(i)];
   });
 }
 
@@ -239,8 +194,14 @@ void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) 
 }
 
 
+void ModelRunner::refuse_if_released() const {
+  if (memory_released())
+    throw Error("the engine's memory is released: resume it before generating (weights released after a refit "
+                "from tensors come back with the next refit)");
+}
+
 void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlot* slot) {
-  if (memory_released()) throw Error("the engine's memory is released: resume it before generating");
+  refuse_if_released();
   const ModelConfig& c = config();
   const ModelWeights& W = weights_;
   const int T = int(plan.tokens.size());

@@ -41,6 +41,8 @@ class ModelRunner {
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
+  // r3::Error while the memory is released (release_memory_occupation): forward refuses to run.
+  void refuse_if_released() const;
   int window_scratch_block() const { return window_blocks_; }
   // Computes a step's hidden states (every planned token, embedded from token_ids: the plan's
   // tokens with placeholders resolved, StepSampler) and captures its routes into slot (null: the
@@ -50,20 +52,16 @@ class ModelRunner {
   // [n, vocab], valid until the next call.
   const float* logits(const int* token_indices, int n);
   int max_logit_rows() const { return max_seqs_; }
-  // New weights for the same model description (Engine checks that). The packed panels are
-  // rewritten in place, on every thread: all of them, or with `changed`, only those of tensors
-  // whose bytes overlap a changed range (an in-memory refit of a few buckets).
-  using ByteRanges = std::vector<std::span<const uint8_t>>;
-  void set_weights(std::shared_ptr<Checkpoint> ckpt, const ByteRanges* changed = nullptr);
+  // New weights for the same model description (Engine checks that): the checkpoint's views
+  // (its panels, packed as it loaded or was updated), and MLA's absorbed heads rebuilt from them.
+  void set_weights(std::shared_ptr<Checkpoint> ckpt);
   // Memory given back to the operating system while the engine is idle (RL trainer and engine
-  // on one machine): the KV cache, and the packed weights (rebuilt from the checkpoint). No
-  // forward may run until the matching restore.
+  // on one machine): the KV cache, and the runner's views of the weights (the Engine frees the
+  // checkpoint's panels and reloads them: Checkpoint::release_panels, reload). No forward may
+  // run until the matching restore.
   void release_kv_cache();
   void restore_kv_cache();
   void release_packed_weights();
-  void restore_packed_weights() {
-    if (packed_released_) pack_weights();
-  }
   bool memory_released() const {
     return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;  // both caches go together
   }
@@ -88,9 +86,8 @@ class ModelRunner {
     if (interleaved) rope_.apply_interleaved(head, pos);
     else rope_.apply(head, pos);
   }
-  // weights_ = the checkpoint's views with the bf16 matrices packed: into new buffers, or with
-  // `reuse`, into the existing ones (only the `changed` tensors' when given).
-  void pack_weights(bool reuse = false, const ByteRanges* changed = nullptr);
+  // weights_ = the checkpoint's views (packed), and MLA's absorbed heads packed from kv_b.
+  void pack_weights();
   // MLA (multi-head latent attention, DeepSeek-V3): the absorbed per-head weights and the block.
   struct MlaHead {
     TensorView uk_t, uv;  // [kv_lora, nope] (copy of kv_b's key rows, transposed), [v, kv_lora] (view)
@@ -104,9 +101,8 @@ class ModelRunner {
   void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
 
   std::shared_ptr<Checkpoint> ckpt_;
-  ModelWeights weights_;                        // views the kernels read (packed bf16)
-  // Storage behind TensorView::packed: every packed matrix in one array, so expert-sized
-  // matrices (1 MiB each in the bench preset) also stream from huge pages (core/big_alloc.h).
+  ModelWeights weights_;                        // views the kernels read (the checkpoint's panels)
+  // Storage behind MLA's absorbed heads' TensorView::packed (the rest is the checkpoint's).
   std::unique_ptr<BigArray<uint16_t>> packed_;
   std::vector<size_t> packed_at_;  // [matrix + 1] element offsets into packed_, 64-byte aligned
   bool packed_released_ = false;

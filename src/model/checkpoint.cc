@@ -6,16 +6,22 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/panel_layout.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
 #include "core/thread_pool.h"
 #include "core/u64_words.h"
+#include "kernels/matmul.h"
 #include "model/tensor_names.h"
 
 namespace r3 {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+void refuse_if_non_finite(const TensorView& t);
+}  // namespace
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
@@ -45,7 +51,16 @@ std::string router_bias_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
 }
 
-std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held, ThreadPool* pool) {
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held, ThreadPool* pool,
+                                             bool refuse_non_finite) {
+  std::shared_ptr<Checkpoint> ck = headers(dir, held);
+  ck->refuse_non_finite_ = refuse_non_finite;
+  ck->load_weights_on(pool);
+  for (auto& f : ck->files_) f->close();  // nothing is read from the files again (reload reopens them)
+  return ck;
+}
+
+std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const HeldExperts& held) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = dir;
   if (!fs::is_directory(dir)) throw Error(dir + ": not a checkpoint directory");
@@ -104,14 +119,34 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldE
           throw Error(f->path() + ": tensor \"" + name + "\" is listed in the index under " + it->second);
       }
       if (ck->index_.count(name)) throw Error(f->path() + ": tensor \"" + name + "\" appears twice");
-      ck->index_[name] = &t;
+      ck->index_[name] = const_cast<TensorView*>(&t);  // the reader's description; data is ours to point
+      ck->file_of_[name] = f.get();
     }
   for (auto& [name, file] : weight_map)
     if (!ck->index_.count(name))
       throw Error((fs::path(dir) / file).string() + ": tensor \"" + name +
                   "\" is listed in the index but not in the shard");
-  ck->load_weights_on(pool);
   return ck;
+}
+
+std::shared_ptr<Checkpoint> Checkpoint::reload(ThreadPool* pool) const {
+  if (updated_in_memory_)
+    throw Error(dir_ + ": the served weights came from a refit in memory (update_weights_from_tensor) and are on "
+                "no disk; send them again, or refit from a checkpoint (update_weights_from_disk)");
+  for (const auto& f : files_)
+    if (SafetensorsFile::identity_of(f->path()) != f->identity())
+      throw Error(f->path() + ": changed since it was read (r3 keeps the packed weights only); refit from a "
+                  "checkpoint (update_weights_from_disk) to serve its new contents");
+  std::vector<std::vector<bool>> held_by_moe;
+  for (int l : config().moe_layers())
+    held_by_moe.push_back(held_.empty() ? std::vector<bool>() : held_[size_t(l)]);
+  HeldExperts held;
+  if (partial_) held = [held_by_moe](const ModelConfig&) { return held_by_moe; };
+  auto fresh = open(dir_, held, pool, refuse_non_finite_);
+  for (size_t i = 0; i < files_.size() && i < fresh->files_.size(); ++i)
+    if (fresh->files_[i]->identity() != files_[i]->identity())
+      throw Error(files_[i]->path() + ": changed while it was read again; refit from a checkpoint instead");
+  return fresh;
 }
 
 void Checkpoint::load_weights_on(ThreadPool* pool) {
@@ -127,6 +162,7 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
                                                     std::vector<TensorToWrite> tensors) {
   auto ck = std::shared_ptr<Checkpoint>(new Checkpoint());
   ck->dir_ = "<memory>";
+  ck->updated_in_memory_ = true;
   ck->weights_.config = parse_config(config_json, "<memory>/config.json");
   ck->memory_ = std::move(tensors);
   ck->memory_views_.reserve(ck->memory_.size());  // stable addresses for index_
@@ -143,6 +179,7 @@ std::shared_ptr<Checkpoint> Checkpoint::from_memory(const std::string& config_js
     if (ck->index_.count(t.name)) throw Error("<memory>: tensor \"" + t.name + "\" appears twice");
     ck->memory_views_.push_back(std::move(v));
     ck->index_[t.name] = &ck->memory_views_.back();
+    ck->transient_.insert(t.bytes.data());
   }
   ck->load_weights();
   return ck;
@@ -180,7 +217,7 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");
   used_.insert(name);
-  const TensorView& t = *it->second;
+  TensorView& t = *it->second;
   if (t.shape != shape) {
     TensorView want;
     want.shape = shape;
@@ -191,8 +228,9 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
   if (bytes ? t.dtype != DType::U8 : !is_float_dtype(t.dtype))
     throw Error(t.file + ": tensor \"" + name + "\" is " + dtype_name(t.dtype) + ", expected " +
                 (bytes ? "U8" : "F32, BF16 or F16"));
+  materialize(t);
   if (t.dtype == DType::F16) {
-    if (!t.data) {  // unread
+    if (!t.data) {  // unread, or dropped
       TensorView w = t;
       w.dtype = DType::F32;
       return widened_[name] = w;
@@ -204,6 +242,41 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
     return widened_[name] = w;
   }
   return t;
+}
+
+uint8_t* Checkpoint::staging(size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  Staging& s = staging_;
+  while (s.chunk < s.chunks.size() && s.used + bytes > s.sizes[s.chunk]) {
+    ++s.chunk;
+    s.used = 0;
+  }
+  if (s.chunk == s.chunks.size()) {
+    // Chunks of 256 MiB (or one tensor), kept for every later unit: their pages are cleared by
+    // the kernel once, not once per layer.
+    const size_t size = std::max<size_t>(bytes, size_t(256) << 20);
+    s.chunks.push_back(std::make_unique<BigArray<uint8_t>>(size));
+    s.sizes.push_back(size);
+    s.used = 0;
+  }
+  uint8_t* p = s.chunks[s.chunk]->get() + s.used;
+  s.used += bytes;
+  return p;
+}
+
+void Checkpoint::materialize(TensorView& t) {
+  if (t.data) {  // in memory (from_memory, or sent by an update): dropped once packed; or kept
+    if (transient_.count(t.data) && std::find(read_.begin(), read_.end(), &t) == read_.end()) read_.push_back(&t);
+    return;
+  }
+  auto f = file_of_.find(t.name);
+  if (f == file_of_.end() || !f->second->lazy()) return;  // dropped after an earlier load
+  if (f->second->never_read(t.name)) return;  // another rank's
+  uint8_t* p = staging(t.nbytes());
+  f->second->read_tensor(t.name, p);
+  t.data = p;
+  read_.push_back(&t);
+  if (refuse_non_finite_) refuse_if_non_finite(t);
 }
 
 namespace {
@@ -282,9 +355,6 @@ void refuse_if_non_finite(const TensorView& t) {
 
 }  // namespace
 
-void Checkpoint::refuse_non_finite_values() const {
-  for (const auto& [name, t] : index_) refuse_if_non_finite(*t);
-}
 
 // An F8_E4M3 matrix with its fp32 block scales (the sibling weight_scale_inv, F32 or BF16): a
 // block-scaled view the kernels decode (TensorView::scale_inv).
@@ -300,6 +370,8 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
   if (it == index_.end())
     throw Error(dir_ + ": missing tensor \"" + sname + "\" (the block scales of F8_E4M3 \"" + t.name + "\")");
   used_.insert(sname);
+  materialize(*it->second);
+  materialize(const_cast<TensorView&>(t));
   const TensorView& s = *it->second;
   const std::vector<int64_t> want = {(O + br - 1) / br, (I + bc - 1) / bc};
   if (s.shape != want || !is_float_dtype(s.dtype)) {
@@ -328,6 +400,12 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
 // A bf16 copy of a block-scaled FP8 matrix: each element rounded from its fp32 product, as the
 // kernels decode it (for weights the engine rearranges instead of multiplying as stored).
 TensorView Checkpoint::decoded_bf16(const TensorView& src) {
+  if (!src.data) {  // not sent: keeps its copy
+    TensorView v = src;
+    v.dtype = DType::BF16;
+    v.scale_inv = nullptr;
+    return v;
+  }
   auto* d = reinterpret_cast<uint16_t*>(derived_buffer(size_t(src.numel()) * 2));
   for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = f32_to_bf16(src.at(i));
   TensorView v;
@@ -339,101 +417,255 @@ TensorView Checkpoint::decoded_bf16(const TensorView& src) {
   return v;
 }
 
-void Checkpoint::load_weights() {
+namespace {
+ExpertWeights mlp(const TensorView& gate, const TensorView& up, const TensorView& down) {
+  ExpertWeights w;
+  w.gate = gate;
+  w.up = up;
+  w.down = down;
+  return w;
+}
+}  // namespace
+
+void Checkpoint::build_globals(ModelWeights& w) {
   const ModelConfig& c = weights_.config;
-  auto mlp = [](const TensorView& gate, const TensorView& up, const TensorView& down) {
-    ExpertWeights w;
-    w.gate = gate;
-    w.up = up;
-    w.down = down;
-    return w;
-  };
-  const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
-  weights_.embed = require("model.embed_tokens.weight", {V, H});
-  weights_.final_norm = require("model.norm.weight", {H});
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  w.embed = require("model.embed_tokens.weight", {V, H});
+  w.final_norm = require("model.norm.weight", {H});
   if (c.tie_word_embeddings) {
     // Tied: the output projection is the embedding (transformers ties them whatever the file
     // holds). A stored lm_head is accepted only when it is that same matrix.
-    weights_.lm_head = weights_.embed;
+    w.lm_head = w.embed;
     if (index_.count("lm_head.weight")) {
       const TensorView& head = require("lm_head.weight", {V, H});
-      if (head.dtype != weights_.embed.dtype ||
-          std::memcmp(head.data, weights_.embed.data, head.nbytes()) != 0)
+      if (head.data && w.embed.data &&
+          (head.dtype != w.embed.dtype || std::memcmp(head.data, w.embed.data, head.nbytes()) != 0))
         throw Error(head.file + ": tensor \"lm_head.weight\" differs from model.embed_tokens.weight but "
                     "tie_word_embeddings is true");
     }
   } else {
-    weights_.lm_head = require("lm_head.weight", {V, H});
+    w.lm_head = require("lm_head.weight", {V, H});
   }
+}
+
+LayerWeights Checkpoint::build_layer(int i) {
+  const ModelConfig& c = weights_.config;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
+  LayerWeights L;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
+  L.input_norm = require(name(N.input_norm), {H});
+  L.post_norm = require(name(N.post_norm), {H});
+  if (c.mla) {
+    const MlaSpec& m = *c.mla;
+    const int64_t nh = c.num_heads;
+    if (m.q_lora_rank > 0) {
+      L.q_a = require(name(N.q_a), {m.q_lora_rank, H});
+      L.q_a_norm = require(name(N.q_a_norm), {m.q_lora_rank});
+      L.q = require(name(N.q_b), {nh * m.qk_head_dim(), m.q_lora_rank});
+    } else {
+      L.q = require(name(N.q), {nh * m.qk_head_dim(), H});
+    }
+    L.kv_a = require(name(N.kv_a), {m.latent_width(), H});
+    L.kv_a_norm = require(name(N.kv_a_norm), {m.kv_lora_rank});
+    L.kv_b = require(name(N.kv_b), {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+    // The engine splits kv_b into per-head absorbed copies rather than multiplying it whole.
+    if (L.kv_b.dtype == DType::F8_E4M3) L.kv_b = decoded_bf16(L.kv_b);
+    L.o = require(name(N.o), {H, nh * m.v_head_dim});
+  } else {
+    L.q = require(name(N.q), {qd, H});
+    L.k = require(name(N.k), {kvd, H});
+    L.v = require(name(N.v), {kvd, H});
+    L.o = require(name(N.o), {H, qd});
+  }
+  const AttentionSpec& attn = c.layers[size_t(i)].attention;
+  if (attn.qkv_bias) {
+    L.q_bias = require(name(N.q_bias), {qd});
+    L.k_bias = require(name(N.k_bias), {kvd});
+    L.v_bias = require(name(N.v_bias), {kvd});
+  }
+  if (attn.o_bias) L.o_bias = require(name(N.o_bias), {H});
+  if (attn.sinks) L.sinks = require(name(N.sinks), {int64_t(c.num_heads)});
+  if (attn.qk_norm == QkNorm::PerHead) {
+    L.q_norm = require(name(N.q_norm), {hd});
+    L.k_norm = require(name(N.k_norm), {hd});
+  } else if (attn.qk_norm == QkNorm::Whole) {
+    L.q_norm = require(name(N.q_norm), {qd});
+    L.k_norm = require(name(N.k_norm), {kvd});
+  }
+  L.moe = c.layers[size_t(i)].moe;
+  if (L.moe) {
+    const int64_t I = c.moe_intermediate_size;
+    L.router = require(router_name(c, i), {c.num_experts, H});
+    if (c.router.selection_bias || c.router.logit_bias)
+      L.router_bias = require(router_bias_name(c, i), {c.num_experts});
+    const LayerConfig& lc = c.layers[size_t(i)];
+    if (lc.shared_intermediate > 0) {
+      const int64_t S = lc.shared_intermediate;
+      L.shared = mlp(require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
+                     require(shared_expert_name(c, i, "down"), {H, S}));
+      if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
+    }
+    if (N.fused_experts) L.experts = split_fused_experts(i);
+    for (int e = 0; e < c.num_experts && !N.fused_experts; ++e)
+      L.experts.push_back(mlp(require(expert_name(c, i, e, "gate"), {I, H}),
+                              require(expert_name(c, i, e, "up"), {I, H}),
+                              require(expert_name(c, i, e, "down"), {H, I})));
+  } else {
+    const int64_t I = c.intermediate_size;
+    L.dense = mlp(require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
+                  require(dense_name(c, i, "down"), {H, I}));
+  }
+  return L;
+}
+
+namespace {
+// The matrices of a layer the engine multiplies as packed panels (the others' views are read as
+// stored), in a fixed order: the order of their panels.
+std::vector<TensorView*> layer_matrices(LayerWeights& L) {
+  std::vector<TensorView*> out = {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down,
+                                  &L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate, &L.q_a, &L.kv_a};
+  for (ExpertWeights& e : L.experts)
+    for (TensorView* t : {&e.gate, &e.up, &e.down}) out.push_back(t);
+  return out;
+}
+// Every other view of a layer (read as stored).
+std::vector<TensorView*> layer_small_views(LayerWeights& L) {
+  std::vector<TensorView*> out = {&L.input_norm, &L.post_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_a_norm,
+                                  &L.kv_a_norm, &L.kv_b, &L.q_norm, &L.k_norm, &L.o_bias, &L.sinks, &L.router_bias};
+  for (ExpertWeights* e : {&L.shared, &L.dense})
+    for (TensorView* t : {&e->gate_bias, &e->up_bias, &e->down_bias}) out.push_back(t);
+  for (ExpertWeights& e : L.experts)
+    for (TensorView* t : {&e.gate_bias, &e.up_bias, &e.down_bias}) out.push_back(t);
+  return out;
+}
+bool packs(const TensorView& t) { return !t.shape.empty() && t.shape.size() == 2 && kernels::packable(t.dtype); }
+}  // namespace
+
+Checkpoint::UnitViews Checkpoint::unit_views(int unit) {
+  if (unit == 0) {
+    // Tied: the embedding is lm_head's panels (read back by TensorView::at), not a second copy.
+    if (weights_.config.tie_word_embeddings) return {{&weights_.lm_head}, {&weights_.final_norm}};
+    return {{&weights_.lm_head}, {&weights_.embed, &weights_.final_norm}};
+  }
+  LayerWeights& L = weights_.layers[size_t(unit - 1)];
+  return {layer_matrices(L), layer_small_views(L)};
+}
+
+// Packs the unit's matrices that have bytes (all of them at a load; the sent ones at an update,
+// the others keeping old's panels), then moves the bytes the unit's views still point at (small
+// tensors, FP8 block scales) out of the staging area and drops everything else read for it.
+void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
+  // Views an update did not send (no bytes) keep what the served ones had.
+  auto keep_old = [](TensorView& v, const TensorView& was) {
+    if (v.data || v.shape != was.shape || v.dtype != was.dtype) return;
+    v.data = was.data;
+    v.packed = was.packed;
+    v.scales = was.scales;
+    if (!v.scale_inv) v.scale_inv = was.scale_inv;
+  };
+  if (old) {
+    for (size_t i = 0; i < now.matrices.size() && i < old->matrices.size(); ++i) keep_old(*now.matrices[i], *old->matrices[i]);
+    for (size_t i = 0; i < now.small.size() && i < old->small.size(); ++i) keep_old(*now.small[i], *old->small[i]);
+  }
+  std::vector<TensorView*> mats;  // every matrix with bytes or panels, in the fixed order
+  for (TensorView* v : now.matrices)
+    if ((v->data || v->packed) && packs(*v)) mats.push_back(v);
+  std::vector<TensorView*> views = now.matrices;
+  views.insert(views.end(), now.small.begin(), now.small.end());
+  std::vector<size_t> at = {0};
+  for (const TensorView* t : mats) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
+  if (panels_.size() <= size_t(unit)) {
+    panels_.resize(size_t(unit) + 1);
+    panel_elements_.resize(size_t(unit) + 1);
+  }
+  const bool in_place = panels_[size_t(unit)] && panel_elements_[size_t(unit)] == at.back();
+  if (!in_place) {
+    for (const TensorView* t : mats)
+      if (!t->data) throw Error(t->file + ": tensor \"" + t->name + "\" has no bytes to pack (internal error)");
+    panels_[size_t(unit)] = std::make_unique<BigArray<uint16_t>>(std::max<size_t>(at.back(), 32));  // packing writes every byte
+    panel_elements_[size_t(unit)] = at.back();
+  }
+  uint16_t* panels = panels_[size_t(unit)]->get();
+  struct Item {
+    size_t tensor;
+    int64_t begin, end;
+  };
+  std::vector<Item> items;  // about 1 MiB of panels each, so one large tensor spreads over every thread
+  for (size_t i = 0; i < mats.size(); ++i) {
+    TensorView& t = *mats[i];
+    if (!t.data) continue;  // keeps its panels
+    const int64_t panel_count = (t.shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
+    const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, t.shape[1] * 32));
+    for (int64_t p = 0; p < panel_count; p += per_item) items.push_back({i, p, std::min(panel_count, p + per_item)});
+  }
+  auto pack = [&](int64_t k) {
+    const Item& it = items[size_t(k)];
+    kernels::pack_bf16_panels(*mats[it.tensor], panels + at[it.tensor], it.begin, it.end);
+  };
+  if (pool_) pool_->parallel_for_each(int64_t(items.size()), pack);
+  else
+    for (size_t k = 0; k < items.size(); ++k) pack(int64_t(k));
+  for (size_t i = 0; i < mats.size(); ++i) {
+    mats[i]->packed = panels + at[i];
+    mats[i]->data = nullptr;  // the panels are the copy now
+    mats[i]->scales = nullptr;  // MXFP4: in the panels
+  }
+  // Bytes still pointed at: kept. A stored tensor read for this unit moves to kept_ when a view
+  // points into it, else is dropped; derived copies likewise.
+  auto pointed_into = [&](const uint8_t* b, size_t n) {
+    auto in = [&](const void* p) { return p && static_cast<const uint8_t*>(p) >= b && static_cast<const uint8_t*>(p) < b + n; };
+    for (const TensorView* v : views)
+      if (in(v->data) || in(v->scales) || in(v->scale_inv)) return true;
+    return false;
+  };
+  auto relocate = [&](const uint8_t* b, size_t n, const uint8_t* to) {
+    auto move = [&](auto& p) {
+      using P = std::remove_reference_t<decltype(p)>;
+      const auto* q = reinterpret_cast<const uint8_t*>(p);
+      if (q && q >= b && q < b + n) p = reinterpret_cast<P>(to + (q - b));
+    };
+    for (TensorView* v : views) {
+      move(v->data);
+      move(v->scales);
+      move(v->scale_inv);
+    }
+  };
+  for (TensorView* t : read_) {
+    const auto* b = static_cast<const uint8_t*>(t->data);
+    const size_t n = t->nbytes() - size_t(t->num_block_scales()) * 4;
+    if (b && pointed_into(b, n)) {
+      kept_.emplace_back(b, b + n);
+      relocate(b, n, kept_.back().data());
+      t->data = kept_.back().data();
+      continue;
+    }
+    t->data = nullptr;
+    // A from_memory or sent tensor's bytes go as soon as they are packed.
+    for (TensorToWrite& m : memory_)
+      if (m.bytes.data() == b) std::vector<uint8_t>().swap(m.bytes);
+  }
+  read_.clear();
+  if (derived_.size() > size_t(unit))
+    for (std::vector<uint8_t>& d : derived_[size_t(unit)])
+      if (!d.empty() && !pointed_into(d.data(), d.size())) std::vector<uint8_t>().swap(d);
+  staging_.chunk = staging_.used = 0;
+  widened_.clear();
+}
+
+void Checkpoint::load_weights() {
+  const ModelConfig& c = weights_.config;
+  unit_ = 0;
+  build_globals(weights_);
+  settle(0, unit_views(0), nullptr);
+  if (c.tie_word_embeddings) weights_.embed = weights_.lm_head;
   for (int i = 0; i < c.num_layers; ++i) {
-    LayerWeights L;
-    const LayerTensorNames& N = layer_tensor_names(c.arch);
-    auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
-    L.input_norm = require(name(N.input_norm), {H});
-    L.post_norm = require(name(N.post_norm), {H});
-    if (c.mla) {
-      const MlaSpec& m = *c.mla;
-      const int64_t nh = c.num_heads;
-      if (m.q_lora_rank > 0) {
-        L.q_a = require(name(N.q_a), {m.q_lora_rank, H});
-        L.q_a_norm = require(name(N.q_a_norm), {m.q_lora_rank});
-        L.q = require(name(N.q_b), {nh * m.qk_head_dim(), m.q_lora_rank});
-      } else {
-        L.q = require(name(N.q), {nh * m.qk_head_dim(), H});
-      }
-      L.kv_a = require(name(N.kv_a), {m.latent_width(), H});
-      L.kv_a_norm = require(name(N.kv_a_norm), {m.kv_lora_rank});
-      L.kv_b = require(name(N.kv_b), {nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
-      // The engine splits kv_b into per-head absorbed copies rather than multiplying it whole.
-      if (L.kv_b.dtype == DType::F8_E4M3) L.kv_b = decoded_bf16(L.kv_b);
-      L.o = require(name(N.o), {H, nh * m.v_head_dim});
-    } else {
-      L.q = require(name(N.q), {qd, H});
-      L.k = require(name(N.k), {kvd, H});
-      L.v = require(name(N.v), {kvd, H});
-      L.o = require(name(N.o), {H, qd});
-    }
-    const AttentionSpec& attn = c.layers[size_t(i)].attention;
-    if (attn.qkv_bias) {
-      L.q_bias = require(name(N.q_bias), {qd});
-      L.k_bias = require(name(N.k_bias), {kvd});
-      L.v_bias = require(name(N.v_bias), {kvd});
-    }
-    if (attn.o_bias) L.o_bias = require(name(N.o_bias), {H});
-    if (attn.sinks) L.sinks = require(name(N.sinks), {int64_t(c.num_heads)});
-    if (attn.qk_norm == QkNorm::PerHead) {
-      L.q_norm = require(name(N.q_norm), {hd});
-      L.k_norm = require(name(N.k_norm), {hd});
-    } else if (attn.qk_norm == QkNorm::Whole) {
-      L.q_norm = require(name(N.q_norm), {qd});
-      L.k_norm = require(name(N.k_norm), {kvd});
-    }
-    L.moe = c.layers[size_t(i)].moe;
-    if (L.moe) {
-      const int64_t I = c.moe_intermediate_size;
-      L.router = require(router_name(c, i), {c.num_experts, H});
-      if (c.router.selection_bias || c.router.logit_bias)
-        L.router_bias = require(router_bias_name(c, i), {c.num_experts});
-      const LayerConfig& lc = c.layers[size_t(i)];
-      if (lc.shared_intermediate > 0) {
-        const int64_t S = lc.shared_intermediate;
-        L.shared = mlp(require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
-                       require(shared_expert_name(c, i, "down"), {H, S}));
-        if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
-      }
-      if (N.fused_experts) L.experts = split_fused_experts(i);
-      for (int e = 0; e < c.num_experts && !N.fused_experts; ++e)
-        L.experts.push_back(mlp(require(expert_name(c, i, e, "gate"), {I, H}),
-                                require(expert_name(c, i, e, "up"), {I, H}),
-                                require(expert_name(c, i, e, "down"), {H, I})));
-    } else {
-      const int64_t I = c.intermediate_size;
-      L.dense = mlp(require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
-                    require(dense_name(c, i, "down"), {H, I}));
-    }
-    weights_.layers.push_back(std::move(L));
+    unit_ = i + 1;
+    weights_.layers.push_back(build_layer(i));
+    settle(unit_, unit_views(unit_), nullptr);
   }
+  staging_ = Staging();  // the staging area goes back to the system
   // Every stored tensor must be one r3 computes with: anything else (biases, a shared expert,
   // extra layers) belongs to a model r3 would silently compute differently.
   // MTP layers (num_nextn_predict_layers) are stored as decoder layers after the last one; r3
@@ -462,22 +694,16 @@ TensorView derived_view(const TensorView& src, std::string name, std::vector<int
 }  // namespace
 
 uint8_t* Checkpoint::derived_buffer(size_t bytes) {
-  std::vector<uint8_t> buffer;
-  auto spare = spare_derived_.find(bytes);
-  if (spare != spare_derived_.end() && !spare->second.empty()) {
-    buffer = std::move(spare->second.back());
-    spare->second.pop_back();
-  } else {
-    buffer.resize(bytes);
-  }
-  derived_.push_back(std::move(buffer));
-  return derived_.back().data();
+  if (derived_.size() <= size_t(unit_)) derived_.resize(size_t(unit_) + 1);
+  derived_[size_t(unit_)].emplace_back(bytes);
+  return derived_[size_t(unit_)].back().data();
 }
 
 // A strided copy of src into derived_: out[r, k] = src[base + r * row_stride + k * col_stride]
 // (a vector when shape has one dimension), in src's dtype, named src.name + what.
 TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape,
                                     int64_t base, int64_t row_stride, int64_t col_stride) {
+  if (!src.data) return derived_view(src, src.name + what, std::move(shape), nullptr);  // not sent: keeps its copy
   const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
   uint8_t* out = derived_buffer(size_t(rows * cols) * dtype_size(src.dtype));
   auto copy = [&](auto element) {
@@ -500,22 +726,22 @@ void split_expert(const TensorView& gate_up, const TensorView& down, int64_t e, 
                   uint8_t* dn) {
   const int64_t H = gate_up.shape[1], I = gate_up.shape[2] / 2;
   if (dtype_size(gate_up.dtype) == 2) {
-    transpose_u16_pairs(static_cast<const uint16_t*>(gate_up.data) + e * H * 2 * I, 2 * I, H, I,
-                        reinterpret_cast<uint16_t*>(gate), reinterpret_cast<uint16_t*>(up), H);
-    transpose_u16(static_cast<const uint16_t*>(down.data) + e * I * H, H, I, H, reinterpret_cast<uint16_t*>(dn), I);
+    if (gate)
+      transpose_u16_pairs(static_cast<const uint16_t*>(gate_up.data) + e * H * 2 * I, 2 * I, H, I,
+                          reinterpret_cast<uint16_t*>(gate), reinterpret_cast<uint16_t*>(up), H);
+    if (dn) transpose_u16(static_cast<const uint16_t*>(down.data) + e * I * H, H, I, H, reinterpret_cast<uint16_t*>(dn), I);
     return;
   }
   // F32 (F16 was widened by require)
-  const float* gu = static_cast<const float*>(gate_up.data) + e * H * 2 * I;
-  const float* d = static_cast<const float*>(down.data) + e * I * H;
+  const float* gu = gate ? static_cast<const float*>(gate_up.data) + e * H * 2 * I : nullptr;
+  const float* d = dn ? static_cast<const float*>(down.data) + e * I * H : nullptr;
   auto* g = reinterpret_cast<float*>(gate);
   auto* u = reinterpret_cast<float*>(up);
   auto* o = reinterpret_cast<float*>(dn);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < I; ++i) {
-      g[i * H + h] = gu[h * 2 * I + 2 * i];
-      u[i * H + h] = gu[h * 2 * I + 2 * i + 1];
-      o[h * I + i] = d[i * H + h];
+      if (g) g[i * H + h] = gu[h * 2 * I + 2 * i], u[i * H + h] = gu[h * 2 * I + 2 * i + 1];
+      if (o) o[h * I + i] = d[i * H + h];
     }
 }
 }  // namespace
@@ -538,13 +764,15 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
-      to[size_t(e)] = {derived_buffer(bytes), derived_buffer(bytes), derived_buffer(bytes)};
+      // A refit that sends one of the two leaves the other's copies as they are (null here).
+      if (gate_up.data) to[size_t(e)][0] = derived_buffer(bytes), to[size_t(e)][1] = derived_buffer(bytes);
+      if (down.data) to[size_t(e)][2] = derived_buffer(bytes);
       out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
       out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
       out[size_t(e)].down = derived_view(down, down.name + tag, {H, I}, to[size_t(e)][2]);
     }
     auto split = [&](int64_t e) {
-      if (to[size_t(e)][0]) split_expert(gate_up, down, e, to[size_t(e)][0], to[size_t(e)][1], to[size_t(e)][2]);
+      split_expert(gate_up, down, e, to[size_t(e)][0], to[size_t(e)][1], to[size_t(e)][2]);
     };
     if (pool_) pool_->parallel_for_each(E, split);
     else
@@ -579,7 +807,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const TensorView& dn_scales = require(dn + "_scales", {E, H, I / 32}, true);
   for (const TensorView* s : {&gu_scales, &dn_scales})
     for (int64_t e = 0; e < E; ++e) {
-      if (!holds(layer, e)) continue;  // rows never read
+      if (!holds(layer, e) || !s->data) continue;  // rows never read, or not sent
       TensorView one = *s;  // expert e's scales
       one.shape = {s->shape[1], s->shape[2]};
       one.data = static_cast<const uint8_t*>(s->data) + size_t(e * s->shape[1] * s->shape[2]);
@@ -598,6 +826,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   };
   // Rows parity, parity + 2, ... of expert e's gate_up: blocks then scales in one derived buffer.
   auto every_other_row = [&](int64_t e, int parity) {
+    if (!gu_blocks.data) return view(gu + "[" + std::to_string(e) + (parity ? "].up" : "].gate"), gu_blocks.file, I, H, nullptr, nullptr);
     const int64_t rb = H / 2, rs = H / 32;  // bytes per row
     uint8_t* out = derived_buffer(size_t(I * (rb + rs)));
     const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
@@ -615,8 +844,8 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
     w.gate = every_other_row(e, 0);
     w.up = every_other_row(e, 1);
     w.down = view(dn + "[" + std::to_string(e) + "]", dn_blocks.file, H, I,
-                  static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2),
-                  static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32));
+                  dn_blocks.data ? static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2) : nullptr,
+                  dn_scales.data ? static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32) : nullptr);
   }
   return out;
 }
@@ -672,71 +901,239 @@ uint64_t Checkpoint::stored_bytes() const {
   return n;
 }
 
+uint64_t Checkpoint::packed_bytes() const {
+  uint64_t n = 0;
+  for (size_t e : panel_elements_) n += uint64_t(e) * 2;
+  return released_ ? 0 : n;
+}
+
+uint64_t Checkpoint::kept_bytes() const {
+  uint64_t n = 0;
+  for (const auto& k : kept_) n += k.size();
+  for (const auto& unit : derived_)
+    for (const auto& d : unit) n += d.size();
+  for (const auto& o : owned_) n += o.size() * 4;
+  return n;
+}
+
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
   if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
+  if (updated_in_memory_)
+    throw Error(dir_ + ": updated in memory; r3 keeps the packed weights only, not the stored tensors");
   std::vector<TensorToWrite> out;
-  for (auto& [name, t] : index_) {
-    out.push_back(copy_tensor(*t));
-    out.back().name = name;
+  for (const auto& f : files_) {
+    if (SafetensorsFile::identity_of(f->path()) != f->identity())
+      throw Error(f->path() + ": changed since it was read; the stored tensors are read from the files");
+    SafetensorsFile again(f->path());
+    for (const auto& [name, t] : again.tensors()) {
+      TensorToWrite w{name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
+      again.read_tensor(name, w.bytes.data());
+      out.push_back(std::move(w));
+    }
   }
+  std::sort(out.begin(), out.end(), [](const TensorToWrite& a, const TensorToWrite& b) { return a.name < b.name; });
   return out;
 }
 
+void Checkpoint::refuse_non_finite_values() const {
+  auto check = [](const TensorView* v) {
+    if (v->data) return refuse_if_non_finite(*v);
+    if (!v->packed || v->dtype != DType::BF16) return;  // MXFP4 and FP8 codes hold no non-finite value
+    TensorView panels = *v;  // the panels as one bf16 vector (their padding is zeros)
+    panels.shape = {int64_t(kernels::packed_bf16_size(*v))};
+    panels.data = v->packed;
+    if (first_non_finite(panels) >= 0)
+      throw Error(v->file + ": tensor \"" + v->name + "\" holds a non-finite value (NaN or infinity); refits must send "
+                  "finite weights");
+  };
+  auto& self = const_cast<Checkpoint&>(*this);
+  for (int u = 0; u <= int(weights_.layers.size()); ++u) {
+    const UnitViews v = self.unit_views(u);
+    for (const TensorView* t : v.matrices) check(t);
+    for (const TensorView* t : v.small) check(t);
+  }
+}
+
+void Checkpoint::release_panels() {
+  for (int u = 0; u <= int(weights_.layers.size()); ++u)
+    for (TensorView* t : unit_views(u).matrices) t->packed = nullptr;
+  if (weights_.config.tie_word_embeddings) weights_.embed = weights_.lm_head;
+  panels_.clear();
+  panel_elements_.clear();
+  released_ = true;
+}
+
+namespace {
+// The unit a stored tensor belongs to: 1 + its decoder layer, or 0 (embedding, norm, lm_head).
+int unit_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return 0;
+  return 1 + std::atoi(name.c_str() + prefix.size());
+}
+}  // namespace
+
 Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool) {
   check_update(tensors);
-  // The one rule load_weights checks that an update can break: a stored lm_head of a tied model
-  // must stay equal to the embedding. Checked on the bytes after the update, before anything is
-  // written, so a refused update leaves this checkpoint as it was.
+  std::map<std::string, TensorToWrite*> sent;
+  for (TensorToWrite& t : tensors) sent[t.name] = &t;
+  // What a refit cannot rebuild from the panels alone is sent together (checked before anything
+  // changes, so a refused update leaves this checkpoint as it was).
+  auto need = [&](const std::string& name, const std::string& with, const char* why) {
+    if (index_.count(with) && !sent.count(with))
+      throw Error("weight update: tensor \"" + name + "\" was sent without \"" + with + "\" (" + why + ")");
+  };
+  // New block scales for codes not sent: the codes are read back from the native panels.
+  std::vector<TensorToWrite> codes;
+  for (const auto& [name, t] : sent) {
+    const std::string weight = name.substr(0, name.size() - 10);
+    if (!ends_with(name, "_scale_inv") || sent.count(weight) || !index_.count(weight)) continue;
+    const int u = unit_of(weight);
+    const TensorView* served = nullptr;
+    if (u <= int(weights_.layers.size()))
+      for (TensorView* v : unit_views(u).matrices)
+        if (v->name == weight) served = v;
+    if (!served || served->dtype != DType::F8_E4M3 || !served->packed || !kernels::fp8_native(*served)) continue;
+    codes.push_back({weight, DType::F8_E4M3, served->shape, std::vector<uint8_t>(size_t(served->numel()))});
+    packed_fp8_codes(*served, codes.back().bytes.data());
+  }
+  for (TensorToWrite& t : codes) sent[t.name] = &t;
+  for (const auto& [name, t] : sent) {
+    if (ends_with(name, "_scale_inv")) need(name, name.substr(0, name.size() - 10), "an FP8 weight's codes and scales are packed together");
+    if (ends_with(name, "_blocks")) need(name, name.substr(0, name.size() - 7) + "_scales", "MXFP4 blocks and scales are packed together");
+    if (ends_with(name, "_scales")) need(name, name.substr(0, name.size() - 7) + "_blocks", "MXFP4 blocks and scales are packed together");
+  }
   if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
-    auto bytes_of = [&](const std::string& name) -> const void* {
-      for (const TensorToWrite& t : tensors)
-        if (t.name == name) return t.bytes.data();
-      return index_.at(name)->data;
-    };
-    if (std::memcmp(bytes_of("lm_head.weight"), bytes_of("model.embed_tokens.weight"),
-                    index_.at("lm_head.weight")->nbytes()) != 0)
+    // The rule load_weights checks that an update can break: a stored lm_head of a tied model
+    // stays equal to the embedding.
+    const bool head = sent.count("lm_head.weight"), embed = sent.count("model.embed_tokens.weight");
+    if (head != embed || (head && sent["lm_head.weight"]->bytes != sent["model.embed_tokens.weight"]->bytes))
       throw Error("weight update: lm_head.weight would differ from model.embed_tokens.weight but "
                   "tie_word_embeddings is true (send both, equal, or neither)");
   }
+  if (released_)
+    for (const std::string& name : used_)
+      if (!sent.count(name))
+        throw Error("weight update: the weights were released (release_memory_occupation); send every tensor (\"" +
+                    name + "\" is missing) or refit from a checkpoint");
   Update out;
-  for (TensorToWrite& t : tensors) {
-    const TensorView* old = index_.at(t.name);
-    // What held the old bytes: an earlier update's buffer, a from_memory tensor, or a shard
-    // (freed below once none of its tensors is served from it).
-    auto prev = adopted_.find(t.name);
-    if (prev != adopted_.end()) {
-      out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(prev->second.bytes)));
-    } else if (!memory_views_.empty() && old >= memory_views_.data() &&
-               old < memory_views_.data() + memory_views_.size()) {
-      const size_t i = size_t(old - memory_views_.data());
-      out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(memory_[i].bytes)));
+  std::set<int> units;
+  for (auto& [name, t] : sent) {
+    const int u = unit_of(name);
+    if (u <= int(weights_.layers.size())) units.insert(u);
+    index_.at(name)->data = t->bytes.data();
+    transient_.insert(t->bytes.data());
+  }
+  struct PoolForTheUpdate {
+    Checkpoint* c;
+    ~PoolForTheUpdate() { c->pool_ = nullptr; c->transient_.clear(); }
+  } scope{this};
+  pool_ = pool;
+  updated_in_memory_ = true;
+  for (int u : units) {
+    unit_ = u;
+    read_.clear();
+    if (u == 0) {
+      ModelWeights was;
+      was.lm_head = weights_.lm_head;
+      was.embed = weights_.embed;
+      was.final_norm = weights_.final_norm;
+      was.config.tie_word_embeddings = weights_.config.tie_word_embeddings;
+      const UnitViews old = was.config.tie_word_embeddings ? UnitViews{{&was.lm_head}, {&was.final_norm}}
+                                                           : UnitViews{{&was.lm_head}, {&was.embed, &was.final_norm}};
+      build_globals(weights_);
+      settle(0, unit_views(0), &old);
+      if (config().tie_word_embeddings) weights_.embed = weights_.lm_head;
+    } else {
+      LayerWeights was = weights_.layers[size_t(u - 1)];
+      const UnitViews old{layer_matrices(was), layer_small_views(was)};
+      weights_.layers[size_t(u - 1)] = build_layer(u - 1);
+      settle(u, unit_views(u), &old);
     }
-    Adopted& a = adopted_[t.name];
-    a.view = *old;
-    a.view.file = "<weight update>";
-    a.bytes = std::move(t.bytes);
-    a.view.data = a.bytes.data();
-    index_[t.name] = &a.view;
-    out.written.emplace_back(a.bytes.data(), a.bytes.size());
   }
-  for (std::unique_ptr<SafetensorsFile>& f : files_) {
-    if (!f) continue;
-    bool serves = false;
-    for (auto& [name, t] : f->tensors()) serves |= index_.at(name) == &t;
-    if (!serves) out.replaced.push_back(std::shared_ptr<SafetensorsFile>(std::move(f)));
+  released_ = false;
+  staging_ = Staging();
+  // The kept bytes no view points at any more (the small tensors the update replaced) go.
+  std::vector<const uint8_t*> pointed;
+  for (int u = 0; u <= int(weights_.layers.size()); ++u) {
+    const UnitViews v = unit_views(u);
+    for (const auto* list : {&v.matrices, &v.small})
+      for (const TensorView* t : *list)
+        for (const void* p : {t->data, static_cast<const void*>(t->scale_inv), static_cast<const void*>(t->scales)})
+          if (p) pointed.push_back(static_cast<const uint8_t*>(p));
   }
-  widened_.clear();
-  owned_.clear();
-  // The load rebuilds the derived copies into the buffers they had (derived_buffer).
-  for (std::vector<uint8_t>& d : derived_) spare_derived_[d.size()].push_back(std::move(d));
-  derived_.clear();
-  used_.clear();
-  weights_.layers.clear();
-  load_weights_on(pool);
-  spare_derived_.clear();
-  // Derived copies (split fused experts) are all rewritten: whatever was packed from them is rebuilt.
-  for (const std::vector<uint8_t>& d : derived_) out.written.emplace_back(d.data(), d.size());
+  std::sort(pointed.begin(), pointed.end());
+  auto in_use = [&](const std::vector<uint8_t>& b) {
+    auto it = std::lower_bound(pointed.begin(), pointed.end(), b.data());
+    return it != pointed.end() && *it < b.data() + b.size();
+  };
+  for (std::vector<uint8_t>& k : kept_)
+    if (!in_use(k)) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(k)));
+  std::erase_if(kept_, [](const std::vector<uint8_t>& k) { return k.empty(); });
+  for (auto& unit : derived_) std::erase_if(unit, [](const std::vector<uint8_t>& d) { return d.empty(); });
+  for (TensorToWrite& t : tensors) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
+  for (TensorToWrite& t : codes) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
+  for (auto& [name, t] : index_)
+    if (transient_.count(t->data)) t->data = nullptr;
   return out;
+}
+
+void Checkpoint::check_refit(const Checkpoint& next) const {
+  if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
+  const ModelConfig& c = config();
+  auto mtp_layer = [&](const std::string& name) {
+    for (int m = 0; m < c.num_nextn_predict_layers; ++m)
+      if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
+    return false;
+  };
+  for (const std::string& name : used_)
+    if (!next.index_.count(name)) throw Error(next.dir_ + ": missing tensor \"" + name + "\"");
+  for (const auto& [name, t] : next.index_) {
+    if (!used_.count(name)) {
+      if (knowingly_unused(name) || mtp_layer(name)) continue;
+      throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
+                  " (a feature r3 does not implement, or a different architecture)");
+    }
+    DType dtype = t->dtype;
+    check_sent_tensor(index_.at(name), name, dtype, t->shape);
+  }
+  // Block scales decide every decoded value, and they are small: each is read and checked now,
+  // one at a time, so a bad one is refused while the old weights still serve.
+  for (const auto& [name, t] : next.index_) {
+    const bool fp8_scale = c.fp8_block_rows && ends_with(name, ".weight_scale_inv");
+    const bool mxfp4_scale = c.experts_mxfp4 && ends_with(name, "_scales");
+    if (!used_.count(name) || !(fp8_scale || mxfp4_scale)) continue;
+    std::vector<uint8_t> bytes(t->nbytes());
+    next.file_of_.at(name)->read_tensor(name, bytes.data());
+    TensorView v = *t;
+    v.data = bytes.data();
+    check_quantized_values(v);
+    if (is_float_dtype(v.dtype)) refuse_if_non_finite(v);
+  }
+}
+
+void Checkpoint::refit_from(Checkpoint& next, ThreadPool* pool) {
+  // A unit at a time (the embedding, norm and lm_head; then each decoder layer): its tensors are
+  // read from next's files and packed into the panels they replace, so the refit holds one
+  // layer beyond the resident weights. apply_update checks each unit's values before it changes.
+  std::vector<std::vector<std::string>> by_unit(weights_.layers.size() + 1);
+  for (const std::string& name : used_) by_unit[size_t(unit_of(name))].push_back(name);
+  for (const std::vector<std::string>& names : by_unit) {
+    std::vector<TensorToWrite> unit;
+    for (const std::string& name : names) {
+      const TensorView& t = *next.index_.at(name);
+      unit.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())});
+      next.file_of_.at(name)->read_tensor(name, unit.back().bytes.data());
+    }
+    apply_update(std::move(unit), pool);  // what it replaced is freed here, a layer at a time
+  }
+  // The served weights are now the files' (their descriptions and identities: reload and
+  // stored_tensors read them).
+  for (auto& f : next.files_) f->close();
+  files_ = std::move(next.files_);
+  file_of_ = std::move(next.file_of_);
+  index_ = std::move(next.index_);
+  dir_ = next.dir_;
+  updated_in_memory_ = false;
 }
 
 std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const {

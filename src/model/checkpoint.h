@@ -1,7 +1,11 @@
 // A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
-// model.safetensors.index.json. Tensors are read into memory the checkpoint owns (files rewritten
-// afterwards change nothing); F16 ones are widened to F32 once, since the kernels read F32 or BF16.
-// F8_E4M3 matrices (quantization_config fp8) are served with their block scales, kept 8-bit.
+// model.safetensors.index.json. Every weight is held once. The matrices the engine multiplies
+// (bf16, MXFP4, block-scaled FP8) live only as packed panels (core/panel_layout.h), built layer by
+// layer as the files are read: a layer's tensors are read into a reused staging area, packed on
+// every thread, and dropped. Small tensors (norms, biases, an untied embedding, FP8 block scales)
+// are kept as stored; F16 ones are widened to F32 once. Anything that needs a matrix's values
+// reads them back from its panels (TensorView::at). Files rewritten after the load change nothing:
+// nothing is read from them again, except by reload(), which first checks they are the same files.
 #pragma once
 #include <functional>
 #include <map>
@@ -11,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/big_alloc.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -58,9 +63,34 @@ class Checkpoint {
   // others' tensors, or their rows of a fused per-layer tensor, are validated but never read,
   // so they take no memory, and their ExpertWeights stay empty. Empty: every expert.
   using HeldExperts = std::function<std::vector<std::vector<bool>>(const ModelConfig&)>;
-  // pool: threads to build the derived copies on (GPT-OSS's per-expert split); none: this one.
+  // pool: threads to pack on (and build GPT-OSS's per-expert split); none: this one.
+  // refuse_non_finite: a NaN or infinity in any float tensor is an error (a refit's new weights).
   static std::shared_ptr<Checkpoint> open(const std::string& dir, const HeldExperts& held = {},
-                                          ThreadPool* pool = nullptr);
+                                          ThreadPool* pool = nullptr, bool refuse_non_finite = false);
+  // The description and the tensor headers only (config.json, the index, each file's header,
+  // every check that needs no tensor's bytes): a refit's first step (check_refit, refit_from).
+  static std::shared_ptr<Checkpoint> headers(const std::string& dir, const HeldExperts& held = {});
+  // A refit from disk in place. check_refit throws r3::Error (this checkpoint unchanged) unless
+  // `next` (from headers()) stores exactly the tensors this one uses, with their shapes and
+  // dtypes, and block scales the loader accepts (each read and checked now). refit_from then
+  // reads and packs a layer at a time into the served panels, checking each layer's values
+  // before it changes it; an error there (a NaN, a file truncated meanwhile) leaves some layers
+  // new and the rest old: the caller must not serve until a refit succeeds. Call refit_from only
+  // while nothing reads the weights.
+  void check_refit(const Checkpoint& next) const;
+  void refit_from(Checkpoint& next, ThreadPool* pool = nullptr);
+  // The same checkpoint read again from its files (after release_panels), refused with an
+  // r3::Error when a file changed since it was read (device, inode, size, modification time) or
+  // the served weights came from an update in memory (they are on no disk).
+  std::shared_ptr<Checkpoint> reload(ThreadPool* pool = nullptr) const;
+  // Frees the packed panels (release_memory_occupation); weights() then holds no matrix.
+  void release_panels();
+  bool panels_released() const { return released_; }
+  // From memory, or updated in memory since its files were read: reload() cannot rebuild it.
+  bool updated_in_memory() const { return updated_in_memory_; }
+  // Bytes of the packed panels and of the small tensors kept as stored.
+  uint64_t packed_bytes() const;
+  uint64_t kept_bytes() const;
   // The same from tensors in memory (an RL trainer's refit without a round trip through disk):
   // config.json text and tensors under their Hugging Face names; validated the same way.
   static std::shared_ptr<Checkpoint> from_memory(const std::string& config_json,
@@ -77,11 +107,13 @@ class Checkpoint {
   // whose quantized values the loader would refuse, or whose float values are not all finite;
   // U8 bytes sent for an F8_E4M3 tensor are taken as its codes (their dtype is set to F8_E4M3).
   void check_update(std::vector<TensorToWrite>& tensors) const;
-  // Throws r3::Error naming the first stored float tensor (BF16, F16, F32) holding a NaN or an
-  // infinity, and where: a refit from disk checks the new checkpoint with this before it serves.
-  // The initial load does not (its non-finite values fail requests on their logits instead).
+  // Throws r3::Error naming the first weight (a bf16 matrix's panels or a kept float tensor)
+  // holding a NaN or an infinity: a refit from a checkpoint made in memory checks it before it
+  // serves (open(..., refuse_non_finite) checks each tensor as it is read).
   void refuse_non_finite_values() const;
-  // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights).
+  // Copies of every stored tensor under its Hugging Face name (a trainer's view of the weights),
+  // read from the files (r3 keeps packed panels only) after checking they did not change;
+  // refused for a checkpoint updated in memory or made from memory.
   std::vector<TensorToWrite> stored_tensors() const;
   // Every stored tensor's description by name, without its data: what an update may send
   // (refits never change them), for checking a request's tensor list before its data arrives.
@@ -91,27 +123,42 @@ class Checkpoint {
   // becomes F8_E4M3). Throws r3::Error naming the tensor. check_update applies it first.
   static void check_sent_tensor(const TensorView* have, const std::string& name, DType& dtype,
                                 const std::vector<int64_t>& shape);
+  // The stored tensors the weights are built from (a full refit sends every one).
+  const std::set<std::string>& used_tensors() const { return used_; }
   // Bytes of every stored tensor (as in the files).
   uint64_t stored_bytes() const;
-  // apply_update checks everything first, then takes the sent bytes over as this checkpoint's
-  // storage (no copy: a refit costs the repacking only) and rebuilds the derived views (F16
-  // widening). Call it only while nothing reads the weights; views taken before it dangle.
+  // apply_update checks everything first, then rebuilds the layers the sent tensors belong to:
+  // their matrices are packed into the panels they had (in place: a refit needs the sent bytes
+  // beyond the resident weights, never a second copy), their small tensors replace the kept ones.
+  // A block-scaled FP8 weight's scales need its codes sent with them, MXFP4 blocks their scales,
+  // and a tied checkpoint's stored lm_head the embedding (their old bytes are not kept as stored).
+  // Call it only while nothing reads the weights.
   struct Update {
-    // The bytes now stored for the sent tensors: what any copy derived from them (packed
-    // panels) must be rebuilt from.
-    std::vector<std::span<const uint8_t>> written;
-    // The storage they replaced (a shard once all of its tensors are replaced), for the caller
-    // to free where the time does not count.
+    // Storage the update replaced, for the caller to free where the time does not count.
     std::vector<std::shared_ptr<void>> replaced;
   };
   // pool: threads to rebuild the derived copies on (the engine's, idle between steps); none: this one.
   Update apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool = nullptr);
 
  private:
-  // A float tensor of this shape (F16 widened to F32); U8 with `bytes`.
+  // A float tensor of this shape (F16 widened to F32); U8 with `bytes`. Its bytes are read now
+  // (into the staging area) unless it was not read (another rank's) or dropped (a refit that does
+  // not send it: data stays null and the views built from it keep what they had).
   const TensorView& require(const std::string& name, std::vector<int64_t> shape, bool bytes = false);
+  void materialize(TensorView& t);
   void load_weights();
   void load_weights_on(ThreadPool* pool);  // load_weights with pool_ set for its duration
+  // The pieces of load_weights: unit 0 is the embedding, final norm and lm_head, unit 1 + l
+  // decoder layer l. build_* describe a unit's weights from require(); settle packs its matrices
+  // into panels_[unit] (the panels it had when `old` is given: views without data take old's),
+  // keeps the small tensors its views still point at and drops every other byte read for it.
+  void build_globals(ModelWeights& w);
+  LayerWeights build_layer(int layer);
+  struct UnitViews {
+    std::vector<TensorView*> matrices, small;  // packed panels; read as stored
+  };
+  void settle(int unit, const UnitViews& now, const UnitViews* old);
+  UnitViews unit_views(int unit);
   // Per-expert [out, in] views of a layer's fused expert tensors (LayerTensorNames::fused_experts),
   // copied into derived_ in the source dtype.
   std::vector<ExpertWeights> split_fused_experts(int layer);
@@ -121,33 +168,41 @@ class Checkpoint {
   void check_quantized_values(const TensorView& t) const;
   TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
                           int64_t row_stride, int64_t col_stride);
-  // A buffer of `bytes` appended to derived_: a spare one of that size left by the previous load
-  // when there is one (an update rebuilds the same copies, and fresh pages cost the kernel a
-  // clear each), else a new one.
+  // A buffer of `bytes` in the unit being built's derived_ list.
   uint8_t* derived_buffer(size_t bytes);
+  uint8_t* staging(size_t bytes);  // bytes of the staging area, until the unit is settled
 
   std::string dir_;
   bool partial_ = false;  // opened without some experts
+  bool refuse_non_finite_ = false;
+  bool updated_in_memory_ = false;  // from_memory, or an apply_update since the files were read
+  bool released_ = false;
   std::vector<std::vector<bool>> held_;  // [decoder layer][E]: empty (a dense layer, or all held)
   bool holds(int layer, int64_t expert) const {
     return held_.empty() || held_[size_t(layer)].empty() || held_[size_t(layer)][size_t(expert)];
   }
   SafetensorsFile::UnreadParts unread_parts() const;  // what held_ leaves on disk
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const TensorView*> index_;
+  std::map<std::string, TensorView*> index_;
+  std::map<std::string, SafetensorsFile*> file_of_;  // a stored tensor's file (read on demand)
   std::set<std::string> used_;  // names load_weights read
+  std::vector<TensorView*> read_;  // stored tensors whose bytes the unit being built read
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32; FP8 with their scales
   std::vector<std::vector<float>> owned_;
-  std::vector<std::vector<uint8_t>> derived_;  // split_fused_experts' copies, rebuilt by every update
-  std::map<size_t, std::vector<std::vector<uint8_t>>> spare_derived_;  // by size: during an update's load
+  int unit_ = 0;  // the unit being built
+  std::vector<std::vector<std::vector<uint8_t>>> derived_;  // [unit]: split and decoded copies
+  std::vector<std::vector<uint8_t>> kept_;  // small stored tensors, moved out of the staging area
+  std::vector<std::unique_ptr<BigArray<uint16_t>>> panels_;  // [unit]
+  std::vector<size_t> panel_elements_;  // [unit]
+  struct Staging {  // reused for every unit: its pages are touched once
+    std::vector<std::unique_ptr<BigArray<uint8_t>>> chunks;
+    std::vector<size_t> sizes;
+    size_t chunk = 0, used = 0;
+  } staging_;
   ThreadPool* pool_ = nullptr;  // during a load: open's or apply_update's pool
-  std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes
+  std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes (dropped once packed)
   std::vector<TensorView> memory_views_;
-  struct Adopted {                          // apply_update: a sent tensor's bytes and their view
-    std::vector<uint8_t> bytes;
-    TensorView view;
-  };
-  std::map<std::string, Adopted> adopted_;
+  std::set<const void*> transient_;  // bytes in memory that are dropped once packed (from_memory, sent)
   ModelWeights weights_;
 };
 

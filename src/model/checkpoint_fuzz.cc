@@ -1,5 +1,7 @@
 #include "model/checkpoint_fuzz.h"
 
+#include <vector>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -48,12 +50,11 @@ void fuzz_checkpoint_readers(const uint8_t* data, size_t size) {
       static MemFile file;
       file.set(data, size);
       SafetensorsFile f(file.path);
-      // Every view must lie inside what the reader owns and hold what its shape says.
+      // Every tensor reads exactly what its shape says, from inside the file.
       for (auto& [name, t] : f.tensors()) {
-        if (t.nbytes() && !t.data) throw std::logic_error("tensor without data");
-        volatile uint8_t sink = 0;
-        for (size_t i = 0; i < t.nbytes(); i += 64) sink = sink + static_cast<const uint8_t*>(t.data)[i];
-        if (t.nbytes()) sink = sink + static_cast<const uint8_t*>(t.data)[t.nbytes() - 1];
+        std::vector<uint8_t> bytes(t.nbytes() + 1, 0xA5);
+        f.read_tensor(name, bytes.data());
+        if (bytes.back() != 0xA5) throw std::logic_error("read_tensor wrote past the tensor");
       }
     }
   } catch (const Error&) {

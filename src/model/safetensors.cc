@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <cerrno>
 
 #include "core/error.h"
 #include "core/file_read.h"
@@ -88,12 +90,52 @@ void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator del
 // The format, strictly (huggingface/safetensors): u64 little-endian N; N bytes of a JSON object
 // that begins with '{' and may be padded at the end with spaces (0x20) only; then the data
 // buffer, which the tensors' [begin, end) offsets must tile exactly: sorted, contiguous, from 0
-// to the buffer's end. Every tensor is copied into memory r3 owns (64-byte aligned), so nothing
-// done to the file afterwards reaches a running engine.
+// to the buffer's end. A file's tensors are read when asked for (read_tensor) into memory the
+// reader's caller owns, so nothing done to the file afterwards reaches a running engine.
 SafetensorsFile::SafetensorsFile(const std::string& path, const UnreadParts* unread) : path_(path) {
-  RegularFile file(path, kMaxFile, "safetensors file");
+  file_ = std::make_unique<RegularFile>(path, kMaxFile, "safetensors file");
+  identity_ = identity_of(path);
+  if (unread) unread_copy_ = *unread;
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
-  parse(file.size(), [&](uint64_t offset, void* dst, size_t n) { file.read_at(offset, dst, n, deadline); }, unread);
+  parse(file_->size(), [&](uint64_t offset, void* dst, size_t n) { file_->read_at(offset, dst, n, deadline); },
+        nullptr, /*hold=*/false);
+}
+
+SafetensorsFile::Identity SafetensorsFile::identity_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot stat: " + std::strerror(errno));
+  return {uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
+          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
+  if (!file_) throw Error(path_ + ": tensor \"" + name + "\" read after the file was closed");
+  const TensorView& t = tensors_.at(name);
+  const uint64_t begin = data_start_ + offsets_.at(name), bytes = t.nbytes();
+  const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
+  const std::vector<bool>* skip = nullptr;
+  if (auto it = unread_copy_.find(name); it != unread_copy_.end()) skip = &it->second;
+  if (skip && skip->empty()) return;  // not read at all
+  if (!skip) {
+    // 64 MiB at a time, so one large tensor's read keeps checking its deadline.
+    constexpr uint64_t kPiece = uint64_t(64) << 20;
+    for (uint64_t at = 0; at < bytes; at += kPiece)
+      file_->read_at(begin + at, dst + at, size_t(std::min(kPiece, bytes - at)), deadline);
+    return;
+  }
+  // Row by row of the first dimension, runs of read rows at once.
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  if (int64_t(skip->size()) != rows)
+    throw Error(path_ + ": tensor \"" + name + "\": " + std::to_string(skip->size()) + " row marks for " + std::to_string(rows) + " rows");
+  const uint64_t row_bytes = rows ? bytes / uint64_t(rows) : 0;
+  for (int64_t r = 0; r < rows;) {
+    if ((*skip)[size_t(r)]) { ++r; continue; }
+    int64_t e = r;
+    while (e < rows && !(*skip)[size_t(e)]) ++e;
+    file_->read_at(begin + uint64_t(r) * row_bytes, dst + uint64_t(r) * row_bytes, size_t(uint64_t(e - r) * row_bytes),
+                   deadline);
+    r = e;
+  }
 }
 
 std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::string_view start,
@@ -114,12 +156,12 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view by
   f->parse(bytes.size(), [&](uint64_t offset, void* dst, size_t n) {
     if (offset > bytes.size() || n > bytes.size() - offset) throw Error(name + ": read past the end");
     std::memcpy(dst, bytes.data() + offset, n);
-  });
+  }, nullptr, /*hold=*/true);
   return f;
 }
 
 void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-                            const UnreadParts* unread) {
+                            const UnreadParts* unread, bool hold) {
   const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
@@ -163,6 +205,7 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
       throw Error(where + ": data offsets span " + std::to_string(e - b) + " bytes but shape " +
                   t.shape_str() + " of " + dtype_name(t.dtype) + " needs " + std::to_string(t.nbytes()));
     entries.push_back({b, e, name});
+    offsets_[name] = b;
     tensors_[name] = std::move(t);
   }
   // The offsets must tile the data buffer: no gap, no overlap, nothing after the last tensor.
@@ -180,6 +223,8 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   if (covered != buffer_size)
     throw Error(path + ": the tensors cover " + std::to_string(covered) + " bytes of the " +
                 std::to_string(buffer_size) + "-byte data buffer (wrong header length or trailing bytes)");
+  data_start_ = 8 + n;
+  if (!hold) return;  // a file: tensors are read when asked for
 
   // Copy every tensor into owned, 64-byte aligned memory (each tensor at an aligned offset, so
   // a file that packs tensors at odd offsets is read without misaligned access).
@@ -227,6 +272,25 @@ TensorToWrite copy_tensor(const TensorView& t) {
   TensorToWrite w{t.name, t.dtype, t.shape, {}};
   w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
   return w;
+}
+
+TensorView view_of(const TensorToWrite& t) {
+  TensorView v;
+  v.name = t.name;
+  v.dtype = t.dtype;
+  v.shape = t.shape;
+  v.data = t.bytes.data();
+  return v;
+}
+
+std::vector<TensorToWrite> read_safetensors(const std::string& path) {
+  SafetensorsFile f(path);
+  std::vector<TensorToWrite> out;
+  for (const auto& [name, t] : f.tensors()) {
+    out.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())});
+    f.read_tensor(name, out.back().bytes.data());
+  }
+  return out;
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,

@@ -1,5 +1,6 @@
-// safetensors files: a reader that validates everything it is handed and copies the tensors into
-// memory it owns, and a writer.
+// safetensors files: a reader that validates everything it is handed (the header at once, a
+// tensor's bytes when they are read) and a writer. A file's tensors are read one at a time into
+// memory the caller gives (Checkpoint packs them and drops them); bytes in memory are held whole.
 // Format: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
 // data_offsets}}, then the data buffer (offsets relative to its start).
 #pragma once
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/file_read.h"
 #include "core/tensor_view.h"
 
 namespace r3 {
@@ -27,6 +29,8 @@ class SafetensorsFile {
   // otherwise rows[i] skips row i of its first dimension (those bytes are never touched, so
   // they take no memory).
   using UnreadParts = std::map<std::string, std::vector<bool>>;
+  // Reads and checks the header only; the tensors' bytes are read by read_tensor (their views'
+  // data stay null until the caller points them at what it read).
   explicit SafetensorsFile(const std::string& path, const UnreadParts* unread = nullptr);
   // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
   // in errors.
@@ -41,15 +45,41 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Whether `name`'s bytes are read on demand (a file) rather than held (bytes in memory).
+  bool lazy() const { return file_ != nullptr; }
+  // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
+  // untouched). Throws r3::Error naming the file when it ends early or the read fails.
+  void read_tensor(const std::string& name, uint8_t* dst) const;
+  // Whether UnreadParts skips all of `name` (its data stays null).
+  bool never_read(const std::string& name) const {
+    auto it = unread_copy_.find(name);
+    return it != unread_copy_.end() && it->second.empty();
+  }
+  // The file's identity when it was opened (device, inode, size, modification time): a later
+  // reader checks the same bytes are still there.
+  struct Identity {
+    uint64_t device = 0, inode = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const Identity&) const = default;
+  };
+  const Identity& identity() const { return identity_; }
+  static Identity identity_of(const std::string& path);
+  // Closes the file (no tensor can be read afterwards).
+  void close() { file_.reset(); }
 
  private:
   SafetensorsFile() = default;
   void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-             const UnreadParts* unread = nullptr);
+             const UnreadParts* unread, bool hold);  // hold: copy every tensor in now
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };
   std::string path_;
+  std::unique_ptr<RegularFile> file_;  // a file's, until close()
+  Identity identity_;
+  uint64_t data_start_ = 0;  // where the data buffer starts in the file
+  std::map<std::string, uint64_t> offsets_;  // each tensor's first byte in the data buffer
+  UnreadParts unread_copy_;  // the constructor's
   std::unique_ptr<uint8_t, AlignedFree> data_;  // every tensor, each at a 64-byte aligned offset
   uint64_t owned_bytes_ = 0;
   std::map<std::string, TensorView> tensors_;
@@ -65,6 +95,10 @@ struct TensorToWrite {
 
 // A copy of a tensor's bytes under its name (what a trainer sends, what the writer takes).
 TensorToWrite copy_tensor(const TensorView& t);
+// A view of t's bytes (valid while t lives).
+TensorView view_of(const TensorToWrite& t);
+// Every tensor of a safetensors file with its bytes, in name order.
+std::vector<TensorToWrite> read_safetensors(const std::string& path);
 
 // Writes tensors in the given order, header padded to 8 bytes as Hugging Face does.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,

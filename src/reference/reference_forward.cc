@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/panel_layout.h"
 
 namespace r3 {
 
@@ -17,17 +18,25 @@ namespace {
 // Element i of a weight tensor as fp32. Same values as TensorView::at, but inline for the two
 // dtypes make_model writes, so the small preset stays fast enough for tests.
 inline float wt(const TensorView& t, int64_t i) {
+  if (!t.data) return t.at(i);  // the packed panels (the checkpoint's only copy of its matrices)
   if (t.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
   if (t.dtype == DType::F32) return static_cast<const float*>(t.data)[i];
   return t.at(i);
 }
 
-// y = W x for W in the HF Linear layout [out, in]: y[r] = sum_c W[r, c] x[c].
+// y = W x for W in the HF Linear layout [out, in]: y[r] = sum_c W[r, c] x[c]. A packed matrix
+// is read back a row at a time from its panels (the same values as stored).
 void matvec(const TensorView& W, const float* x, float* y) {
   const int64_t rows = W.shape[0], cols = W.shape[1];
+  std::vector<float> row(W.data ? 0 : size_t(cols));
   for (int64_t r = 0; r < rows; ++r) {
     float acc = 0.f;
-    for (int64_t c = 0; c < cols; ++c) acc += wt(W, r * cols + c) * x[c];
+    if (!W.data) {
+      packed_row(W, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) acc += row[size_t(c)] * x[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) acc += wt(W, r * cols + c) * x[c];
+    }
     y[r] = acc;
   }
 }

@@ -102,13 +102,14 @@ void EngineLoop::abort(const std::vector<uint64_t>& ids) {
 uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label,
                                     bool abort_all) {
   if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
-  // Read and validate the checkpoint on the calling (HTTP) thread: generation goes on meanwhile,
-  // and a slow or bad path never stalls the engine loop.
-  engine_->refuse_under_expert_parallel("update_weights (refit)");  // before reading gigabytes
-  std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
+  // The description and headers are read on the calling (HTTP) thread, so a slow or bad path
+  // never stalls the engine loop; the weights are then read and packed in place between two
+  // steps, a layer at a time (generation waits for that: no second copy of the weights is held).
+  engine_->refuse_under_expert_parallel("update_weights (refit)");
+  std::shared_ptr<Checkpoint> headers = Checkpoint::headers(dir);
   const uint64_t v = call([&]() -> uint64_t {
     if (abort_all) abort_targets();
-    engine_->update_weights(ckpt, flush_cache);
+    engine_->update_weights_from_headers(headers, flush_cache);
     kick_ = true;
     weight_version_ = engine_->weight_version();
     return engine_->weight_version();
@@ -195,17 +196,11 @@ bool EngineLoop::flush_cache() {
 }
 
 void EngineLoop::release_memory(bool kv_cache, bool weights) {
-  call([&] {
-    engine_->release_memory(kv_cache, weights);
-    released_ = engine_->memory_released();
-  });
+  call([&] { engine_->release_memory(kv_cache, weights); });
 }
 
 void EngineLoop::resume_memory(bool kv_cache, bool weights) {
-  call([&] {
-    engine_->resume_memory(kv_cache, weights);
-    released_ = engine_->memory_released();
-  });
+  call([&] { engine_->resume_memory(kv_cache, weights); });
 }
 
 double EngineLoop::seconds_in_step() const {

@@ -147,7 +147,15 @@ class EngineLoop {
   template <class F>
   auto call(F f) -> decltype(f()) {
     using R = decltype(f());
-    auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
+    // Any command may give memory back or fill it again (release, resume, a refit that brings
+    // released weights back): the loop's view of it is refreshed after each, thrown or not.
+    auto task = std::make_shared<std::packaged_task<R()>>([this, f = std::move(f)]() mutable -> R {
+      struct Refresh {
+        EngineLoop* loop;
+        ~Refresh() { loop->released_ = loop->engine_->memory_released(); }
+      } refresh{this};
+      return f();
+    });
     auto fut = task->get_future();
     post([task] { (*task)(); });
     // An exception is rethrown as a deep copy owned by this thread: the original (and its
