@@ -706,9 +706,11 @@ PYBIND11_MODULE(_r3, m) {
       .def("update_weights_from_tensors", &LLM::update_weights_from_tensors, py::arg("named_tensors"),
            py::arg("flush_cache") = true, py::arg("finished") = true,
            "In-memory refit: {name: array} (or (name, array) pairs) in Hugging Face names; a subset may be sent "
-           "in buckets with finished=False, the last bucket with finished=True applies them all (the version "
-           "goes up once). Every tensor's name, shape and dtype is checked first; a refused bucket changes "
-           "nothing. Returns the number of tensors staged (or applied).")
+           "in buckets with finished=False and a last bucket with finished=True (the version goes up once). "
+           "Every tensor's name, shape, dtype and values are checked first; a refused bucket changes nothing. "
+           "Each bucket is packed into the served weights as it arrives (no second copy is held): until the "
+           "last bucket, generating is refused naming the refit under way. Returns the number of tensors sent "
+           "in this refit's buckets so far.")
       .def("chat", &LLM::chat, py::arg("messages"), py::arg("sampling_params") = py::none(), py::kw_only(),
            py::arg("chat_template") = py::none(), py::arg("add_generation_prompt") = true,
            py::arg("continue_final_message") = false, py::arg("tools") = py::none(),

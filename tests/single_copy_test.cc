@@ -62,6 +62,31 @@ std::string in_child(Fn fn) {
   return got;
 }
 
+// Every stored tensor of a checkpoint directory, as a trainer would send them.
+std::vector<TensorToWrite> all_tensors(const std::string& dir) {
+  std::vector<TensorToWrite> all;
+  for (const auto& f : fs::directory_iterator(dir))
+    if (f.path().extension() == ".safetensors")
+      for (TensorToWrite& t : read_safetensors(f.path().string())) all.push_back(std::move(t));
+  return all;
+}
+
+// A copy of the tensors of one unit of `all` (0: those outside the decoder layers; 1 + l: layer
+// l), made when it is sent, as a trainer's bucket is.
+std::vector<TensorToWrite> unit_bucket(const std::vector<TensorToWrite>& all, int unit) {
+  std::vector<TensorToWrite> bucket;
+  for (const TensorToWrite& t : all)
+    if (unit == 0 ? t.name.rfind("model.layers.", 0) != 0 : t.name.rfind(layer_prefix(unit - 1), 0) == 0)
+      bucket.push_back(t);
+  return bucket;
+}
+
+uint64_t bytes_of(const std::vector<TensorToWrite>& tensors) {
+  uint64_t bytes = 0;
+  for (const TensorToWrite& t : tensors) bytes += t.bytes.size();
+  return bytes;
+}
+
 // Peak resident memory across an open and a refit in one-layer buckets: the resident weights
 // are the checkpoint's bytes once, and the peak is those plus one layer being staged (a second
 // copy of the matrices would add all of them). Big buffers are 2 MiB transparent huge pages, so
@@ -81,23 +106,14 @@ TEST(SingleCopy, PeakResidentMemoryIsTheWeightsOnce) {
     ck->refit_from(*next);
     const uint64_t disk_refit_peak = status_kb("VmHWM:") * 1024;
     // A refit from tensors, a layer per bucket.
-    std::vector<TensorToWrite> all;
-    for (const auto& f : fs::directory_iterator(model))
-      if (f.path().extension() == ".safetensors")
-        for (TensorToWrite& t : read_safetensors(f.path().string())) all.push_back(std::move(t));
+    const std::vector<TensorToWrite> all = all_tensors(model);
     uint64_t largest_bucket = 0;
-    for (int l = -1; l < ck->config().num_layers; ++l) {
-      const std::string prefix = l < 0 ? "" : layer_prefix(l);
-      std::vector<TensorToWrite> bucket;
-      for (const TensorToWrite& t : all)
-        if (l < 0 ? t.name.rfind("model.layers.", 0) != 0 : t.name.rfind(prefix, 0) == 0) bucket.push_back(t);
-      uint64_t bytes = 0;
-      for (const TensorToWrite& t : bucket) bytes += t.bytes.size();
-      largest_bucket = std::max(largest_bucket, bytes);
+    for (int unit = 0; unit <= ck->config().num_layers; ++unit) {
+      std::vector<TensorToWrite> bucket = unit_bucket(all, unit);
+      largest_bucket = std::max(largest_bucket, bytes_of(bucket));
       ck->apply_update(std::move(bucket));
     }
-    uint64_t all_bytes = 0;
-    for (const TensorToWrite& t : all) all_bytes += t.bytes.size();
+    const uint64_t all_bytes = bytes_of(all);
     const uint64_t refit_peak = status_kb("VmHWM:") * 1024;
     return std::to_string(stored) + " " + std::to_string(held) + " " + std::to_string(loaded_peak - base) + " " +
            std::to_string(loaded_now - base) + " " + std::to_string(refit_peak - base) + " " +
@@ -119,6 +135,41 @@ TEST(SingleCopy, PeakResidentMemoryIsTheWeightsOnce) {
   EXPECT_LE(disk_peak, held + layer + huge_pages + slack);
   // The test's own copy of every tensor (the trainer's) and of one bucket is resident too.
   EXPECT_LE(refit_peak, held + all_bytes + 2 * layer + huge_pages + slack);
+}
+
+// The engine's refit from tensors in one-layer buckets: each bucket is packed in place as it
+// arrives, so the peak is the resident engine, the trainer's copy of the tensors (the test's)
+// and about two buckets (one applied, the one before being freed). Keeping the buckets until
+// the last one, as a staged refit would, adds every tensor again.
+TEST(SingleCopy, ARefitInBucketsHoldsAboutOneBucket) {
+  const std::string model = test_model("olmoe", "small"), other = test_model("olmoe", "small", 7);
+  const std::string got = in_child([&] {
+    EngineConfig c = testing::small_config(model);
+    Engine e(c);
+    e.generate({{3, 4, 5, 6}}, {greedy(2)});
+    const std::vector<TensorToWrite> all = all_tensors(other);
+    std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM starts again from VmRSS
+    const uint64_t resident = status_kb("VmRSS:") * 1024;
+    uint64_t largest_bucket = 0;
+    const int layers = e.model_config().num_layers;
+    for (int unit = 0; unit <= layers; ++unit) {
+      std::vector<TensorToWrite> bucket = unit_bucket(all, unit);
+      largest_bucket = std::max(largest_bucket, bytes_of(bucket));
+      e.stage_weights(std::move(bucket));
+    }
+    e.commit_staged_weights(true);
+    const uint64_t all_bytes = bytes_of(all);
+    const uint64_t peak = status_kb("VmHWM:") * 1024;
+    return std::to_string(peak - resident) + " " + std::to_string(largest_bucket) +
+           " " + std::to_string(all_bytes) + " " + std::to_string(layers);
+  });
+  ASSERT_EQ(got.find("error"), std::string::npos) << got;
+  std::istringstream in(got);
+  double grew = 0, bucket = 0, all_bytes = 0, layers = 0;
+  in >> grew >> bucket >> all_bytes >> layers;
+  std::printf("[ single copy ] refit in %d buckets of at most %.1f MB (%.1f MB in all): peak +%.1f MB over the engine\n",
+              int(layers) + 1, bucket / 1e6, all_bytes / 1e6, grew / 1e6);
+  EXPECT_LE(grew, 2 * bucket + 4e6) << "the buckets were kept rather than packed as they came";
 }
 
 std::string copy_model(const std::string& src, const std::string& name) {

@@ -15,8 +15,8 @@ int cmd_make_model(int argc, char** argv) {
       .opt("preset", "tiny", "tiny | small | bench | full. full: the released shapes of OLMoE-1B-7B-0924 (--arch\n"
                              "olmoe, 6.9B parameters, 13.8 GB in bf16), gpt-oss-20b (--arch gpt_oss --quant mxfp4,\n"
                              "12.8 GB) and Qwen3-30B-A3B (--arch qwen3_moe, 61 GB in bf16, 31 GB with --quant fp8).\n"
-                             "On a 24 GiB machine the first two fit its disk and page cache; Qwen3-30B-A3B needs a\n"
-                             "bigger one (and r3 holds a second copy of the matrices today: issue 42)")
+                             "On a 24 GiB machine r3 serves the first two (every weight is held once: about the\n"
+                             "checkpoint's bytes + the KV pool); Qwen3-30B-A3B needs a bigger one")
       .opt("seed", "0", "weight seed")
       .opt("dtype", "bf16", "bf16 | f32")
       .opt("out", "", "output directory (required)")

@@ -80,7 +80,9 @@ class AsyncLLM:
         return await self._run(self._engine.update_weights, path, flush_cache, weight_version)
 
     async def update_weights_from_tensors(self, named_tensors, flush_cache=True, weight_version=None, finished=True):
-        """In-memory refit in buckets: finished=False stages, finished=True applies all staged."""
+        """In-memory refit in buckets, each packed into the served weights as it arrives: from a
+        finished=False bucket until the finished=True one, running requests end (abort) and new ones
+        are refused; nothing runs on part-old, part-new weights."""
         return await self._run(self._engine.update_weights_from_tensors, named_tensors, flush_cache, weight_version,
                                finished)
 

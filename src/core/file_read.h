@@ -24,6 +24,9 @@ class RegularFile {
   // I/O error, or when the deadline passes.
   void read_at(uint64_t offset, void* dst, size_t n,
                std::chrono::steady_clock::time_point deadline) const;
+  // Asks the kernel to start reading [offset, offset + n) into the page cache and returns
+  // (posix_fadvise WILLNEED; advice only: nothing is reported).
+  void will_need(uint64_t offset, uint64_t n) const;
 
  private:
   std::string path_;

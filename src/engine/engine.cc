@@ -251,7 +251,7 @@ void Engine::worker_loop() {
 
 uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uint64_t group) {
   const ModelConfig& mc = model_config();
-  if (!failed_refit_.empty()) throw Error(failed_refit_);
+  refuse_mixed_weights();
   runner_->refuse_if_released();  // before queueing: a refused request leaves nothing behind
   if (prompt.empty()) throw Error("prompt_token_ids is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -614,10 +614,12 @@ void Engine::update_weights_from_headers(const std::shared_ptr<Checkpoint>& next
     failed_refit_ = "update_weights: the refit from " + dir + " failed after the served weights began to change (" +
                     e.what() + "); requests are refused until a refit succeeds";
     runner_->set_weights(ckpt_);
-    for (const auto& [id, request] : requests_) abort(id);
+    abort_unfinished();
+    forget_bucket_refit();
     throw Error(failed_refit_);
   }
   failed_refit_.clear();
+  forget_bucket_refit();
   runner_->set_weights(ckpt_);
   ++weight_version_;
   if (flush) drop_prefix_cache();
@@ -641,6 +643,7 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);
   failed_refit_.clear();
+  forget_bucket_refit();
   ++weight_version_;
   if (flush) drop_prefix_cache();
 }
@@ -648,33 +651,103 @@ void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
 void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
   refuse_under_expert_parallel("update_weights_from_tensors (refit)");
   refuse_on_shared_checkpoint("update_weights_from_tensors (refit)");
-  ckpt_->check_update(tensors);
+  ckpt_->check_update(tensors);  // a refused bucket changes nothing
   for (TensorToWrite& t : tensors) {
+    refit_sent_.insert(t.name);
     std::string name = t.name;
     staged_[name] = std::move(t);
+  }
+  // Released weights have no panels to write into: the buckets wait for the last one (they are
+  // then the only copy of the weights).
+  if (ckpt_->panels_released()) return;
+  // Each tensor goes into its panels as soon as the tensors it is packed with have arrived too,
+  // so the refit holds about one bucket beyond the resident weights, never a second copy.
+  std::vector<std::string> ready;
+  for (const auto& [name, t] : staged_) {
+    bool together = true;
+    for (const std::string& other : ckpt_->sent_together(name)) together = together && staged_.count(other);
+    if (together) ready.push_back(name);
+  }
+  if (ready.empty()) return;
+  std::vector<TensorToWrite> bucket;
+  for (const std::string& name : ready) {
+    bucket.push_back(std::move(staged_.at(name)));
+    staged_.erase(name);
+  }
+  if (!refit_in_place_) {
+    // From here until the last bucket the served weights are part old, part new: nothing runs on
+    // them. Running requests end now (reason abort, their partial outputs returned), new ones are
+    // refused naming this refit (refuse_mixed_weights).
+    drain();
+    abort_unfinished();
+    refit_in_place_ = true;
+  }
+  try {
+    apply_sent(std::move(bucket));
+  } catch (const std::exception& e) {
+    failed_refit_ = "update_weights_from_tensors: a bucket failed while being applied (" + std::string(e.what()) +
+                    "); requests are refused until a refit succeeds";
+    forget_bucket_refit();
+    throw Error(failed_refit_);
   }
 }
 
 void Engine::commit_staged_weights(bool flush) {
-  if (staged_.empty()) throw Error("update_weights_from_tensors: no tensors were staged");
-  std::vector<TensorToWrite> all;
-  all.reserve(staged_.size());
-  for (auto& [name, t] : staged_) all.push_back(std::move(t));
-  staged_.clear();  // refused or applied, this set of buckets is done
-  refuse_on_shared_checkpoint("update_weights_from_tensors (refit)");
-  drain();
-  // All checks come before anything changes; the checkpoint takes the sent bytes over and only
-  // the panels of those tensors are repacked. What they replaced is freed on a side thread, so the
-  // munmap of gigabytes is not part of the refit.
+  if (refit_sent_.empty()) throw Error("update_weights_from_tensors: no tensors were staged");
+  std::vector<TensorToWrite> rest;
+  rest.reserve(staged_.size());
+  for (auto& [name, t] : staged_) rest.push_back(std::move(t));
+  staged_.clear();
   // After a failed refit only one that sends every weight makes the served weights one set again.
-  const bool every_weight = ckpt_->used_tensors().size() == all.size();
-  Checkpoint::Update update = ckpt_->apply_update(std::move(all), pool_.get());
-  runner_->set_weights(ckpt_);
+  bool every_weight = true;
+  for (const std::string& name : ckpt_->used_tensors()) every_weight = every_weight && refit_sent_.count(name);
+  const size_t sent = refit_sent_.size();
+  const bool mixed = refit_in_place_;
+  refit_sent_.clear();  // refused or applied, this set of buckets is done
+  refit_in_place_ = false;
+  try {
+    refuse_on_shared_checkpoint("update_weights_from_tensors (refit)");
+    drain();
+    if (!rest.empty()) apply_sent(std::move(rest));
+  } catch (const std::exception& e) {
+    if (!mixed) throw;  // nothing changed: the old weights serve on
+    failed_refit_ = "update_weights_from_tensors: the last bucket was refused (" + std::string(e.what()) + ") after " +
+                    std::to_string(sent) + " tensors of earlier buckets had changed the served weights; requests "
+                    "are refused until a refit succeeds";
+    throw Error(failed_refit_);
+  }
   if (every_weight) failed_refit_.clear();
   ++weight_version_;
   if (flush) drop_prefix_cache();
+}
+
+void Engine::apply_sent(std::vector<TensorToWrite> tensors) {
+  // The checkpoint packs the sent bytes into the panels they replace (only those tensors' panels
+  // change). What they replaced is freed on a side thread, so the munmap of gigabytes is not
+  // part of the refit.
+  Checkpoint::Update update = ckpt_->apply_update(std::move(tensors), pool_.get());
+  runner_->set_weights(ckpt_);
   if (freeing_replaced_.valid()) freeing_replaced_.wait();
   freeing_replaced_ = std::async(std::launch::async, [old = std::move(update.replaced)]() mutable { old.clear(); });
+}
+
+void Engine::abort_unfinished() {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, request] : requests_) ids.push_back(id);
+  for (uint64_t id : ids) abort(id);
+}
+
+void Engine::forget_bucket_refit() {
+  staged_.clear();
+  refit_sent_.clear();
+  refit_in_place_ = false;
+}
+
+void Engine::refuse_mixed_weights() const {
+  if (!failed_refit_.empty()) throw Error(failed_refit_);
+  if (refit_in_place_)
+    throw Error("update_weights_from_tensors: a refit in buckets is under way (" + std::to_string(refit_sent_.size()) +
+                " tensors sent, applied in place): requests are refused until its last bucket (finished=true) lands");
 }
 
 bool Engine::reset_prefix_cache() {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -178,13 +179,20 @@ class Engine {
   uint64_t weight_version() const { return weight_version_; }
   // Why requests are refused after a refit failed midway; empty when the weights are one set.
   const std::string& failed_refit() const { return failed_refit_; }
-  // In-memory refit in buckets (a trainer sending its weights by Hugging Face name): each bucket
-  // is checked against the served model (name, shape, dtype; a refused bucket stages nothing)
-  // and kept; commit applies every staged tensor between steps (unsent tensors keep their
-  // values), repacks, and the version goes up. With flush, the prefix cache is dropped.
+  // In-memory refit in buckets (a trainer sending its weights by Hugging Face name). Each bucket
+  // is checked against the served model first (name, shape, dtype, values; a refused bucket
+  // changes nothing). Its tensors are then packed into the panels they replace, in place, as soon
+  // as the tensors packed with them (sent_together) have arrived: the refit holds about a bucket
+  // beyond the resident weights, never a second copy. From the first tensor applied until the
+  // last bucket (commit), running requests end with reason abort and new ones are refused naming
+  // the refit: no step ever runs on a mix of two weight sets. Commit applies what is left, the
+  // version goes up (flush: the prefix cache is dropped); a last bucket refused after earlier ones
+  // changed the weights leaves the engine refusing requests until a refit succeeds. With the
+  // weights released (release_memory) the buckets are kept until commit, which needs them all.
   void stage_weights(std::vector<TensorToWrite> tensors);
   void commit_staged_weights(bool flush_prefix_cache);
-  size_t staged_weight_tensors() const { return staged_.size(); }
+  // Tensors sent in the buckets of the refit under way.
+  size_t staged_weight_tensors() const { return refit_sent_.size(); }
   // EPLB: rebuilds the logical -> physical placement from the engine's own expert-load
   // statistics (the most loaded experts get the replicas). Between steps; routes and outputs
   // do not change.
@@ -238,6 +246,12 @@ class Engine {
   RequestOutput make_output(const Request& r);
   void publish_full_blocks(Request* r, int computed);
   void worker_loop();
+  // Packs sent tensors into the checkpoint's panels and rebuilds the runner's views (between steps).
+  void apply_sent(std::vector<TensorToWrite> tensors);
+  void abort_unfinished();     // every unfinished request ends with reason abort
+  void forget_bucket_refit();  // a refit from a checkpoint supersedes the buckets under way
+  // Throws while the served weights are not one set (a failed refit, buckets under way).
+  void refuse_mixed_weights() const;
 
   EngineConfig cfg_;
   std::shared_ptr<Checkpoint> ckpt_;
@@ -256,7 +270,9 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<uint64_t> aborted_;  // in the order asked, once each (aborted_set_)
   std::unordered_set<uint64_t> aborted_set_;
-  std::map<std::string, TensorToWrite> staged_;  // stage_weights, by name
+  std::map<std::string, TensorToWrite> staged_;  // sent, waiting for the tensors packed with them
+  std::set<std::string> refit_sent_;  // every tensor the buckets of the refit under way sent
+  bool refit_in_place_ = false;       // some of them are applied: the weights are part old, part new
   // The storage the last commit's tensors replaced, freed on a side thread: handing gigabytes of
   // pages back costs about what copying them would, and generation need not wait for it.
   std::future<void> freeing_replaced_;

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -18,6 +19,15 @@ namespace r3 {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+// The unit a stored tensor belongs to: 1 + its decoder layer, or 0 (embedding, norm, lm_head).
+int unit_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return 0;
+  return 1 + std::atoi(name.c_str() + prefix.size());
+}
+}  // namespace
 
 namespace {
 void refuse_if_non_finite(const TensorView& t);
@@ -656,12 +666,36 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
 
 void Checkpoint::load_weights() {
   const ModelConfig& c = weights_.config;
+  // While a unit is read and packed, the next one's bytes are asked of the disk: from a cold page
+  // cache the disk and the packing overlap. On a side thread, since the kernel may block while it
+  // submits the reads; it holds no memory of its own (the page cache may drop what it read).
+  std::vector<std::vector<std::pair<const SafetensorsFile*, std::string>>> by_unit(size_t(c.num_layers) + 1);
+  for (const auto& [name, file] : file_of_) {
+    const int u = unit_of(name);
+    if (u < int(by_unit.size())) by_unit[size_t(u)].push_back({file, name});
+  }
+  std::future<void> ahead;
+  auto read_ahead = [&](int u) {
+    if (ahead.valid()) ahead.wait();
+    if (u >= int(by_unit.size())) return;
+    ahead = std::async(std::launch::async, [&list = by_unit[size_t(u)]] {
+      for (const auto& [file, name] : list) file->prefetch(name);
+    });
+  };
+  struct WaitForTheReadAhead {
+    std::future<void>& f;
+    ~WaitForTheReadAhead() {
+      if (f.valid()) f.wait();
+    }
+  } wait_at_exit{ahead};
+  read_ahead(1);
   unit_ = 0;
   build_globals(weights_);
   settle(0, unit_views(0), nullptr);
   if (c.tie_word_embeddings) weights_.embed = weights_.lm_head;
   for (int i = 0; i < c.num_layers; ++i) {
     unit_ = i + 1;
+    read_ahead(unit_ + 1);
     weights_.layers.push_back(build_layer(i));
     settle(unit_, unit_views(unit_), nullptr);
   }
@@ -963,15 +997,6 @@ void Checkpoint::release_panels() {
   released_ = true;
 }
 
-namespace {
-// The unit a stored tensor belongs to: 1 + its decoder layer, or 0 (embedding, norm, lm_head).
-int unit_of(const std::string& name) {
-  static const std::string prefix = "model.layers.";
-  if (name.rfind(prefix, 0) != 0) return 0;
-  return 1 + std::atoi(name.c_str() + prefix.size());
-}
-}  // namespace
-
 Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool) {
   check_update(tensors);
   std::map<std::string, TensorToWrite*> sent;
@@ -1074,6 +1099,22 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   for (TensorToWrite& t : codes) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
   for (auto& [name, t] : index_)
     if (transient_.count(t->data)) t->data = nullptr;
+  return out;
+}
+
+std::vector<std::string> Checkpoint::sent_together(const std::string& name) const {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& other) {
+    if (index_.count(other)) out.push_back(other);
+  };
+  if (ends_with(name, "_scale_inv")) add(name.substr(0, name.size() - 10));
+  add(name + "_scale_inv");
+  if (ends_with(name, "_blocks")) add(name.substr(0, name.size() - 7) + "_scales");
+  if (ends_with(name, "_scales")) add(name.substr(0, name.size() - 7) + "_blocks");
+  if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
+    if (name == "lm_head.weight") add("model.embed_tokens.weight");
+    if (name == "model.embed_tokens.weight") add("lm_head.weight");
+  }
   return out;
 }
 

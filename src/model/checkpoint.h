@@ -127,6 +127,11 @@ class Checkpoint {
   const std::set<std::string>& used_tensors() const { return used_; }
   // Bytes of every stored tensor (as in the files).
   uint64_t stored_bytes() const;
+  // The stored tensors an update would rather receive together with `name` (an FP8 weight and
+  // its scales, MXFP4 blocks and scales, a tied checkpoint's embedding and stored lm_head): a
+  // refit in buckets applies a tensor once these have arrived too (apply_update decides which
+  // combinations it refuses).
+  std::vector<std::string> sent_together(const std::string& name) const;
   // apply_update checks everything first, then rebuilds the layers the sent tensors belong to:
   // their matrices are packed into the panels they had (in place: a refit needs the sent bytes
   // beyond the resident weights, never a second copy), their small tensors replace the kept ones.

@@ -138,6 +138,11 @@ void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
   }
 }
 
+void SafetensorsFile::prefetch(const std::string& name) const {
+  if (!file_ || never_read(name)) return;
+  file_->will_need(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
+}
+
 std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::string_view start,
                                                                         const std::string& name) {
   if (start.size() < 8) return std::nullopt;

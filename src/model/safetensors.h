@@ -50,6 +50,9 @@ class SafetensorsFile {
   // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
   // untouched). Throws r3::Error naming the file when it ends early or the read fails.
   void read_tensor(const std::string& name, uint8_t* dst) const;
+  // Asks the kernel to start reading `name`'s bytes (RegularFile::will_need), so a later
+  // read_tensor finds them in the page cache; nothing for bytes in memory or never read.
+  void prefetch(const std::string& name) const;
   // Whether UnreadParts skips all of `name` (its data stays null).
   bool never_read(const std::string& name) const {
     auto it = unread_copy_.find(name);

@@ -450,8 +450,8 @@ struct Server::Impl {
   }
 
   // The body is a safetensors file of tensors by Hugging Face name; options come as query
-  // parameters (flush_cache, weight_version, finished, abort_all_requests). finished=false stages
-  // a bucket; the bucket that says finished applies everything staged.
+  // parameters (flush_cache, weight_version, finished, abort_all_requests). each bucket is packed
+  // as it arrives (Engine::stage_weights); the bucket that says finished ends the refit.
   void update_weights_from_tensor(httplib::Request& hreq, httplib::Response& res) {
     for (auto& [k, v] : hreq.params)
       if (k != "flush_cache" && k != "weight_version" && k != "finished" && k != "abort_all_requests")
