@@ -42,6 +42,10 @@ void RegularFile::will_need(uint64_t offset, uint64_t n) const {
   (void)posix_fadvise(fd_, off_t(offset), off_t(n), POSIX_FADV_WILLNEED);
 }
 
+void RegularFile::dont_need(uint64_t offset, uint64_t n) const {
+  (void)posix_fadvise(fd_, off_t(offset), off_t(n), POSIX_FADV_DONTNEED);
+}
+
 void RegularFile::read_at(uint64_t offset, void* dst, size_t n,
                           std::chrono::steady_clock::time_point deadline) const {
   char* out = static_cast<char*>(dst);

@@ -27,6 +27,9 @@ class RegularFile {
   // Asks the kernel to start reading [offset, offset + n) into the page cache and returns
   // (posix_fadvise WILLNEED; advice only: nothing is reported).
   void will_need(uint64_t offset, uint64_t n) const;
+  // Tells the kernel [offset, offset + n) will not be read again, so its page cache may go
+  // (posix_fadvise DONTNEED; advice only).
+  void dont_need(uint64_t offset, uint64_t n) const;
 
  private:
   std::string path_;

@@ -10,6 +10,7 @@
 #include "core/panel_layout.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
+#include "core/resident_memory.h"
 #include "core/thread_pool.h"
 #include "core/u64_words.h"
 #include "kernels/matmul.h"
@@ -643,6 +644,8 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
     }
   };
   for (TensorView* t : read_) {
+    if (drop_read_pages_)
+      if (auto f = file_of_.find(t->name); f != file_of_.end()) f->second->drop_cached(t->name);
     const auto* b = static_cast<const uint8_t*>(t->data);
     const size_t n = t->nbytes() - size_t(t->num_block_scales()) * 4;
     if (b && pointed_into(b, n)) {
@@ -674,6 +677,14 @@ void Checkpoint::load_weights() {
     const int u = unit_of(name);
     if (u < int(by_unit.size())) by_unit[size_t(u)].push_back({file, name});
   }
+  // Files and weights that cannot both stay in memory (more than half of it each): the page
+  // cache would only be reclaimed page by page while the weights are packed, at a cost in system
+  // time larger than the read, so the loader gives each tensor's file pages back itself.
+  uint64_t file_bytes = 0;
+  for (const auto& f : files_)
+    if (f->lazy())
+      for (const auto& [name, t] : f->tensors()) file_bytes += t.nbytes();
+  drop_read_pages_ = double(file_bytes) > physical_memory_mb() * double(1 << 20) / 2;
   std::future<void> ahead;
   auto read_ahead = [&](int u) {
     if (ahead.valid()) ahead.wait();
@@ -693,6 +704,9 @@ void Checkpoint::load_weights() {
   build_globals(weights_);
   settle(0, unit_views(0), nullptr);
   if (c.tie_word_embeddings) weights_.embed = weights_.lm_head;
+  // Unit 0's staging is not kept for the layers: an embedding and lm_head of a large vocabulary
+  // are several layers' worth (gpt-oss-20b: 2.3 GB against 0.55 GB a layer).
+  staging_ = Staging();
   for (int i = 0; i < c.num_layers; ++i) {
     unit_ = i + 1;
     read_ahead(unit_ + 1);
@@ -858,18 +872,17 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
     v.scales = scales;
     return v;
   };
-  // Rows parity, parity + 2, ... of expert e's gate_up: blocks then scales in one derived buffer.
+  // Rows parity, parity + 2, ... of expert e's gate_up: blocks then scales in one buffer. They
+  // live only until the unit is packed (the panels hold them then), so they come from the
+  // staging area, whose pages every unit reuses, rather than fresh memory per layer; the
+  // buffers are taken here and filled on the load's threads, an expert at a time.
+  const int64_t rb = H / 2, rs = H / 32;  // bytes per row
+  std::vector<std::array<uint8_t*, 2>> split(static_cast<size_t>(E), {nullptr, nullptr});
   auto every_other_row = [&](int64_t e, int parity) {
-    if (!gu_blocks.data) return view(gu + "[" + std::to_string(e) + (parity ? "].up" : "].gate"), gu_blocks.file, I, H, nullptr, nullptr);
-    const int64_t rb = H / 2, rs = H / 32;  // bytes per row
-    uint8_t* out = derived_buffer(size_t(I * (rb + rs)));
-    const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
-    const auto* s = static_cast<const uint8_t*>(gu_scales.data) + size_t(e * 2 * I * rs);
-    for (int64_t i = 0; i < I; ++i) {
-      std::memcpy(out + i * rb, b + (2 * i + parity) * rb, size_t(rb));
-      std::memcpy(out + I * rb + i * rs, s + (2 * i + parity) * rs, size_t(rs));
-    }
-    return view(gu + "[" + std::to_string(e) + (parity ? "].up" : "].gate"), gu_blocks.file, I, H, out, out + I * rb);
+    const std::string name = gu + "[" + std::to_string(e) + (parity ? "].up" : "].gate");
+    if (!gu_blocks.data) return view(name, gu_blocks.file, I, H, nullptr, nullptr);
+    uint8_t* buf = split[size_t(e)][size_t(parity)] = staging(size_t(I * (rb + rs)));
+    return view(name, gu_blocks.file, I, H, buf, buf + I * rb);
   };
   std::vector<ExpertWeights> out(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
@@ -881,6 +894,21 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
                   dn_blocks.data ? static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2) : nullptr,
                   dn_scales.data ? static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32) : nullptr);
   }
+  auto fill = [&](int64_t e) {
+    const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
+    const auto* sc = static_cast<const uint8_t*>(gu_scales.data) + size_t(e * 2 * I * rs);
+    for (int parity = 0; parity < 2; ++parity) {
+      uint8_t* to = split[size_t(e)][size_t(parity)];
+      if (!to) continue;
+      for (int64_t i = 0; i < I; ++i) {
+        std::memcpy(to + i * rb, b + (2 * i + parity) * rb, size_t(rb));
+        std::memcpy(to + I * rb + i * rs, sc + (2 * i + parity) * rs, size_t(rs));
+      }
+    }
+  };
+  if (pool_) pool_->parallel_for_each(E, fill);
+  else
+    for (int64_t e = 0; e < E; ++e) fill(e);
   return out;
 }
 

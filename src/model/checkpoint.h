@@ -180,6 +180,9 @@ class Checkpoint {
   std::string dir_;
   bool partial_ = false;  // opened without some experts
   bool refuse_non_finite_ = false;
+  // The files are too big to stay in the page cache beside the weights (load_weights): each
+  // tensor's cached file pages are given back once it is packed.
+  bool drop_read_pages_ = false;
   bool updated_in_memory_ = false;  // from_memory, or an apply_update since the files were read
   bool released_ = false;
   std::vector<std::vector<bool>> held_;  // [decoder layer][E]: empty (a dense layer, or all held)

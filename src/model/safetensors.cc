@@ -143,6 +143,11 @@ void SafetensorsFile::prefetch(const std::string& name) const {
   file_->will_need(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
 }
 
+void SafetensorsFile::drop_cached(const std::string& name) const {
+  if (!file_ || never_read(name)) return;
+  file_->dont_need(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
+}
+
 std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::string_view start,
                                                                         const std::string& name) {
   if (start.size() < 8) return std::nullopt;

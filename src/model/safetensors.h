@@ -53,6 +53,8 @@ class SafetensorsFile {
   // Asks the kernel to start reading `name`'s bytes (RegularFile::will_need), so a later
   // read_tensor finds them in the page cache; nothing for bytes in memory or never read.
   void prefetch(const std::string& name) const;
+  // The reverse: `name`'s bytes may leave the page cache (RegularFile::dont_need).
+  void drop_cached(const std::string& name) const;
   // Whether UnreadParts skips all of `name` (its data stays null).
   bool never_read(const std::string& name) const {
     auto it = unread_copy_.find(name);

@@ -1,0 +1,78 @@
+#!/bin/bash
+# A real-size checkpoint on this machine (issue 42): start-up from a cold and a warm page cache,
+# peak resident memory, and r3 serve's /generate with routes (3 requests at once) against solo
+# `r3 generate` runs of the same prompts, bit for bit (tokens, logprobs, routes).
+#   scripts/full_size_check.sh MODEL_DIR [BUILD_DIR]
+# Make the model first, e.g. `build/r3 make-model --arch olmoe --preset full --out /tmp/full`
+# (13.8 GB) or `--arch gpt_oss --quant mxfp4 --preset full` (13.8 GB); delete it afterwards.
+# The cold figures need root (/proc/sys/vm/drop_caches); without it they are skipped.
+set -euo pipefail
+M=${1:?usage: scripts/full_size_check.sh MODEL_DIR [BUILD_DIR]}
+B=${2:-build}
+R3=$(realpath "$B/r3")
+PY=/usr/bin/python3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+$PY - <<'P'
+import json
+with open("one.jsonl", "w") as f:
+    f.write(json.dumps({"prompt_token_ids": [11, 12, 13], "max_tokens": 1, "temperature": 0}) + "\n")
+with open("three.jsonl", "w") as f:
+    for i in range(3):
+        f.write(json.dumps({"prompt_token_ids": [100 + i * 7 + j for j in range(5 + 3 * i)], "max_tokens": 8,
+                            "temperature": 1.0, "seed": 5 + i, "return_routed_experts": True,
+                            "ignore_eos": True}) + "\n")
+P
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+if [ -w /proc/sys/vm/drop_caches ]; then
+  drop
+  s=$(date +%s.%N); cat "$M"/*.safetensors > /dev/null; e=$(date +%s.%N)
+  echo "cold read of the files (cat): $(echo "$e - $s" | bc) s"
+  drop
+  /usr/bin/time -f "cold r3 generate of 1 token: %e s wall (%S s system), peak RSS %M KB" \
+    "$R3" generate --model "$M" --kv-cache-mb 1024 --input one.jsonl --output one.out --no-progress
+else
+  echo "not root: cold figures skipped"
+fi
+/usr/bin/time -f "warm r3 generate, 3 prompts one at a time with routes: %e s wall (%S s system), peak RSS %M KB" \
+  "$R3" generate --model "$M" --kv-cache-mb 1024 --max-num-seqs 1 --enable-return-routed-experts \
+  --input three.jsonl --output solo.out --no-progress
+PORT=$((20000 + RANDOM % 20000))
+"$R3" serve --model "$M" --kv-cache-mb 1024 --enable-return-routed-experts --port $PORT > serve.log 2>&1 &
+SP=$!
+for _ in $(seq 1 300); do curl -sf localhost:$PORT/health > /dev/null && break; sleep 1; done
+cat serve.log
+PORT=$PORT $PY - <<'P'
+import base64, json, os, threading, urllib.request
+import numpy as np
+port = os.environ["PORT"]
+lines = [json.loads(l) for l in open("three.jsonl")]
+solo = [json.loads(l) for l in open("solo.out")]
+res = [None] * 3
+def go(i):
+    L = lines[i]
+    body = {"input_ids": L["prompt_token_ids"], "return_routed_experts": True, "routed_experts_start_len": 0,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "seed": L["seed"], "ignore_eos": True}}
+    req = urllib.request.Request(f"http://localhost:{port}/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    res[i] = json.loads(urllib.request.urlopen(req).read())
+threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+ok = True
+for i in range(3):
+    g, s = res[i], solo[i]
+    got = np.frombuffer(base64.b64decode(g["meta_info"]["routed_experts"]), dtype="<i4")
+    want = np.frombuffer(base64.b64decode(s["routed_experts"]["data"]), dtype="<i2").astype(np.int32)
+    same = (g["output_ids"] == s["token_ids"],
+            [x[0] for x in g["meta_info"]["output_token_logprobs"]] == s["logprobs"],
+            got.shape == want.shape and bool((got == want).all()))
+    print(f"prompt {i}: tokens {same[0]}, logprobs {same[1]}, routes ({got.size} ids) {same[2]}")
+    ok = ok and all(same)
+print("served concurrently == solo runs:", ok)
+raise SystemExit(0 if ok else 1)
+P
+grep VmHWM /proc/$SP/status
+kill -TERM $SP
+wait $SP || true
