@@ -22,11 +22,7 @@ using testing::greedy;
 using testing::test_model;
 
 std::string copy_model(const std::string& src, const std::string& name) {
-  const fs::path dst = fs::temp_directory_path() / ("r3_fail_closed_" + std::to_string(getpid())) / name;
-  fs::remove_all(dst);
-  fs::create_directories(dst.parent_path());
-  fs::copy(src, dst, fs::copy_options::recursive);
-  return dst.string();
+  return testing::copy_test_model(src, "r3_fail_closed", name);
 }
 
 void set_config_key(const std::string& dir, const std::string& key, const json& value) {

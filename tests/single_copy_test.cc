@@ -173,11 +173,7 @@ TEST(SingleCopy, ARefitInBucketsHoldsAboutOneBucket) {
 }
 
 std::string copy_model(const std::string& src, const std::string& name) {
-  const fs::path dst = fs::temp_directory_path() / ("r3_single_copy_" + std::to_string(getpid())) / name;
-  fs::remove_all(dst);
-  fs::create_directories(dst.parent_path());
-  fs::copy(src, dst, fs::copy_options::recursive);
-  return dst.string();
+  return testing::copy_test_model(src, "r3_single_copy", name);
 }
 
 // Files rewritten after the load change nothing served (nothing is read from them again); a

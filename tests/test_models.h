@@ -46,4 +46,15 @@ inline std::string test_model(const std::string& arch, const std::string& preset
   return made[key] = dir;
 }
 
+// A copy of the checkpoint in `src` that a test may damage, under a folder of this process's
+// named by `suite`; the folder's earlier copy of the same name is replaced.
+inline std::string copy_test_model(const std::string& src, const std::string& suite, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path dst = fs::temp_directory_path() / (suite + "_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dst);
+  fs::create_directories(dst.parent_path());
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst.string();
+}
+
 }  // namespace r3::testing

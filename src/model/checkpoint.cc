@@ -680,11 +680,7 @@ void Checkpoint::load_weights() {
   // Files and weights that cannot both stay in memory (more than half of it each): the page
   // cache would only be reclaimed page by page while the weights are packed, at a cost in system
   // time larger than the read, so the loader gives each tensor's file pages back itself.
-  uint64_t file_bytes = 0;
-  for (const auto& f : files_)
-    if (f->lazy())
-      for (const auto& [name, t] : f->tensors()) file_bytes += t.nbytes();
-  drop_read_pages_ = double(file_bytes) > physical_memory_mb() * double(1 << 20) / 2;
+  drop_read_pages_ = !files_.empty() && double(stored_bytes()) > physical_memory_mb() * double(1 << 20) / 2;
   std::future<void> ahead;
   auto read_ahead = [&](int u) {
     if (ahead.valid()) ahead.wait();

@@ -97,8 +97,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const UnreadParts* unr
   identity_ = identity_of(path);
   if (unread) unread_copy_ = *unread;
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
-  parse(file_->size(), [&](uint64_t offset, void* dst, size_t n) { file_->read_at(offset, dst, n, deadline); },
-        nullptr, /*hold=*/false);
+  parse(file_->size(), [&](uint64_t offset, void* dst, size_t n) { file_->read_at(offset, dst, n, deadline); });
 }
 
 SafetensorsFile::Identity SafetensorsFile::identity_of(const std::string& path) {
@@ -166,12 +165,11 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view by
   f->parse(bytes.size(), [&](uint64_t offset, void* dst, size_t n) {
     if (offset > bytes.size() || n > bytes.size() - offset) throw Error(name + ": read past the end");
     std::memcpy(dst, bytes.data() + offset, n);
-  }, nullptr, /*hold=*/true);
+  });
   return f;
 }
 
-void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-                            const UnreadParts* unread, bool hold) {
+void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at) {
   const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
@@ -234,43 +232,17 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
     throw Error(path + ": the tensors cover " + std::to_string(covered) + " bytes of the " +
                 std::to_string(buffer_size) + "-byte data buffer (wrong header length or trailing bytes)");
   data_start_ = 8 + n;
-  if (!hold) return;  // a file: tensors are read when asked for
+  if (file_) return;  // a file: tensors are read when asked for (read_tensor)
 
   // Copy every tensor into owned, 64-byte aligned memory (each tensor at an aligned offset, so
-  // a file that packs tensors at odd offsets is read without misaligned access).
+  // bytes that pack tensors at odd offsets are read without misaligned access).
   uint64_t owned = 0;
-  // null: read whole; an empty vector: not at all; else the rows not marked.
-  auto parts = [&](const Entry& en) -> const std::vector<bool>* {
-    if (!unread) return nullptr;
-    auto it = unread->find(en.name);
-    return it == unread->end() ? nullptr : &it->second;
-  };
-  auto read = [&](const Entry& en) { const auto* p = parts(en); return !p || !p->empty(); };
-  for (const Entry& en : entries)
-    if (read(en)) owned += round_up64(en.end - en.begin);
+  for (const Entry& en : entries) owned += round_up64(en.end - en.begin);
   data_.reset(static_cast<uint8_t*>(::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
   uint64_t at = 0;
   for (const Entry& en : entries) {
-    if (!read(en)) continue;
-    TensorView& t = tensors_[en.name];
-    const std::vector<bool>* skip = parts(en);
-    if (!skip) {
-      read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
-    } else {  // row by row of the first dimension, runs of read rows at once
-      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-      if (int64_t(skip->size()) != rows)
-        throw Error(path + ": tensor \"" + en.name + "\": " + std::to_string(skip->size()) + " row marks for " + std::to_string(rows) + " rows");
-      const uint64_t row_bytes = rows ? (en.end - en.begin) / uint64_t(rows) : 0;
-      for (int64_t r = 0; r < rows;) {
-        if ((*skip)[size_t(r)]) { ++r; continue; }
-        int64_t e = r;
-        while (e < rows && !(*skip)[size_t(e)]) ++e;
-        read_at(8 + n + en.begin + uint64_t(r) * row_bytes, data_.get() + at + uint64_t(r) * row_bytes,
-                size_t(uint64_t(e - r) * row_bytes));
-        r = e;
-      }
-    }
-    t.data = data_.get() + at;
+    read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
+    tensors_[en.name].data = data_.get() + at;
     at += round_up64(en.end - en.begin);
   }
   owned_bytes_ = owned;

@@ -74,8 +74,9 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at,
-             const UnreadParts* unread, bool hold);  // hold: copy every tensor in now
+  // Checks the header; bytes in memory (no file_) are copied in now, a file's are read later
+  // (read_tensor).
+  void parse(uint64_t size, const std::function<void(uint64_t, void*, size_t)>& read_at);
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };
