@@ -22,10 +22,13 @@ TEST(StartupReport, PhasesAndBytesAreMeasured) {
   EXPECT_EQ(s.checkpoint_bytes, stored);
   EXPECT_GT(s.open_seconds, 0);
   EXPECT_GT(s.build_seconds, 0);
+  EXPECT_GT(s.read_seconds, 0);
+  EXPECT_GT(s.pack_seconds, 0);
+  EXPECT_LE(s.read_seconds + s.pack_seconds, s.open_seconds);
   EXPECT_GE(s.total_seconds, s.open_seconds + s.build_seconds);
   EXPECT_GT(s.kv_bytes, 0u);
   EXPECT_GT(s.resident_mb, 0);
-  EXPECT_NE(s.line().find("weights 0.00 GB read and checked in"), std::string::npos) << s.line();
+  EXPECT_NE(s.line().find("weights 0.00 GB in "), std::string::npos) << s.line();
 }
 
 }  // namespace

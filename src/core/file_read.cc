@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -38,8 +40,45 @@ RegularFile::~RegularFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void RegularFile::will_need(uint64_t offset, uint64_t n) const {
-  (void)posix_fadvise(fd_, off_t(offset), off_t(n), POSIX_FADV_WILLNEED);
+const uint8_t* RegularFile::read_direct(uint64_t offset, size_t n, uint8_t* dst,
+                                        std::chrono::steady_clock::time_point deadline) const {
+  // /proc/self/fd/N opens the inode this descriptor holds, even if the path now names another file.
+  const std::string self = "/proc/self/fd/" + std::to_string(fd_);
+  const int fd = ::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uint64_t begin = offset / kDirectAlign * kDirectAlign, want = offset + n;
+  uint64_t at = begin;
+  constexpr size_t kChunk = size_t(64) << 20;  // the deadline is checked between chunks
+  while (at < want) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(path_ + ": reading took longer than the time limit (a stalled file system?)");
+    const size_t ask = size_t(std::min<uint64_t>(kChunk, (want - at + kDirectAlign - 1) / kDirectAlign * kDirectAlign));
+    const ssize_t got = ::pread(fd, dst + (at - begin), ask, off_t(at));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL && at == begin) return nullptr;  // direct reads refused here
+      throw Error(path_ + ": read failed (" + std::strerror(errno) + ")");
+    }
+    if (got == 0) throw Error(path_ + ": the file ended early (truncated while being read?)");
+    at += uint64_t(got);
+  }
+  return dst + (offset - begin);
+}
+
+bool RegularFile::mostly_cached(uint64_t offset, uint64_t n) const {
+  // cachestat is number 451 on every architecture (Linux 6.5); older kernels answer ENOSYS.
+  constexpr long kCachestat = 451;
+  struct {
+    uint64_t off, len;
+  } range{offset, n};
+  struct {
+    uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  } stat{};
+  return ::syscall(kCachestat, fd_, &range, &stat, 0) == 0 && stat.cache * uint64_t(sysconf(_SC_PAGESIZE)) * 2 >= n;
 }
 
 void RegularFile::dont_need(uint64_t offset, uint64_t n) const {

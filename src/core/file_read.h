@@ -24,9 +24,20 @@ class RegularFile {
   // I/O error, or when the deadline passes.
   void read_at(uint64_t offset, void* dst, size_t n,
                std::chrono::steady_clock::time_point deadline) const;
-  // Asks the kernel to start reading [offset, offset + n) into the page cache and returns
-  // (posix_fadvise WILLNEED; advice only: nothing is reported).
-  void will_need(uint64_t offset, uint64_t n) const;
+  // Reads [offset, offset + n) past the page cache (O_DIRECT, through a second descriptor of
+  // this same file, not its path): the disk writes into dst, with no page-cache pages to fill,
+  // copy from and free. dst is kDirectAlign-aligned with room for direct_span(offset, n) bytes;
+  // returns where the range begins in dst, or null when the file system refuses direct reads
+  // (read_at then). Throws like read_at.
+  static constexpr size_t kDirectAlign = 4096;
+  static size_t direct_span(uint64_t offset, size_t n) {
+    return (size_t(offset % kDirectAlign) + n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  }
+  const uint8_t* read_direct(uint64_t offset, size_t n, uint8_t* dst,
+                             std::chrono::steady_clock::time_point deadline) const;
+  // Whether at least half of [offset, offset + n) is in the page cache (cachestat(2); false
+  // where the kernel lacks it).
+  bool mostly_cached(uint64_t offset, uint64_t n) const;
   // Tells the kernel [offset, offset + n) will not be read again, so its page cache may go
   // (posix_fadvise DONTNEED; advice only).
   void dont_need(uint64_t offset, uint64_t n) const;

@@ -83,6 +83,8 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   if (!ckpt_) {
     ckpt_ = Checkpoint::open(cfg_.model, held, pool_.get());
     startup_.open_seconds = seconds_since(started);
+    startup_.read_seconds = ckpt_->load_figures().read_seconds;
+    startup_.pack_seconds = ckpt_->load_figures().pack_seconds;
   }
   const auto built = std::chrono::steady_clock::now();
   const ModelConfig& mc = ckpt_->config();
@@ -161,12 +163,13 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
 }
 
 std::string StartupReport::line() const {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                "weights %.2f GB read and checked in %.2f s, packed with the KV pool (%.2f GB, committed as "
-                "written) set up in %.2f s; %.2f s in all; resident %.0f MB",
-                double(checkpoint_bytes) / 1e9, open_seconds, double(kv_bytes) / 1e9, build_seconds, total_seconds,
-                resident_mb);
+                "weights %.2f GB in %.2f s (read %.2f s, packed %.2f s, checked %.2f s); KV pool %.2f GB "
+                "(committed as written) and runner set up in %.2f s; %.2f s in all; resident %.0f MB",
+                double(checkpoint_bytes) / 1e9, open_seconds, read_seconds, pack_seconds,
+                std::max(0.0, open_seconds - read_seconds - pack_seconds), double(kv_bytes) / 1e9, build_seconds,
+                total_seconds, resident_mb);
   return buf;
 }
 

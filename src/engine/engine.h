@@ -115,8 +115,10 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& weight
 // What start-up cost, measured as it happened: one line for `r3 serve` and `r3 generate`, and the
 // figures `r3 bench` reports.
 struct StartupReport {
-  double open_seconds = 0;     // read and validate the checkpoint (0 when it was shared)
-  double build_seconds = 0;    // pack the weights into the runner's panels, set up the KV pool
+  double open_seconds = 0;     // open the checkpoint: read, check and pack it (0 when it was shared)
+  double read_seconds = 0;     // of open: waiting for the files' bytes
+  double pack_seconds = 0;     // of open: packing them into panels (their pages' first touch too)
+  double build_seconds = 0;    // the runner, the KV pool and the threads
   double total_seconds = 0;    // the whole constructor
   uint64_t checkpoint_bytes = 0;  // the stored tensors
   uint64_t kv_bytes = 0;          // the KV pools (committed as written)

@@ -1,9 +1,12 @@
 #include "model/checkpoint.h"
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -255,9 +258,11 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
   return t;
 }
 
-uint8_t* Checkpoint::staging(size_t bytes) {
+uint8_t* Checkpoint::staging(size_t bytes) { return Staging::take(staging_, bytes); }
+
+uint8_t* Checkpoint::Staging::take(Staging& s, size_t bytes, size_t align) {
   bytes = (bytes + 63) / 64 * 64;
-  Staging& s = staging_;
+  s.used = (s.used + align - 1) / align * align;
   while (s.chunk < s.chunks.size() && s.used + bytes > s.sizes[s.chunk]) {
     ++s.chunk;
     s.used = 0;
@@ -283,8 +288,17 @@ void Checkpoint::materialize(TensorView& t) {
   auto f = file_of_.find(t.name);
   if (f == file_of_.end() || !f->second->lazy()) return;  // dropped after an earlier load
   if (f->second->never_read(t.name)) return;  // another rank's
+  if (auto r = read_ahead_.find(t.name); r != read_ahead_.end()) {  // load_weights' reader has it
+    t.data = r->second;
+    read_ahead_.erase(r);
+    read_.push_back(&t);
+    if (refuse_non_finite_) refuse_if_non_finite(t);
+    return;
+  }
   uint8_t* p = staging(t.nbytes());
+  const auto started = std::chrono::steady_clock::now();
   f->second->read_tensor(t.name, p);
+  load_figures_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   t.data = p;
   read_.push_back(&t);
   if (refuse_non_finite_) refuse_if_non_finite(t);
@@ -615,9 +629,11 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
     const Item& it = items[size_t(k)];
     kernels::pack_bf16_panels(*mats[it.tensor], panels + at[it.tensor], it.begin, it.end);
   };
+  const auto started = std::chrono::steady_clock::now();
   if (pool_) pool_->parallel_for_each(int64_t(items.size()), pack);
   else
     for (size_t k = 0; k < items.size(); ++k) pack(int64_t(k));
+  load_figures_.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (size_t i = 0; i < mats.size(); ++i) {
     mats[i]->packed = panels + at[i];
     mats[i]->data = nullptr;  // the panels are the copy now
@@ -667,34 +683,72 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
   widened_.clear();
 }
 
+namespace {
+std::atomic<bool> files_treated_as_large{false};
+}  // namespace
+
+void Checkpoint::treat_files_as_large(bool on) { files_treated_as_large = on; }
+
 void Checkpoint::load_weights() {
   const ModelConfig& c = weights_.config;
-  // While a unit is read and packed, the next one's bytes are asked of the disk: from a cold page
-  // cache the disk and the packing overlap. On a side thread, since the kernel may block while it
-  // submits the reads; it holds no memory of its own (the page cache may drop what it read).
-  std::vector<std::vector<std::pair<const SafetensorsFile*, std::string>>> by_unit(size_t(c.num_layers) + 1);
+  // A reader thread reads decoder layer l + 1's stored bytes into a second staging area while
+  // layer l is packed: from a cold page cache the disk and the packing overlap (the kernel's
+  // own read-ahead covers a few MiB, and posix_fadvise WILLNEED is cut to that window too). The
+  // two areas take turns; the reader touches nothing else of the checkpoint, and a read error
+  // reaches this thread when the layer is taken, so a load fails where it did before.
+  struct Ahead {
+    const SafetensorsFile* file;
+    std::string name;
+    size_t bytes;
+  };
+  std::vector<std::vector<Ahead>> by_unit(size_t(c.num_layers) + 1);
   for (const auto& [name, file] : file_of_) {
     const int u = unit_of(name);
-    if (u < int(by_unit.size())) by_unit[size_t(u)].push_back({file, name});
+    if (u < 1 || u >= int(by_unit.size()) || !file->lazy() || file->never_read(name) || knowingly_unused(name)) continue;
+    if (const TensorView& t = *index_.at(name); !t.data) by_unit[size_t(u)].push_back({file, name, t.nbytes()});
   }
   // Files and weights that cannot both stay in memory (more than half of it each): the page
   // cache would only be reclaimed page by page while the weights are packed, at a cost in system
   // time larger than the read, so the loader gives each tensor's file pages back itself.
-  drop_read_pages_ = !files_.empty() && double(stored_bytes()) > physical_memory_mb() * double(1 << 20) / 2;
+  drop_read_pages_ = !files_.empty() && (files_treated_as_large.load() ||
+                                         double(stored_bytes()) > physical_memory_mb() * double(1 << 20) / 2);
+  load_figures_ = LoadFigures();
+  Staging ahead_area;
+  std::map<std::string, uint8_t*> ahead_read;
+  uint64_t ahead_direct = 0;
   std::future<void> ahead;
-  auto read_ahead = [&](int u) {
-    if (ahead.valid()) ahead.wait();
-    if (u >= int(by_unit.size())) return;
-    ahead = std::async(std::launch::async, [&list = by_unit[size_t(u)]] {
-      for (const auto& [file, name] : list) file->prefetch(name);
-    });
-  };
-  struct WaitForTheReadAhead {
+  struct WaitForTheReader {  // before ahead_area and ahead_read go, on every way out
     std::future<void>& f;
-    ~WaitForTheReadAhead() {
+    ~WaitForTheReader() {
       if (f.valid()) f.wait();
     }
   } wait_at_exit{ahead};
+  auto read_ahead = [&](int u) {
+    if (u >= int(by_unit.size())) return;
+    // Files too big to stay cached are read past the page cache where it does not hold them
+    // already: no page-cache pages to fill, copy from and give back (about a fifth of a cold
+    // start's processor time, which the first touch of the panels already fills).
+    ahead = std::async(std::launch::async, [&area = ahead_area, &out = ahead_read, &direct_bytes = ahead_direct,
+                                            &list = by_unit[size_t(u)], direct = drop_read_pages_,
+                                            even_if_cached = files_treated_as_large.load()] {
+      for (const Ahead& t : list) {
+        uint8_t* p = Staging::take(area, direct ? t.file->direct_bytes(t.name) : t.bytes, RegularFile::kDirectAlign);
+        const uint8_t* q = direct ? t.file->read_tensor_direct(t.name, p, even_if_cached) : nullptr;
+        if (q) direct_bytes += t.bytes;
+        else t.file->read_tensor(t.name, p);
+        out[t.name] = const_cast<uint8_t*>(q ? q : p);
+      }
+    });
+  };
+  auto take_read_ahead = [&] {
+    const auto started = std::chrono::steady_clock::now();
+    ahead.get();  // rethrows the reader's error
+    load_figures_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    load_figures_.direct_bytes += std::exchange(ahead_direct, 0);
+    std::swap(staging_, ahead_area);  // the area the last unit was packed from is the reader's next
+    read_ahead_ = std::move(ahead_read);
+    ahead_read.clear();
+  };
   read_ahead(1);
   unit_ = 0;
   build_globals(weights_);
@@ -705,9 +759,12 @@ void Checkpoint::load_weights() {
   staging_ = Staging();
   for (int i = 0; i < c.num_layers; ++i) {
     unit_ = i + 1;
-    read_ahead(unit_ + 1);
+    take_read_ahead();
+    if (unit_ + 1 < int(by_unit.size())) read_ahead(unit_ + 1);
+    else ahead_area = Staging();  // the last layer: one area is enough
     weights_.layers.push_back(build_layer(i));
     settle(unit_, unit_views(unit_), nullptr);
+    read_ahead_.clear();  // read but not used: load_weights refuses them below
   }
   staging_ = Staging();  // the staging area goes back to the system
   // Every stored tensor must be one r3 computes with: anything else (biases, a shared expert,

@@ -127,6 +127,18 @@ class Checkpoint {
   const std::set<std::string>& used_tensors() const { return used_; }
   // Bytes of every stored tensor (as in the files).
   uint64_t stored_bytes() const;
+  // The last load from the files: seconds spent waiting for reads of stored bytes and packing
+  // them into panels (first-touching the panels' pages included; the rest of open() is the
+  // description, headers and checks), and the bytes read past the page cache.
+  struct LoadFigures {
+    double read_seconds = 0, pack_seconds = 0;
+    uint64_t direct_bytes = 0;
+  };
+  const LoadFigures& load_figures() const { return load_figures_; }
+  // Tests: load every checkpoint as one whose files exceed half the memory, as a full-size one is
+  // (cached pages given back), its layers read past the page cache even where it holds them (a
+  // small file is all cached once its first tensor is read: the kernel reads ahead).
+  static void treat_files_as_large(bool on);
   // The stored tensors an update would rather receive together with `name` (an FP8 weight and
   // its scales, MXFP4 blocks and scales, a tied checkpoint's embedding and stored lm_head): a
   // refit in buckets applies a tensor once these have arrived too (apply_update decides which
@@ -198,6 +210,7 @@ class Checkpoint {
   std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32; FP8 with their scales
   std::vector<std::vector<float>> owned_;
   int unit_ = 0;  // the unit being built
+  LoadFigures load_figures_;
   std::vector<std::vector<std::vector<uint8_t>>> derived_;  // [unit]: split and decoded copies
   std::vector<std::vector<uint8_t>> kept_;  // small stored tensors, moved out of the staging area
   std::vector<std::unique_ptr<BigArray<uint16_t>>> panels_;  // [unit]
@@ -206,7 +219,12 @@ class Checkpoint {
     std::vector<std::unique_ptr<BigArray<uint8_t>>> chunks;
     std::vector<size_t> sizes;
     size_t chunk = 0, used = 0;
+    // The next `bytes` of s (align: a power of two up to 2 MiB), grown when full.
+    static uint8_t* take(Staging& s, size_t bytes, size_t align = 64);
   } staging_;
+  // Stored tensors load_weights' reader thread has read for the unit being built, and where in
+  // staging_ they are: materialize takes them from here.
+  std::map<std::string, uint8_t*> read_ahead_;
   ThreadPool* pool_ = nullptr;  // during a load: open's or apply_update's pool
   std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes (dropped once packed)
   std::vector<TensorView> memory_views_;

@@ -107,6 +107,18 @@ SafetensorsFile::Identity SafetensorsFile::identity_of(const std::string& path) 
           int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
+size_t SafetensorsFile::direct_bytes(const std::string& name) const {
+  return RegularFile::direct_span(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
+}
+
+const uint8_t* SafetensorsFile::read_tensor_direct(const std::string& name, uint8_t* area, bool even_if_cached) const {
+  if (!file_ || unread_copy_.count(name)) return nullptr;
+  const uint64_t begin = data_start_ + offsets_.at(name), bytes = tensors_.at(name).nbytes();
+  if (begin % 8) return nullptr;  // its elements would land unaligned (a header not padded to 8)
+  if (!even_if_cached && file_->mostly_cached(begin, bytes)) return nullptr;
+  return file_->read_direct(begin, size_t(bytes), area, std::chrono::steady_clock::now() + kCheckpointReadLimit);
+}
+
 void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
   if (!file_) throw Error(path_ + ": tensor \"" + name + "\" read after the file was closed");
   const TensorView& t = tensors_.at(name);
@@ -135,11 +147,6 @@ void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
                    deadline);
     r = e;
   }
-}
-
-void SafetensorsFile::prefetch(const std::string& name) const {
-  if (!file_ || never_read(name)) return;
-  file_->will_need(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
 }
 
 void SafetensorsFile::drop_cached(const std::string& name) const {

@@ -47,12 +47,16 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Whether `name`'s bytes are read on demand (a file) rather than held (bytes in memory).
   bool lazy() const { return file_ != nullptr; }
+  // Reads tensor `name` whole past the page cache into area (4 KiB-aligned, direct_bytes(name)
+  // long; RegularFile::read_direct) and returns where its bytes begin there; null when most of
+  // it is in the page cache (copying from there is faster), rows of it are left unread, it
+  // starts off an 8-byte boundary, or the file system refuses direct reads: read_tensor then.
+  // even_if_cached: read past the page cache all the same (tests).
+  const uint8_t* read_tensor_direct(const std::string& name, uint8_t* area, bool even_if_cached = false) const;
+  size_t direct_bytes(const std::string& name) const;
   // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
   // untouched). Throws r3::Error naming the file when it ends early or the read fails.
   void read_tensor(const std::string& name, uint8_t* dst) const;
-  // Asks the kernel to start reading `name`'s bytes (RegularFile::will_need), so a later
-  // read_tensor finds them in the page cache; nothing for bytes in memory or never read.
-  void prefetch(const std::string& name) const;
   // The reverse: `name`'s bytes may leave the page cache (RegularFile::dont_need).
   void drop_cached(const std::string& name) const;
   // Whether UnreadParts skips all of `name` (its data stays null).
