@@ -15,7 +15,7 @@ configure: $(BUILD)/build.ninja
 build: setup configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Everything: GoogleTest, the suite again under the other kernel sets this CPU runs, the Python
+# Everything: GoogleTest, its kernel and engine-bitwise tests again under each other kernel set, the Python
 # module's pytest suite, the tokenizer against the released tokenizers and a JavaScript encoder,
 # and the official openai npm client against `r3 serve`.
 test: unit variants pytest tokenizers e2e pip-install
@@ -24,19 +24,23 @@ unit: build
 	$(BUILD)/r3_tests --gtest_brief=1
 
 # The kernels are compiled for every instruction set and chosen at run time (src/kernels/isa.h);
-# the suite runs again under each other set this CPU supports (R3_KERNELS), and every set must
-# give the bits of the one `unit` ran. First, no set's code may leak into symbols baseline code
-# links to (scripts/check_kernel_isolation.py).
+# `unit` already compares every set this CPU runs with the portable one, kernel by kernel
+# (tests/kernel_set_test.cc) and for the whole engine (tests/kernel_set_engine_test.cc). Here the
+# kernel, tile and engine-bitwise tests (batch invariance, schedules, routes) run again with each
+# other set active (R3_KERNELS); the rest of the suite computes nothing a set changes. First, no
+# set's code may leak into symbols baseline code links to (scripts/check_kernel_isolation.py).
+VARIANT_TESTS ?= KernelSet.*:Matmul*:Attention*:LatentAttention*:SlidingWindow*:Ops*:Router*:Mxfp4*:Fp8*:DType*:Sampling*:Scoring*:*EngineSchedule*:*EngineFuzz*:EngineRoutes*:*SteadyState*:EngineKvCache*:EngineRefit*:Reference/ReferenceVsNaive*
+VARIANT_RUN = $(BUILD)/r3_tests --gtest_brief=1 --gtest_filter='$(VARIANT_TESTS)'
 variants: build
 	/usr/bin/python3 scripts/check_kernel_isolation.py $(BUILD)
-	R3_KERNELS=portable $(BUILD)/r3_tests --gtest_brief=1
+	R3_KERNELS=portable $(VARIANT_RUN)
 	@if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then \
-	  echo "variants: R3_KERNELS=avx2" && R3_KERNELS=avx2 $(BUILD)/r3_tests --gtest_brief=1; \
+	  echo "variants: R3_KERNELS=avx2" && R3_KERNELS=avx2 $(VARIANT_RUN); \
 	else echo "variants: no AVX2+FMA on this CPU, avx2 skipped"; fi
 	@if grep -qw avx512_bf16 /proc/cpuinfo && grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && \
 	   grep -qw avx512vl /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo; then \
 	  echo "variants: R3_KERNELS=avx512 (AVX-512 without its bf16 instructions)" && \
-	  R3_KERNELS=avx512 $(BUILD)/r3_tests --gtest_brief=1; \
+	  R3_KERNELS=avx512 $(VARIANT_RUN); \
 	else echo "variants: no AVX512-BF16 here, so avx512 was the set unit ran (or is unsupported)"; fi
 
 pytest: build
