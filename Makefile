@@ -2,13 +2,13 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: setup configure build test unit variants pytest tokenizers e2e pip-install demo bench format clean asan tsan
+.PHONY: setup configure build test lint unit variants pytest tokenizers e2e pip-install demo bench format clean asan tsan
 
 setup:
 	@scripts/setup.sh
 
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_WARNINGS_AS_ERRORS=ON
 
 configure: $(BUILD)/build.ninja
 
@@ -18,7 +18,14 @@ build: setup configure
 # Everything: GoogleTest, its kernel and engine-bitwise tests again under each other kernel set, the Python
 # module's pytest suite, the tokenizer against the released tokenizers and a JavaScript encoder,
 # and the official openai npm client against `r3 serve`.
-test: unit variants pytest tokenizers e2e pip-install
+test: lint unit variants pytest tokenizers e2e pip-install
+
+# Static checks, no build needed: Python (pyflakes3) over python/, tests/ and scripts/, and shell
+# scripts (shellcheck). Compiler warnings are errors in the build `make` configures
+# (R3_WARNINGS_AS_ERRORS, CMakeLists.txt).
+lint: setup
+	pyflakes3 python tests setup.py scripts
+	shellcheck .ci/run scripts/*.sh
 
 unit: build
 	$(BUILD)/r3_tests --gtest_brief=1

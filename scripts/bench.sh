@@ -5,4 +5,4 @@ BUILD=${1:-build}
 MODEL=${R3_BENCH_MODEL:-out/bench-model}
 [ -f "$MODEL/config.json" ] || "$BUILD/r3" make-model --arch olmoe --preset bench --seed 0 --out "$MODEL"
 "$BUILD/r3" bench --model "$MODEL" --json out/bench.json
-[ -x "$BUILD/r3_bench" ] && "$BUILD/r3_bench" --benchmark_min_time=0.2 || true
+if [ -x "$BUILD/r3_bench" ]; then "$BUILD/r3_bench" --benchmark_min_time=0.2; fi

@@ -27,7 +27,7 @@ if command -v npm >/dev/null 2>&1; then
   printf '%s\n' '{"prompt":"The sea is","max_tokens":12,"temperature":0.8,"seed":1,"stop":["\n\n"],"return_routed_experts":true}' \
     > "$OUT/text_prompts.jsonl"
   "$BUILD/r3" generate --model "$OUT/text_model" --input "$OUT/text_prompts.jsonl" --output "$OUT/text_out.jsonl" --no-progress
-  /usr/bin/python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); print('text prompt \"The sea is\" ->', json.dumps(o['text'], ensure_ascii=False), '| routes', o['routed_experts']['shape'])" "$OUT/text_out.jsonl"
+  /usr/bin/python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); print('text prompt \"The sea is\" ->', json.dumps(o['text'], ensure_ascii=False), '(random weights: the words are noise, the tokenizer and template are the released ones) | routes', o['routed_experts']['shape'])" "$OUT/text_out.jsonl"
 else
   echo "(npm not found: the text demo with the released Qwen3 tokenizer is skipped)"
 fi

@@ -1,7 +1,8 @@
 #!/bin/bash
 # A real-size checkpoint on this machine (issue 42): start-up from a cold and a warm page cache,
 # peak resident memory, and r3 serve's /generate with routes (3 requests at once) against solo
-# `r3 generate` runs of the same prompts, bit for bit (tokens, logprobs, routes).
+# `r3 generate` runs of the same prompts, bit for bit (tokens, logprobs, routes); then a refit
+# from disk of the same files: its time, its peak memory above the resident weights, the same bits after.
 #   scripts/full_size_check.sh MODEL_DIR [BUILD_DIR]
 # Make the model first, e.g. `build/r3 make-model --arch olmoe --preset full --out /tmp/full`
 # (13.8 GB) or `--arch gpt_oss --quant mxfp4 --preset full` (13.8 GB); delete it afterwards.
@@ -74,5 +75,32 @@ print("served concurrently == solo runs:", ok)
 raise SystemExit(0 if ok else 1)
 P
 grep VmHWM /proc/$SP/status
+# A refit from disk of the same files, in place: the peak during it (VmHWM reset first) against
+# the resident weights; then the same requests again must give the same bits.
+rss_kb() { awk '/^VmRSS/ {print $2}' /proc/$SP/status; }
+echo 5 > /proc/$SP/clear_refs
+before=$(rss_kb)
+s=$(date +%s.%N)
+curl -sf -X POST localhost:$PORT/update_weights_from_disk -H 'Content-Type: application/json' \
+  -d "{\"model_path\": \"$(realpath "$M")\"}"
+e=$(date +%s.%N)
+peak=$(awk '/^VmHWM/ {print $2}' /proc/$SP/status)
+echo
+echo "refit from disk: $(echo "$e - $s" | bc) s; resident before $((before / 1024)) MB, peak during $((peak / 1024)) MB" \
+  "(+$(((peak - before) / 1024)) MB), after $(($(rss_kb) / 1024)) MB"
+PORT=$PORT $PY - <<'P'
+import json, os, urllib.request
+port = os.environ["PORT"]
+L = json.loads(open("three.jsonl").readline())
+s = json.loads(open("solo.out").readline())
+body = {"input_ids": L["prompt_token_ids"], "sampling_params": {"max_new_tokens": 8, "temperature": 1.0,
+        "seed": L["seed"], "ignore_eos": True}}
+req = urllib.request.Request(f"http://localhost:{port}/generate", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+g = json.loads(urllib.request.urlopen(req).read())
+same = g["output_ids"] == s["token_ids"] and [x[0] for x in g["meta_info"]["output_token_logprobs"]] == s["logprobs"]
+print("after the refit, prompt 0 == solo run:", same)
+raise SystemExit(0 if same else 1)
+P
 kill -TERM $SP
 wait $SP || true

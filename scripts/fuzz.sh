@@ -51,7 +51,7 @@ LIBS=()
 [ "$TARGET" = template ] && LIBS=(-lutf8proc)
 [ "$TARGET" = request ] && LIBS=(-lpcre2-8 -lutf8proc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
-       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+       "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined)
 
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang)" >&2; exit 2; }
 mkdir -p "$OUT/obj" "$OUT/corpus-$TARGET" "$OUT/artifacts"
@@ -60,6 +60,8 @@ mkdir -p "$OUT/obj" "$OUT/corpus-$TARGET" "$OUT/artifacts"
 stale() {
   local o=$1 d=$2 dep
   [ -f "$o" ] && [ -f "$d" ] || return 0
+  # Make's dependency list: words after the colon, lines continued with a backslash.
+  # shellcheck disable=SC2013
   for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$d"); do
     [ "$dep" -nt "$o" ] && return 0
   done

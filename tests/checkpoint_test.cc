@@ -261,8 +261,9 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     const RawTensor& r = tit->second;
     EXPECT_EQ(dtype_name(v->dtype), r.dtype) << v->name;
     EXPECT_EQ(v->shape, r.shape) << v->name;
-    if (v->name.find("e_score_correction_bias") == std::string::npos)
+    if (v->name.find("e_score_correction_bias") == std::string::npos) {
       EXPECT_EQ(v->dtype, p.dtype) << v->name;
+    }
     ASSERT_EQ(v->nbytes(), r.bytes.size()) << v->name;
     if (v->data) {
       EXPECT_EQ(std::memcmp(v->data, r.bytes.data(), r.bytes.size()), 0) << v->name;
@@ -302,7 +303,7 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_EQ(L.router.name, router_name(c, i));
       EXPECT_EQ(L.router.shape, (std::vector<int64_t>{c.num_experts, H}));
       ASSERT_EQ(int(L.experts.size()), c.num_experts);
-      if (!N.fused_experts) EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
+      if (!N.fused_experts) { EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down")); }
     } else {
       EXPECT_TRUE(L.experts.empty());
       EXPECT_EQ(L.dense.gate.name, dense_name(c, i, "gate"));
@@ -332,17 +333,17 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     EXPECT_EQ(L.q_bias.empty(), !biased && !gpt_oss);
     EXPECT_EQ(L.o_bias.empty(), !gpt_oss);
     EXPECT_EQ(L.sinks.empty(), !gpt_oss);
-    if (L.moe) EXPECT_EQ(L.experts[0].down_bias.empty(), !gpt_oss);
-    if (biased) EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
+    if (L.moe) { EXPECT_EQ(L.experts[0].down_bias.empty(), !gpt_oss); }
+    if (biased) { EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim})); }
     EXPECT_EQ(L.shared.gate.empty(), !((biased || deepseek_router) && L.moe));
     EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
     EXPECT_EQ(L.router_bias.empty(), !((deepseek_router || gpt_oss) && L.moe));
     EXPECT_EQ(L.kv_b.empty(), !c.mla);
     EXPECT_EQ(c.layers[size_t(i)].attention.kind, c.mla ? AttentionKind::Mla : AttentionKind::Gqa);
-    if (c.mla) EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0);
-    if (deepseek_router && !L.router_bias.empty()) EXPECT_EQ(L.router_bias.dtype, DType::F32);
+    if (c.mla) { EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0); }
+    if (deepseek_router && !L.router_bias.empty()) { EXPECT_EQ(L.router_bias.dtype, DType::F32); }
     // GPT-OSS: sliding and full attention alternate, sliding first (layer_types).
-    if (gpt_oss) EXPECT_EQ(c.layers[size_t(i)].attention.sliding_window > 0, i % 2 == 0);
+    if (gpt_oss) { EXPECT_EQ(c.layers[size_t(i)].attention.sliding_window > 0, i % 2 == 0); }
   }
   if (c.arch == Arch::Glm4Moe) {
     EXPECT_FALSE(w.layers[0].moe);  // first_k_dense_replace = 1

@@ -62,7 +62,7 @@ struct Models {
     if (!patch.empty()) name += "_" + std::to_string(std::hash<std::string>{}(patch.dump()));
     fs::path d = root / name;
     if (!fs::exists(d / "config.json")) {
-      r3::make_model({arch, preset, 7, dt, d.string()});
+      r3::make_model({.arch = arch, .preset = preset, .seed = 7, .dtype = dt, .out = d.string()});
       if (!patch.empty()) {
         std::ifstream in(d / "config.json");
         json cfg = json::parse(in);

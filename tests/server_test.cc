@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -490,6 +491,51 @@ TEST_F(ServerTest, Metrics) {
         "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n"})
     EXPECT_NE(res->body.find(name), std::string::npos) << name;
   EXPECT_EQ(res->body.find("r3_route_bytes_returned_total 0\n"), std::string::npos);
+}
+
+// Every served path is its own label in r3_http_responses_total (chat and /tokenize were
+// "other" while the labels were a hand-kept list); a path nothing serves is "other".
+TEST_F(ServerTest, MetricsLabelEveryServedPathAndOnlyThose) {
+  auto cli = server_->client();
+  ASSERT_TRUE(cli.Post("/tokenize", "{}", "application/json"));  // 400: the model has no tokenizer
+  ASSERT_TRUE(cli.Get("/v1/loads"));
+  ASSERT_TRUE(cli.Get("/no/such/path"));
+  auto res = cli.Get("/metrics");
+  ASSERT_TRUE(res);
+  for (const char* sample : {"r3_http_responses_total{endpoint=\"/tokenize\",code=\"400\"} ",
+                             "r3_http_responses_total{endpoint=\"/v1/loads\",code=\"200\"} ",
+                             "r3_http_responses_total{endpoint=\"other\",code=\"404\"} "})
+    EXPECT_NE(res->body.find(sample), std::string::npos) << sample;
+  EXPECT_EQ(res->body.find("/no/such/path"), std::string::npos);
+}
+
+// src/server/README.md's endpoint table names exactly the routes the main listener serves, with
+// their methods. A cell reads "`POST /a`, `/b`" or "`GET\|POST /c` (`/d`)": a path without a
+// method has the one before it.
+TEST_F(ServerTest, TheReadmesEndpointTableIsWhatIsServed) {
+  std::ifstream in(std::string(R3_SOURCE_DIR) + "/src/server/README.md");
+  ASSERT_TRUE(in);
+  std::set<std::string> documented, served;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::string cell = line.substr(2, line.find(" | ", 2) - 2);
+    std::vector<std::string> methods;
+    for (size_t at = cell.find('`'); at != std::string::npos; at = cell.find('`', cell.find('`', at + 1) + 1)) {
+      std::string item = cell.substr(at + 1, cell.find('`', at + 1) - at - 1);
+      if (item[0] != '/') {
+        const std::string list = item.substr(0, item.find(' '));
+        item = item.substr(item.find(' ') + 1);
+        methods.clear();
+        for (std::string m : {"GET", "POST"})
+          if (list.find(m) != std::string::npos) methods.push_back(m);
+      }
+      for (const std::string& m : methods) documented.insert(m + " " + item);
+    }
+  }
+  for (const server::ServedEndpoint& e : server_->srv->endpoints())
+    if (!e.control) served.insert(e.method + " " + e.path);
+  EXPECT_EQ(documented, served);
 }
 
 TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {

@@ -96,7 +96,9 @@ TEST(WaitingQueue, MatchesTheReferenceUnderRandomOperations) {
         waiting.erase(waiting.begin() + long(i));
       }
       ASSERT_EQ(q.size(), ref.size());
-      if (!q.empty()) ASSERT_EQ(q.front(), ref.front()) << "seed " << seed << " op " << op;
+      if (!q.empty()) {
+        ASSERT_EQ(q.front(), ref.front()) << "seed " << seed << " op " << op;
+      }
     }
   }
 }
@@ -106,7 +108,7 @@ TEST(WaitingQueue, ASmallRequestIsNotQueuedBehindAHugeSubmission) {
   c.max_num_seqs = 2;
   Engine e(c);
   std::vector<uint64_t> big;
-  for (int i = 0; i < 200; ++i) big.push_back(e.add_request({3, 4, 5, uint32_t(i) % 40 + 6}, testing::greedy(3), 1));
+  for (int i = 0; i < 200; ++i) big.push_back(e.add_request({3, 4, 5, i % 40 + 6}, testing::greedy(3), 1));
   const uint64_t small = e.add_request({3, 9, 5}, testing::greedy(3));
   size_t big_done_before = 0;
   std::optional<RequestOutput> got;

@@ -21,13 +21,11 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 import r3
-from r3 import staging
 
 try:
     import torch

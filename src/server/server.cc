@@ -150,6 +150,7 @@ struct Server::Impl {
   // control: /health, /metrics, /abort (ServerOptions::control_port). Both hold connections in a
   // gate until a whole request has arrived (gated_http_server.h).
   GatedHttpServer http, control;
+  std::vector<ServedEndpoint> served;  // filled by routes() before either listener starts
   std::thread bg, control_bg;
   int port = -1, control_port = -1;
   socket_t listen_fd = -1, control_fd = -1;
@@ -707,11 +708,7 @@ struct Server::Impl {
       send_json(res, 500, error_body("internal error", "server_error", "", 500));
     });
     srv.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      static const char* known[] = {"/v1/completions", "/generate", "/update_weights", "/update_weights_from_disk",
-                                    "/abort", "/abort_request", "/health", "/v1/models", "/metrics"};
-      std::string ep = "other";
-      for (const char* k : known)
-        if (req.path == k) ep = k;
+      const std::string ep = is_served(req.path) ? req.path : "other";  // unknown paths are not labels
       {
         std::lock_guard<std::mutex> lk(counters_mu);
         ++counters.responses[{ep, res.status}];
@@ -740,39 +737,55 @@ struct Server::Impl {
     res.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
   }
 
+  // Every route is registered through these two, so the endpoint list (Server::endpoints, the
+  // README's table test, /metrics' endpoint labels) is the routes served.
+  void serve_get(GatedHttpServer& s, const std::string& path, httplib::Server::Handler h) {
+    s.Get(path, std::move(h));
+    served.push_back({"GET", path, &s == &control});
+  }
+  void serve_post(GatedHttpServer& s, const std::string& path, httplib::Server::HandlerWithContentReader h) {
+    s.Post(path, std::move(h));
+    served.push_back({"POST", path, &s == &control});
+  }
+  bool is_served(const std::string& path) const {
+    for (const ServedEndpoint& e : served)
+      if (e.path == path) return true;
+    return false;
+  }
+
   void routes() {
     using R = const httplib::Request&;
     using W = httplib::Response&;
     configure(http, std::max(1, opts.http_threads), &listen_fd);
-    http.Post("/v1/completions", post([this](R q, W s) { completions(q, s, false); }));
-    http.Post("/v1/chat/completions", post([this](R q, W s) { completions(q, s, true); }));
-    http.Post("/generate", post([this](R q, W s) { generate(q, s); }));
-    http.Post("/tokenize", post([this](R q, W s) {
+    serve_post(http, "/v1/completions", post([this](R q, W s) { completions(q, s, false); }));
+    serve_post(http, "/v1/chat/completions", post([this](R q, W s) { completions(q, s, true); }));
+    serve_post(http, "/generate", post([this](R q, W s) { generate(q, s); }));
+    serve_post(http, "/tokenize", post([this](R q, W s) {
       send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
                                        loop->model_config().max_position_embeddings));
     }));
-    http.Post("/detokenize", post([this](R q, W s) {
+    serve_post(http, "/detokenize", post([this](R q, W s) {
       send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get()));
     }));
-    http.Post("/update_weights", post([this](R q, W s) { update_weights(q, s); }));
-    http.Post("/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
-    http.Post("/update_weights_from_tensor",
+    serve_post(http, "/update_weights", post([this](R q, W s) { update_weights(q, s); }));
+    serve_post(http, "/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
+    serve_post(http, "/update_weights_from_tensor",
               post([this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); }, opts.max_weights_body_bytes,
                    {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
                     [](httplib::Response& s, const std::string& why) {
                       send_json(s, 400, {{"success", false}, {"message", why}});
                     }}));
-    http.Post("/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
-    http.Get("/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
-    http.Post("/flush_cache", post([this](R, W s) { flush_cache(s); }));
-    http.Get("/health_generate", wrap(false, [this](R, W s) { health_generate(s); }));
+    serve_post(http, "/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
+    serve_get(http, "/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
+    serve_post(http, "/flush_cache", post([this](R, W s) { flush_cache(s); }));
+    serve_get(http, "/health_generate", wrap(false, [this](R, W s) { health_generate(s); }));
     for (const char* p : {"/get_server_info", "/server_info"})
-      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, server_info()); }));
+      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, server_info()); }));
     for (const char* p : {"/get_model_info", "/model_info"})
-      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, model_info()); }));
+      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, model_info()); }));
     for (const char* p : {"/get_weight_version", "/weight_version"})
-      http.Get(p, wrap(true, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }));
-    http.Post("/update_weight_version", post([this](R q, W s) {
+      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }));
+    serve_post(http, "/update_weight_version", post([this](R q, W s) {
       json body = parse_body(q.body);
       refuse_unknown_fields(body, "", {"new_version", "abort_all_requests"});
       auto v = opt_string(body, "new_version", "new_version");
@@ -781,29 +794,29 @@ struct Server::Impl {
       loop->set_weight_label(*v);
       send_json(s, 200, {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
     }));
-    http.Get("/v1/loads", wrap(true, [this](R, W s) { send_json(s, 200, loads()); }));
+    serve_get(http, "/v1/loads", wrap(true, [this](R, W s) { send_json(s, 200, loads()); }));
     for (bool release : {true, false}) {
       const char* p = release ? "/release_memory_occupation" : "/resume_memory_occupation";
-      http.Post(p, post([this, release](R q, W s) { memory_occupation(q, s, release); }));
+      serve_post(http, p, post([this, release](R q, W s) { memory_occupation(q, s, release); }));
     }
-    http.Post("/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
-    http.Post("/abort", post([this](R q, W s) { abort(q, s); }));
-    http.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
-    http.Get("/health", wrap(false, [this](R, W s) { health(s); }));
-    http.Get("/v1/models", wrap(true, [this](R, W s) {
+    serve_post(http, "/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
+    serve_post(http, "/abort", post([this](R q, W s) { abort(q, s); }));
+    serve_post(http, "/abort_request", post([this](R q, W s) { abort(q, s); }));
+    serve_get(http, "/health", wrap(false, [this](R, W s) { health(s); }));
+    serve_get(http, "/v1/models", wrap(true, [this](R, W s) {
       json m = {{"id", opts.model_name},         {"object", "model"},
                 {"created", started},            {"owned_by", "r3"},
                 {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
       send_json(s, 200, {{"object", "list"}, {"data", json::array({m})}});
     }));
-    http.Get("/metrics", wrap(true, [this](R, W s) { metrics(s); }));
+    serve_get(http, "/metrics", wrap(true, [this](R, W s) { metrics(s); }));
     // The control listener: its own threads, so /health and /abort answer even while clients
     // hold every connection slot of the main port.
     configure(control, 4, &control_fd);
-    control.Get("/health", wrap(false, [this](R, W s) { health(s); }));
-    control.Get("/metrics", wrap(true, [this](R, W s) { metrics(s); }));
-    control.Post("/abort", post([this](R q, W s) { abort(q, s); }));
-    control.Post("/abort_request", post([this](R q, W s) { abort(q, s); }));
+    serve_get(control, "/health", wrap(false, [this](R, W s) { health(s); }));
+    serve_get(control, "/metrics", wrap(true, [this](R, W s) { metrics(s); }));
+    serve_post(control, "/abort", post([this](R q, W s) { abort(q, s); }));
+    serve_post(control, "/abort_request", post([this](R q, W s) { abort(q, s); }));
   }
 };
 
@@ -879,5 +892,7 @@ std::string Server::startup_line() const { return impl_->loop->startup().line();
 
 int Server::port() const { return impl_->port; }
 int Server::control_port() const { return impl_->control_port; }
+
+const std::vector<ServedEndpoint>& Server::endpoints() const { return impl_->served; }
 
 }  // namespace r3::server

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -45,6 +46,13 @@ struct ServerOptions {
   std::string routed_experts_format;
 };
 
+// One route: its method, path, and whether it is on the control listener (--control-port) rather
+// than the main one.
+struct ServedEndpoint {
+  std::string method, path;
+  bool control = false;
+};
+
 class Server {
  public:
   // Loads the model and starts the engine loop (throws r3::Error).
@@ -69,6 +77,8 @@ class Server {
   size_t shutdown(std::chrono::milliseconds grace);
   int port() const;
   int control_port() const;  // -1 without a control listener
+  // Every route, in the order registered (the HTTP responses metric labels these paths).
+  const std::vector<ServedEndpoint>& endpoints() const;
 
  private:
   struct Impl;

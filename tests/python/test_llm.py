@@ -279,6 +279,7 @@ def test_update_weights_from_tensors_in_buckets(model, make_model):
     fresh = r3.LLM(model=m1, enable_return_routed_experts=True, **ENGINE).generate(p, sp)[0].outputs[0]
     assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
     assert np.array_equal(got.routed_experts, fresh.routed_experts)
+    assert got.logprobs != before.logprobs  # the refit took effect (other seed, other weights)
     with pytest.raises(r3.Error, match="not in the served model"):
         llm.update_weights_from_tensors({"no.such.weight": np.zeros(4, np.float32)})
     with pytest.raises(r3.Error, match="buffer format"):

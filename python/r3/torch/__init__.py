@@ -6,9 +6,10 @@ replay backward) with the gate weights recomputed from the live router over the 
 each router type requires; patch_moe_block puts replay on a user's own MoE block.
 """
 try:
-    import torch  # noqa: F401
+    import torch
 except ImportError as e:  # pragma: no cover - depends on the machine
     raise ImportError("r3.torch needs PyTorch (Debian: apt-get install python3-torch)") from e
+del torch  # imported here only to fail early, with the reason, where PyTorch is missing
 
 from .checkpoint import load_state_dict, save_state_dict
 from .model import MoEConfig, MoEForCausalLM
