@@ -214,7 +214,7 @@ void GatedHttpServer::shed_one() {
   auto victim = held_.end();
   for (auto it = held_.begin(); it != held_.end(); ++it) {
     if (victim == held_.end() || (it->second.idle && !victim->second.idle) ||
-        (it->second.idle == victim->second.idle && it->second.since < victim->second.since))
+        (it->second.idle == victim->second.idle && it->second.admitted < victim->second.admitted))
       victim = it;
   }
   if (victim != held_.end()) release(victim->first, victim->second.idle ? nullptr : &kBusyReply);
@@ -271,7 +271,7 @@ void GatedHttpServer::gate_loop() {
         close_socket(sock);
         continue;
       }
-      held_[sock] = {now + std::chrono::seconds(idle ? limits_.idle_seconds : limits_.header_seconds), now, idle};
+      held_[sock] = {now + std::chrono::seconds(idle ? limits_.idle_seconds : limits_.header_seconds), ++admissions_, idle};
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
       ev.data.fd = sock;

@@ -17,6 +17,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -59,7 +60,7 @@ class GatedHttpServer : public httplib::Server {
  private:
   struct Held {
     std::chrono::steady_clock::time_point deadline;
-    std::chrono::steady_clock::time_point since;
+    uint64_t admitted = 0;  // admission order: ties of the clock must not decide who is oldest
     bool idle = false;  // between requests (shed first), else inside a request's headers
   };
 
@@ -84,6 +85,7 @@ class GatedHttpServer : public httplib::Server {
   std::deque<socket_t> ready_;                       // whole requests, for the workers
   std::unordered_map<socket_t, Held> held_;          // gate thread only
   std::atomic<size_t> busy_{0};                      // sockets with a worker or queued for one
+  uint64_t admissions_ = 0;                          // gate thread only: numbers held_ entries
 };
 
 }  // namespace r3::server
