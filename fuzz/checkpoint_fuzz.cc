@@ -1,10 +1,10 @@
-// libFuzzer entry for r3's checkpoint readers (see src/model/checkpoint_fuzz.h). Build and run
+// libFuzzer entry for r3's checkpoint readers (see fuzz/checkpoint_target.h). Build and run
 // with scripts/fuzz.sh checkpoint [SECONDS]; a failure is any escaping exception, a crash, a
 // sanitizer report or a timeout.
 #include <cstddef>
 #include <cstdint>
 
-#include "model/checkpoint_fuzz.h"
+#include "fuzz/checkpoint_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   r3::fuzz_checkpoint_readers(data, size);

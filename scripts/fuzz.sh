@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # libFuzzer runs over r3's parsers of outside bytes, with ASan and UBSan. Two targets:
 #   request     the /v1/completions and /generate bodies and `r3 generate` JSONL lines
-#               (src/server/request_fuzz.h)
-#   checkpoint  the safetensors reader and the config.json parser (src/model/checkpoint_fuzz.h)
+#               (fuzz/request_target.h)
+#   checkpoint  the safetensors reader and the config.json parser (fuzz/checkpoint_target.h)
 #   template    the chat-template parser and renderer under their budgets (fuzz/jinja_fuzz.cc)
 #
 #   scripts/fuzz.sh [request|checkpoint|template] [SECONDS] [extra libFuzzer flags...]
@@ -26,7 +26,7 @@ CXX=${FUZZ_CXX:-clang++}
 OUT=build-fuzz
 if [ "$TARGET" = request ]; then
   BIN=$OUT/request_parser_fuzz
-  SRCS=(fuzz/request_parser_fuzz.cc src/server/request_fuzz.cc src/server/json_fields.cc
+  SRCS=(fuzz/request_parser_fuzz.cc fuzz/request_target.cc src/server/json_fields.cc
         src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
         src/routes/route_array.cc src/core/json_limits.cc src/server/route_reply.cc src/routes/route_formats.cc
         src/staging/staging.cc src/server/chat_api.cc src/text/tokenizer.cc src/text/bpe.cc
@@ -42,7 +42,7 @@ elif [ "$TARGET" = template ]; then
   MAXLEN=16384
 else
   BIN=$OUT/checkpoint_fuzz
-  SRCS=(fuzz/checkpoint_fuzz.cc src/model/checkpoint_fuzz.cc src/model/safetensors.cc
+  SRCS=(fuzz/checkpoint_fuzz.cc fuzz/checkpoint_target.cc src/model/safetensors.cc
         src/model/config.cc src/core/file_read.cc src/core/json_limits.cc)
   SEEDS=fuzz/corpus-checkpoint
   MAXLEN=8192
@@ -50,7 +50,7 @@ fi
 LIBS=()
 [ "$TARGET" = template ] && LIBS=(-lutf8proc)
 [ "$TARGET" = request ] && LIBS=(-lpcre2-8 -lutf8proc)
-FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc
+FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -Isrc -I.
        "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined)
 
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang)" >&2; exit 2; }

@@ -1,4 +1,4 @@
-// A bounded, seeded run of the checkpoint-reader fuzz target (src/model/checkpoint_fuzz.h; the
+// A bounded, seeded run of the checkpoint-reader fuzz target (fuzz/checkpoint_target.h; the
 // libFuzzer run is `scripts/fuzz.sh checkpoint`): mutations of the seed corpus in
 // fuzz/corpus-checkpoint — byte flips, inserted and deleted runs, splices, JSON tokens — must all
 // end in r3::Error or a clean parse.
@@ -9,7 +9,7 @@
 #include <random>
 #include <sstream>
 
-#include "model/checkpoint_fuzz.h"
+#include "fuzz/checkpoint_target.h"
 
 namespace r3 {
 namespace {

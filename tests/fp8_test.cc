@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/panel_layout.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine_test_util.h"
@@ -38,6 +39,26 @@ TEST(Fp8, E4m3CodecRoundTripsEveryCodeAndRoundsToNearestEven) {
   EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);  // halfway 0 .. 2^-9
   EXPECT_EQ(f32_to_e4m3(1e6f), 0x7e);      // saturates
   EXPECT_EQ(f32_to_e4m3(-1e6f), 0xfe);
+}
+
+// The decoders build floats from bits instead of calling ldexp: every e4m3 code and every
+// (MXFP4 nibble, scale) pair, signed zeros and the ldexp-only scales 0 and 255 included, gives
+// exactly the bits of the ldexp definitions (the format's).
+TEST(Fp8, DecodersGiveTheLdexpDefinitionsBits) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  for (int b = 0; b < 256; ++b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) continue;  // NaN: checked above
+    const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
+    ASSERT_EQ(bits(e4m3_to_f32(uint8_t(b))), bits(b & 0x80 ? -v : v)) << b;
+  }
+  for (int s = 0; s < 256; ++s)
+    for (int n = 0; n < 16; ++n)
+      ASSERT_EQ(bits(mxfp4_value(uint8_t(n), uint8_t(s))), bits(std::ldexp(kE2m1Values[n], s - 127))) << n << " " << s;
 }
 
 // The view multiplies each e4m3 value by its own block's scale (rows by block_rows, columns by
@@ -89,6 +110,11 @@ TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
     for (int64_t o = 0; o < O; ++o)
       for (int64_t i = 0; i < I; ++i)
         ASSERT_EQ(w.at(o * I + i), e4m3_to_f32(bytes[size_t(o * I + i)]) * w.scale_inv[o / 32 * ((I + 47) / 48) + i / 48]);
+    std::vector<float> row(static_cast<size_t>(I));  // a whole row read back at once (the reference forward's way) is the same
+    for (int64_t o = 0; o < O; ++o) {
+      packed_row(w, o, row.data());
+      for (int64_t i = 0; i < I; ++i) ASSERT_EQ(row[size_t(i)], w.at(o * I + i)) << o << " " << i;
+    }
     const std::vector<std::pair<const TensorView*, const TensorView*>> pairs = {
         {&L.experts[2].down, &d->weights().layers[1].experts[2].down}, {&L.o, &d->weights().layers[1].o},
         {&L.shared.gate, &d->weights().layers[1].shared.gate}, {&q->weights().layers[0].dense.up, &d->weights().layers[0].dense.up}};

@@ -22,7 +22,7 @@
 #include "server/generate_api.h"
 #include "server/json_fields.h"
 #include "server/openai_api.h"
-#include "server/request_fuzz.h"
+#include "fuzz/request_target.h"
 
 namespace r3 {
 namespace {

@@ -38,13 +38,31 @@ inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16
 // with two significant bits).
 inline constexpr float kE2m1Values[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                           -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-inline float mxfp4_value(uint8_t nibble, uint8_t scale) { return std::ldexp(kE2m1Values[nibble & 15], int(scale) - 127); }
+// A scale of 1..254 is the normal float 2^(scale-127), built from its bits, and the product is
+// exact; 0 and 255 (2^-127, 2^128) go through ldexp. Same bits as ldexp everywhere, without a
+// libm call per element (the reference forward decodes every weight it reads).
+inline float mxfp4_value(uint8_t nibble, uint8_t scale) {
+  if (scale == 0 || scale == 255) return std::ldexp(kE2m1Values[nibble & 15], int(scale) - 127);
+  const uint32_t bits = uint32_t(scale) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return kE2m1Values[nibble & 15] * f;
+}
 
 // FP8 e4m3fn (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; 0x7f / 0xff
 // are NaN; largest finite 448. Every value is exact in fp32 and in bf16.
+// A normal code's value (8 + m) * 2^(e-10) = 1.m * 2^(e-7) is written as float bits.
 inline float e4m3_to_f32(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  float v = e == 0 ? std::ldexp(float(m), -9) : e == 15 && m == 7 ? NAN : std::ldexp(float(8 + m), e - 10);
+  const uint32_t e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 0) {
+    v = float(m) * 0x1p-9f;  // subnormal: m * 2^-9, exact
+  } else if (e == 15 && m == 7) {
+    v = NAN;
+  } else {
+    const uint32_t bits = (e + 120) << 23 | m << 20;
+    std::memcpy(&v, &bits, 4);
+  }
   return b & 0x80 ? -v : v;
 }
 inline bool e4m3_is_nan(uint8_t b) { return (b & 0x7f) == 0x7f; }

@@ -1,5 +1,8 @@
 #include "core/panel_layout.h"
 
+#include <algorithm>
+#include <array>
+
 #include "core/dtype.h"
 
 namespace r3 {
@@ -31,7 +34,32 @@ void packed_row(const TensorView& W, int64_t o, float* out) {
     }
     return;
   }
-  for (int64_t i = 0; i < I; ++i) out[i] = packed_element(W, o, i);
+  // The quantized panels: the same decode as packed_element, with the panel's address and the
+  // row's lane worked out once per row rather than per element.
+  const int lane = int(o % kPanelRows);
+  const auto* panel = reinterpret_cast<const uint8_t*>(W.packed) + size_t(o / kPanelRows) * packed_panel_bytes(W);
+  if (W.dtype == DType::MXFP4) {
+    for (int64_t g = 0; g < I / 32; ++g) {
+      const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
+      const uint8_t scale = group[kMxfp4GroupPairs * 16 + lane];
+      for (int k = 0; k < 32; ++k) {
+        const int j = k / 2;
+        out[g * 32 + k] = mxfp4_value(uint8_t(group[mxfp4_code_byte(j, lane, k % 2)] >> mxfp4_code_shift(j) & 15), scale);
+      }
+    }
+    return;
+  }
+  const auto* scales = reinterpret_cast<const float*>(panel + fp8_scales_offset(W));
+  static const std::array<float, 256> e4m3 = [] {  // every code's value: no branch per element
+    std::array<float, 256> v{};
+    for (int c = 0; c < 256; ++c) v[size_t(c)] = e4m3_to_f32(uint8_t(c));
+    return v;
+  }();
+  for (int64_t i0 = 0, b = 0; i0 < I; i0 += W.block_cols, ++b) {  // a column block at a time: one scale
+    const float scale = scales[b];
+    for (int64_t i = i0; i < std::min(I, i0 + W.block_cols); ++i)
+      out[i] = e4m3[panel[fp8_code_byte(i / 2, lane, int(i % 2))]] * scale;
+  }
 }
 
 void packed_fp8_codes(const TensorView& W, uint8_t* codes) {

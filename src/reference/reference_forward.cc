@@ -24,20 +24,34 @@ inline float wt(const TensorView& t, int64_t i) {
   return t.at(i);
 }
 
-// y = W x for W in the HF Linear layout [out, in]: y[r] = sum_c W[r, c] x[c]. A packed matrix
-// is read back a row at a time from its panels (the same values as stored).
+// Row r of W as fp32, into out[0, cols): read back from the packed panels (the same values as
+// stored) or from the tensor's own data.
+void weight_row(const TensorView& W, int64_t r, float* out) {
+  const int64_t cols = W.shape[1];
+  if (!W.data) return packed_row(W, r, out);
+  for (int64_t c = 0; c < cols; ++c) out[c] = wt(W, r * cols + c);
+}
+
+// y = W x for W in the HF Linear layout [out, in]: y[r] = sum_c W[r, c] x[c], each row a plain
+// sequential sum. Eight rows are summed side by side: each keeps its own order (the same bits as
+// one row at a time), and eight independent chains of adds hide the add's latency.
 void matvec(const TensorView& W, const float* x, float* y) {
+  constexpr int kRows = 8;
   const int64_t rows = W.shape[0], cols = W.shape[1];
-  std::vector<float> row(W.data ? 0 : size_t(cols));
-  for (int64_t r = 0; r < rows; ++r) {
+  std::vector<float> w(size_t(kRows * cols));
+  int64_t r0 = 0;
+  for (; r0 + kRows <= rows; r0 += kRows) {
+    for (int k = 0; k < kRows; ++k) weight_row(W, r0 + k, w.data() + size_t(k * cols));
+    float acc[kRows] = {};
+    for (int64_t c = 0; c < cols; ++c)
+      for (int k = 0; k < kRows; ++k) acc[k] += w[size_t(k * cols + c)] * x[c];
+    for (int k = 0; k < kRows; ++k) y[r0 + k] = acc[k];
+  }
+  for (; r0 < rows; ++r0) {
+    weight_row(W, r0, w.data());
     float acc = 0.f;
-    if (!W.data) {
-      packed_row(W, r, row.data());
-      for (int64_t c = 0; c < cols; ++c) acc += row[size_t(c)] * x[c];
-    } else {
-      for (int64_t c = 0; c < cols; ++c) acc += wt(W, r * cols + c) * x[c];
-    }
-    y[r] = acc;
+    for (int64_t c = 0; c < cols; ++c) acc += w[size_t(c)] * x[c];
+    y[r0] = acc;
   }
 }
 

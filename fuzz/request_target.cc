@@ -1,4 +1,4 @@
-#include "server/request_fuzz.h"
+#include "fuzz/request_target.h"
 
 #include <stdexcept>
 #include <string>

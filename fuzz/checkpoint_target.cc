@@ -1,4 +1,4 @@
-#include "model/checkpoint_fuzz.h"
+#include "fuzz/checkpoint_target.h"
 
 #include <vector>
 
