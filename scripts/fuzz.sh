@@ -42,7 +42,7 @@ elif [ "$TARGET" = template ]; then
   MAXLEN=16384
 else
   BIN=$OUT/checkpoint_fuzz
-  SRCS=(fuzz/checkpoint_fuzz.cc fuzz/checkpoint_target.cc src/model/safetensors.cc
+  SRCS=(fuzz/checkpoint_fuzz.cc fuzz/checkpoint_target.cc src/model/safetensors.cc src/core/tensor_view.cc src/core/panel_layout.cc
         src/model/config.cc src/core/file_read.cc src/core/json_limits.cc)
   SEEDS=fuzz/corpus-checkpoint
   MAXLEN=8192

@@ -149,9 +149,11 @@ bool reads_key(Arch a, const std::string& key) {
 RopeScaling parse_yarn(const json& rs, int max_position_embeddings, const std::string& path) {
   static const char* const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
                                       "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"};
-  for (auto& [key, value] : rs.items())
+  for (auto it = rs.begin(); it != rs.end(); ++it) {
+    const std::string& key = it.key();  // not a structured binding: clang 14 (scripts/fuzz.sh) cannot capture one
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
       throw Error(path + ": key \"rope_scaling\" holds \"" + key + "\", which is not implemented by r3 for yarn");
+  }
   auto number = [&](const char* key, double dflt) {
     if (!rs.contains(key) || rs[key].is_null()) return dflt;
     if (!rs[key].is_number()) throw Error(path + ": rope_scaling." + key + " must be a number");
