@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -536,6 +537,49 @@ TEST_F(ServerTest, TheReadmesEndpointTableIsWhatIsServed) {
   for (const server::ServedEndpoint& e : server_->srv->endpoints())
     if (!e.control) served.insert(e.method + " " + e.path);
   EXPECT_EQ(documented, served);
+}
+
+// The README's sentences on open endpoints, the weights body cap and the control port name what
+// the endpoint table serves (and every other POST has the request body cap).
+TEST_F(ServerTest, TheReadmesAccessCapAndControlListsAreWhatIsServed) {
+  std::ifstream in(std::string(R3_SOURCE_DIR) + "/src/server/README.md");
+  std::stringstream whole;
+  whole << in.rdbuf();
+  std::string text = whole.str();
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  // The `METHOD /path` items between a sentence's start and its full stop.
+  auto listed = [&](const std::string& start) {
+    std::set<std::string> items;
+    const size_t from = text.find(start);
+    EXPECT_NE(from, std::string::npos) << start;
+    if (from == std::string::npos) return items;
+    const size_t end = text.find(". ", from);
+    for (size_t at = text.find('`', from); at < end; at = text.find('`', text.find('`', at + 1) + 1)) {
+      const std::string item = text.substr(at + 1, text.find('`', at + 1) - at - 1);
+      if (item.rfind("GET /", 0) == 0 || item.rfind("POST /", 0) == 0) items.insert(item);
+    }
+    return items;
+  };
+  std::set<std::string> open, weights_cap, control;
+  const server::ServerOptions defaults;
+  for (const server::ServedEndpoint& e : server_->srv->endpoints()) {
+    const std::string name = e.method + " " + e.path;
+    if (e.control) {
+      control.insert(name);
+      continue;
+    }
+    if (!e.needs_key) open.insert(name);
+    if (e.method != "POST") continue;
+    if (e.body_cap == defaults.max_weights_body_bytes) {
+      weights_cap.insert(name);
+    } else {
+      EXPECT_EQ(e.body_cap, defaults.max_body_bytes) << name;
+    }
+  }
+  EXPECT_EQ(listed("Open (no API key):"), open);
+  EXPECT_EQ(listed("Bodies up to `--max-weights-body-bytes`:"), weights_cap);
+  EXPECT_EQ(listed("The control port (`--control-port`) serves"), control);
 }
 
 TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {

@@ -232,13 +232,12 @@ struct Server::Impl {
     std::function<bool(std::string_view)> check;
     std::function<void(httplib::Response&, const std::string&)> refuse;
   };
-  httplib::Server::HandlerWithContentReader post(std::function<void(httplib::Request&, httplib::Response&)> fn,
-                                                 size_t max_body = 0, BodyStart body_start = {}) {
-    return [this, fn, max_body, body_start](const httplib::Request& req, httplib::Response& res,
-                                            const httplib::ContentReader& reader) {
-      const size_t cap = max_body ? max_body : opts.max_body_bytes;
+  httplib::Server::HandlerWithContentReader post(std::function<void(httplib::Request&, httplib::Response&)> fn, bool auth,
+                                                 size_t cap, BodyStart body_start = {}) {
+    return [this, fn, auth, cap, body_start](const httplib::Request& req, httplib::Response& res,
+                                             const httplib::ContentReader& reader) {
       try {
-        if (!authorized(req))
+        if (auth && !authorized(req))
           throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
         const size_t declared = size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
         if (declared > cap) throw_too_large(cap);
@@ -737,15 +736,98 @@ struct Server::Impl {
     res.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
   }
 
-  // Every route is registered through these two, so the endpoint list (Server::endpoints, the
-  // README's table test, /metrics' endpoint labels) is the routes served.
-  void serve_get(GatedHttpServer& s, const std::string& path, httplib::Server::Handler h) {
-    s.Get(path, std::move(h));
-    served.push_back({"GET", path, &s == &control});
+  void update_weight_version(const httplib::Request& q, httplib::Response& res) {
+    json body = parse_body(q.body);
+    refuse_unknown_fields(body, "", {"new_version", "abort_all_requests"});
+    auto v = opt_string(body, "new_version", "new_version");
+    if (!v) throw bad_request("missing \"new_version\"", "new_version");
+    if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false)) loop->abort_all();
+    loop->set_weight_label(*v);
+    send_json(res, 200, {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
   }
-  void serve_post(GatedHttpServer& s, const std::string& path, httplib::Server::HandlerWithContentReader h) {
-    s.Post(path, std::move(h));
-    served.push_back({"POST", path, &s == &control});
+
+  json models() const {
+    json m = {{"id", opts.model_name},         {"object", "model"},
+              {"created", started},            {"owned_by", "r3"},
+              {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
+    return {{"object", "list"}, {"data", json::array({m})}};
+  }
+
+  // The endpoint table: one row per endpoint (its aliases share the row), from which routing,
+  // the API-key check, the body cap, /metrics' endpoint labels, Server::endpoints() and the
+  // README's table test all derive. Adding an endpoint is one row (and its README line).
+  enum class Access { ApiKey, Open };  // Open: probes, as SGLang's middleware lets /health* through
+  enum class Cap { None, Request, Weights };  // POST bodies: --max-body-bytes or --max-weights-body-bytes
+  using Handler = std::function<void(httplib::Request&, httplib::Response&)>;
+  struct Endpoint {
+    const char* method;  // "GET" or "POST"
+    std::vector<const char*> paths;
+    Handler handler;
+    Access access = Access::ApiKey;
+    Cap cap = Cap::Request;  // for POST
+    BodyStart body_start = {};
+    bool control = false;  // also served on the control port
+  };
+
+  std::vector<Endpoint> endpoint_table() {
+    using R = const httplib::Request&;
+    using W = httplib::Response&;
+    Endpoint tensor_update{"POST", {"/update_weights_from_tensor"}, [this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); }};
+    tensor_update.cap = Cap::Weights;
+    tensor_update.body_start = {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
+                                [](httplib::Response& s, const std::string& why) {
+                                  send_json(s, 400, {{"success", false}, {"message", why}});
+                                }};
+    auto get = [](std::vector<const char*> paths, Handler h) { return Endpoint{"GET", std::move(paths), std::move(h)}; };
+    auto post = [](std::vector<const char*> paths, Handler h) { return Endpoint{"POST", std::move(paths), std::move(h)}; };
+    std::vector<Endpoint> t = {
+        post({"/v1/completions"}, [this](R q, W s) { completions(q, s, false); }),
+        post({"/v1/chat/completions"}, [this](R q, W s) { completions(q, s, true); }),
+        post({"/generate"}, [this](R q, W s) { generate(q, s); }),
+        post({"/tokenize"}, [this](R q, W s) {
+          send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
+                                           loop->model_config().max_position_embeddings));
+        }),
+        post({"/detokenize"}, [this](R q, W s) { send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get())); }),
+        post({"/update_weights", "/update_weights_from_disk"}, [this](R q, W s) { update_weights(q, s); }),
+        tensor_update,
+        post({"/update_weight_version"}, [this](R q, W s) { update_weight_version(q, s); }),
+        post({"/pause_generation"}, [this](R q, W s) { pause_generation(q, s); }),
+        post({"/continue_generation"}, [this](R q, W s) { continue_generation(q, s); }),
+        get({"/flush_cache"}, [this](R, W s) { flush_cache(s); }),
+        post({"/flush_cache"}, [this](R, W s) { flush_cache(s); }),
+        post({"/release_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, true); }),
+        post({"/resume_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, false); }),
+        post({"/abort", "/abort_request"}, [this](R q, W s) { abort(q, s); }),
+        get({"/get_server_info", "/server_info"}, [this](R, W s) { send_json(s, 200, server_info()); }),
+        get({"/get_model_info", "/model_info"}, [this](R, W s) { send_json(s, 200, model_info()); }),
+        get({"/get_weight_version", "/weight_version"}, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }),
+        get({"/v1/loads"}, [this](R, W s) { send_json(s, 200, loads()); }),
+        get({"/v1/models"}, [this](R, W s) { send_json(s, 200, models()); }),
+        get({"/metrics"}, [this](R, W s) { metrics(s); }),
+        get({"/health"}, [this](R, W s) { health(s); }),
+        get({"/health_generate"}, [this](R, W s) { health_generate(s); }),
+    };
+    for (Endpoint& e : t) {
+      const std::string first = e.paths[0];
+      if (first == "/health" || first == "/health_generate") e.access = Access::Open;
+      if (first == "/health" || first == "/metrics" || first == "/abort") e.control = true;
+      if (std::string(e.method) == "GET") e.cap = Cap::None;
+    }
+    return t;
+  }
+
+  void serve(GatedHttpServer& s, const Endpoint& e) {
+    const bool key = e.access == Access::ApiKey;
+    const size_t cap = e.cap == Cap::Weights ? opts.max_weights_body_bytes : e.cap == Cap::Request ? opts.max_body_bytes : 0;
+    for (const char* path : e.paths) {
+      if (std::string(e.method) == "GET") s.Get(path, wrap(key, [h = e.handler](const httplib::Request& q, httplib::Response& r) {
+        httplib::Request copy = q;  // GET handlers read only the path and headers
+        h(copy, r);
+      }));
+      else s.Post(path, post(e.handler, key, cap, e.body_start));
+      served.push_back({e.method, path, &s == &control, key, cap});
+    }
   }
   bool is_served(const std::string& path) const {
     for (const ServedEndpoint& e : served)
@@ -754,69 +836,14 @@ struct Server::Impl {
   }
 
   void routes() {
-    using R = const httplib::Request&;
-    using W = httplib::Response&;
     configure(http, std::max(1, opts.http_threads), &listen_fd);
-    serve_post(http, "/v1/completions", post([this](R q, W s) { completions(q, s, false); }));
-    serve_post(http, "/v1/chat/completions", post([this](R q, W s) { completions(q, s, true); }));
-    serve_post(http, "/generate", post([this](R q, W s) { generate(q, s); }));
-    serve_post(http, "/tokenize", post([this](R q, W s) {
-      send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
-                                       loop->model_config().max_position_embeddings));
-    }));
-    serve_post(http, "/detokenize", post([this](R q, W s) {
-      send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get()));
-    }));
-    serve_post(http, "/update_weights", post([this](R q, W s) { update_weights(q, s); }));
-    serve_post(http, "/pause_generation", post([this](R q, W s) { pause_generation(q, s); }));
-    serve_post(http, "/update_weights_from_tensor",
-              post([this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); }, opts.max_weights_body_bytes,
-                   {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
-                    [](httplib::Response& s, const std::string& why) {
-                      send_json(s, 400, {{"success", false}, {"message", why}});
-                    }}));
-    serve_post(http, "/continue_generation", post([this](R q, W s) { continue_generation(q, s); }));
-    serve_get(http, "/flush_cache", wrap(true, [this](R, W s) { flush_cache(s); }));
-    serve_post(http, "/flush_cache", post([this](R, W s) { flush_cache(s); }));
-    serve_get(http, "/health_generate", wrap(false, [this](R, W s) { health_generate(s); }));
-    for (const char* p : {"/get_server_info", "/server_info"})
-      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, server_info()); }));
-    for (const char* p : {"/get_model_info", "/model_info"})
-      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, model_info()); }));
-    for (const char* p : {"/get_weight_version", "/weight_version"})
-      serve_get(http, p, wrap(true, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }));
-    serve_post(http, "/update_weight_version", post([this](R q, W s) {
-      json body = parse_body(q.body);
-      refuse_unknown_fields(body, "", {"new_version", "abort_all_requests"});
-      auto v = opt_string(body, "new_version", "new_version");
-      if (!v) throw bad_request("missing \"new_version\"", "new_version");
-      if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false)) loop->abort_all();
-      loop->set_weight_label(*v);
-      send_json(s, 200, {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
-    }));
-    serve_get(http, "/v1/loads", wrap(true, [this](R, W s) { send_json(s, 200, loads()); }));
-    for (bool release : {true, false}) {
-      const char* p = release ? "/release_memory_occupation" : "/resume_memory_occupation";
-      serve_post(http, p, post([this, release](R q, W s) { memory_occupation(q, s, release); }));
-    }
-    serve_post(http, "/update_weights_from_disk", post([this](R q, W s) { update_weights(q, s); }));
-    serve_post(http, "/abort", post([this](R q, W s) { abort(q, s); }));
-    serve_post(http, "/abort_request", post([this](R q, W s) { abort(q, s); }));
-    serve_get(http, "/health", wrap(false, [this](R, W s) { health(s); }));
-    serve_get(http, "/v1/models", wrap(true, [this](R, W s) {
-      json m = {{"id", opts.model_name},         {"object", "model"},
-                {"created", started},            {"owned_by", "r3"},
-                {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
-      send_json(s, 200, {{"object", "list"}, {"data", json::array({m})}});
-    }));
-    serve_get(http, "/metrics", wrap(true, [this](R, W s) { metrics(s); }));
     // The control listener: its own threads, so /health and /abort answer even while clients
     // hold every connection slot of the main port.
     configure(control, 4, &control_fd);
-    serve_get(control, "/health", wrap(false, [this](R, W s) { health(s); }));
-    serve_get(control, "/metrics", wrap(true, [this](R, W s) { metrics(s); }));
-    serve_post(control, "/abort", post([this](R q, W s) { abort(q, s); }));
-    serve_post(control, "/abort_request", post([this](R q, W s) { abort(q, s); }));
+    for (const Endpoint& e : endpoint_table()) {
+      serve(http, e);
+      if (e.control) serve(control, e);
+    }
   }
 };
 

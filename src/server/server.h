@@ -48,9 +48,12 @@ struct ServerOptions {
 
 // One route: its method, path, and whether it is on the control listener (--control-port) rather
 // than the main one.
+// A route as served: from the endpoint table in server.cc (one row per endpoint).
 struct ServedEndpoint {
   std::string method, path;
-  bool control = false;
+  bool control = false;      // on the control port (the same endpoint is also listed for the main one)
+  bool needs_key = true;     // the API key is checked (when --api-key is set); false for the probes
+  size_t body_cap = 0;       // POST: bytes of body accepted (--max-body-bytes or --max-weights-body-bytes)
 };
 
 class Server {
