@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "routes/route_array.h"
+#include "routes/route_envelope.h"
 #include "routes/route_formats.h"
 #include "staging/alignment.h"
 #include "staging/staging.h"

@@ -29,7 +29,7 @@ if [ "$TARGET" = request ]; then
   SRCS=(fuzz/request_parser_fuzz.cc fuzz/request_target.cc src/server/json_fields.cc
         src/server/openai_api.cc src/server/generate_api.cc src/engine/request_json.cc
         src/routes/route_array.cc src/core/json_limits.cc src/server/route_reply.cc src/routes/route_formats.cc
-        src/staging/staging.cc src/server/chat_api.cc src/text/tokenizer.cc src/text/bpe.cc
+        src/routes/route_envelope.cc src/server/chat_api.cc src/text/tokenizer.cc src/text/bpe.cc
         src/text/normalizer.cc src/text/pre_tokenizer.cc src/text/decoder.cc src/text/regex.cc src/text/utf8.cc
         src/text/detokenizer.cc src/text/chat_template.cc src/text/jinja.cc src/text/jinja_value.cc
         src/text/jinja_budget.cc src/core/file_read.cc)

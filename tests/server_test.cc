@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "routes/route_array.h"
+#include "routes/route_envelope.h"
 #include "routes/route_formats.h"
 #include "staging/staging.h"
 #include "model/config.h"

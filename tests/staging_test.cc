@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "staging/alignment.h"
+#include "routes/route_envelope.h"
 #include "staging/staging.h"
 
 namespace r3 {

@@ -1,8 +1,8 @@
 #include "server/route_reply.h"
 
 #include "core/error.h"
+#include "routes/route_envelope.h"
 #include "server/api_error.h"
-#include "staging/staging.h"
 
 namespace r3::server {
 
