@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -182,6 +183,33 @@ std::vector<json> sse_events(const std::string& body, bool* done) {
   return out;
 }
 
+// The rows of a reply's or a streamed chunk's routes, in order, whatever the format (a streamed
+// vllm chunk carries its prompt part only when it has prompt rows).
+RouteArray chunk_routes(const json& obj) {
+  if (obj.value("routed_experts_format", "r3") != "vllm") return *decode_routes(obj, 0, test_model("olmoe"));
+  RouteArray r;
+  for (const char* k : {"prompt_routed_experts", "routed_experts"}) {
+    if (!obj.contains(k)) continue;
+    const std::vector<uint8_t> b = base64_decode(obj[k].get<std::string>());
+    const RouteArray part = parse_npy(std::string(b.begin(), b.end()));
+    r.layers = part.layers;
+    r.k = part.k;
+    r.rows += part.rows;
+    r.data.insert(r.data.end(), part.data.begin(), part.data.end());
+  }
+  return r;
+}
+
+// Rows appended to rows (the concatenation a streaming client makes).
+void append_rows(RouteArray& rows, const RouteArray& more) {
+  if (rows.rows == 0) {
+    rows.layers = more.layers;
+    rows.k = more.k;
+  }
+  rows.rows += more.rows;
+  rows.data.insert(rows.data.end(), more.data.begin(), more.data.end());
+}
+
 std::vector<int> prompt_of(int len, int salt) {
   std::vector<int> p;
   for (int i = 0; i < len; ++i) p.push_back(3 + (i * 37 + salt * 101) % 500);
@@ -306,6 +334,7 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
   ASSERT_GE(events.size(), 3u);
   std::vector<json> merged(2, json{{"token_ids", json::array()},
                                    {"logprobs", {{"token_logprobs", json::array()}}}});
+  std::vector<RouteArray> rows(2);  // each chunk's route rows, concatenated
   int finishes = 0;
   for (size_t e = 0; e + 1 < events.size(); ++e) {
     ASSERT_EQ(events[e]["choices"].size(), 1u);
@@ -313,13 +342,10 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
     json& m = merged[c["index"].get<size_t>()];
     for (const auto& t : c["token_ids"]) m["token_ids"].push_back(t);
     for (const auto& l : c["logprobs"]["token_logprobs"]) m["logprobs"]["token_logprobs"].push_back(l);
+    if (c.contains("routed_experts")) append_rows(rows[c["index"].get<size_t>()], chunk_routes(c));
     if (!c["finish_reason"].is_null()) {
       ++finishes;
       m["finish_reason"] = c["finish_reason"];
-      for (const char* k : {"routed_experts", "prompt_routed_experts", "routed_experts_format"})
-        if (c.contains(k)) m[k] = c[k];
-    } else {
-      EXPECT_FALSE(c.contains("routed_experts"));
     }
   }
   EXPECT_EQ(finishes, 2);
@@ -337,8 +363,82 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
     p.ignore_eos = true;
     p.return_routed_experts = true;
     p.routed_experts_start = 5;
-    expect_matches_solo(from_choice(merged[i], prompts[i]), solo(prompts[i], p), false, p,
-                        "streamed choice " + std::to_string(i));
+    RequestOutput got = from_choice(merged[i], prompts[i]);
+    rows[i].start = 5;
+    rows[i].moe_layers = load_config(*model_ + "/config.json").moe_layers();
+    got.routed_experts = rows[i];
+    expect_matches_solo(got, solo(prompts[i], p), false, p, "streamed choice " + std::to_string(i));
+  }
+}
+
+// Streamed routes come with their tokens: on /v1/completions every chunk carries the rows of its
+// tokens (the first also the prompt's from routed_experts_start), and their concatenation is the
+// non-streamed reply's routes, in every format, over seeded random prompts, lengths and starts
+// (the chunking is the stream's own timing). A streamed /generate is SGLang's: each chunk the
+// reply so far, the last one the non-streamed reply, routes included.
+TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
+  std::mt19937 rng(45);
+  const char* formats[] = {"r3", "sglang", "vllm", "nrlre1"};
+  auto stream = [&](const std::string& path, const json& body) {
+    auto res = server_->client().Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no reply");
+    bool done = false;
+    std::vector<json> events = res ? sse_events(res->body, &done) : std::vector<json>{};
+    EXPECT_TRUE(done) << path << ": no data: [DONE]";
+    return events;
+  };
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::string fmt = formats[trial % 4];
+    const int P = std::uniform_int_distribution<int>(2, 60)(rng);
+    const int start = std::uniform_int_distribution<int>(0, P)(rng);
+    const std::vector<int> prompt = prompt_of(P, 100 + trial);
+    const int max_tokens = std::uniform_int_distribution<int>(1, 48)(rng);
+    SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt + " P " + std::to_string(P) + " start " +
+                 std::to_string(start) + " max_tokens " + std::to_string(max_tokens));
+    json body = {{"prompt", prompt},          {"max_tokens", max_tokens},
+                 {"temperature", 0.9},        {"seed", trial},
+                 {"ignore_eos", true},        {"return_routed_experts", true},
+                 {"routed_experts_start", start}, {"routed_experts_format", fmt}};
+    const json whole = post("/v1/completions", body)["choices"][0];
+    body["stream"] = true;
+    RouteArray rows;
+    int with_rows = 0;
+    json tokens = json::array();
+    for (const json& ev : stream("/v1/completions", body))
+      for (const json& c : ev["choices"]) {
+        for (const auto& t : c["token_ids"]) tokens.push_back(t);
+        if (!c.contains("routed_experts")) continue;
+        ++with_rows;
+        append_rows(rows, chunk_routes(c));
+      }
+    EXPECT_EQ(tokens, whole["token_ids"]);
+    const RouteArray expected = chunk_routes(whole);
+    EXPECT_EQ(rows.rows, expected.rows);
+    EXPECT_EQ(rows.data, expected.data);
+    EXPECT_GE(with_rows, 1);
+
+    json g = {{"input_ids", prompt},
+              {"sampling_params", {{"max_new_tokens", max_tokens}, {"temperature", 0.9}, {"seed", trial}, {"ignore_eos", true}}},
+              {"return_routed_experts", true}, {"routed_experts_start_len", start}, {"routed_experts_format", fmt}};
+    const json reply = post("/generate", g);
+    g["stream"] = true;
+    const std::vector<json> events = stream("/generate", g);
+    ASSERT_FALSE(events.empty());
+    json previous_ids = json::array();
+    for (size_t e = 0; e < events.size(); ++e) {
+      const json& ids = events[e]["output_ids"];  // cumulative: each chunk's ids extend the last's
+      ASSERT_GE(ids.size(), previous_ids.size());
+      EXPECT_TRUE(std::equal(previous_ids.begin(), previous_ids.end(), ids.begin()));
+      previous_ids = ids;
+      if (e + 1 < events.size()) {
+        EXPECT_TRUE(events[e]["meta_info"]["finish_reason"].is_null());
+      }
+    }
+    const json& last = events.back();
+    EXPECT_EQ(last["output_ids"], reply["output_ids"]);
+    EXPECT_EQ(last["meta_info"]["output_token_logprobs"], reply["meta_info"]["output_token_logprobs"]);
+    EXPECT_EQ(last["meta_info"]["finish_reason"], reply["meta_info"]["finish_reason"]);
+    EXPECT_EQ(chunk_routes(last["meta_info"]).data, chunk_routes(reply["meta_info"]).data);
   }
 }
 
@@ -363,6 +463,7 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
       const json& raw = replies[size_t(c)][size_t(k)];
       ASSERT_TRUE(raw.is_string()) << "client " << c << " request " << k << " failed";
       json choice;
+      RouteArray rows;  // a streamed call's: each chunk's rows, concatenated
       if (k == 1) {
         bool done = false;
         choice = {{"token_ids", json::array()}, {"logprobs", {{"token_logprobs", json::array()}}}};
@@ -370,11 +471,8 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
           for (const json& ch : ev["choices"]) {
             for (const auto& t : ch["token_ids"]) choice["token_ids"].push_back(t);
             for (const auto& l : ch["logprobs"]["token_logprobs"]) choice["logprobs"]["token_logprobs"].push_back(l);
-            if (!ch["finish_reason"].is_null()) {
-              choice["finish_reason"] = ch["finish_reason"];
-              for (const char* k : {"routed_experts", "prompt_routed_experts", "routed_experts_format"})
-                if (ch.contains(k)) choice[k] = ch[k];
-            }
+            if (ch.contains("routed_experts")) append_rows(rows, chunk_routes(ch));
+            if (!ch["finish_reason"].is_null()) choice["finish_reason"] = ch["finish_reason"];
           }
         EXPECT_TRUE(done);
       } else {
@@ -385,8 +483,12 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
       p.seed = uint64_t(c * 10 + k);
       p.return_routed_experts = true;
       const auto prompt = prompt_of(5 + 7 * c + k, 100 + c);
-      expect_matches_solo(from_choice(choice, prompt), solo(prompt, p), false, p,
-                          "client " + std::to_string(c) + " request " + std::to_string(k));
+      RequestOutput got = from_choice(choice, prompt);
+      if (k == 1) {
+        rows.moe_layers = load_config(*model_ + "/config.json").moe_layers();
+        got.routed_experts = rows;
+      }
+      expect_matches_solo(got, solo(prompt, p), false, p, "client " + std::to_string(c) + " request " + std::to_string(k));
     }
 }
 

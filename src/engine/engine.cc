@@ -520,8 +520,20 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
       finish(r, "stop", out);
     else if (int(r->output.size()) >= r->params.max_tokens)
       finish(r, "length", out);
-    else
+    else {
       out.push_back(make_output(*r));
+      if (r->params.stream_routes && r->params.return_routed_experts) {
+        // The rows computed since its previous output (the prompt's with the first token), up to
+        // the newest token's, whose row the next step computes. Rows before `from` went out, so
+        // the scan for the first unwritten row starts there.
+        ScopedNanoseconds timed{route_ns_};
+        const int from = std::max(r->routes_streamed, r->params.routed_experts_start);
+        RouteArray rows = routes_->assemble_computed(r->id, r->num_tokens(), from, from);
+        r->routes_streamed = from + rows.rows;
+        rows.moe_layers = model_config().moe_layers();
+        out.back().routed_experts = std::move(rows);
+      }
+    }
   }
 }
 

@@ -75,7 +75,9 @@ struct RequestOutput {
   std::vector<TopLogprobs> prompt_top_logprobs;
   bool finished = false;
   std::string finish_reason;
-  std::optional<RouteArray> routed_experts;  // [S-1 - start, L_moe, K]
+  // [S-1 - start, L_moe, K]; while a stream_routes request runs, only the rows new since its
+  // previous output (their first row is .start).
+  std::optional<RouteArray> routed_experts;
   std::string routes_error;                  // set when routes could not be complete
   // Set when the request failed (finish_reason "error"): no token was sampled from bad values
   // and no routes are returned.

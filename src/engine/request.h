@@ -37,6 +37,7 @@ struct Request {
   std::unique_ptr<text::IncrementalDetokenizer> detok;
   std::string text;
   std::string stop_str;                 // the stop string that finished it, if one did
+  int routes_streamed = -1;             // stream_routes: rows before this went out already (-1: none yet)
 
   // KV state.
   std::vector<int> blocks;              // block table

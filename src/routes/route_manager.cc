@@ -89,11 +89,11 @@ RouteArray RouteManager::assemble(uint64_t id, int seq_len, int start, uint64_t*
   return out;
 }
 
-RouteArray RouteManager::assemble_computed(uint64_t id, int seq_len, int start) {
+RouteArray RouteManager::assemble_computed(uint64_t id, int seq_len, int start, int scan_from) {
   auto it = stores_.find(id);
   if (it == stores_.end()) throw Error("no route store for request " + std::to_string(id));
   const Store& st = it->second;
-  int n = 0;
+  int n = std::max(0, scan_from);
   while (n < seq_len - 1 && size_t(n) < st.written.size() && st.written[size_t(n)]) ++n;
   const int rows = std::max(0, n - start);
   RouteArray out(rows, layers_, k_);

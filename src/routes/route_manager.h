@@ -35,9 +35,10 @@ class RouteManager {
 
   // Rows [start, seq_len - 1). Missing rows stay -1 and are counted in gaps (returned in *gaps).
   RouteArray assemble(uint64_t request_id, int seq_len, int start, uint64_t* gaps);
-  // Rows [start, n) where n is the first position never written (aborted requests); empty when
+  // Rows [start, n) where n is the first position from scan_from on never written (aborted
+  // requests; a streamed request's new rows, scanned from where the last ones ended); empty when
   // the request stopped before reaching start.
-  RouteArray assemble_computed(uint64_t request_id, int seq_len, int start);
+  RouteArray assemble_computed(uint64_t request_id, int seq_len, int start, int scan_from = 0);
   // Refit with a prefix-cache flush: no cached route survives.
   void invalidate_all();
 

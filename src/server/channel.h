@@ -1,6 +1,7 @@
 // What the engine loop hands an HTTP call: the latest (cumulative) output of each of the call's
 // engine requests ("choices"). The loop publishes, the HTTP thread waits and takes. Outputs are
-// cumulative, so a waiting thread that missed some steps loses nothing: it takes the newest.
+// cumulative, so a waiting thread that missed some steps loses nothing: it takes the newest
+// (streamed route rows, which come as deltas, are joined until taken).
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -25,6 +26,15 @@ class Channel {
     if (o.finished) {
       finished_[choice] = true;
       ++num_finished_;
+    }
+    // A streamed request's unfinished outputs carry only their new route rows: rows of an
+    // output not yet taken go in front of the next one's, so none is lost (a finished output
+    // carries every row itself).
+    if (!o.finished && o.routed_experts && latest_[choice] && latest_[choice]->routed_experts) {
+      RouteArray& earlier = *latest_[choice]->routed_experts;
+      earlier.data.insert(earlier.data.end(), o.routed_experts->data.begin(), o.routed_experts->data.end());
+      earlier.rows += o.routed_experts->rows;
+      o.routed_experts = std::move(earlier);
     }
     latest_[choice] = std::move(o);
     ++version_;

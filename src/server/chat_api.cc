@@ -156,10 +156,10 @@ json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t
   if (o.finished) {
     c["finish_reason"] = o.finish_reason;
     c["stop_reason"] = completion_stop_reason(o);
-    put_routes(c, o, req.routes);
   } else {
     c["finish_reason"] = nullptr;
   }
+  if (o.routed_experts) put_routes(c, o, req.routes, true);  // this chunk's rows (the stream slices them)
   return c;
 }
 

@@ -66,11 +66,12 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   if (!has_text && !has_ids) throw bad_request("missing \"input_ids\" (or \"text\")", "input_ids");
   if (has_text && !b["text"].is_string() && !b["text"].is_array())
     throw bad_request("\"text\" must be a string or a list of strings", "text");
-  if (auto s = opt_bool(b, "stream", "stream"); s && *s)
-    throw bad_request("streaming /generate is not supported by r3; use /v1/completions with \"stream\": true",
-                      "stream");
+  r.stream = opt_bool(b, "stream", "stream").value_or(false);
   const json& prompt = has_text ? b["text"] : b["input_ids"];
   r.batch = has_text ? prompt.is_array() : (prompt.is_array() && !prompt.empty() && prompt[0].is_array());
+  if (r.stream && r.batch)
+    throw bad_request("\"stream\" with a list of prompts is not supported by r3: stream each prompt as its own call",
+                      "stream");
   std::vector<std::vector<int>> prompts = prompt_batch(prompt, has_text ? "text" : "input_ids", tok);
   if (b.contains("rid") && !b["rid"].is_null()) {
     if (b["rid"].is_string()) {

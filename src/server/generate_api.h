@@ -24,6 +24,7 @@ struct GenerateRequest {
   const text::Tokenizer* tok = nullptr;  // the served model's, or null
   bool return_text_in_logprobs = false;
   bool batch = false;         // input_ids was a list of lists: reply with a list
+  bool stream = false;        // SSE chunks (one prompt only)
   std::optional<std::string> rid;
   bool return_logprob = true;
   std::optional<RouteFormat> routes_format;  // as asked ("routed_experts_format")

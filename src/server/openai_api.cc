@@ -218,10 +218,10 @@ json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, 
     c["finish_reason"] = o.finish_reason;
     c["stop_reason"] = completion_stop_reason(o);
     if (req.return_token_ids) c["prompt_token_ids"] = o.prompt_token_ids;
-    put_routes(c, o, req.routes);
   } else {
     c["finish_reason"] = nullptr;
   }
+  if (o.routed_experts) put_routes(c, o, req.routes, true);  // this chunk's rows (the stream slices them)
   return c;
 }
 

@@ -19,7 +19,7 @@ std::optional<RouteFormat> opt_route_format(const json& body) {
   }
 }
 
-void put_routes(json& obj, const RequestOutput& o, const RouteReply& how) {
+void put_routes(json& obj, const RequestOutput& o, const RouteReply& how, bool chunk) {
   if (!o.routed_experts) return;
   const RouteArray& r = *o.routed_experts;
   obj["routed_experts_format"] = route_format_name(how.format);
@@ -35,7 +35,7 @@ void put_routes(json& obj, const RequestOutput& o, const RouteReply& how) {
       break;
     case RouteFormat::Vllm: {
       const int P = int(o.prompt_token_ids.size());
-      obj["prompt_routed_experts"] = npy_base64(route_rows(r, r.start, P));
+      if (!chunk || r.start < P) obj["prompt_routed_experts"] = npy_base64(route_rows(r, r.start, P));
       obj["routed_experts"] = npy_base64(route_rows(r, P, r.start + r.rows));
       break;
     }

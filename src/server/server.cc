@@ -63,21 +63,57 @@ const char* status_type(int status) {
   }
 }
 
-// A streamed /v1/completions call: what was sent so far, and the channel it reads.
-struct CompletionStream {
+// What every streamed call shares: its channel, the SSE writes, the keep-alive comment that
+// finds a vanished client, and the closing "data: [DONE]".
+struct SseStream {
   EngineLoop* loop = nullptr;
   std::shared_ptr<Channel> ch;
   std::vector<uint64_t> ids;
+  uint64_t seen = 0;
+  bool closed = false;  // "data: [DONE]" written
+  Clock::time_point last_write = Clock::now();
+
+  bool write(httplib::DataSink& sink, const std::string& s) {
+    if (!sink.write(s.data(), s.size())) return false;
+    last_write = Clock::now();
+    return true;
+  }
+  bool close_with(httplib::DataSink& sink, std::string out) {
+    out += "data: [DONE]\n\n";
+    if (!write(sink, out)) return false;
+    closed = true;
+    sink.done();
+    return true;
+  }
+  // The outputs published since the last call, or false when none came within 200 ms (then an
+  // SSE comment goes out once a second; *alive says whether it could be written).
+  bool take(httplib::DataSink& sink, std::vector<std::optional<RequestOutput>>& outs, bool* alive) {
+    *alive = true;
+    if (ch->take(seen, std::chrono::milliseconds(200), outs)) return true;
+    if (Clock::now() - last_write >= std::chrono::seconds(1)) *alive = write(sink, ": keep-alive\n\n");
+    return false;
+  }
+  // The failure that ends a stream (an error chunk, then [DONE]) for an output, or "".
+  static std::string failure_of(const RequestOutput& o, size_t i, std::string* type) {
+    *type = o.error.empty() ? "routes_error" : "model_error";
+    if (!o.finished) return "";
+    if (!o.error.empty()) return "choice " + std::to_string(i) + ": " + o.error;
+    if (!o.routes_error.empty())
+      return "choice " + std::to_string(i) + ": routes are incomplete (" + o.routes_error + "); the request fails closed";
+    return "";
+  }
+};
+
+// A streamed /v1/completions or chat call: what was sent so far.
+struct CompletionStream : SseStream {
   CompletionRequest req;
   std::string id, model;
   int64_t created = 0;
   std::vector<size_t> sent, sent_text;  // tokens and text bytes streamed, per choice
+  std::vector<int> rows_sent;           // route rows streamed: absolute positions before this, per choice
   std::vector<bool> started;            // chat: the role delta went out
   std::vector<bool> done;
   size_t num_done = 0;
-  uint64_t seen = 0;
-  bool closed = false;  // "data: [DONE]" written
-  Clock::time_point last_write = Clock::now();
 
   json chunk(json choices) const {
     return {{"id", id}, {"object", req.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
@@ -86,42 +122,28 @@ struct CompletionStream {
 
   // One call of the chunked content provider. False: the client is gone (or the write failed).
   bool step(httplib::DataSink& sink) {
-    auto write = [&](const std::string& s) {
-      if (!sink.write(s.data(), s.size())) return false;
-      last_write = Clock::now();
-      return true;
-    };
-    auto close_with = [&](std::string out) {
-      out += "data: [DONE]\n\n";
-      if (!write(out)) return false;
-      closed = true;
-      sink.done();
-      return true;
-    };
     std::vector<std::optional<RequestOutput>> outs;
-    if (!ch->take(seen, std::chrono::milliseconds(200), outs)) {
-      // Nothing new: an SSE comment now and then finds a vanished client while it waits.
-      if (Clock::now() - last_write >= std::chrono::seconds(1)) return write(": keep-alive\n\n");
-      return true;
-    }
-    if (std::string f = ch->failure(); !f.empty())
-      return close_with(sse(error_body(f, "server_error", "", 503)));
+    bool alive = true;
+    if (!take(sink, outs, &alive)) return alive;
+    if (std::string f = ch->failure(); !f.empty()) return close_with(sink, sse(error_body(f, "server_error", "", 503)));
     std::string out;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i] || done[i]) continue;
-      const RequestOutput& o = *outs[i];
-      if (o.finished && !o.error.empty()) {
+      RequestOutput& o = *outs[i];
+      std::string type;
+      if (std::string why = failure_of(o, i, &type); !why.empty()) {
         loop->abort(ids);
-        return close_with(out + sse(error_body("choice " + std::to_string(i) + ": " + o.error,
-                                               "model_error", "", 500)));
+        return close_with(sink, out + sse(error_body(why, type.c_str(), "", 500)));
       }
-      if (o.finished && !o.routes_error.empty()) {
-        loop->abort(ids);
-        return close_with(out + sse(error_body("choice " + std::to_string(i) + ": routes are incomplete (" +
-                                                   o.routes_error + "); the request fails closed",
-                                               "routes_error", "", 500)));
+      // A chunk's route rows are those past what earlier chunks sent: the rows that came with
+      // its tokens (and the prompt's with the first), or the rest of a finished output's.
+      if (o.routed_experts) {
+        const RouteArray& r = *o.routed_experts;
+        o.routed_experts = route_rows(r, rows_sent[i], r.start + r.rows);
+        rows_sent[i] = std::max(rows_sent[i], r.start + r.rows);
       }
-      if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished) continue;
+      const bool new_rows = o.routed_experts && o.routed_experts->rows > 0;
+      if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished && !new_rows) continue;
       json choice = req.chat ? chat_chunk_choice(o, i, sent[i], sent_text[i], !started[i], req)
                              : completion_chunk_choice(o, i, sent[i], sent_text[i], req);
       started[i] = true;
@@ -133,13 +155,67 @@ struct CompletionStream {
         ++num_done;
       }
     }
-    if (!out.empty() && !write(out)) return false;
+    if (!out.empty() && !write(sink, out)) return false;
     if (num_done < done.size()) return true;
     json last = chunk(json::array());
     last["usage"] = completion_usage(req, sent);
-    return close_with(sse(last));
+    return close_with(sink, sse(last));
   }
 };
+
+// A streamed /generate call, as SGLang streams it: each chunk is the reply so far (text and
+// output_ids cumulative, finish_reason null until the end), the last one the whole reply, routes
+// included, then "data: [DONE]".
+struct GenerateStream : SseStream {
+  GenerateRequest req;
+  std::string rid;
+  std::function<std::string()> weight_label;
+  size_t sent = 0;  // tokens in the last chunk
+
+  bool step(httplib::DataSink& sink) {
+    std::vector<std::optional<RequestOutput>> outs;
+    bool alive = true;
+    if (!take(sink, outs, &alive)) return alive;
+    if (std::string f = ch->failure(); !f.empty()) return close_with(sink, sse(error_body(f, "server_error", "", 503)));
+    if (!outs[0]) return true;
+    RequestOutput& o = *outs[0];
+    std::string type;
+    if (std::string why = failure_of(o, 0, &type); !why.empty()) {
+      loop->abort(ids);
+      return close_with(sink, sse(error_body(why, type.c_str(), "", 500)));
+    }
+    if (!o.finished && o.token_ids.size() <= sent) return true;
+    sent = o.token_ids.size();
+    json reply = generate_reply(o, rid, req, weight_label());
+    if (!o.finished) {
+      reply["meta_info"]["finish_reason"] = nullptr;
+      return write(sink, sse(reply));
+    }
+    return close_with(sink, sse(reply));
+  }
+};
+
+// Runs a stream on httplib's chunked content provider: a failed step or a client gone before
+// [DONE] aborts the call's requests.
+template <class Stream>
+void serve_stream(httplib::Response& res, std::shared_ptr<Stream> st, const std::string& id) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st, id](size_t, httplib::DataSink& sink) {
+        bool ok = false;
+        try {
+          ok = st->step(sink);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "r3 serve: stream %s: %s\n", id.c_str(), e.what());
+        }
+        if (!ok) st->loop->abort(st->ids);
+        return ok;
+      },
+      [st](bool) {
+        if (!st->closed) st->loop->abort(st->ids);  // the client went away mid-stream
+      });
+}
 
 }  // namespace
 
@@ -354,6 +430,8 @@ struct Server::Impl {
     st->loop = loop.get();
     const size_t choices = st->req.jobs.size();
     st->ch = std::make_shared<Channel>(choices, st->req.stream);
+    if (st->req.stream)  // each chunk carries its tokens' route rows
+      for (Job& j : st->req.jobs) j.params.stream_routes = j.params.return_routed_experts;
     const std::vector<int> prompt_ids = chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
     st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt", "max_tokens", st->req.n);
     if (!st->req.stream) {
@@ -376,24 +454,10 @@ struct Server::Impl {
     }
     st->sent.assign(choices, 0);
     st->sent_text.assign(choices, 0);
+    st->rows_sent.assign(choices, 0);
     st->started.assign(choices, false);
     st->done.assign(choices, false);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [st](size_t, httplib::DataSink& sink) {
-          bool ok = false;
-          try {
-            ok = st->step(sink);
-          } catch (const std::exception& e) {
-            std::fprintf(stderr, "r3 serve: stream %s: %s\n", st->id.c_str(), e.what());
-          }
-          if (!ok) st->loop->abort(st->ids);
-          return ok;
-        },
-        [st](bool) {
-          if (!st->closed) st->loop->abort(st->ids);  // the client went away mid-stream
-        });
+    serve_stream(res, st, st->id);
   }
 
   void generate(const httplib::Request& hreq, httplib::Response& res) {
@@ -401,6 +465,17 @@ struct Server::Impl {
     GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     g.routes = route_reply(g.routes_format, RouteFormat::Sglang);
     const std::string rid = g.rid ? *g.rid : fresh_id("gen");
+    if (g.stream) {
+      auto st = std::make_shared<GenerateStream>();
+      st->loop = loop.get();
+      st->ch = std::make_shared<Channel>(1, true);
+      st->rid = rid;
+      st->weight_label = [this] { return loop->weight_label(); };
+      st->ids = submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
+      st->req = std::move(g);
+      serve_stream(res, st, rid);
+      return;
+    }
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
     submit(std::move(g.jobs), ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
     std::vector<RequestOutput> outs = wait_all(*ch);
