@@ -61,6 +61,14 @@ struct PySamplingParams {
   // None (vLLM's default): every request draws a fresh random seed, so the samples of one
   // batch differ. A fixed seed makes a request reproducible.
   std::optional<uint64_t> seed;
+  // vLLM's name for the route cut (vllm #51906): routed_experts_start, within the prompt.
+  std::optional<int> routed_experts_prompt_start;
+  // The prompt's length is known only with the prompt.
+  void check_prompt_start(size_t prompt_len) const {
+    if (routed_experts_prompt_start && size_t(*routed_experts_prompt_start) > prompt_len)
+      throw r3::Error("routed_experts_prompt_start " + std::to_string(*routed_experts_prompt_start) +
+                      " is past the prompt's " + std::to_string(prompt_len) + " tokens (it cuts the prompt's routes only)");
+  }
 };
 
 struct CompletionOutput {
@@ -344,6 +352,7 @@ class LLM {
     std::vector<r3::SamplingParams> sp;
     for (size_t i = 0; i < ps.size(); ++i)
       for (int j = 0; j < per_prompt[i].n; ++j) {
+        per_prompt[i].check_prompt_start(ps[i].size());
         r3::SamplingParams p = per_prompt[i].p;
         p.seed = per_prompt[i].seed ? *per_prompt[i].seed + uint64_t(j) : fresh_seeds_();
         p.return_routed_experts =
@@ -518,6 +527,7 @@ class AsyncEngine {
     PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
     if (sp.n != 1) throw r3::Error("AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
     r3::server::Job j{prompt_of(prompt, loop_->tokenizer().get()), sp.p};
+    sp.check_prompt_start(j.prompt.size());
     j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
     j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
     auto ch = std::make_shared<r3::server::Channel>(1, true);
@@ -594,8 +604,16 @@ PYBIND11_MODULE(_r3, m) {
       .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, const py::object& seed,
                        std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
                        int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs,
-                       const py::object& stop, bool include_stop_str_in_output, bool skip_special_tokens) {
+                       const py::object& stop, bool include_stop_str_in_output, bool skip_special_tokens,
+                       std::optional<int> routed_experts_prompt_start) {
              PySamplingParams s;
+             if (routed_experts_prompt_start) {
+               if (routed_experts_start != 0)
+                 throw r3::Error("give one of routed_experts_start and routed_experts_prompt_start");
+               if (*routed_experts_prompt_start < 0) throw r3::Error("routed_experts_prompt_start must be >= 0");
+               routed_experts_start = *routed_experts_prompt_start;
+               s.routed_experts_prompt_start = routed_experts_prompt_start;
+             }
              if (py::isinstance<py::str>(stop)) s.p.stop = {stop.cast<std::string>()};
              else if (!stop.is_none()) s.p.stop = stop.cast<std::vector<std::string>>();
              s.p.include_stop_str_in_output = include_stop_str_in_output;
@@ -623,7 +641,8 @@ PYBIND11_MODULE(_r3, m) {
            py::arg("ignore_eos") = false, py::arg("return_routed_experts") = py::none(),
            py::arg("routed_experts_start") = 0, py::arg("n") = 1, py::arg("logprobs") = py::none(),
            py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
-           py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true)
+           py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true,
+           py::arg("routed_experts_prompt_start") = py::none())
       .def_property("stop", [](const PySamplingParams& s) { return s.p.stop; },
                     [](PySamplingParams& s, std::vector<std::string> v) { s.p.stop = std::move(v); })
       .def_property("max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },

@@ -442,6 +442,28 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
   }
 }
 
+// vLLM's name for the prompt cut (routed_experts_prompt_start, vllm #51906) gives the rows
+// routed_experts_start gives; the prompt's length is allowed (no prompt rows), past it or beside
+// routed_experts_start is a 400 naming it.
+TEST_F(ServerTest, VllmsPromptStartIsTheRouteCut) {
+  const std::vector<int> p = prompt_of(30, 9);
+  auto body = [&](const char* key, int start) {
+    return json{{"prompt", p}, {"max_tokens", 5}, {"seed", 3}, {"return_routed_experts", true}, {key, start}};
+  };
+  for (int start : {0, 17, 30}) {
+    const json a = post("/v1/completions", body("routed_experts_start", start))["choices"][0];
+    const json b = post("/v1/completions", body("routed_experts_prompt_start", start))["choices"][0];
+    EXPECT_EQ(a["prompt_routed_experts"], b["prompt_routed_experts"]) << start;
+    EXPECT_EQ(a["routed_experts"], b["routed_experts"]) << start;
+    EXPECT_EQ(chunk_routes(b).rows, 30 + 4 - start) << start;
+  }
+  json past = post("/v1/completions", body("routed_experts_prompt_start", 31), 400);
+  EXPECT_EQ(past["error"]["param"], "routed_experts_prompt_start");
+  json both = body("routed_experts_prompt_start", 2);
+  both["routed_experts_start"] = 2;
+  EXPECT_EQ(post("/v1/completions", both, 400)["error"]["param"], "routed_experts_prompt_start");
+}
+
 TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
   constexpr int kClients = 8, kEach = 3;
   std::vector<std::vector<json>> replies(kClients);

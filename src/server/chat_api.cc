@@ -48,7 +48,8 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
               "tools", "tool_choice", "parallel_tool_calls", "chat_template", "chat_template_kwargs",
               "add_generation_prompt", "continue_final_message", "include_stop_str_in_output",
               "skip_special_tokens", "spaces_between_special_tokens", "return_token_ids", "request_id",
-              "return_routed_experts", "routed_experts_start", "routed_experts_format", "prompt_logprobs", "echo",
+              "return_routed_experts", "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format",
+              "prompt_logprobs", "echo",
               "response_format", "add_special_tokens"});
   if (!tok) throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)", "messages");
   // vLLM's rule and words: a template sent with the request (or in chat_template_kwargs) is code
@@ -115,7 +116,7 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
                         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
                         "logit_bias", "user", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
                         "spaces_between_special_tokens", "return_token_ids", "request_id", "return_routed_experts",
-                        "routed_experts_start", "routed_experts_format", "prompt_logprobs"})
+                        "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format", "prompt_logprobs"})
     if (b.contains(k)) cb[k] = b[k];
   if (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null()) cb["max_tokens"] = b["max_completion_tokens"];
   else if (b.contains("max_tokens")) cb["max_tokens"] = b["max_tokens"];

@@ -118,8 +118,8 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
                                 "stream", "stream_options", "logprobs", "echo", "suffix", "stop", "stop_token_ids",
                                 "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                                 "user", "ignore_eos", "return_token_ids", "request_id", "return_routed_experts",
-                                "routed_experts_start", "routed_experts_format", "prompt_logprobs",
-                                "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                                "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format",
+                                "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
                                 "add_special_tokens"});
   reject_unsupported(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
@@ -176,12 +176,26 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   base.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   base.routed_experts_start =
       int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
+  // vLLM's name (vllm #51906): the same cut, within the prompt ([0, P]; P returns no prompt rows).
+  const std::optional<int64_t> prompt_start =
+      opt_int(b, "routed_experts_prompt_start", "routed_experts_prompt_start", 0, INT32_MAX);
+  const char* start_key = prompt_start ? "routed_experts_prompt_start" : "routed_experts_start";
+  if (prompt_start) {
+    if (b.contains("routed_experts_start") && !b["routed_experts_start"].is_null())
+      throw bad_request("give one of \"routed_experts_start\" and \"routed_experts_prompt_start\"",
+                        "routed_experts_prompt_start");
+    base.routed_experts_start = int(*prompt_start);
+  }
   if (!base.return_routed_experts && base.routed_experts_start)
-    throw bad_request("\"routed_experts_start\" needs \"return_routed_experts\": true", "routed_experts_start");
+    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true", start_key);
   const std::optional<uint64_t> seed = opt_seed(b, "seed", "seed");
   check_expansion(prompts, r.n, base.stop_token_ids.size());
 
   for (auto& p : prompts) {
+    if (prompt_start && size_t(*prompt_start) > p.size())
+      throw bad_request("\"routed_experts_prompt_start\" " + std::to_string(*prompt_start) + " is past the prompt's " +
+                            std::to_string(p.size()) + " tokens (it cuts the prompt's routes only)",
+                        "routed_experts_prompt_start");
     r.prompt_lens.push_back(p.size());
     for (size_t j = 0; j < r.n; ++j) {
       Job job{p, base};

@@ -2,7 +2,9 @@
 gives the tokens, logprobs and routes of one process bit for bit under random schedules, and a
 rank that dies fails the engine closed (errors, /health 503) within the timeout instead of
 hanging it."""
+import base64
 import http.client
+import io
 import json
 import os
 import random
@@ -15,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 MPIRUN = shutil.which("mpirun")
@@ -184,7 +187,13 @@ def test_a_lost_rank_fails_the_server_closed_within_the_timeout(make_model, r3_b
         events = [json.loads(l[5:]) for l in rest.splitlines() if l.startswith("data:") and l[5:].strip() != "[DONE]"]
         assert events and "error" in events[-1], rest[-2000:]  # it ends in an error ...
         assert "rank 1 did not answer within 5 s" in json.dumps(events[-1]), events[-1]
-        assert not any(c.get("routed_experts") for e in events for c in e.get("choices", []))  # ... no partial routes
+        # ... and no choice finished: what streamed before (tokens, each chunk with its tokens' route
+        # rows and never more) belongs to a failed request, as the error chunk says.
+        chunks = [c for e in events for c in e.get("choices", [])]
+        assert not any(c.get("finish_reason") for c in chunks)
+        rows = sum(np.load(io.BytesIO(base64.b64decode(c["routed_experts"]))).shape[0]
+                   for c in chunks if c.get("routed_experts"))
+        assert rows <= sum(len(c["token_ids"]) for c in chunks) + 1
         assert took < 5 + 10, took
         status, body = get(url + "/health")
         assert status == 503 and "rank 1 did not answer" in body, body  # still serving, saying why

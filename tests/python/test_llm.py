@@ -75,6 +75,16 @@ def test_delta_start_and_routes_off(llm):
     off = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1, return_routed_experts=False))
     assert off[0].outputs[0].routed_experts is None
     assert off[0].outputs[0].token_ids == full.token_ids
+    # vLLM's name for the cut: the same rows; the prompt's end returns none of its rows; past it, or
+    # beside routed_experts_start, an error naming it.
+    vllm = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1, routed_experts_prompt_start=20))
+    assert np.array_equal(vllm[0].outputs[0].routed_experts, t.routed_experts)
+    end = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1, routed_experts_prompt_start=30))
+    assert np.array_equal(end[0].outputs[0].routed_experts, full.routed_experts[30:])
+    with pytest.raises(r3.Error, match="routed_experts_prompt_start 31 is past the prompt's 30 tokens"):
+        llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, routed_experts_prompt_start=31))
+    with pytest.raises(r3.Error, match="give one of routed_experts_start and routed_experts_prompt_start"):
+        r3.SamplingParams(routed_experts_start=3, routed_experts_prompt_start=3)
 
 
 def start_server(r3_bin, model, routes=True):
