@@ -67,25 +67,28 @@ void bind_staging(py::module_& m) {
       .def_property_readonly("reply_well_formed", [](const PyStagedCall& c) { return c.call.reply_well_formed; })
       .def_property_readonly("warning", [](const PyStagedCall& c) { return c.call.warning; })
       .def_property_readonly("bad_rows", [](const PyStagedCall& c) { return c.call.bad_rows; })
-      .def_property_readonly("call_index", [](const PyStagedCall& c) { return c.call.call_index; });
+      .def_property_readonly("call_index", [](const PyStagedCall& c) { return c.call.call_index; })
+      .def_property_readonly("versions", [](const PyStagedCall& c) { return c.call.versions; });
 
   m.def(
       "stage_call",
       [](const py::object& routes, int prev_len, int total_len, int num_experts, int start, const std::string& filler,
-         const std::string& policy, int call_index) {
+         const std::string& policy, int call_index, const std::vector<uint64_t>& weight_versions) {
         PyStagedCall c;
         c.reply = routes.is_none() ? r3::RouteArray() : to_routes(routes, start, "stage_call: routes");
         c.reply.start = start;
         c.call = r3::stage_call(c.reply, prev_len, total_len, r3::parse_filler(filler), parse_policy(policy),
                                 num_experts, call_index);
+        c.call.versions = r3::row_versions(weight_versions, prev_len, total_len);
         return c;
       },
       py::arg("routes"), py::arg("prev_len"), py::arg("total_len"), py::arg("num_experts"), py::kw_only(),
-      py::arg("start") = 0, py::arg("filler") = "minus_one", py::arg("policy") = "strict", py::arg("call_index") = 0);
+      py::arg("start") = 0, py::arg("filler") = "minus_one", py::arg("policy") = "strict", py::arg("call_index") = 0,
+      py::arg("weight_versions") = std::vector<uint64_t>{});
 
   m.def(
       "assemble_rollout",
-      [](const std::vector<PyStagedCall>& calls, bool repair_boundaries) {
+      [](const std::vector<PyStagedCall>& calls, bool repair_boundaries, const std::string& version_policy) {
         std::vector<r3::StagedCall> staged;
         std::vector<r3::RouteArray> replies;
         for (const PyStagedCall& c : calls) {
@@ -93,13 +96,17 @@ void bind_staging(py::module_& m) {
           replies.push_back(c.reply);
         }
         r3::AssembleReport rep;
-        const r3::RouteArray all = r3::assemble_rollout(staged, replies, repair_boundaries, &rep);
+        const r3::RouteArray all = r3::assemble_rollout(staged, replies, repair_boundaries, &rep,
+                                                        r3::parse_version_policy(version_policy));
         py::dict report;
         report["repaired_boundary_rows"] = rep.repaired_boundary_rows;
         report["filler_rows"] = rep.filler_rows;
+        report["versions"] = rep.versions;
+        report["mixed_versions"] = rep.mixed_versions;
+        report["version_dropped_calls"] = rep.version_dropped_calls;
         return py::make_tuple(to_numpy(all), report);
       },
-      py::arg("calls"), py::arg("repair_boundaries") = true);
+      py::arg("calls"), py::arg("repair_boundaries") = true, py::arg("version_policy") = "keep");
 
   m.def("decode_sglang", [](const std::string& b64, int num_hidden_layers, int k, std::vector<int> moe_layers) {
     return to_numpy(r3::decode_sglang_routes(b64, num_hidden_layers, k, moe_layers, 0));

@@ -436,6 +436,98 @@ TEST(StagingRandom, MultiTurnRolloutsMatchGroundTruth) {
   EXPECT_GT(total_repaired, 50);  // the sampling exercised repair
 }
 
+// A call of positions [prev_len, T) whose last 3 tokens were generated (P = 5) under versions
+// 1, 1, 2: a prompt row takes the first token's version (its prefill ended in that step), the row
+// of position p >= P-1 the version of token p+1, the filler row the last token's.
+TEST(StagingVersions, EachRowTakesTheVersionOfTheStepThatComputedIt) {
+  EXPECT_EQ(row_versions({1, 1, 2}, 3, 8), (std::vector<uint64_t>{1, 1, 1, 2, 2}));
+  EXPECT_EQ(row_versions({4, 5, 6}, 0, 4), (std::vector<uint64_t>{4, 5, 6, 6}));  // a one-token prompt
+  EXPECT_TRUE(row_versions({}, 0, 5).empty());                                 // nothing generated: unknown
+  EXPECT_THROW(row_versions({1, 1}, 0, 1), Error);
+  EXPECT_EQ(parse_version_policy("drop_call"), VersionPolicy::DropCall);
+  EXPECT_THROW(parse_version_policy("newest"), Error);
+}
+
+// Seeded multi-turn rollouts whose calls were generated across refits (each call's tokens get
+// non-decreasing versions that may step inside the call): the report's per-row versions are
+// row_versions' (the repaired boundary row its next call's prefill version), mixed_versions says
+// whether they differ, keep changes no row, drop_call makes exactly the calls holding an older
+// row -1, and fail throws exactly when they differ, naming the version span.
+TEST(StagingVersions, RolloutsAcrossRefitsFollowTheVersionPolicy) {
+  std::mt19937 rng(45);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int mixed = 0, dropped = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    const int turns = uni(1, 4);
+    std::vector<StagedCall> calls;
+    std::vector<RouteArray> replies;
+    std::vector<std::vector<uint64_t>> generated_versions;
+    uint64_t version = uint64_t(uni(0, 3));
+    int prev = 0;
+    for (int t = 0; t < turns; ++t) {
+      const int P = prev + uni(1, 10), T = P + uni(1, 10);
+      std::vector<uint64_t> wv;
+      for (int i = P; i < T; ++i) {
+        if (uni(0, 9) == 0) ++version;  // a refit landed before this token
+        wv.push_back(version);
+      }
+      const RouteArray reply = engine_reply(T, uni(0, 1) ? 0 : std::max(0, prev - 1));
+      calls.push_back(stage_call(reply, prev, T, Filler::MinusOne, StagePolicy::Strict, kE, t));
+      calls.back().versions = row_versions(wv, prev, T);
+      ASSERT_EQ(int(calls.back().versions.size()), T - prev);
+      replies.push_back(reply);
+      generated_versions.push_back(wv);
+      prev = T;
+    }
+    AssembleReport keep;
+    const RouteArray kept = assemble_rollout(calls, replies, true, &keep, VersionPolicy::Keep);
+    ASSERT_EQ(int(keep.versions.size()), prev);
+    std::vector<uint64_t> want;
+    for (const StagedCall& c : calls) want.insert(want.end(), c.versions.begin(), c.versions.end());
+    for (size_t t = 1; t < calls.size(); ++t)  // a repaired boundary row: the next call's prefill
+      if (replies[t].start <= calls[t].prev_len - 1) want[size_t(calls[t].prev_len - 1)] = calls[t].versions.front();
+    EXPECT_EQ(keep.versions, want) << "iter " << iter;
+    const uint64_t newest = *std::max_element(want.begin(), want.end());
+    const bool differ = *std::min_element(want.begin(), want.end()) != newest;
+    EXPECT_EQ(keep.mixed_versions, differ);
+    mixed += differ;
+
+    AssembleReport drop;
+    const RouteArray d = assemble_rollout(calls, replies, true, &drop, VersionPolicy::DropCall);
+    int expect_dropped = 0;
+    for (const StagedCall& c : calls) {
+      bool stale = false;
+      for (int p = c.prev_len; p < c.total_len; ++p) stale |= want[size_t(p)] != newest;
+      expect_dropped += stale;
+      for (int p = c.prev_len; p < c.total_len; ++p)
+        for (int i = 0; i < kL * kK; ++i)
+          ASSERT_EQ(d.row(p)[i], stale ? int16_t(-1) : kept.row(p)[i]) << "iter " << iter << " pos " << p;
+    }
+    EXPECT_EQ(drop.version_dropped_calls, expect_dropped);
+    dropped += expect_dropped;
+
+    if (differ) {
+      try {
+        assemble_rollout(calls, replies, true, nullptr, VersionPolicy::Fail);
+        ADD_FAILURE() << "iter " << iter << ": fail did not throw on mixed versions";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("span weight versions " + std::to_string(*std::min_element(want.begin(), want.end())) +
+                                             " to " + std::to_string(newest)), std::string::npos) << e.what();
+      }
+    } else {
+      EXPECT_NO_THROW(assemble_rollout(calls, replies, true, nullptr, VersionPolicy::Fail));
+    }
+  }
+  EXPECT_GT(mixed, 40);  // the sampling exercised both cases
+  EXPECT_GT(dropped, 20);
+  // Without every call's versions, keep reports none and the other policies refuse.
+  std::vector<StagedCall> unknown = {stage_call(engine_reply(6, 0), 0, 6, Filler::MinusOne, StagePolicy::Strict, kE)};
+  AssembleReport rep;
+  assemble_rollout(unknown, {}, false, &rep, VersionPolicy::Keep);
+  EXPECT_TRUE(rep.versions.empty());
+  EXPECT_THROW(assemble_rollout(unknown, {}, false, nullptr, VersionPolicy::DropCall), Error);
+}
+
 TEST(StagingRandom, LenientCorruptCallLeavesOthersIntact) {
   std::mt19937 rng(7);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

@@ -38,30 +38,42 @@ from ._r3 import _staging as _native
 StagedCall = _native.StagedCall
 FILLERS = ("minus_one", "arange", "spread")
 POLICIES = ("strict", "lenient")
+VERSION_POLICIES = ("keep", "drop_call", "fail")
 FORMATS = ("sglang", "vllm", "r3", "nrlre1")
 
-__all__ = ["FILLERS", "FORMATS", "POLICIES", "StagedCall", "alignment_metrics", "all_layers", "assemble_rollout",
+__all__ = ["FILLERS", "FORMATS", "POLICIES", "VERSION_POLICIES", "StagedCall", "alignment_metrics", "all_layers", "assemble_rollout",
            "decode_routes", "encode_routes", "moe_layers_only", "stage_call", "validate_routes"]
 
 
 def stage_call(routes, prev_len, total_len, num_experts, *, start=0, filler="minus_one", policy="strict",
-               call_index=0):
+               call_index=0, weight_versions=None):
     """One call's rows [total_len - prev_len, L, K] from its engine routes.
 
     routes: the engine's rows for positions [start, total_len - 1) (None: the engine sent none).
-    Under the lenient policy a bad call warns (RuntimeWarning) and comes back with ok False."""
+    Under the lenient policy a bad call warns (RuntimeWarning) and comes back with ok False.
+    weight_versions: the call's per-generated-token weight versions (r3's
+    meta_info["weight_versions"] / CompletionOutput.weight_versions); then `versions` holds the
+    version each kept row was computed under, for assemble_rollout's version_policy."""
     call = _native.stage_call(None if routes is None else np.asarray(routes), int(prev_len), int(total_len),
                               int(num_experts), start=int(start), filler=filler, policy=policy,
-                              call_index=int(call_index))
+                              call_index=int(call_index),
+                              weight_versions=[int(v) for v in (weight_versions or [])])
     if not call.ok:
         warnings.warn(call.warning, RuntimeWarning, stacklevel=2)
     return call
 
 
-def assemble_rollout(calls, repair_boundaries=True):
+def assemble_rollout(calls, repair_boundaries=True, version_policy="keep"):
     """Joins staged calls (contiguous: each call's prev_len is the previous call's total_len)
-    into [T_total, L, K]; returns (rows, {"repaired_boundary_rows", "filler_rows"})."""
-    return _native.assemble_rollout(list(calls), bool(repair_boundaries))
+    into [T_total, L, K]; returns (rows, {"repaired_boundary_rows", "filler_rows", "versions",
+    "mixed_versions", "version_dropped_calls"}).
+
+    A rollout whose rows span weight versions (a refit landed while it ran) is reported
+    (mixed_versions, and versions per row when every call was staged with weight_versions);
+    version_policy decides what the trainer gets: "keep" every row, "drop_call" (the routes of
+    each call holding a row older than the newest become -1, the trainer's router decides them)
+    or "fail" (r3.Error naming the calls)."""
+    return _native.assemble_rollout(list(calls), bool(repair_boundaries), version_policy)
 
 
 def validate_routes(routes, num_experts):

@@ -183,9 +183,68 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
   return out;
 }
 
+std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len, int T) {
+  const int generated = int(weight_versions.size());
+  if (generated == 0) return {};
+  if (prev_len < 0 || prev_len > T || generated > T) {
+    std::ostringstream o;
+    o << "row_versions: " << generated << " generated tokens do not fit a call of positions [" << prev_len << ", " << T << ")";
+    throw Error(o.str());
+  }
+  const int P = T - generated;
+  std::vector<uint64_t> v;
+  v.reserve(size_t(T - prev_len));
+  for (int p = prev_len; p < T; ++p) v.push_back(weight_versions[size_t(std::clamp(p - P + 1, 0, generated - 1))]);
+  return v;
+}
+
+VersionPolicy parse_version_policy(const std::string& name) {
+  if (name == "keep") return VersionPolicy::Keep;
+  if (name == "drop_call") return VersionPolicy::DropCall;
+  if (name == "fail") return VersionPolicy::Fail;
+  throw Error("version policy must be keep, drop_call or fail, got \"" + name + "\"");
+}
+
+namespace {
+
+// The rollout's per-row versions (when every call has them), the mixed flag, and the policy.
+void apply_version_policy(const std::vector<StagedCall>& calls, VersionPolicy policy, RouteArray& out,
+                          AssembleReport& rep) {
+  const bool known = std::all_of(calls.begin(), calls.end(), [](const StagedCall& c) {
+    return int(c.versions.size()) == c.total_len - c.prev_len;
+  });
+  if (!known) {
+    rep.versions.clear();
+    if (policy == VersionPolicy::Keep) return;
+    throw Error("assemble_rollout: the drop_call and fail version policies need every call's weight versions "
+                "(stage_call with weight_versions)");
+  }
+  if (rep.versions.empty()) return;
+  const auto [lo, hi] = std::minmax_element(rep.versions.begin(), rep.versions.end());
+  rep.mixed_versions = *lo != *hi;
+  if (!rep.mixed_versions || policy == VersionPolicy::Keep) return;
+  std::ostringstream stale;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const StagedCall& c = calls[i];
+    const int from = c.prev_len - calls.front().prev_len, rows = c.total_len - c.prev_len;
+    const auto oldest = std::min_element(rep.versions.begin() + from, rep.versions.begin() + from + rows);
+    if (rows == 0 || *oldest == *hi) continue;
+    stale << (stale.tellp() ? ", " : "") << "call " << c.call_index << " (#" << i << ") has rows of version " << *oldest;
+    if (policy == VersionPolicy::DropCall) {
+      std::fill(out.row(from), out.row(from) + size_t(rows) * size_t(out.layers) * size_t(out.k), int16_t(-1));
+      ++rep.version_dropped_calls;
+    }
+  }
+  if (policy == VersionPolicy::Fail)
+    throw Error("assemble_rollout: the rollout's rows span weight versions " + std::to_string(*lo) + " to " +
+                std::to_string(*hi) + ": " + stale.str() + " (version policy fail)");
+}
+
+}  // namespace
+
 RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
                             const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
-                            AssembleReport* report) {
+                            AssembleReport* report, VersionPolicy versions) {
   AssembleReport rep;
   if (calls.empty()) {
     if (report) *report = rep;
@@ -247,6 +306,7 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
       std::memcpy(out.row(c.prev_len - first), c.rows.data.data(), c.rows.data.size() * sizeof(int16_t));
     // else: a failed lenient call without a usable shape stays -1
     rep.filler_rows += c.filler_rows;
+    rep.versions.insert(rep.versions.end(), c.versions.begin(), c.versions.end());
   }
 
   if (repair_boundaries && !engine_routes.empty()) {
@@ -273,8 +333,11 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
       std::memcpy(out.row(p - first), src, row_size * sizeof(int16_t));
       ++rep.repaired_boundary_rows;
       if (prev.filler_rows > 0) --rep.filler_rows;
+      // The repaired row was computed in the next call's prefill.
+      if (!next.versions.empty() && size_t(p - first) < rep.versions.size()) rep.versions[size_t(p - first)] = next.versions.front();
     }
   }
+  apply_version_policy(calls, versions, out, rep);
   if (report) *report = rep;
   return out;
 }

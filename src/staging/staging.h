@@ -30,7 +30,19 @@ struct StagedCall {
   int call_index = 0;        // as passed to stage_call (names the call in later errors)
   int bad_rows = 0;          // lenient: kept rows that were bad or missing and became -1
   int num_experts = 0;       // as passed to stage_call (validates boundary-repair rows)
+  // The weight version each kept row was computed under (row_versions), when the caller knows
+  // the call's per-token versions; empty: unknown.
+  std::vector<uint64_t> versions;
 };
+
+// The weight version of each kept row [prev_len, T) of a call, from the engine's per-token
+// versions (weight_versions: one per generated token, the version of the step that sampled it;
+// /generate's meta_info.weight_versions, RequestOutput.weight_versions). With P = T - generated,
+// the row of position p >= P-1 was computed in the step that sampled token p+1; an earlier prompt
+// row in the call's prefill, which ended in the first token's step; the last token's row (the
+// filler) takes the last token's version. Empty when nothing was generated (the versions are
+// unknown). Throws r3::Error when more tokens are given than the call holds.
+std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len, int T);
 
 // routes: the engine's rows for this call. If routes.start == 0 it must hold T-1 rows; a delta
 // reply (routes.start == N) holds rows [N, T-1). One filler row is appended for the last token,
@@ -48,9 +60,21 @@ struct StagedCall {
 StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler filler,
                       StagePolicy policy, int num_experts, int call_index = 0);
 
+// What a rollout whose rows span weight versions (a refit landed while it ran) gives the trainer:
+// Keep: every row as computed (the report says the versions are mixed); DropCall: the routes of
+// each call holding a row of an older version than the rollout's newest become -1 (the trainer's
+// router decides them, as for a dropped lenient call); Fail: r3::Error naming the calls and
+// versions. DropCall and Fail need every call's versions.
+enum class VersionPolicy { Keep, DropCall, Fail };
+// "keep" | "drop_call" | "fail"; anything else throws r3::Error naming the choices.
+VersionPolicy parse_version_policy(const std::string& name);
+
 struct AssembleReport {
   int repaired_boundary_rows = 0;   // previous call's last row overwritten with the next call's real route
   int filler_rows = 0;              // filler rows left in the assembled rollout
+  std::vector<uint64_t> versions;   // per assembled row (empty unless every call had versions)
+  bool mixed_versions = false;      // the rows span more than one weight version
+  int version_dropped_calls = 0;    // DropCall: calls whose routes became -1
 };
 
 // Joins staged calls in order into [sum of rows, L, K]. Turn-boundary repair (on by default):
@@ -64,6 +88,6 @@ struct AssembleReport {
 // were bad (the call itself then stays dropped); engine_routes[0] is never read. A failed lenient call whose rows have no shape is laid out as -1 rows.
 RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
                             const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
-                            AssembleReport* report = nullptr);
+                            AssembleReport* report = nullptr, VersionPolicy versions = VersionPolicy::Keep);
 
 }  // namespace r3

@@ -40,11 +40,13 @@ def test_two_call_example_with_and_without_boundary_repair():
         assert (c1.rows[6] == fill).all() and (c2.rows[16] == fill).all()
         rows, rep = staging.assemble_rollout([c1, c2])
         assert rows.shape == (24, L, K)
-        assert rep == {"repaired_boundary_rows": 1, "filler_rows": 1}
+        assert rep == {"repaired_boundary_rows": 1, "filler_rows": 1, "versions": [], "mixed_versions": False,
+                       "version_dropped_calls": 0}  # staged without weight versions: none known
         np.testing.assert_array_equal(rows[:23], truth(24)[:23])  # position 6 repaired from call 2's reply
         assert (rows[23] == fill).all()
         plain, rep = staging.assemble_rollout([c1, c2], repair_boundaries=False)
-        assert rep == {"repaired_boundary_rows": 0, "filler_rows": 2}
+        assert rep == {"repaired_boundary_rows": 0, "filler_rows": 2, "versions": [], "mixed_versions": False,
+                       "version_dropped_calls": 0}
         assert (plain[6] == fill).all()
     # A delta reply from prev_len - 1 repairs too; one from prev_len cannot.
     c1 = staging.stage_call(reply(7, 0), 0, 7, E)
@@ -160,3 +162,34 @@ def test_alignment_metrics_from_arrays():
     r = np.exp(-1.0 - -2.0)
     assert m["k3_kl"] == pytest.approx((r - 1 - np.log(r)) / 4)
     assert m["extreme_token_fraction"] == pytest.approx(1 / 4)
+
+
+def test_a_rollout_across_a_refit_is_reported_and_the_version_policy_decides(make_model):
+    """Two turns of one rollout on a real engine with a refit between them (asynchronous RL): the
+    rows of turn 1 are version 0, turn 2's version 1. keep reports the mix and keeps every row;
+    drop_call makes turn 1's routes -1; fail raises naming the versions."""
+    model = make_model("olmoe")
+    llm = r3.LLM(model=model, enable_return_routed_experts=True, num_kv_blocks=128, threads=1)
+    num_experts = llm.model_config["num_experts"]
+    rng = random.Random(45)
+    turn1 = [rng.randrange(3, 200) for _ in range(20)]
+    sp = r3.SamplingParams(max_tokens=6, seed=3, ignore_eos=True)
+    a = llm.generate([{"prompt_token_ids": turn1}], sp)[0].outputs[0]
+    llm.update_weights(make_model("olmoe", seed=1))
+    turn2 = turn1 + a.token_ids + [rng.randrange(3, 200) for _ in range(5)]
+    b = llm.generate([{"prompt_token_ids": turn2}], r3.SamplingParams(max_tokens=6, seed=4, ignore_eos=True,
+                                                                      routed_experts_start=len(turn1) + 5))[0].outputs[0]
+    assert set(a.weight_versions) == {0} and set(b.weight_versions) == {1}
+    t1, t2 = len(turn1) + 6, len(turn2) + 6
+    calls = [staging.stage_call(a.routed_experts, 0, t1, num_experts, weight_versions=a.weight_versions),
+             staging.stage_call(b.routed_experts, t1, t2, num_experts, start=len(turn1) + 5, call_index=1,
+                                weight_versions=b.weight_versions)]
+    assert calls[0].versions == [0] * t1 and calls[1].versions == [1] * (t2 - t1)
+    rows, report = staging.assemble_rollout(calls)
+    assert report["mixed_versions"] and report["versions"] == [0] * (t1 - 1) + [1] * (t2 - t1 + 1)
+    assert (rows[:t1 - 1] == a.routed_experts[:t1 - 1]).all()
+    dropped, report = staging.assemble_rollout(calls, version_policy="drop_call")
+    assert report["version_dropped_calls"] == 1
+    assert (dropped[:t1] == -1).all() and (dropped[t1:] == rows[t1:]).all()
+    with pytest.raises(r3.Error, match="span weight versions 0 to 1"):
+        staging.assemble_rollout(calls, version_policy="fail")
