@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -321,6 +323,77 @@ TEST(EngineRoutes, AbortKeepsRoutedExpertsStart) {
   for (int r = 0; r < got.rows; ++r)
     for (int i = 0; i < got.layers * got.k; ++i)
       ASSERT_EQ(got.row(r)[i], want.row(r + 6)[i]) << "row " << r;
+}
+
+// The partial-rollout contract (asynchronous RL aborts rollouts at a weight update and resumes
+// them): an aborted request returns what it generated (tokens, logprobs, the computed route rows
+// [start, cut)); resuming it as a new request whose prompt is prompt + partial tokens, with the
+// same seed, max_tokens less what came, and routed_experts_start at the cut, continues exactly as
+// the uninterrupted run (tokens, logprobs and routes bit for bit), because sampling draws from
+// (seed, absolute position). Seeded: random prompts, lengths and abort steps (mid-prefill with a
+// small token budget, mid-decode, or after the end), other requests running beside it, overlap
+// scheduling on and off.
+TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
+  const std::string model = test_model("olmoe");
+  Engine solo(solo_config(model));
+  std::mt19937 rng(45);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int mid_prefill = 0, mid_decode = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    EngineConfig c = routes_config(model);
+    c.max_num_batched_tokens = 16;  // a long prompt takes several steps: aborts can land mid-prefill
+    c.overlap_scheduler = trial % 2 == 1;
+    Engine e(c);
+    std::vector<int> prompt(size_t(uni(3, 60)));
+    for (int& t : prompt) t = uni(3, 250);
+    SamplingParams p;
+    p.max_tokens = uni(2, 24);
+    p.temperature = 0.8f;
+    p.seed = uint64_t(1000 + trial);
+    p.ignore_eos = true;
+    p.return_routed_experts = true;
+    const std::string what = "trial " + std::to_string(trial) + " P " + std::to_string(prompt.size());
+    const RequestOutput full = solo.generate({prompt}, {p})[0];
+
+    const uint64_t id = e.add_request(prompt, p);
+    e.add_request({7, 8, 9, 10, 11}, greedy(uni(1, 30)));  // company in the batch
+    std::optional<RequestOutput> cut;
+    const int abort_at = uni(0, 12);
+    for (int step = 0; e.has_unfinished(); ++step) {
+      if (step == abort_at) e.abort(id);
+      for (RequestOutput& o : e.step())
+        if (o.request_id == id && o.finished) cut = std::move(o);
+    }
+    ASSERT_TRUE(cut && cut->routed_experts) << what;
+    if (cut->finish_reason != "abort") {  // it ended before the abort landed: the whole run
+      expect_matches_solo(*cut, full, false, p, what);
+      continue;
+    }
+    const int m = int(cut->token_ids.size());
+    const RouteArray& first = *cut->routed_experts;
+    (m == 0 ? mid_prefill : mid_decode)++;
+    for (int i = 0; i < m; ++i) {
+      ASSERT_EQ(cut->token_ids[size_t(i)], full.token_ids[size_t(i)]) << what << " token " << i;
+      ASSERT_EQ(cut->logprobs[size_t(i)], full.logprobs[size_t(i)]) << what << " token " << i;
+    }
+    std::vector<int> resumed_prompt = prompt;
+    resumed_prompt.insert(resumed_prompt.end(), cut->token_ids.begin(), cut->token_ids.end());
+    SamplingParams q = p;
+    q.max_tokens = p.max_tokens - m;
+    q.routed_experts_start = first.start + first.rows;  // the first row not returned
+    const RequestOutput rest = e.generate({resumed_prompt}, {q})[0];
+    std::vector<int> tokens = cut->token_ids;
+    tokens.insert(tokens.end(), rest.token_ids.begin(), rest.token_ids.end());
+    std::vector<float> logprobs = cut->logprobs;
+    logprobs.insert(logprobs.end(), rest.logprobs.begin(), rest.logprobs.end());
+    EXPECT_EQ(tokens, full.token_ids) << what;
+    EXPECT_EQ(logprobs, full.logprobs) << what;
+    std::vector<int16_t> rows = first.data;
+    rows.insert(rows.end(), rest.routed_experts->data.begin(), rest.routed_experts->data.end());
+    EXPECT_EQ(rows, full.routed_experts->data) << what << " (cut at row " << q.routed_experts_start << ")";
+  }
+  EXPECT_GT(mid_prefill, 0);  // the sampling reached both kinds of abort
+  EXPECT_GT(mid_decode, 2);
 }
 
 // EPLB: routes and outputs identical on and off, logical ids only; replicas really ran.

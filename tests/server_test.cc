@@ -94,6 +94,19 @@ class ServerTest : public ::testing::Test {
     return json::parse(res->body, nullptr, false);
   }
 
+  // Waits until a /generate under `rid` is in flight: a second call under a rid in flight is
+  // refused before anything else is checked, so probe with a call the engine would refuse (a bad
+  // id), which never takes the rid itself.
+  static bool wait_in_flight(const std::string& rid) {
+    auto cli = server_->client();
+    const std::string probe = json{{"input_ids", {1, 99999}}, {"rid", rid}}.dump();
+    for (int i = 0; i < 5000; ++i) {
+      auto res = cli.Post("/generate", probe, "application/json");
+      if (res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid") return true;
+    }
+    return false;
+  }
+
   static std::string* model_;
   static Running* server_;
   static Engine* solo_;
@@ -522,15 +535,7 @@ TEST_F(ServerTest, AbortByRid) {
                            {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}},
                            {"return_routed_experts", true}});
   });
-  // A second call under a rid in flight is refused before anything else is checked: probe with
-  // a call the engine would refuse (bad id), so the probe itself never takes the rid.
-  bool in_flight = false;
-  auto cli = server_->client();
-  const std::string probe = json{{"input_ids", {1, 99999}}, {"rid", "long-one"}}.dump();
-  for (int i = 0; i < 5000 && !in_flight; ++i) {
-    auto res = cli.Post("/generate", probe, "application/json");
-    in_flight = res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid";
-  }
+  const bool in_flight = wait_in_flight("long-one");
   const int aborted = post("/abort", {{"rid", "long-one"}})["aborted"].get<int>();
   t.join();
   ASSERT_TRUE(in_flight);
@@ -554,6 +559,45 @@ TEST_F(ServerTest, AbortByRid) {
   ASSERT_EQ(c["choices"].size(), 2u);
   EXPECT_EQ(c["choices"][0]["finish_reason"], "abort");
   EXPECT_EQ(c["choices"][1]["finish_reason"], "abort");
+}
+
+// The partial-rollout contract over HTTP: /generate aborted by rid returns its partial tokens,
+// logprobs and routes (finish_reason abort); resumed as prompt + partial with the same seed, the
+// rest of the budget and routed_experts_start_len at the first row not returned, it continues
+// exactly as the uninterrupted call (tokens, logprobs and routes, joined).
+TEST_F(ServerTest, AnAbortedGenerateResumesExactlyAsTheUninterruptedCall) {
+  const std::vector<int> prompt = prompt_of(14, 21);
+  const int budget = 600;
+  auto call = [&](const std::vector<int>& ids, int max_new, int start, const char* rid) {
+    json b = {{"input_ids", ids},
+              {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}}},
+              {"return_routed_experts", true},
+              {"routed_experts_start_len", start}};
+    if (rid) b["rid"] = rid;
+    return post("/generate", b);
+  };
+  json partial;
+  std::thread t([&] { partial = call(prompt, budget, 0, "resume-me"); });
+  ASSERT_TRUE(wait_in_flight("resume-me"));
+  const int aborted = post("/abort_request", {{"rid", "resume-me"}})["aborted"].get<int>();
+  t.join();
+  ASSERT_EQ(aborted, 1) << "the request finished before it could be aborted";
+  ASSERT_EQ(partial["meta_info"]["finish_reason"]["type"], "abort");
+  const std::vector<int> got = ids_of(partial["output_ids"]);
+  ASSERT_LT(int(got.size()), budget);
+  const RouteArray first = chunk_routes(partial["meta_info"]);
+  std::vector<int> resumed = prompt;
+  resumed.insert(resumed.end(), got.begin(), got.end());
+  const json rest = call(resumed, budget - int(got.size()), first.rows, nullptr);
+  const json whole = call(prompt, budget, 0, nullptr);
+  json tokens = partial["output_ids"], logprobs = partial["meta_info"]["output_token_logprobs"];
+  for (const auto& x : rest["output_ids"]) tokens.push_back(x);
+  for (const auto& x : rest["meta_info"]["output_token_logprobs"]) logprobs.push_back(x);
+  EXPECT_EQ(tokens, whole["output_ids"]);
+  EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);
+  RouteArray rows = first;
+  append_rows(rows, chunk_routes(rest["meta_info"]));
+  EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data) << "cut after " << got.size() << " tokens";
 }
 
 // A client that disconnects mid-stream aborts its request (and frees its blocks).

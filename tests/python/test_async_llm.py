@@ -109,3 +109,35 @@ def test_bad_seeds_and_a_shut_down_async_llm_are_r3_errors(make_model):
     llm.shutdown()
     with pytest.raises(r3.Error, match="shut down"):
         asyncio.run(llm.abort("x"))
+
+
+def test_an_aborted_request_resumes_exactly_as_the_uninterrupted_run(make_model):
+    """The partial-rollout contract from Python: AsyncLLM.abort ends the stream with what was
+    generated (tokens, logprobs, routes); resuming with prompt + partial, the same seed, the rest of
+    max_tokens and routed_experts_start at the first row not returned continues exactly as the
+    uninterrupted run (LLM.generate), tokens, logprobs and routes joined."""
+    m0 = make_model("olmoe")
+    budget, p = 400, prompt(11, 4)
+    sp = r3.SamplingParams(max_tokens=budget, temperature=0.9, seed=8, ignore_eos=True)
+    whole = r3.LLM(model=m0, enable_return_routed_experts=True, **ENGINE).generate(
+        [{"prompt_token_ids": p}], sp)[0].outputs[0]
+
+    async def main():
+        engine = r3.AsyncLLM(m0, enable_return_routed_experts=True, **ENGINE)
+        outs = []
+        async for out in engine.generate({"prompt_token_ids": p}, sp, request_id="partial"):
+            outs.append(out)
+            if len(outs) == 3:
+                assert await engine.abort("partial") == 1
+        cut = outs[-1].outputs[0]
+        assert outs[-1].finished and cut.finish_reason == "abort" and len(cut.token_ids) < budget
+        start = cut.routed_experts_start + cut.routed_experts.shape[0]  # the first row not returned
+        rest_sp = r3.SamplingParams(max_tokens=budget - len(cut.token_ids), temperature=0.9, seed=8, ignore_eos=True,
+                                    routed_experts_start=start)
+        rest = (await collect(engine, p + cut.token_ids, rest_sp, "resumed"))[-1].outputs[0]
+        engine.shutdown()
+        assert cut.token_ids + rest.token_ids == whole.token_ids
+        assert cut.logprobs + rest.logprobs == whole.logprobs
+        assert np.array_equal(np.concatenate([cut.routed_experts, rest.routed_experts]), whole.routed_experts)
+
+    asyncio.run(main())
