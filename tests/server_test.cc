@@ -1271,6 +1271,57 @@ TEST(ServerControl, PauseModesWithARequestInFlight) {
 
 // While paused, an abort still reaches its caller at once (no step runs), health_generate says
 // 503 at once, and flush_cache works once the aborted request is gone.
+// --incremental-streaming-output (SGLang's flag): each streamed /generate chunk holds only what is
+// new (output_ids, output_token_logprobs, weight_versions, route rows with their
+// routed_experts_start_len), the counts stay whole, and the chunks concatenate to the
+// non-streamed reply, in every route format, over seeded prompts, starts and lengths.
+TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
+  server::ServerOptions o;
+  o.incremental_streaming_output = true;
+  Running s(server_engine_config(test_model("olmoe")), o);
+  std::mt19937 rng(46);
+  const char* formats[] = {"r3", "sglang", "vllm", "nrlre1"};
+  for (int trial = 0; trial < 8; ++trial) {
+    const int P = std::uniform_int_distribution<int>(2, 50)(rng);
+    const int start = std::uniform_int_distribution<int>(0, P)(rng);
+    const int max_new = std::uniform_int_distribution<int>(1, 40)(rng);
+    const std::string fmt = formats[trial % 4];
+    SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt);
+    json g = {{"input_ids", prompt_of(P, 200 + trial)},
+              {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", trial}, {"ignore_eos", true}}},
+              {"return_routed_experts", true}, {"routed_experts_start_len", start}, {"routed_experts_format", fmt}};
+    auto cli = s.client();
+    auto whole_res = cli.Post("/generate", g.dump(), "application/json");
+    ASSERT_TRUE(whole_res && whole_res->status == 200);
+    const json whole = json::parse(whole_res->body);
+    g["stream"] = true;
+    auto res = cli.Post("/generate", g.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    bool done = false;
+    const std::vector<json> events = sse_events(res->body, &done);
+    ASSERT_TRUE(done);
+    json ids = json::array(), logprobs = json::array(), versions = json::array();
+    RouteArray rows;
+    int next_row = start;
+    for (const json& ev : events) {
+      for (const auto& x : ev["output_ids"]) ids.push_back(x);
+      for (const auto& x : ev["meta_info"]["output_token_logprobs"]) logprobs.push_back(x);
+      for (const auto& x : ev["meta_info"]["weight_versions"]) versions.push_back(x);
+      EXPECT_EQ(ev["meta_info"]["completion_tokens"], ids.size());
+      if (ev["meta_info"]["routed_experts"].is_null()) continue;
+      EXPECT_EQ(ev["meta_info"]["routed_experts_start_len"], next_row);  // each chunk's rows follow the last's
+      const RouteArray part = chunk_routes(ev["meta_info"]);
+      next_row += part.rows;
+      append_rows(rows, part);
+    }
+    EXPECT_EQ(ids, whole["output_ids"]);
+    EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);
+    EXPECT_EQ(versions, whole["meta_info"]["weight_versions"]);
+    EXPECT_EQ(events.back()["meta_info"]["finish_reason"], whole["meta_info"]["finish_reason"]);
+    EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data);
+  }
+}
+
 TEST(ServerControl, AbortsWhilePausedAreAnswered) {
   Running s(server_engine_config(test_model("olmoe", "small")));
   auto cli = s.client();

@@ -38,6 +38,9 @@ int cmd_serve(int argc, char** argv) {
       .opt("health-stall-seconds", "120", "/health answers 503 while one engine step has run longer than this")
       .flag("trust-request-chat-template", false,
             "render a chat request's own \"chat_template\" (off: such requests get 400, as in vLLM)")
+      .flag("incremental-streaming-output", false,
+            "streamed /generate chunks carry only what is new (text, output_ids, logprobs, route rows), as "
+            "SGLang's flag; off: each chunk is the reply so far, routes in the last")
       .flag("log-requests", false, "one line per HTTP request on stderr");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig cfg = engine_config_from(a);
@@ -62,6 +65,7 @@ int cmd_serve(int argc, char** argv) {
   o.model_name = a.str("served-model-name");
   o.weight_version = a.str("weight-version");
   o.trust_request_chat_template = a.on("trust-request-chat-template");
+  o.incremental_streaming_output = a.on("incremental-streaming-output");
   o.routed_experts_format = a.str("routed-experts-format");
   if (!o.routed_experts_format.empty()) (void)parse_route_format(o.routed_experts_format);  // fails early on a typo
   o.control_port = int(a.integer("control-port"));

@@ -144,8 +144,7 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   return r;
 }
 
-json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
-                    const std::string& weight_version) {
+json generate_finish_reason(const RequestOutput& o) {
   json fr;
   if (o.finish_reason == "stop") {
     fr = {{"type", "stop"},
@@ -157,8 +156,13 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
   } else {
     fr = {{"type", o.finish_reason}, {"message", "the request was aborted"}};
   }
+  return fr;
+}
+
+json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
+                    const std::string& weight_version) {
   json meta = {{"id", rid},
-               {"finish_reason", fr},
+               {"finish_reason", generate_finish_reason(o)},
                {"prompt_tokens", o.prompt_token_ids.size()},
                {"completion_tokens", o.token_ids.size()},
                {"cached_tokens", o.num_cached_tokens},

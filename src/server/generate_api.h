@@ -36,6 +36,8 @@ struct GenerateRequest {
 GenerateRequest parse_generate_request(const nlohmann::json& body, const std::function<uint64_t()>& seeds,
                                        const text::Tokenizer* tok = nullptr);
 
+// meta_info.finish_reason of a finished output: {"type": stop, "matched"} / {length} / {abort}.
+nlohmann::json generate_finish_reason(const RequestOutput& o);
 // weight_version: the server's current weight version label (SGLang's string).
 nlohmann::json generate_reply(const RequestOutput& o, const std::string& rid, const GenerateRequest& req,
                               const std::string& weight_version);

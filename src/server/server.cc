@@ -165,12 +165,41 @@ struct CompletionStream : SseStream {
 
 // A streamed /generate call, as SGLang streams it: each chunk is the reply so far (text and
 // output_ids cumulative, finish_reason null until the end), the last one the whole reply, routes
-// included, then "data: [DONE]".
+// included, then "data: [DONE]". Incremental (--incremental-streaming-output), each chunk holds
+// only what is new: text, output_ids, output_token_logprobs, weight_versions and route rows
+// (meta_info.routed_experts_start_len their first row), so chunks concatenate to the reply.
 struct GenerateStream : SseStream {
   GenerateRequest req;
   std::string rid;
   std::function<std::string()> weight_label;
-  size_t sent = 0;  // tokens in the last chunk
+  bool incremental = false;
+  size_t sent = 0, sent_text = 0;  // tokens and text bytes sent
+  int rows_sent = 0;               // route rows sent: absolute positions before this
+
+  // What is new in o since the last chunk, as an output generate_reply can write (the prompt's
+  // logprobs with the first chunk only).
+  RequestOutput delta(const RequestOutput& o) {
+    RequestOutput d;
+    auto tail = [&](const auto& v) { return std::decay_t<decltype(v)>(v.begin() + long(std::min(sent, v.size())), v.end()); };
+    d.token_ids = tail(o.token_ids);
+    d.logprobs = tail(o.logprobs);
+    d.top_logprobs = tail(o.top_logprobs);
+    d.weight_versions = tail(o.weight_versions);
+    d.text = o.text.substr(std::min(sent_text, o.text.size()));
+    d.num_cached_tokens = o.num_cached_tokens;
+    if (sent == 0 && sent_text == 0) {
+      d.prompt_logprobs_start = o.prompt_logprobs_start;
+      d.prompt_logprobs = o.prompt_logprobs;
+      d.prompt_top_logprobs = o.prompt_top_logprobs;
+      d.prompt_token_ids = o.prompt_token_ids;
+    }
+    if (o.routed_experts) {
+      const RouteArray& r = *o.routed_experts;
+      d.routed_experts = route_rows(r, rows_sent, r.start + r.rows);
+      rows_sent = std::max(rows_sent, r.start + r.rows);
+    }
+    return d;
+  }
 
   bool step(httplib::DataSink& sink) {
     std::vector<std::optional<RequestOutput>> outs;
@@ -185,13 +214,20 @@ struct GenerateStream : SseStream {
       return close_with(sink, sse(error_body(why, type.c_str(), "", 500)));
     }
     if (!o.finished && o.token_ids.size() <= sent) return true;
-    sent = o.token_ids.size();
-    json reply = generate_reply(o, rid, req, weight_label());
-    if (!o.finished) {
-      reply["meta_info"]["finish_reason"] = nullptr;
-      return write(sink, sse(reply));
+    json reply;
+    if (incremental) {
+      reply = generate_reply(delta(o), rid, req, weight_label());
+      json& meta = reply["meta_info"];
+      meta["prompt_tokens"] = o.prompt_token_ids.size();  // counts stay whole, as SGLang's
+      meta["completion_tokens"] = o.token_ids.size();
+      meta["finish_reason"] = o.finished ? generate_finish_reason(o) : json(nullptr);
+      sent_text = o.text.size();
+    } else {
+      reply = generate_reply(o, rid, req, weight_label());
+      if (!o.finished) reply["meta_info"]["finish_reason"] = nullptr;
     }
-    return close_with(sink, sse(reply));
+    sent = o.token_ids.size();
+    return o.finished ? close_with(sink, sse(reply)) : write(sink, sse(reply));
   }
 };
 
@@ -471,6 +507,9 @@ struct Server::Impl {
       st->ch = std::make_shared<Channel>(1, true);
       st->rid = rid;
       st->weight_label = [this] { return loop->weight_label(); };
+      st->incremental = opts.incremental_streaming_output;
+      if (st->incremental)  // each chunk carries its tokens' route rows
+        for (Job& j : g.jobs) j.params.stream_routes = j.params.return_routed_experts;
       st->ids = submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
       st->req = std::move(g);
       serve_stream(res, st, rid);

@@ -41,6 +41,10 @@ struct ServerOptions {
   // vLLM's --trust-request-chat-template: render a chat request's own "chat_template" (code
   // from the client; every render runs within text/jinja_budget.h's budget either way).
   bool trust_request_chat_template = false;
+  // SGLang's --incremental-streaming-output: a streamed /generate chunk carries only what is new
+  // since the last (text, output_ids, output_token_logprobs, weight_versions and the route rows,
+  // whose first is meta_info.routed_experts_start_len); off, each chunk is the reply so far.
+  bool incremental_streaming_output = false;
   // Route wire format when a request names none: "" = each endpoint's peer default (/generate:
   // sglang, /v1/completions: vllm), else r3 | sglang | vllm | nrlre1 for both.
   std::string routed_experts_format;
