@@ -65,7 +65,7 @@ ok = True
 for i in range(3):
     g, s = res[i], solo[i]
     got = np.frombuffer(base64.b64decode(g["meta_info"]["routed_experts"]), dtype="<i4")
-    want = np.frombuffer(base64.b64decode(s["routed_experts"]["data"]), dtype="<i2").astype(np.int32)
+    want = np.frombuffer(base64.b64decode(s["routed_experts"]["data"]), dtype=np.dtype(s["routed_experts"]["dtype"]).newbyteorder("<")).astype(np.int32)
     same = (g["output_ids"] == s["token_ids"],
             [x[0] for x in g["meta_info"]["output_token_logprobs"]] == s["logprobs"],
             got.shape == want.shape and bool((got == want).all()))

@@ -67,7 +67,7 @@ def post(path, body):
 
 
 def decode(env):
-    a = np.frombuffer(base64.b64decode(env["data"]), dtype="<i2")
+    a = np.frombuffer(base64.b64decode(env["data"]), dtype=np.dtype(env["dtype"]).newbyteorder("<"))
     return a.reshape(env["shape"])
 
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -142,7 +143,7 @@ TEST(RouteArrayJson, RoundTrip) {
   RouteArray a = sample(5, 3, 4);
   json j = routes_to_json(a);
   EXPECT_EQ(j["shape"], json::array({5, 3, 4}));
-  EXPECT_EQ(j["dtype"], "int16");
+  EXPECT_EQ(j["dtype"], "int16");  // ids from -32768 to 32767
   EXPECT_EQ(j["start"], 5);
   EXPECT_EQ(j["moe_layers"], json::array({1, 3, 5}));
   EXPECT_EQ(j["data"].get<std::string>().size(), (5u * 3 * 4 * 2 + 2) / 3 * 4);
@@ -205,10 +206,45 @@ TEST(RouteArrayJson, RejectsBadShape) {
 TEST(RouteArrayJson, RejectsBadDtype) {
   json good = routes_to_json(sample(2, 2, 2));
   expect_error([&] { json j = good; j.erase("dtype"); routes_from_json(j); }, {"\"dtype\"", "missing"});
-  for (json bad : {json("int32"), json("int8"), json("<i2"), json(16)}) {
+  for (json bad : {json("int32"), json("uint16"), json("<i2"), json(16)}) {
     json j = good;
     j["dtype"] = bad;
-    expect_error([&] { routes_from_json(j); }, {"\"dtype\"", "int16"});
+    expect_error([&] { routes_from_json(j); }, {"\"dtype\"", "int8", "uint8", "int16"});
+  }
+  json j = good;  // a dtype the data's length does not fit is caught by the byte count
+  j["dtype"] = "int8";
+  expect_error([&] { routes_from_json(j); }, {"\"data\"", "of int8 needs"});
+}
+
+// The wire id type is the narrowest the expert count allows (by the ids present when the count
+// is unknown), stated in the payload, and every width round-trips through the transport JSON
+// and .npy: 128 experts int8, 256 uint8 (int16 when a -1 row is present), 512 int16; the ids a
+// narrower type would have wrapped (prime-rl #3051's uint8 at 512 experts) come back intact.
+TEST(RouteArrayWidth, NarrowestTypeByExpertCountRoundTrips) {
+  struct Case {
+    int experts;
+    bool minus_one;
+    const char* dtype;
+    const char* descr;
+  };
+  std::mt19937 rng(512);
+  for (const Case& c : {Case{128, false, "int8", "|i1"}, Case{128, true, "int8", "|i1"}, Case{256, false, "uint8", "|u1"},
+                        Case{256, true, "int16", "<i2"}, Case{512, false, "int16", "<i2"}, Case{0, false, "int8", "|i1"}}) {
+    for (int k : {10, 22}) {
+      RouteArray a(7, 3, k);
+      a.num_experts = c.experts;
+      const int E = c.experts ? c.experts : 100;  // unknown count: ids up to 99 fit int8
+      for (int16_t& v : a.data) v = int16_t(std::uniform_int_distribution<int>(0, E - 1)(rng));
+      a.data[0] = int16_t(E - 1);
+      if (c.minus_one) a.data[1] = -1;
+      SCOPED_TRACE(std::to_string(c.experts) + " experts, top-" + std::to_string(k));
+      const json j = routes_to_json(a);
+      EXPECT_EQ(j["dtype"], c.dtype);
+      EXPECT_EQ(routes_from_json(json::parse(j.dump())).data, a.data);
+      const std::string npy = npy_bytes(a);
+      EXPECT_NE(npy.find(std::string("'descr': '") + c.descr + "'"), std::string::npos);
+      EXPECT_EQ(parse_npy(npy).data, a.data);
+    }
   }
 }
 

@@ -28,6 +28,7 @@
 #include "routes/route_formats.h"
 #include "staging/staging.h"
 #include "model/config.h"
+#include "model/make_model.h"
 #include "model/safetensors.h"
 #include "server/server.h"
 #include "test_models.h"
@@ -1319,6 +1320,45 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
     EXPECT_EQ(versions, whole["meta_info"]["weight_versions"]);
     EXPECT_EQ(events.back()["meta_info"]["finish_reason"], whole["meta_info"]["finish_reason"]);
     EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data);
+  }
+}
+
+// A 512-expert model (Qwen3.5-397B's count) at top-10 and top-22: routes come back intact in
+// every wire format (SGLang's int32, vLLM's .npy, r3's transport and NeMo-RL's envelope each
+// stating a type wide enough: int16), equal to the engine's own; a uint8 payload would have
+// wrapped ids past 255 (prime-rl #3051).
+TEST(ServerWideRoutes, FiveHundredTwelveExpertsRoundTripInEveryFormat) {
+  for (int k : {10, 22}) {
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("r3_512x" + std::to_string(k) + "_" + std::to_string(getpid()))).string();
+    make_model({.arch = "qwen3_moe", .preset = "tiny", .seed = 3, .out = dir,
+                .config_patch = json{{"num_experts", 512}, {"num_experts_per_tok", k}}.dump()});
+    const std::vector<int> prompt = prompt_of(20, k);
+    SamplingParams p = testing::greedy(8);
+    const RouteArray want = *Engine(testing::solo_config(dir)).generate({prompt}, {p})[0].routed_experts;
+    ASSERT_EQ(want.k, k);
+    EXPECT_GT(*std::max_element(want.data.begin(), want.data.end()), 255);  // ids a uint8 would wrap
+    {
+      Running s(server_engine_config(dir));
+      for (const char* fmt : {"r3", "sglang", "vllm", "nrlre1"}) {
+        SCOPED_TRACE(std::string(fmt) + " top-" + std::to_string(k));
+        const json g = {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}},
+                        {"return_routed_experts", true}, {"routed_experts_format", fmt}};
+        auto res = s.client().Post("/generate", g.dump(), "application/json");
+        ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "");
+        const json meta = json::parse(res->body)["meta_info"];
+        const std::optional<RouteArray> got = decode_routes(meta, prompt.size(), dir);
+        ASSERT_TRUE(got);
+        EXPECT_EQ(got->data, want.data);
+        if (std::string(fmt) == "r3") {
+          EXPECT_EQ(meta["routed_experts"]["dtype"], "int16");
+        }
+        if (std::string(fmt) == "nrlre1") {
+          EXPECT_EQ(meta["routed_experts"].get<std::string>().rfind("nrlre1:int16:", 0), 0u);
+        }
+      }
+    }
+    std::filesystem::remove_all(dir);
   }
 }
 

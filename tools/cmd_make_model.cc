@@ -25,7 +25,9 @@ int cmd_make_model(int argc, char** argv) {
                         "weights decoded into the --dtype layout); other architectures: fp8 (linear layers as\n"
                         "F8_E4M3 with weight_scale_inv, as DeepSeek-V3 is released) or fp8-dequantized (the same\n"
                         "values decoded into --dtype); empty: random float weights")
-      .opt("fp8-block", "128x128", "FP8 weight_block_size, ROWSxCOLS (COLS even)");
+      .opt("fp8-block", "128x128", "FP8 weight_block_size, ROWSxCOLS (COLS even)")
+      .opt("config-patch", "", "a JSON object merged into the preset's config.json before the weights are drawn,\n"
+           "e.g. '{\"num_experts\": 512, \"num_experts_per_tok\": 10}'");
   if (!a.parse(argc, argv)) return 0;
   MakeModelOptions o;
   o.arch = a.str("arch");
@@ -38,6 +40,7 @@ int cmd_make_model(int argc, char** argv) {
   o.out = a.str("out");
   o.tokenizer = a.str("tokenizer");
   o.quant = a.str("quant");
+  o.config_patch = a.str("config-patch");
   const std::string block = a.str("fp8-block");
   if (std::sscanf(block.c_str(), "%dx%d", &o.fp8_block[0], &o.fp8_block[1]) != 2)
     throw Error("r3 make-model: --fp8-block must be ROWSxCOLS, got \"" + block + "\"");

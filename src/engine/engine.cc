@@ -435,6 +435,7 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
       if (gaps) o.routes_error = std::to_string(gaps) + " route rows are missing (marked -1)";
     }
     routes.moe_layers = model_config().moe_layers();
+    routes.num_experts = model_config().num_experts;
     o.routed_experts = std::move(routes);
     routes_->close(r->id);
   }
@@ -531,6 +532,7 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
         RouteArray rows = routes_->assemble_computed(r->id, r->num_tokens(), from, from);
         r->routes_streamed = from + rows.rows;
         rows.moe_layers = model_config().moe_layers();
+        rows.num_experts = model_config().num_experts;
         out.back().routed_experts = std::move(rows);
       }
     }

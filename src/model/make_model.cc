@@ -323,6 +323,18 @@ void make_model(const MakeModelOptions& opt) {
   const int br = opt.fp8_block[0], bc = opt.fp8_block[1];
   if (fp8 && (br < 1 || bc < 2 || bc % 2)) throw Error("make-model: the FP8 block must be rows >= 1 x an even cols >= 2");
   std::string cfg_text = preset_config_json(opt.arch, opt.preset);
+  if (!opt.config_patch.empty()) {
+    json patch;
+    try {
+      patch = json::parse(opt.config_patch);
+    } catch (const json::exception& e) {
+      throw Error(std::string("make-model: --config-patch is not JSON: ") + e.what());
+    }
+    if (!patch.is_object()) throw Error("make-model: --config-patch must be a JSON object");
+    json j = json::parse(cfg_text);
+    j.merge_patch(patch);
+    cfg_text = j.dump(2) + "\n";
+  }
   if (opt.quant == "mxfp4") {
     json j = json::parse(cfg_text);
     j["quantization_config"] = {{"quant_method", "mxfp4"},

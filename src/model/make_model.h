@@ -25,6 +25,9 @@ struct MakeModelOptions {
   // same values decoded, each rounded once to `dtype`, as the engine decodes them).
   std::string quant;
   int fp8_block[2] = {128, 128};  // weight_block_size: rows, cols (cols even)
+  // A JSON object merged into the preset's config.json (RFC 7386) before the weights are drawn,
+  // so the tensors follow it: e.g. {"num_experts": 512, "num_experts_per_tok": 22}.
+  std::string config_patch;
 };
 
 // The config.json text of a preset (throws r3::Error for unknown arch or preset).

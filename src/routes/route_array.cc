@@ -1,5 +1,6 @@
 #include "routes/route_array.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -126,21 +127,63 @@ bool as_nonneg_int(const json& v, int& out) {
 
 }  // namespace
 
-json routes_to_json(const RouteArray& r) {
+RouteIdType route_id_type(const RouteArray& r) {
+  int lo = 0, hi = r.num_experts - 1;
+  if (r.num_experts <= 0) {
+    hi = 0;
+    for (int16_t v : r.data) hi = std::max<int>(hi, v);
+  }
+  for (int16_t v : r.data) lo = std::min<int>(lo, v);
+  if (lo >= -1 && hi <= 127) return RouteIdType::Int8;
+  if (lo >= 0 && hi <= 255) return RouteIdType::Uint8;
+  return RouteIdType::Int16;
+}
+
+const char* route_id_type_name(RouteIdType t) {
+  return t == RouteIdType::Int8 ? "int8" : t == RouteIdType::Uint8 ? "uint8" : "int16";
+}
+
+namespace {
+
+size_t id_bytes(RouteIdType t) { return t == RouteIdType::Int16 ? 2 : 1; }
+
+// The ids as little-endian bytes of type t (which route_id_type chose, so every id fits).
+void append_ids(const RouteArray& r, RouteIdType t, std::string& out) {
+  out.reserve(out.size() + r.data.size() * id_bytes(t));
+  for (int16_t v : r.data) {
+    const uint16_t u = uint16_t(v);
+    out.push_back(char(u & 0xff));
+    if (t == RouteIdType::Int16) out.push_back(char(u >> 8));
+  }
+}
+
+// Ids read back from little-endian bytes of type t (n ids).
+void read_ids(const uint8_t* d, size_t n, RouteIdType t, std::vector<int16_t>& out) {
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = t == RouteIdType::Int8    ? int16_t(int8_t(d[i]))
+             : t == RouteIdType::Uint8 ? int16_t(d[i])
+                                       : int16_t(uint16_t(d[2 * i]) | uint16_t(d[2 * i + 1]) << 8);
+}
+
+void check_shape(const RouteArray& r, const std::string& what) {
   const size_t n = size_t(r.rows) * size_t(r.layers) * size_t(r.k);
   if (r.rows < 0 || r.layers < 0 || r.k < 0 || r.data.size() != n)
-    throw Error("routes_to_json: data holds " + std::to_string(r.data.size()) +
-                " values but shape [" + std::to_string(r.rows) + ", " + std::to_string(r.layers) +
-                ", " + std::to_string(r.k) + "] needs " + std::to_string(n));
-  std::vector<uint8_t> bytes(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t u = uint16_t(r.data[i]);
-    bytes[2 * i] = uint8_t(u & 0xff);
-    bytes[2 * i + 1] = uint8_t(u >> 8);
-  }
+    throw Error(what + ": data holds " + std::to_string(r.data.size()) + " values but shape [" +
+                std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " + std::to_string(r.k) + "] needs " +
+                std::to_string(n));
+}
+
+}  // namespace
+
+json routes_to_json(const RouteArray& r) {
+  check_shape(r, "routes_to_json");
+  const RouteIdType t = route_id_type(r);
+  std::string bytes;
+  append_ids(r, t, bytes);
   json j;
   j["shape"] = {r.rows, r.layers, r.k};
-  j["dtype"] = "int16";
+  j["dtype"] = route_id_type_name(t);
   j["start"] = r.start;
   j["moe_layers"] = r.moe_layers;
   j["data"] = base64_encode(bytes.data(), bytes.size());
@@ -164,8 +207,10 @@ RouteArray routes_from_json(const json& j) {
 
   if (!j.contains("dtype")) throw Error(where + ": missing field \"dtype\"");
   const json& dt = j.at("dtype");
-  if (!dt.is_string() || dt.get<std::string>() != "int16")
-    throw Error(where + ": field \"dtype\" must be \"int16\", got " + dt.dump());
+  const std::string dtype = dt.is_string() ? dt.get<std::string>() : "";
+  if (dtype != "int8" && dtype != "uint8" && dtype != "int16")
+    throw Error(where + ": field \"dtype\" must be \"int8\", \"uint8\" or \"int16\", got " + dt.dump());
+  const RouteIdType type = dtype == "int8" ? RouteIdType::Int8 : dtype == "uint8" ? RouteIdType::Uint8 : RouteIdType::Int16;
 
   RouteArray r;
   r.rows = dims[0];
@@ -196,7 +241,7 @@ RouteArray routes_from_json(const json& j) {
   if (!j.contains("data")) throw Error(where + ": missing field \"data\"");
   const json& d = j.at("data");
   if (!d.is_string()) throw Error(where + ": field \"data\" must be a base64 string");
-  const size_t need = route_bytes(uint64_t(r.rows), uint64_t(r.layers), uint64_t(r.k), where);
+  const size_t need = route_bytes(uint64_t(r.rows), uint64_t(r.layers), uint64_t(r.k), where) / 2 * id_bytes(type);
   std::vector<uint8_t> bytes;
   try {
     bytes = base64_decode(d.get_ref<const std::string&>());
@@ -206,10 +251,8 @@ RouteArray routes_from_json(const json& j) {
   if (bytes.size() != need)
     throw Error(where + ": field \"data\" decodes to " + std::to_string(bytes.size()) +
                 " bytes, shape [" + std::to_string(r.rows) + ", " + std::to_string(r.layers) +
-                ", " + std::to_string(r.k) + "] of int16 needs " + std::to_string(need));
-  r.data.resize(need / 2);
-  for (size_t i = 0; i < r.data.size(); ++i)
-    r.data[i] = int16_t(uint16_t(bytes[2 * i]) | uint16_t(bytes[2 * i + 1]) << 8);
+                ", " + std::to_string(r.k) + "] of " + dtype + " needs " + std::to_string(need));
+  read_ids(bytes.data(), need / id_bytes(type), type, r.data);
   return r;
 }
 
@@ -284,30 +327,23 @@ struct NpyHeaderParser {
 }  // namespace
 
 std::string npy_bytes(const RouteArray& r, const std::string& path) {
-  const size_t n = size_t(r.rows) * size_t(r.layers) * size_t(r.k);
-  if (r.rows < 0 || r.layers < 0 || r.k < 0 || r.data.size() != n)
-    throw Error(path + ": cannot write .npy: data holds " + std::to_string(r.data.size()) +
-                " values but shape [" + std::to_string(r.rows) + ", " + std::to_string(r.layers) +
-                ", " + std::to_string(r.k) + "] needs " + std::to_string(n));
-  std::string dict = "{'descr': '<i2', 'fortran_order': False, 'shape': (" + std::to_string(r.rows) +
-                     ", " + std::to_string(r.layers) + ", " + std::to_string(r.k) + "), }";
+  check_shape(r, path + ": cannot write .npy");
+  const RouteIdType t = route_id_type(r);
+  const char* descr = t == RouteIdType::Int8 ? "|i1" : t == RouteIdType::Uint8 ? "|u1" : "<i2";
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                     std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " + std::to_string(r.k) + "), }";
   // magic (6) + version (2) + header length (2) + dict + spaces + '\n' = multiple of 64.
   size_t total = 10 + dict.size() + 1;
   size_t padded = (total + 63) / 64 * 64;
   std::string header = dict + std::string(padded - total, ' ') + "\n";
   std::string out;
-  out.reserve(padded + 2 * n);
   out.append(kNpyMagic, 6);
   out.push_back('\x01');
   out.push_back('\x00');
   out.push_back(char(header.size() & 0xff));
   out.push_back(char(header.size() >> 8));
   out += header;
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t u = uint16_t(r.data[i]);
-    out.push_back(char(u & 0xff));
-    out.push_back(char(u >> 8));
-  }
+  append_ids(r, t, out);
   return out;
 }
 
@@ -376,11 +412,12 @@ RouteArray parse_npy(const std::string& buf, const std::string& path) {
     p.fail("needs the keys 'descr', 'fortran_order' and 'shape'");
 
   size_t itemsize = 0;
-  if (descr == "<i1" || descr == "|i1" || descr == "i1") itemsize = 1;
+  const bool unsigned_bytes = descr == "<u1" || descr == "|u1" || descr == "u1";
+  if (descr == "<i1" || descr == "|i1" || descr == "i1" || unsigned_bytes) itemsize = 1;
   else if (descr == "<i2") itemsize = 2;
   else if (descr == "<i4") itemsize = 4;
   else
-    throw Error(path + ": .npy dtype '" + descr + "' is not supported (routes are <i1, <i2 or <i4)");
+    throw Error(path + ": .npy dtype '" + descr + "' is not supported (routes are i1, u1, <i2 or <i4)");
   if (fortran) throw Error(path + ": .npy array is in Fortran order; routes need C order");
   if (shape.size() != 3)
     throw Error(path + ": .npy array has rank " + std::to_string(shape.size()) +
@@ -409,7 +446,7 @@ RouteArray parse_npy(const std::string& buf, const std::string& path) {
   const uint8_t* d = reinterpret_cast<const uint8_t*>(buf.data() + data_at);
   for (size_t i = 0; i < size_t(count); ++i) {
     if (itemsize == 1) {
-      r.data[i] = int16_t(int8_t(d[i]));
+      r.data[i] = unsigned_bytes ? int16_t(d[i]) : int16_t(int8_t(d[i]));
     } else if (itemsize == 2) {
       r.data[i] = int16_t(uint16_t(d[2 * i]) | uint16_t(d[2 * i + 1]) << 8);
     } else {

@@ -1,4 +1,4 @@
-// A block of routes: int16 [rows, layers, k], C order. The unit every part of r3 exchanges
+// A block of routes: int16 [rows, layers, k], C order (on the wire as narrow as the expert count allows). The unit every part of r3 exchanges
 // (engine output, transport, staging, replay).
 #pragma once
 #include <cstdint>
@@ -13,6 +13,7 @@ struct RouteArray {
   int rows = 0, layers = 0, k = 0;
   int start = 0;                   // absolute position of row 0 (delta start N)
   std::vector<int> moe_layers;     // decoder-layer index of each column (may be empty)
+  int num_experts = 0;             // the model's expert count, when known (sizes the wire id type)
   std::vector<int16_t> data;       // rows * layers * k
 
   RouteArray() = default;
@@ -28,15 +29,25 @@ struct RouteArray {
 std::string base64_encode(const void* data, size_t n);
 std::vector<uint8_t> base64_decode(const std::string& s);
 
-// Transport (DESIGN.md): {"shape":[R,L,K],"dtype":"int16","start":N,"moe_layers":[...],
-// "data":"<base64 of little-endian int16>"}.
+// The narrowest integer type a payload of r's ids is written in, always named in the payload:
+// int8 when every id fits [-1, 127], uint8 when they fit [0, 255] (no -1: a missing row), else
+// int16. By the model's expert count when r knows it (so every reply of a model has one type:
+// 128 experts int8, 256 uint8, 512 int16), else by the ids present. A uint8 payload could not
+// overflow silently the way prime-rl #3051's did: past 256 experts the type widens.
+enum class RouteIdType { Int8, Uint8, Int16 };
+RouteIdType route_id_type(const RouteArray& r);
+const char* route_id_type_name(RouteIdType t);  // "int8" | "uint8" | "int16"
+
+// Transport (DESIGN.md): {"shape":[R,L,K],"dtype":"int8"|"uint8"|"int16","start":N,
+// "moe_layers":[...],"data":"<base64 of the little-endian ids>"} (dtype by route_id_type).
 nlohmann::json routes_to_json(const RouteArray& r);
 RouteArray routes_from_json(const nlohmann::json& j);  // throws r3::Error naming the bad field
 
-// .npy (format 1.0, '<i2', C order). `path` names the source in errors.
+// .npy (format 1.0, C order; '|i1', '|u1' or '<i2' by route_id_type). `path` names the source
+// in errors.
 std::string npy_bytes(const RouteArray& r, const std::string& path = "<npy>");
 void write_npy(const std::string& path, const RouteArray& r);
-RouteArray read_npy(const std::string& path);  // accepts <i1, <i2, <i4 of rank 3
+RouteArray read_npy(const std::string& path);  // accepts i1, u1, <i2, <i4 of rank 3
 RouteArray parse_npy(const std::string& bytes, const std::string& path = "<npy>");
 
 }  // namespace r3

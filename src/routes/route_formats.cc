@@ -68,6 +68,7 @@ RouteArray route_rows(const RouteArray& r, int begin, int end) {
   RouteArray out(end - begin, r.layers, r.k);
   out.start = begin;
   out.moe_layers = r.moe_layers;
+  out.num_experts = r.num_experts;
   if (out.rows)
     std::memcpy(out.data.data(), r.row(begin - r.start), out.data.size() * sizeof(int16_t));
   return out;

@@ -136,6 +136,33 @@ def test_every_format_round_trips_and_stages_to_the_same_rows():
         staging.decode_routes("nrlre1:int8:2x2:AAAA", "nrlre1")
 
 
+def test_wide_expert_counts_round_trip_in_every_format_with_the_narrowest_stated_type():
+    """512 experts (Qwen3.5-397B) at top-10 and top-22, and 200 experts: every format round-trips and
+    stages alike; the self-describing payloads state the narrowest type the ids fit (uint8 for
+    200, int16 for 512), never one that would wrap them (prime-rl #3051)."""
+    import base64
+    import io
+    rng = np.random.default_rng(512)
+    for experts, k, narrow in ((512, 10, "int16"), (512, 22, "int16"), (200, 10, "uint8")):
+        moe = np.stack([np.stack([rng.choice(experts, k, replace=False) for _ in MOE_LAYERS]) for _ in range(17)])
+        moe[0, 0, 0] = experts - 1
+        payloads = {
+            "sglang": staging.encode_routes(moe, "sglang", moe_layers=MOE_LAYERS, num_hidden_layers=NUM_HIDDEN),
+            "vllm": staging.encode_routes(moe, "vllm"),
+            "r3": staging.encode_routes(moe, "r3", moe_layers=MOE_LAYERS),
+            "nrlre1": staging.encode_routes(moe, "nrlre1"),
+        }
+        assert payloads["r3"]["dtype"] == narrow
+        assert np.load(io.BytesIO(base64.b64decode(payloads["vllm"]))).dtype == np.dtype(narrow)
+        staged = []
+        for fmt, payload in payloads.items():
+            got = staging.decode_routes(payload, fmt, num_hidden_layers=NUM_HIDDEN, top_k=k, moe_layers=MOE_LAYERS)
+            np.testing.assert_array_equal(got, moe, err_msg=f"{fmt} {experts}x{k}")
+            staged.append(staging.stage_call(got, 5, 18, experts).rows)
+        for s in staged[1:]:
+            np.testing.assert_array_equal(s, staged[0])
+
+
 def test_validation_as_nemo_rl_applies_it():
     r = reply(10, 0).copy()
     assert staging.validate_routes(r, E) == []
