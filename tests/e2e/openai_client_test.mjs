@@ -23,21 +23,29 @@ const K = config.num_experts_per_tok;
 const E = config.num_experts ?? config.num_local_experts;
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 
+// The transport's ids come in the narrowest type the expert count fits, named in "dtype".
 function decodeRoutes(re) {
-  assert.equal(re.dtype, "int16");
+  const width = { int8: 1, uint8: 1, int16: 2 }[re.dtype];
+  assert.ok(width, `dtype ${re.dtype} is int8, uint8 or int16`);
+  if (E <= 128) assert.equal(re.dtype, "int8", "the narrowest type for this expert count");
   const bytes = Buffer.from(re.data, "base64");
   const [R, L, k] = re.shape;
-  assert.equal(bytes.length, R * L * k * 2, "data length matches the shape");
+  assert.equal(bytes.length, R * L * k * width, "data length matches the shape");
   const out = new Int16Array(R * L * k);
-  for (let i = 0; i < out.length; i++) out[i] = bytes.readInt16LE(2 * i);
+  for (let i = 0; i < out.length; i++)
+    out[i] = re.dtype === "int8" ? bytes.readInt8(i) : re.dtype === "uint8" ? bytes.readUInt8(i) : bytes.readInt16LE(2 * i);
   return { shape: re.shape, values: out };
 }
 
 function checkRoutes(re, promptLen, completionLen) {
   const { shape, values } = decodeRoutes(re);
+  checkRows(shape, values, re.moe_layers, promptLen, completionLen);
+}
+
+function checkRows(shape, values, moeLayers, promptLen, completionLen) {
   const S = promptLen + completionLen;
   assert.equal(shape[0], S - 1, "one row per token but the last");
-  assert.equal(shape[1], re.moe_layers.length, "one column per MoE layer");
+  assert.equal(shape[1], moeLayers.length, "one column per MoE layer");
   assert.equal(shape[2], K, "K experts per token");
   for (const v of values) assert.ok(v >= 0 && v < E, `expert id ${v} in [0, ${E})`);
 }
@@ -94,7 +102,7 @@ test("non-streamed /v1/completions returns token ids and routes equal to the sol
   checkRoutes(body.choices[0].routed_experts, prompts[1].length, body.choices[0].token_ids.length);
 });
 
-test("streamed /v1/completions: deltas add up to the solo run, routes in the final chunk", async () => {
+test("streamed /v1/completions: deltas add up to the solo run, route rows with their tokens", async () => {
   const stream = await client.completions.create({
     model: modelDir,
     prompt: prompts[0],
@@ -107,28 +115,32 @@ test("streamed /v1/completions: deltas add up to the solo run, routes in the fin
     return_routed_experts: true,
     routed_experts_format: "r3",
   });
-  const tokens = [];
-  let routes = null, finish = null, usage = null, chunks = 0;
+  const tokens = [], rows = [];
+  let finish = null, usage = null, chunks = 0, rowCount = 0, last = null;
   for await (const chunk of stream) {
     ++chunks;
     if (chunk.usage) usage = chunk.usage;
     for (const c of chunk.choices) {
       tokens.push(...c.token_ids);
-      if (c.finish_reason) {
-        finish = c.finish_reason;
-        routes = c.routed_experts;
+      if (c.routed_experts) {  // this chunk's rows, in order: they concatenate to the whole
+        assert.equal(c.routed_experts.start, rowCount, "each chunk's rows follow the last's");
+        const { shape, values } = decodeRoutes(c.routed_experts);
+        rows.push(...values);
+        rowCount += shape[0];
+        last = c.routed_experts;
       }
+      if (c.finish_reason) finish = c.finish_reason;
     }
   }
   assert.ok(chunks >= 2, "several chunks");
   assert.equal(finish, "length");
   assert.equal(tokens.length, 24);
   assert.equal(usage.completion_tokens, 24);
-  assert.ok(routes, "routes arrive with the finishing chunk");
-  checkRoutes(routes, prompts[0].length, tokens.length);
+  assert.ok(last, "routes arrive with the tokens");
+  checkRows([rowCount, last.shape[1], last.shape[2]], rows, last.moe_layers, prompts[0].length, tokens.length);
   const [solo] = soloRuns([{ prompt_token_ids: prompts[0], max_tokens: 24, temperature: 0.7, seed: 99, ignore_eos: true }]);
   assert.deepEqual(tokens, solo.token_ids);
-  assert.equal(routes.data, solo.routed_experts.data);
+  assert.deepEqual(rows, Array.from(decodeRoutes(solo.routed_experts).values));
 });
 
 test("chat completions through the released Qwen3 template, streamed and not, give the same text", async () => {
