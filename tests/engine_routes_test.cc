@@ -332,13 +332,14 @@ TEST(EngineRoutes, AbortKeepsRoutedExpertsStart) {
 // the uninterrupted run (tokens, logprobs and routes bit for bit), because sampling draws from
 // (seed, absolute position). Seeded: random prompts, lengths and abort steps (mid-prefill with a
 // small token budget, mid-decode, or after the end), other requests running beside it, overlap
-// scheduling on and off.
+// scheduling on and off, and in a third of the trials a refit landing before the abort (the same
+// weights reloaded, so the bits must still match while the versions mark the change).
 TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
   const std::string model = test_model("olmoe");
   Engine solo(solo_config(model));
   std::mt19937 rng(45);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int mid_prefill = 0, mid_decode = 0;
+  int mid_prefill = 0, mid_decode = 0, across_refit = 0;
   for (int trial = 0; trial < 16; ++trial) {
     EngineConfig c = routes_config(model);
     c.max_num_batched_tokens = 16;  // a long prompt takes several steps: aborts can land mid-prefill
@@ -359,7 +360,9 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     e.add_request({7, 8, 9, 10, 11}, greedy(uni(1, 30)));  // company in the batch
     std::optional<RequestOutput> cut;
     const int abort_at = uni(0, 12);
+    const int refit_at = trial % 3 == 2 ? uni(0, abort_at) : -1;
     for (int step = 0; e.has_unfinished(); ++step) {
+      if (step == refit_at) e.update_weights(model, false);
       if (step == abort_at) e.abort(id);
       for (RequestOutput& o : e.step())
         if (o.request_id == id && o.finished) cut = std::move(o);
@@ -391,9 +394,16 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     std::vector<int16_t> rows = first.data;
     rows.insert(rows.end(), rest.routed_experts->data.begin(), rest.routed_experts->data.end());
     EXPECT_EQ(rows, full.routed_experts->data) << what << " (cut at row " << q.routed_experts_start << ")";
+    // The versions say which weights made each token: the refit's counter from the step it landed.
+    std::vector<uint64_t> versions = cut->weight_versions;
+    versions.insert(versions.end(), rest.weight_versions.begin(), rest.weight_versions.end());
+    EXPECT_TRUE(std::is_sorted(versions.begin(), versions.end())) << what;
+    EXPECT_EQ(versions.back(), refit_at >= 0 ? 1u : 0u) << what;
+    if (refit_at >= 0 && versions.front() == 0) ++across_refit;
   }
-  EXPECT_GT(mid_prefill, 0);  // the sampling reached both kinds of abort
+  EXPECT_GT(mid_prefill, 0);  // the sampling reached both kinds of abort, and a rollout across a refit
   EXPECT_GT(mid_decode, 2);
+  EXPECT_GT(across_refit, 0);
 }
 
 // EPLB: routes and outputs identical on and off, logical ids only; replicas really ran.
