@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -168,7 +169,7 @@ void print_expert_parallel(const std::vector<ExpertParallelRow>& rows, int ranks
 
 int cmd_bench(int argc, char** argv) {
   Args a("bench",
-         "Runs the benchmark suite (decode_b1, decode_b32, prefill_2k, mixed_rollout; decode_b32_ctx8k and\n"
+         "Runs the benchmark suite (decode_b1, decode_b8, decode_b32, prefill_2k, mixed_rollout; decode_b32_ctx8k and\n"
          "rollout_long on request) with routes off\n"
          "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
          "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
@@ -178,7 +179,7 @@ int cmd_bench(int argc, char** argv) {
          "With --expert-parallel N (under mpirun -np N --bind-to none) each entry runs on the N ranks and on one\n"
          "process with every rank's threads, routes on, side by side, with each rank's resident memory.");
   add_engine_flags(a);
-  a.opt("suite", "decode_b1,decode_b32,prefill_2k,mixed_rollout,weight_sync",
+  a.opt("suite", "decode_b1,decode_b8,decode_b32,prefill_2k,mixed_rollout,weight_sync",
         "entries to run (also: decode_b32_ctx8k, rollout_long, startup: start to first token of a fresh engine\n"
         "against reading the files once and first-touching its peak resident bytes, and that peak against the\n"
         "checkpoint + KV pool)")
@@ -186,6 +187,9 @@ int cmd_bench(int argc, char** argv) {
            "repetitions per mode, alternating between two builds of the engine pair unless "
            "--sequential-engines or --paired-steps (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
+      .opt("batch-sizes", "",
+           "decode entries as batch sizes, e.g. 1,8,32 (decode_b1, decode_b8, decode_b32: that many requests decoding\n"
+           "together); they replace the suite's decode_bN entries, in this order, ahead of the rest")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
       .opt("json", "", "write the results as a JSON list here")
       .flag("sequential-engines", false,
@@ -211,6 +215,7 @@ int cmd_bench(int argc, char** argv) {
   const int dec = int(a.integer("decode-tokens")), pre = int(a.integer("prefill-tokens"));
   std::vector<Entry> all = {
       {"decode_b1", 1, 16, 0, dec, Entry::Decode},
+      {"decode_b8", 8, 16, 0, dec, Entry::Decode},
       {"decode_b32", 32, 16, 0, dec, Entry::Decode},
       {"prefill_2k", 1, pre, 0, 1, Entry::Prefill},
       {"mixed_rollout", 32, 160, 128, 2 * dec, Entry::Total},
@@ -228,6 +233,23 @@ int cmd_bench(int argc, char** argv) {
     for (auto& en : all)
       if (en.name == n) suite.push_back(en), found = true;
     if (!found) throw Error("r3 bench: unknown suite entry \"" + n + "\"");
+  }
+  if (const std::string sizes = a.str("batch-sizes"); !sizes.empty()) {
+    // decode_bN for each N given, in order, in place of the suite's own decode_bN entries.
+    auto is_decode_bn = [](const Entry& en) {
+      return en.name.rfind("decode_b", 0) == 0 && en.name.size() > 8 &&
+             en.name.find_first_not_of("0123456789", 8) == std::string::npos;
+    };
+    std::vector<Entry> decode;
+    std::stringstream bs(sizes);
+    for (std::string n; std::getline(bs, n, ',');) {
+      int b = 0;
+      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || (b = std::atoi(n.c_str())) < 1 || b > 4096)
+        throw Error("r3 bench: --batch-sizes takes batch sizes from 1 to 4096 separated by commas, got \"" + sizes + "\"");
+      decode.push_back({"decode_b" + std::to_string(b), b, 16, 0, dec, Entry::Decode});
+    }
+    suite.erase(std::remove_if(suite.begin(), suite.end(), is_decode_bn), suite.end());
+    suite.insert(suite.begin(), decode.begin(), decode.end());
   }
   if (startup && base.expert_parallel > 1)
     throw Error("r3 bench: the startup entry runs one process; leave out --expert-parallel");
@@ -433,6 +455,7 @@ int cmd_bench(int argc, char** argv) {
                 fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
               {"prompt_len", r.en.prompt_len},
+              {"requests", r.en.requests},
               {"tokens_per_s_routes_off", r.unused.median},
               {"tokens_per_s_routes_off_spread", spread_json(r.unused)},
               {"tokens_per_s_routes_on", r.on.median},

@@ -26,3 +26,18 @@ def test_bench_medians_spreads_flags_and_fitted_prompts(make_model, r3_bin, tmp_
     if d["weight_bandwidth_over_read"]:
         line = next(l for l in run.stdout.splitlines() if l.startswith("decode_b1"))
         assert "> limit" in line
+
+
+def test_batch_sizes_name_the_decode_entries(make_model, r3_bin, tmp_path):
+    """--batch-sizes 1,8,3 runs decode_b1, decode_b8 and decode_b3 (that many requests decoding
+    together) in that order, in place of the suite's decode entries; a bad list is an error."""
+    model = make_model("olmoe")
+    out = tmp_path / "bench.json"
+    subprocess.run([r3_bin, "bench", "--model", model, "--suite", "decode_b32,prefill_2k", "--batch-sizes", "1,8,3",
+                    "--reps", "1", "--decode-tokens", "2", "--prefill-tokens", "64", "--json", str(out)],
+                   capture_output=True, text=True, check=True)
+    rows = json.loads(out.read_text())
+    assert [r["name"] for r in rows] == ["decode_b1", "decode_b8", "decode_b3", "prefill_2k"]
+    assert [r["requests"] for r in rows[:3]] == [1, 8, 3]
+    bad = subprocess.run([r3_bin, "bench", "--model", model, "--batch-sizes", "8,x"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--batch-sizes takes batch sizes" in bad.stderr
