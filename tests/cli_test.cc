@@ -176,7 +176,11 @@ TEST(Cli, BenchRunsOnATinyModel) {
   CliRun r = run("bench --model " + model + " --reps 2 --decode-tokens 4 --prefill-tokens 64 --json " + (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
-  ASSERT_EQ(j.size(), 5u);
+  ASSERT_EQ(j.size(), 6u);  // the default suite
+  std::vector<std::string> names;
+  for (auto& e : j) names.push_back(e["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{"decode_b1", "decode_b8", "decode_b32", "prefill_2k", "mixed_rollout",
+                                             "weight_sync"}));
   for (auto& e : j) {
     if (e["name"] == "weight_sync") {
       EXPECT_GT(e["memory_s"].get<double>(), 0);
@@ -191,7 +195,7 @@ TEST(Cli, BenchRunsOnATinyModel) {
     EXPECT_GT(e["tokens_per_s_engine_option_off"].get<double>(), 0);
   }
   EXPECT_TRUE(j[0].contains("weight_bandwidth_fraction"));
-  EXPECT_TRUE(j[2].contains("flops_fraction"));
+  EXPECT_TRUE(j[3].contains("flops_fraction"));
 }
 
 // One engine at a time (the long entries' KV pools need not fit twice): every mode still measured.

@@ -138,9 +138,9 @@ struct CompletionStream : SseStream {
       // A chunk's route rows are those past what earlier chunks sent: the rows that came with
       // its tokens (and the prompt's with the first), or the rest of a finished output's.
       if (o.routed_experts) {
-        const RouteArray& r = *o.routed_experts;
-        o.routed_experts = route_rows(r, rows_sent[i], r.start + r.rows);
-        rows_sent[i] = std::max(rows_sent[i], r.start + r.rows);
+        const int end = o.routed_experts->start + o.routed_experts->rows;
+        o.routed_experts = route_rows(*o.routed_experts, rows_sent[i], end);
+        rows_sent[i] = std::max(rows_sent[i], end);
       }
       const bool new_rows = o.routed_experts && o.routed_experts->rows > 0;
       if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished && !new_rows) continue;
