@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/seconds_since.h"
 
 namespace r3::cli {
 
@@ -22,7 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Reads every safetensors file of the checkpoint once, in 16 MiB pieces into one buffer: the
 // floor for a start-up that must see every byte. Returns {seconds, bytes}.

@@ -13,6 +13,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/seconds_since.h"
 #include "engine/request_json.h"
 #include "engine_flags.h"
 
@@ -89,7 +90,7 @@ int cmd_generate(int argc, char** argv) {
       ++finished;
     }
     if (bar) {
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double s = seconds_since(t0);
       auto st = engine.stats();
       std::fprintf(stderr, "\r[%-30s] %zu/%zu requests, %.1f tok/s generated",
                    std::string(size_t(30 * finished / std::max<size_t>(1, reqs.size())), '#').c_str(), finished,

@@ -12,6 +12,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/seconds_since.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
 
@@ -103,7 +104,7 @@ int cmd_tokenize(int argc, char** argv) {
       tokens = 0;
       const auto t0 = std::chrono::steady_clock::now();
       for (const std::string& s : texts) tokens += tok->encode(s).size();
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best, seconds_since(t0));
     }
     std::printf("%s\n", json{{"strings", texts.size()}, {"bytes", bytes}, {"tokens", tokens}, {"seconds", best},
                              {"mb_per_s", double(bytes) / best / 1e6}}.dump().c_str());

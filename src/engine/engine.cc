@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/resident_memory.h"
 #include "core/scoped_nanoseconds.h"
+#include "core/seconds_since.h"
 #include "engine/capturable.h"
 #include "kernels/attention_choice.h"
 #include "kernels/kernel_set.h"
@@ -77,9 +78,6 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
   const auto started = std::chrono::steady_clock::now();
-  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
   if (!ckpt_) {
     ckpt_ = Checkpoint::open(cfg_.model, held, pool_.get());
     startup_.open_seconds = seconds_since(started);

@@ -14,6 +14,7 @@
 #include "core/file_read.h"
 #include "core/json_limits.h"
 #include "core/resident_memory.h"
+#include "core/seconds_since.h"
 #include "core/thread_pool.h"
 #include "core/u64_words.h"
 #include "kernels/matmul.h"
@@ -298,7 +299,7 @@ void Checkpoint::materialize(TensorView& t) {
   uint8_t* p = staging(t.nbytes());
   const auto started = std::chrono::steady_clock::now();
   f->second->read_tensor(t.name, p);
-  load_figures_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  load_figures_.read_seconds += seconds_since(started);
   t.data = p;
   read_.push_back(&t);
   if (refuse_non_finite_) refuse_if_non_finite(t);
@@ -633,7 +634,7 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
   if (pool_) pool_->parallel_for_each(int64_t(items.size()), pack);
   else
     for (size_t k = 0; k < items.size(); ++k) pack(int64_t(k));
-  load_figures_.pack_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  load_figures_.pack_seconds += seconds_since(started);
   for (size_t i = 0; i < mats.size(); ++i) {
     mats[i]->packed = panels + at[i];
     mats[i]->data = nullptr;  // the panels are the copy now
@@ -743,7 +744,7 @@ void Checkpoint::load_weights() {
   auto take_read_ahead = [&] {
     const auto started = std::chrono::steady_clock::now();
     ahead.get();  // rethrows the reader's error
-    load_figures_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    load_figures_.read_seconds += seconds_since(started);
     load_figures_.direct_bytes += std::exchange(ahead_direct, 0);
     std::swap(staging_, ahead_area);  // the area the last unit was packed from is the reader's next
     read_ahead_ = std::move(ahead_read);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/seconds_since.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "server/api_error.h"
@@ -276,7 +277,7 @@ void EngineLoop::step_once() {
     ~Clear() { v = 0; }
   } clear{step_started_ns_};
   std::vector<RequestOutput> outs = engine_->step();
-  latency_.add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  latency_.add(seconds_since(t0));
   deliver(outs);
 }
 
