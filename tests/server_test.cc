@@ -421,9 +421,14 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
     for (const json& ev : stream("/v1/completions", body))
       for (const json& c : ev["choices"]) {
         for (const auto& t : c["token_ids"]) tokens.push_back(t);
-        if (!c.contains("routed_experts")) continue;
-        ++with_rows;
-        append_rows(rows, chunk_routes(c));
+        if (c.contains("routed_experts")) {
+          ++with_rows;
+          append_rows(rows, chunk_routes(c));
+        }
+        // Rows come with their tokens: after a chunk, those of every position but the newest.
+        if (c["finish_reason"].is_null()) {
+          EXPECT_EQ(start + rows.rows, std::max(start, P + int(tokens.size()) - 1)) << "after " << tokens.size() << " tokens";
+        }
       }
     EXPECT_EQ(tokens, whole["token_ids"]);
     const RouteArray expected = chunk_routes(whole);
@@ -1309,11 +1314,16 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
       for (const auto& x : ev["meta_info"]["output_token_logprobs"]) logprobs.push_back(x);
       for (const auto& x : ev["meta_info"]["weight_versions"]) versions.push_back(x);
       EXPECT_EQ(ev["meta_info"]["completion_tokens"], ids.size());
-      if (ev["meta_info"]["routed_experts"].is_null()) continue;
-      EXPECT_EQ(ev["meta_info"]["routed_experts_start_len"], next_row);  // each chunk's rows follow the last's
-      const RouteArray part = chunk_routes(ev["meta_info"]);
-      next_row += part.rows;
-      append_rows(rows, part);
+      if (!ev["meta_info"]["routed_experts"].is_null()) {
+        EXPECT_EQ(ev["meta_info"]["routed_experts_start_len"], next_row);  // each chunk's rows follow the last's
+        const RouteArray part = chunk_routes(ev["meta_info"]);
+        next_row += part.rows;
+        append_rows(rows, part);
+      }
+      // Rows come with their tokens: after a chunk, those of every position but the newest.
+      if (ev["meta_info"]["finish_reason"].is_null()) {
+        EXPECT_EQ(next_row, std::max(start, P + int(ids.size()) - 1)) << "after " << ids.size() << " tokens";
+      }
     }
     EXPECT_EQ(ids, whole["output_ids"]);
     EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);

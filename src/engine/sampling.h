@@ -30,9 +30,10 @@ struct SamplingParams {
   bool logprobs = true;
   bool return_routed_experts = false;
   int routed_experts_start = 0;  // delta: return rows [start, S-1)
-  // Streaming: each unfinished output also carries the route rows computed since the previous
-  // output (RequestOutput::routed_experts, its .start their first row), so a stream can send a
-  // chunk's rows with its tokens; the finished output carries all rows [start, S-1) as always.
+  // Streaming, with return_routed_experts: each unfinished output also carries the route rows
+  // computed since the previous output (RequestOutput::routed_experts, its .start their first
+  // row), so a stream can send a chunk's rows with its tokens; the finished output carries all
+  // rows [start, S-1) as always.
   bool stream_routes = false;
   // Scoring: the top_logprobs most likely tokens at every generated (and scored prompt)
   // position, up to kMaxTopLogprobs; and the logprob of every prompt token at positions

@@ -128,12 +128,12 @@ bool as_nonneg_int(const json& v, int& out) {
 }  // namespace
 
 RouteIdType route_id_type(const RouteArray& r) {
+  // The ids present always count too, so no type ever wraps an id (even one past the count).
   int lo = 0, hi = r.num_experts - 1;
-  if (r.num_experts <= 0) {
-    hi = 0;
-    for (int16_t v : r.data) hi = std::max<int>(hi, v);
+  for (int16_t v : r.data) {
+    lo = std::min<int>(lo, v);
+    hi = std::max<int>(hi, v);
   }
-  for (int16_t v : r.data) lo = std::min<int>(lo, v);
   if (lo >= -1 && hi <= 127) return RouteIdType::Int8;
   if (lo >= 0 && hi <= 255) return RouteIdType::Uint8;
   return RouteIdType::Int16;

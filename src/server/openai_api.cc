@@ -235,7 +235,7 @@ json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, 
   } else {
     c["finish_reason"] = nullptr;
   }
-  if (o.routed_experts) put_routes(c, o, req.routes, true);  // this chunk's rows (the stream slices them)
+  put_routes(c, o, req.routes, true);  // this chunk's rows, if any (the stream slices them)
   return c;
 }
 

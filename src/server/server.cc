@@ -93,6 +93,14 @@ struct SseStream {
     if (Clock::now() - last_write >= std::chrono::seconds(1)) *alive = write(sink, ": keep-alive\n\n");
     return false;
   }
+  // A chunk's route rows: those of r past what earlier chunks sent (absolute positions before
+  // *sent_end), which moves to r's end, so each row goes out once.
+  static RouteArray rows_not_sent(const RouteArray& r, int* sent_end) {
+    const int end = r.start + r.rows;
+    RouteArray out = route_rows(r, *sent_end, end);
+    *sent_end = std::max(*sent_end, end);
+    return out;
+  }
   // The failure that ends a stream (an error chunk, then [DONE]) for an output, or "".
   static std::string failure_of(const RequestOutput& o, size_t i, std::string* type) {
     *type = o.error.empty() ? "routes_error" : "model_error";
@@ -137,11 +145,7 @@ struct CompletionStream : SseStream {
       }
       // A chunk's route rows are those past what earlier chunks sent: the rows that came with
       // its tokens (and the prompt's with the first), or the rest of a finished output's.
-      if (o.routed_experts) {
-        const int end = o.routed_experts->start + o.routed_experts->rows;
-        o.routed_experts = route_rows(*o.routed_experts, rows_sent[i], end);
-        rows_sent[i] = std::max(rows_sent[i], end);
-      }
+      if (o.routed_experts) o.routed_experts = rows_not_sent(*o.routed_experts, &rows_sent[i]);
       const bool new_rows = o.routed_experts && o.routed_experts->rows > 0;
       if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished && !new_rows) continue;
       json choice = req.chat ? chat_chunk_choice(o, i, sent[i], sent_text[i], !started[i], req)
@@ -193,11 +197,7 @@ struct GenerateStream : SseStream {
       d.prompt_top_logprobs = o.prompt_top_logprobs;
       d.prompt_token_ids = o.prompt_token_ids;
     }
-    if (o.routed_experts) {
-      const RouteArray& r = *o.routed_experts;
-      d.routed_experts = route_rows(r, rows_sent, r.start + r.rows);
-      rows_sent = std::max(rows_sent, r.start + r.rows);
-    }
+    if (o.routed_experts) d.routed_experts = rows_not_sent(*o.routed_experts, &rows_sent);
     return d;
   }
 
@@ -466,8 +466,8 @@ struct Server::Impl {
     st->loop = loop.get();
     const size_t choices = st->req.jobs.size();
     st->ch = std::make_shared<Channel>(choices, st->req.stream);
-    if (st->req.stream)  // each chunk carries its tokens' route rows
-      for (Job& j : st->req.jobs) j.params.stream_routes = j.params.return_routed_experts;
+    if (st->req.stream)  // each chunk carries its tokens' route rows (when it asked for routes)
+      for (Job& j : st->req.jobs) j.params.stream_routes = true;
     const std::vector<int> prompt_ids = chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
     st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt", "max_tokens", st->req.n);
     if (!st->req.stream) {
@@ -508,8 +508,8 @@ struct Server::Impl {
       st->rid = rid;
       st->weight_label = [this] { return loop->weight_label(); };
       st->incremental = opts.incremental_streaming_output;
-      if (st->incremental)  // each chunk carries its tokens' route rows
-        for (Job& j : g.jobs) j.params.stream_routes = j.params.return_routed_experts;
+      if (st->incremental)  // each chunk carries its tokens' route rows (when it asked for routes)
+        for (Job& j : g.jobs) j.params.stream_routes = true;
       st->ids = submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
       st->req = std::move(g);
       serve_stream(res, st, rid);
@@ -871,30 +871,39 @@ struct Server::Impl {
   // the API-key check, the body cap, /metrics' endpoint labels, Server::endpoints() and the
   // README's table test all derive. Adding an endpoint is one row (and its README line).
   enum class Access { ApiKey, Open };  // Open: probes, as SGLang's middleware lets /health* through
-  enum class Cap { None, Request, Weights };  // POST bodies: --max-body-bytes or --max-weights-body-bytes
-  using Handler = std::function<void(httplib::Request&, httplib::Response&)>;
+  enum class Cap { Request, Weights };  // a POST body's: --max-body-bytes or --max-weights-body-bytes
+  enum class Port { Main, AlsoControl };
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  // The handler of the one endpoint that takes its body (the request post() read, its only copy).
+  using BodyTaker = std::function<void(httplib::Request&, httplib::Response&)>;
   struct Endpoint {
     const char* method;  // "GET" or "POST"
     std::vector<const char*> paths;
     Handler handler;
     Access access = Access::ApiKey;
-    Cap cap = Cap::Request;  // for POST
+    Port port = Port::Main;
+    Cap cap = Cap::Request;  // POST
+    BodyTaker takes_body = {};
     BodyStart body_start = {};
-    bool control = false;  // also served on the control port
   };
 
   std::vector<Endpoint> endpoint_table() {
     using R = const httplib::Request&;
     using W = httplib::Response&;
-    Endpoint tensor_update{"POST", {"/update_weights_from_tensor"}, [this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); }};
+    auto get = [](std::vector<const char*> paths, Handler h, Access a = Access::ApiKey, Port port = Port::Main) {
+      return Endpoint{"GET", std::move(paths), std::move(h), a, port};
+    };
+    auto post = [](std::vector<const char*> paths, Handler h, Port port = Port::Main) {
+      return Endpoint{"POST", std::move(paths), std::move(h), Access::ApiKey, port};
+    };
+    Endpoint tensor_update{"POST", {"/update_weights_from_tensor"}, nullptr};
     tensor_update.cap = Cap::Weights;
+    tensor_update.takes_body = [this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); };
     tensor_update.body_start = {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
                                 [](httplib::Response& s, const std::string& why) {
                                   send_json(s, 400, {{"success", false}, {"message", why}});
                                 }};
-    auto get = [](std::vector<const char*> paths, Handler h) { return Endpoint{"GET", std::move(paths), std::move(h)}; };
-    auto post = [](std::vector<const char*> paths, Handler h) { return Endpoint{"POST", std::move(paths), std::move(h)}; };
-    std::vector<Endpoint> t = {
+    return {
         post({"/v1/completions"}, [this](R q, W s) { completions(q, s, false); }),
         post({"/v1/chat/completions"}, [this](R q, W s) { completions(q, s, true); }),
         post({"/generate"}, [this](R q, W s) { generate(q, s); }),
@@ -912,34 +921,29 @@ struct Server::Impl {
         post({"/flush_cache"}, [this](R, W s) { flush_cache(s); }),
         post({"/release_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, true); }),
         post({"/resume_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, false); }),
-        post({"/abort", "/abort_request"}, [this](R q, W s) { abort(q, s); }),
+        post({"/abort", "/abort_request"}, [this](R q, W s) { abort(q, s); }, Port::AlsoControl),
         get({"/get_server_info", "/server_info"}, [this](R, W s) { send_json(s, 200, server_info()); }),
         get({"/get_model_info", "/model_info"}, [this](R, W s) { send_json(s, 200, model_info()); }),
         get({"/get_weight_version", "/weight_version"}, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }),
         get({"/v1/loads"}, [this](R, W s) { send_json(s, 200, loads()); }),
         get({"/v1/models"}, [this](R, W s) { send_json(s, 200, models()); }),
-        get({"/metrics"}, [this](R, W s) { metrics(s); }),
-        get({"/health"}, [this](R, W s) { health(s); }),
-        get({"/health_generate"}, [this](R, W s) { health_generate(s); }),
+        get({"/metrics"}, [this](R, W s) { metrics(s); }, Access::ApiKey, Port::AlsoControl),
+        get({"/health"}, [this](R, W s) { health(s); }, Access::Open, Port::AlsoControl),
+        get({"/health_generate"}, [this](R, W s) { health_generate(s); }, Access::Open),
     };
-    for (Endpoint& e : t) {
-      const std::string first = e.paths[0];
-      if (first == "/health" || first == "/health_generate") e.access = Access::Open;
-      if (first == "/health" || first == "/metrics" || first == "/abort") e.control = true;
-      if (std::string(e.method) == "GET") e.cap = Cap::None;
-    }
-    return t;
   }
 
   void serve(GatedHttpServer& s, const Endpoint& e) {
-    const bool key = e.access == Access::ApiKey;
-    const size_t cap = e.cap == Cap::Weights ? opts.max_weights_body_bytes : e.cap == Cap::Request ? opts.max_body_bytes : 0;
+    const bool key = e.access == Access::ApiKey, is_get = std::string(e.method) == "GET";
+    const size_t cap = is_get ? 0 : e.cap == Cap::Weights ? opts.max_weights_body_bytes : opts.max_body_bytes;
     for (const char* path : e.paths) {
-      if (std::string(e.method) == "GET") s.Get(path, wrap(key, [h = e.handler](const httplib::Request& q, httplib::Response& r) {
-        httplib::Request copy = q;  // GET handlers read only the path and headers
-        h(copy, r);
-      }));
-      else s.Post(path, post(e.handler, key, cap, e.body_start));
+      if (is_get) {
+        s.Get(path, wrap(key, e.handler));
+      } else {
+        BodyTaker fn = e.takes_body;
+        if (!fn) fn = [h = e.handler](httplib::Request& q, httplib::Response& r) { h(q, r); };
+        s.Post(path, post(std::move(fn), key, cap, e.body_start));
+      }
       served.push_back({e.method, path, &s == &control, key, cap});
     }
   }
@@ -956,7 +960,7 @@ struct Server::Impl {
     configure(control, 4, &control_fd);
     for (const Endpoint& e : endpoint_table()) {
       serve(http, e);
-      if (e.control) serve(control, e);
+      if (e.port == Port::AlsoControl) serve(control, e);
     }
   }
 };
