@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
 
 #include <filesystem>
 
@@ -96,6 +97,45 @@ TEST(ChatTemplate, RendersWithTheTokenizersSpecialTokensAndContinuesTheFinalMess
   r.messages = nlohmann::ordered_json::array();
   EXPECT_THROW(ct.render(r), Error);
   EXPECT_THROW(ChatTemplate(tok, "{% bogus %}"), Error);
+}
+
+// The kernel's peak resident size of this process (VmHWM), after resetting it to the current
+// size, in MiB: how much a call allocated at its worst, whatever it freed before returning.
+void reset_peak_resident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+double peak_resident_mb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
+  return 0;
+}
+
+// A request's messages and tools become template values inside the render's budget, charged
+// before they are made: a list of 4M zeros (8 MB of JSON, ~600 MB as values) is refused having
+// allocated at most the budget (128 MB + 32 per byte of the request), not after converting it all.
+TEST(ChatTemplate, ARequestsJsonBecomesValuesOnlyWithinTheBudget) {
+  const std::string dir = testing::write_test_tokenizer(
+      (std::filesystem::temp_directory_path() / ("r3_jinja_budget_" + std::to_string(getpid()))).string());
+  ChatTemplate ct(Tokenizer::load(dir));
+  ChatRequest r;
+  r.messages = {{{"role", "user"}, {"content", "hi"}}};
+  r.tools = nlohmann::ordered_json::array();
+  for (int i = 0; i < 4'000'000; ++i) r.tools.push_back(0);
+  reset_peak_resident();
+  const double before = peak_resident_mb();
+  std::string error;
+  try {
+    ct.render(r);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("bytes of values"), std::string::npos) << error;
+  const double grew = peak_resident_mb() - before;
+  EXPECT_LT(grew, 450.0) << "peak grew by " << grew << " MB";
+  // A small list renders as before.
+  r.tools = nlohmann::ordered_json::array({0, 1});
+  EXPECT_EQ(ct.render(r), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  std::filesystem::remove_all(dir);
 }
 
 // chat_template.jinja beside tokenizer.json (how GPT-OSS and newer exports store it) is the

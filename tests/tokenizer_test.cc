@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cancellation.h"
 #include "core/error.h"
 #include "text/regex.h"
 #include "text/tokenizer.h"
@@ -104,6 +105,32 @@ TEST(Tokenizer, SentencePieceStyleBpeWithByteFallbackAndTemplate) {
   EXPECT_EQ(t->vocab_size(), 19);
   EXPECT_EQ(t->decode(V{15, 19, 400, -1}), "hello");  // ids without a token decode to nothing
   EXPECT_THROW(t->encode("bad \xC3"), Error);
+}
+
+// Encoding polls the thread's CancellationScope: in a run of words and inside one long word
+// (both loops of the BPE), and only there: outside a scope, or while it says no, text encodes.
+TEST(Tokenizer, EncodingStopsWhenItsRequestIsCancelled) {
+  auto t = make(llama2_style());
+  std::string words, word;
+  for (int i = 0; i < 20000; ++i) words += "hello ";
+  for (int i = 0; i < 200000; ++i) word += "hello";
+  const size_t n_words = t->encode(words).size(), n_word = t->encode(word).size();
+  int polls = 0;
+  bool cancel = false;
+  CancellationScope scope([&] { return ++polls, cancel; });
+  EXPECT_EQ(t->encode(words).size(), n_words);
+  EXPECT_EQ(t->encode(word).size(), n_word);
+  EXPECT_GT(polls, 10);
+  cancel = true;
+  for (const std::string& text : {words, word}) {
+    try {
+      t->encode(text);
+      ADD_FAILURE() << "not cancelled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tokenizing was cancelled"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(t->encode("hello").size(), 1u);  // a short text finishes before any poll
 }
 
 TEST(Tokenizer, AddedTokensHonourStripAndSingleWord) {

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "core/cancellation.h"
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/engine_loop.h"
@@ -297,12 +298,18 @@ struct Server::Impl {
     return equal_const_time(req.get_header_value("Authorization"), "Bearer " + opts.api_key);
   }
 
+  // Whether the request this HTTP thread handles no longer matters: its client left, or the
+  // server is stopping. Long work on the thread (tokenizing, template renders) polls it through
+  // the CancellationScope every handler runs in.
+  bool request_cancelled() const { return stopped || draining || GatedHttpServer::client_gone(); }
+
   // Handler wrapper: API key, and every exception becomes a JSON error reply.
   httplib::Server::Handler wrap(bool auth, std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, auth, fn](const httplib::Request& req, httplib::Response& res) {
       try {
         if (auth && !authorized(req))
           throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
+        CancellationScope cancel([this] { return request_cancelled(); });
         fn(req, res);
       } catch (const ApiError& e) {
         send_error(res, e);
@@ -384,6 +391,7 @@ struct Server::Impl {
         if (!read_all) throw ApiError(400, "the request body could not be read (connection closed or malformed)");
         httplib::Request full = req;
         full.body = std::move(body);
+        CancellationScope cancel([this] { return request_cancelled(); });
         fn(full, res);
       } catch (const ApiError& e) {
         send_error(res, e);
@@ -447,7 +455,7 @@ struct Server::Impl {
           std::min(loop->model_config().max_position_embeddings, ec.num_kv_blocks * ec.block_size);
       ChatTemplatePolicy policy;
       policy.trust_request_chat_template = opts.trust_request_chat_template;
-      policy.cancelled = [this] { return stopped || draining || GatedHttpServer::client_gone(); };
+      policy.cancelled = [this] { return request_cancelled(); };
       if (!render_slots.try_acquire_for(std::chrono::duration<double>(text::jinja::RenderLimits{}.max_seconds)))
         throw ApiError(503, "every chat-template render slot stayed busy; retry", "server_error");
       struct Release {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 
+#include "core/cancellation.h"
 #include "core/error.h"
 #include "text/utf8.h"
 
@@ -89,7 +90,9 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
       return;
     }
   }
-  // The word's characters as symbols (a doubly linked list merged in place).
+  // The word's characters as symbols (a doubly linked list merged in place). One word of
+  // megabytes (a long run without spaces) takes seconds here, so both loops poll now and then
+  // whether its request was cancelled (core/cancellation.h).
   struct Symbol {
     int32_t id;
     int prev, next;
@@ -99,6 +102,7 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   const std::vector<std::string_view> chars = utf8_chars(word);
   bool last_unk = false;
   for (size_t i = 0; i < chars.size(); ++i) {
+    if ((i + 1) % 65536 == 0) throw_if_cancelled("tokenizing");
     std::string piece(chars[i]);
     if (i > 0) piece = prefix_ + piece;
     if (i + 1 == chars.size()) piece += suffix_;
@@ -152,7 +156,9 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
     if (it != merges_.end()) queue.push({it->second.rank, pos, it->second.result});
   };
   for (int i = 0; i + 1 < n; ++i) consider(i);
+  size_t steps = 0;
   while (!queue.empty()) {
+    if (++steps % 65536 == 0) throw_if_cancelled("tokenizing");
     const Candidate c = queue.top();
     queue.pop();
     Symbol& left = sym[size_t(c.pos)];

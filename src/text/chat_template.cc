@@ -32,22 +32,26 @@ std::string ChatTemplate::render(const ChatRequest& req, std::function<bool()> c
   if (!req.tools.is_null() && !req.tools.is_array()) throw Error("tools must be a list");
   if (req.continue_final_message && req.add_generation_prompt)
     throw Error("continue_final_message and add_generation_prompt cannot both be true");
-  jinja::Dict ctx;
-  ctx.emplace_back("messages", jinja::from_json(req.messages));
-  ctx.emplace_back("tools", jinja::from_json(req.tools));
-  ctx.emplace_back("documents", jinja::Value::none());
-  ctx.emplace_back("add_generation_prompt", jinja::Value::boolean(req.add_generation_prompt));
-  for (const auto& [name, content] : tok_->special_tokens()) ctx.emplace_back(name, jinja::Value::string(content));
   if (!req.kwargs.is_object()) throw Error("chat_template_kwargs must be an object");
-  for (auto it = req.kwargs.begin(); it != req.kwargs.end(); ++it) {
-    bool replaced = false;
-    for (auto& kv : ctx)
-      if (kv.first == it.key()) kv.second = jinja::from_json(it.value()), replaced = true;
-    if (!replaced) ctx.emplace_back(it.key(), jinja::from_json(it.value()));
-  }
+  // The context is built inside the render's budget (Template::render_building_context).
+  auto make_context = [&] {
+    jinja::Dict ctx;
+    ctx.emplace_back("messages", jinja::from_json(req.messages));
+    ctx.emplace_back("tools", jinja::from_json(req.tools));
+    ctx.emplace_back("documents", jinja::Value::none());
+    ctx.emplace_back("add_generation_prompt", jinja::Value::boolean(req.add_generation_prompt));
+    for (const auto& [name, content] : tok_->special_tokens()) ctx.emplace_back(name, jinja::Value::string(content));
+    for (auto it = req.kwargs.begin(); it != req.kwargs.end(); ++it) {
+      bool replaced = false;
+      for (auto& kv : ctx)
+        if (kv.first == it.key()) kv.second = jinja::from_json(it.value()), replaced = true;
+      if (!replaced) ctx.emplace_back(it.key(), jinja::from_json(it.value()));
+    }
+    return ctx;
+  };
   jinja::RenderLimits limits = limits_for(req);
   limits.cancelled = std::move(cancelled);
-  std::string text = tpl_->render(ctx, limits);
+  std::string text = tpl_->render_building_context(make_context, limits);
   if (req.continue_final_message) {
     // Cut after the final message's content, as Hugging Face does, so the model continues it.
     const auto& last = req.messages.back();

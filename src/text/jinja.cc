@@ -1713,6 +1713,16 @@ Value owned_copy(const Value& v, int depth) {
 }  // namespace
 
 std::string Template::render(const Dict& context, const RenderLimits& limits) const {
+  // Copied inside the budget: the render owns its values, whatever the caller's hold.
+  return render_building_context([&context] {
+    Dict copy;
+    for (const auto& [k, v] : context) copy.emplace_back(k, owned_copy(v, 0));
+    return copy;
+  }, limits);
+}
+
+std::string Template::render_building_context(const std::function<Dict()>& make_context,
+                                              const RenderLimits& limits) const {
   RenderBudget budget(limits);
   Scope globals;
   globals.vars["raise_exception"] = Value::function([](const Args& a, const Kwargs&) -> Value {
@@ -1754,7 +1764,7 @@ std::string Template::render(const Dict& context, const RenderLimits& limits) co
     return Value::string(std::string(buf, n));
   });
   Scope top{{}, &globals};
-  for (const auto& [k, v] : context) top.vars[k] = owned_copy(v, 0);
+  for (auto& [k, v] : make_context()) top.vars[k] = std::move(v);
   std::string out;
   Renderer r(&globals, budget);
   r.exec(root_->body, top, out);

@@ -6,6 +6,7 @@
 // outside the subset is an r3::Error naming it and the template line, when the template is
 // parsed, never a different rendering.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,11 @@ class Template {
   // Throws r3::Error for a runtime error, raise_exception's message included, and when the
   // render exceeds `limits` (text/jinja_budget.h). The context is copied, never changed.
   std::string render(const Dict& context, const RenderLimits& limits = {}) const;
+  // The same, with the context built by `make_context` inside the render's budget: what it makes
+  // (from_json of a request's messages and tools) is charged and owned like any value the
+  // template makes, so a request's JSON cannot grow into values beyond the budget.
+  std::string render_building_context(const std::function<Dict()>& make_context,
+                                      const RenderLimits& limits = {}) const;
 
  private:
   std::shared_ptr<Node> root_;

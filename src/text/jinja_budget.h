@@ -66,6 +66,10 @@ class RenderBudget {
   void adopt(const std::shared_ptr<std::vector<Value>>& list);
   void adopt(const std::shared_ptr<std::vector<std::pair<std::string, Value>>>& dict);
   void adopt(const std::shared_ptr<Namespace>& ns);
+  // Records a container whose bytes were charged before it was built (from_json charges a JSON
+  // array's or object's slots before allocating them, so the peak never passes the budget).
+  void own(const std::shared_ptr<std::vector<Value>>& list) { lists_.push_back(list); }
+  void own(const std::shared_ptr<std::vector<std::pair<std::string, Value>>>& dict) { dicts_.push_back(dict); }
 
  private:
   RenderLimits limits_;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/cancellation.h"
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
@@ -233,7 +234,11 @@ std::vector<Tokenizer::Section> Tokenizer::split_added(std::string_view text, bo
 }
 
 void Tokenizer::encode_text(std::string_view text, bool first, std::vector<int32_t>& out) const {
-  for (const std::string& word : pre_tokenizer_.split(std::string(text), first)) model_.encode_word(word, out);
+  size_t words = 0;
+  for (const std::string& word : pre_tokenizer_.split(std::string(text), first)) {
+    if (++words % 4096 == 0) throw_if_cancelled("tokenizing");  // a poll per ~20 KB of text
+    model_.encode_word(word, out);
+  }
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
