@@ -360,9 +360,12 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
 
 std::vector<RoundTripCase> round_trip_cases() {
   std::vector<RoundTripCase> v;
+  // Hybrids' derived views (gathered DeltaNet projections, fused experts' rows) are checked by
+  // HybridCheckpoint below.
   for (const std::string& a : r3::testing::kAllArchs)
     for (std::string p : {"tiny", "small"})
-      for (DType t : {DType::BF16, DType::F32}) v.push_back({a, p, t});
+      for (DType t : {DType::BF16, DType::F32})
+        if (!r3::testing::is_hybrid(a)) v.push_back({a, p, t});
   return v;
 }
 
@@ -501,7 +504,8 @@ TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
     ASSERT_EQ(fa.size(), fb.size());
     for (auto& [name, ta] : fa) {
       const RawTensor& tb = fb.at(name);
-      if (name.find("e_score_correction_bias") != std::string::npos) {  // fp32 in every release
+      if (name.find("e_score_correction_bias") != std::string::npos ||
+          (arch == "qwen3_5_moe" && name.find("A_log") != std::string::npos)) {  // fp32 in every release
         EXPECT_EQ(tb.dtype, "F32");
         continue;
       }

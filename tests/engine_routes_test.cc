@@ -529,7 +529,13 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
         }
       }
   }
-  EXPECT_LT(max_dlogprob, 0.05) << "engine (bf16 activations) vs reference (fp32) logprob gap";
+  // Gated DeltaNet layers carry the bf16 rounding of their inputs forward in their state, and the
+  // gated norm divides by each head's output size: measured on qwen3_next tiny (f32 weights), the
+  // gap is 0.010 with every layer full attention, 0.057 with every layer DeltaNet, and 0.021 with
+  // every layer DeltaNet when the reference rounds the block's input and output to bf16 as the
+  // engine does. So hybrids get a wider bound; the routes' and tokens' checks are the same.
+  const double gap = mc.hybrid() ? 0.08 : 0.05;
+  EXPECT_LT(max_dlogprob, gap) << "engine (bf16 activations) vs reference (fp32) logprob gap";
   std::printf("[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f); greedy tokens %d/%d; max |dlogprob| %.4f\n",
               arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs, token_agree, tokens, max_dlogprob);
   EXPECT_GT(double(agree) / pairs, 0.9);

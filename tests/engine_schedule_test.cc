@@ -59,11 +59,15 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
   RunResult r = run_workload(cfg, w);
   for (size_t i = 0; i < w.prompts.size(); ++i)
     expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
-  // The features under test really happened.
-  EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
+  // The features under test really happened (hybrids run without prefix caching: none).
+  if (is_hybrid(c.arch)) {
+    EXPECT_EQ(r.stats.prefix_hit_tokens, 0u);
+  } else {
+    EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
+    EXPECT_GT(r.stats.prefix_route_rows_copied, 0u);
+  }
   EXPECT_GT(r.stats.preemptions, 0u);
   EXPECT_GT(r.stats.chunked_prefills, 0u);
-  EXPECT_GT(r.stats.prefix_route_rows_copied, 0u);
   if (c.buckets) {
     EXPECT_GT(r.stats.padded_tokens, 0u);
   }
@@ -112,7 +116,7 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
     expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
   EXPECT_EQ(r.stats.routed_experts_gaps, 0u);
   EXPECT_GT(r.stats.preemptions, 0u);
-  EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
+  EXPECT_EQ(r.stats.prefix_hit_tokens > 0u, !is_hybrid(arch));
   EXPECT_GT(r.stats.chunked_prefills, 0u);
   EXPECT_GT(r.stats.padded_tokens, 0u);
   EXPECT_GT(r.stats.requests_aborted, 0u);

@@ -29,7 +29,7 @@ void set_config_key(const std::string& dir, const std::string& key, const json& 
   const fs::path cfg = fs::path(dir) / "config.json";
   std::ifstream in(cfg);
   json j = json::parse(in);
-  j[key] = value;
+  (j.contains("text_config") ? j["text_config"] : j)[key] = value;  // a VL release's decoder keys
   std::ofstream(cfg, std::ios::trunc) << j.dump();
 }
 
@@ -46,6 +46,7 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
     {
       std::ifstream in(fs::path(served) / "config.json");
       cfg = json::parse(in);
+      if (cfg.contains("text_config")) cfg = cfg["text_config"];  // a VL release's decoder keys
     }
     std::vector<std::pair<std::string, json>> changes = {
         {"rope_theta", cfg.value("rope_theta", 10000.0) * 2},
@@ -57,7 +58,8 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
         {"intermediate_size", cfg.value("intermediate_size", 64) * 2},
     };
     // GptOssConfig has no norm_topk_prob (the key is ignored, as transformers ignores it).
-    if (arch != "mixtral" && arch != "gpt_oss") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
+    // Qwen3.5 always renormalises (no such key either).
+    if (arch != "mixtral" && arch != "gpt_oss" && arch != "qwen3_5_moe") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
     if (arch == "gpt_oss")
       for (auto& [key, value] : std::vector<std::pair<std::string, json>>{
                {"sliding_window", 4},
@@ -66,6 +68,25 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
                {"attention_bias", false}})
         changes.push_back({key, value});
     if (arch == "olmoe") changes.push_back({"clip_qkv", 3.0});
+    // Qwen3.5 states its layer types and its rope in rope_parameters, which win over
+    // full_attention_interval and a top-level rope_theta (as in transformers).
+    if (arch == "qwen3_next") changes.push_back({"full_attention_interval", 2});
+    if (arch == "qwen3_5_moe") {
+      json rope = cfg["rope_parameters"];
+      rope["rope_theta"] = rope["rope_theta"].get<double>() * 2;
+      changes.push_back({"rope_parameters", rope});
+      rope = cfg["rope_parameters"];
+      rope["partial_rotary_factor"] = 0.5;
+      changes.push_back({"rope_parameters", rope});
+    }
+    if (testing::is_hybrid(arch))
+      for (auto& [key, value] : std::vector<std::pair<std::string, json>>{
+               {"linear_num_value_heads", cfg["linear_num_key_heads"].get<int>()},
+               {"linear_conv_kernel_dim", 3},
+               {"shared_expert_intermediate_size", cfg["shared_expert_intermediate_size"].get<int>() * 2},
+               {"partial_rotary_factor", 0.5},
+               {"layer_types", json::array({"full_attention", "linear_attention", "linear_attention", "full_attention"})}})
+        changes.push_back({key, value});
     if (arch == "qwen3_moe" || arch == "qwen2_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
     if (arch == "qwen2_moe") changes.push_back({"shared_expert_intermediate_size", 64});
     if (arch == "glm4_moe")
@@ -78,6 +99,8 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
                                                                          {"use_qk_norm", false},
                                                                          {"attention_bias", false}})
         changes.push_back({key, value});
+    if (arch == "qwen3_5_moe")  // rope_parameters holds them (above): the top-level keys change nothing
+      std::erase_if(changes, [](const auto& kv) { return kv.first == "rope_theta" || kv.first == "partial_rotary_factor"; });
     for (auto& [key, value] : changes) {
       SCOPED_TRACE(arch + " " + key + " = " + value.dump());
       const std::string dir = copy_model(served, "refit_" + arch);

@@ -345,7 +345,9 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
     const TensorView W{.dtype = DType::F32, .shape = {n}, .data = w.data()};
     auto ops = [&](const KernelSet& set) {
       std::vector<float> norm(static_cast<size_t>(n)), gated(static_cast<size_t>(n)), soft(static_cast<size_t>(n));
-      set.rms_norm(x.data(), W, 0, n, 1e-6f, norm.data());
+      std::vector<float> centred(static_cast<size_t>(n));  // a zero-centred norm: (1 + w)
+      set.rms_norm(x.data(), W, 0, n, 1e-6f, norm.data(), 0.f);
+      set.rms_norm(x.data(), W, 0, n, 1e-6f, centred.data(), 1.f);
       set.silu_mul(x.data(), up.data(), gated.data(), n);
       set.softmax(x.data(), n, soft.data());
       // GPT-OSS's activation at its limit 7 (the wide gates clamped from above), and at limit 1,
@@ -353,7 +355,7 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
       std::vector<float> clamped(static_cast<size_t>(n)), clamped_up(static_cast<size_t>(n));
       set.clamped_swiglu(x.data(), up.data(), clamped.data(), n, 7.f, 1.702f);
       set.clamped_swiglu(up.data(), x.data(), clamped_up.data(), n, 1.f, 1.702f);
-      for (const auto* v : {&gated, &soft, &clamped, &clamped_up}) norm.insert(norm.end(), v->begin(), v->end());
+      for (const auto* v : {&centred, &gated, &soft, &clamped, &clamped_up}) norm.insert(norm.end(), v->begin(), v->end());
       return norm;
     };
     const std::vector<float> want = ops(portable);

@@ -12,7 +12,15 @@
 namespace r3::testing {
 
 // Every architecture r3 implements, for tests that run on each.
-inline const std::vector<std::string> kAllArchs = {"mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"};
+inline const std::vector<std::string> kAllArchs = {"mixtral",     "qwen3_moe", "olmoe",      "qwen2_moe",
+                                                   "glm4_moe",    "deepseek_v3", "gpt_oss",  "qwen3_next",
+                                                   "qwen3_5_moe"};
+
+// Hybrids (Gated DeltaNet layers with a recurrent state): the engine runs them without prefix
+// caching (no state snapshots yet), so tests of prefix hits expect none there.
+inline bool is_hybrid(const std::string& arch) {
+  return arch.rfind("qwen3_next", 0) == 0 || arch.rfind("qwen3_5_moe", 0) == 0;
+}
 
 // `arch` may carry a layout suffix: "gpt_oss_mxfp4" (MXFP4 experts, as released) or
 // "gpt_oss_mxfp4_dequantized" (the same weights decoded into the bf16 layout); "<arch>_fp8"

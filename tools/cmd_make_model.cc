@@ -11,7 +11,9 @@ int cmd_make_model(int argc, char** argv) {
   Args a("make-model", "Writes a checkpoint with seeded random weights in the Hugging Face layout\n"
                        "(config.json + safetensors, sharded for small and bench, one shard per layer for full,\n"
                        "written a shard at a time so make-model holds one layer's tensors at most).");
-  a.opt("arch", "olmoe", "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss")
+  a.opt("arch", "olmoe",
+        "mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss | qwen3_next | qwen3_5_moe "
+        "(the vision-language release layout) | qwen3_5_moe_text")
       .opt("preset", "tiny", "tiny | small | bench | full. full: the released shapes of OLMoE-1B-7B-0924 (--arch\n"
                              "olmoe, 6.9B parameters, 13.8 GB in bf16), gpt-oss-20b (--arch gpt_oss --quant mxfp4,\n"
                              "12.8 GB) and Qwen3-30B-A3B (--arch qwen3_moe, 61 GB in bf16, 31 GB with --quant fp8).\n"

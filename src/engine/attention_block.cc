@@ -129,7 +129,8 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
   const float eps = c.rms_norm_eps;
   const AttentionSpec& a = c.layers[size_t(l)].attention;
   const Activations hx{h_.data(), hb_.data(), T};
-  const kernels::MatmulOut qkv[] = {{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
+  // With an output gate, q_proj's rows are per head [query, gate]: into qg_, then split.
+  const kernels::MatmulOut qkv[] = {{&L.q, a.output_gate ? qg_.data() : q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
   kernels::matmul_many(hx, qkv, pool_);
   weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
   // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
@@ -139,14 +140,20 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       float* q = &q_[size_t(t) * qd];
       float* k = &k_[size_t(t) * kvd];
       float* v = &v_[size_t(t) * kvd];
+      if (a.output_gate)
+        for (int hh = 0; hh < nh; ++hh) {
+          const float* src = &qg_[size_t(t) * 2 * qd + size_t(hh) * 2 * hd];
+          std::copy(src, src + hd, q + hh * hd);
+          std::copy(src + hd, src + 2 * hd, &attn_gate_[size_t(t) * qd + size_t(hh) * hd]);
+        }
       if (a.qkv_bias) {
         kernels::add_bias(q, L.q_bias, 0, qd);
         kernels::add_bias(k, L.k_bias, 0, kvd);
         kernels::add_bias(v, L.v_bias, 0, kvd);
       }
       if (a.qk_norm == QkNorm::PerHead) {
-        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd);
-        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd);
+        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd, norm_offset_);
+        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd, norm_offset_);
       } else if (a.qk_norm == QkNorm::Whole) {
         rms_norm(q, L.q_norm, 0, qd, eps, q);
         rms_norm(k, L.k_norm, 0, kvd, eps, k);
@@ -165,8 +172,14 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       else cache.write_gqa(cache_layer_[size_t(l)], tok.block, tok.slot, k, v, hd);
     }
   });
-  ScopedNanoseconds timed{attention_ns_};
-  attention(plan, l, q_.data(), attn_.data(), cache);
+  {
+    ScopedNanoseconds timed{attention_ns_};
+    attention(plan, l, q_.data(), attn_.data(), cache);
+  }
+  if (a.output_gate)  // Qwen3NextAttention: the output times sigmoid(gate), before o_proj
+    pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0 * qd; i < t1 * qd; ++i) attn_[size_t(i)] *= 1.f / (1.f + std::exp(-attn_gate_[size_t(i)]));
+    });
 }
 
 

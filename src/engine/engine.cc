@@ -93,6 +93,9 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
       throw Error(tok_dir + ": the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                   " tokens but the model's vocab_size is " + std::to_string(mc.vocab_size));
   }
+  // Gated DeltaNet layers keep a state per request, not per block: a prefix hit would need the
+  // state at the hit's end, which r3 does not snapshot yet, so hybrids run without prefix caching.
+  if (mc.hybrid()) cfg_.enable_prefix_caching = false;
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
   cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
   int max_step = cfg_.max_num_batched_tokens;
@@ -102,14 +105,15 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   int window = 0, sliding_layers = 0;
   for (const LayerConfig& l : mc.layers)
     if (l.attention.sliding_window > 0) window = std::max(window, l.attention.sliding_window), ++sliding_layers;
+  const int kv_layers = mc.num_layers - mc.num_deltanet_layers();  // DeltaNet layers hold no KV
   const int bs = cfg_.block_size, S = cfg_.max_num_seqs;
   const int64_t window_need = int64_t(S) * ((window - 1 + bs - 1) / bs + 3) + (max_step + bs - 1) / bs;
   const size_t per_layer_block = size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);  // bytes
   int blocks = cfg_.num_kv_blocks;
   if (blocks <= 0) {
-    const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20), full = size_t(mc.num_layers - sliding_layers);
+    const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20), full = size_t(kv_layers - sliding_layers);
     // blocks x full layers + min(blocks, window_need) x sliding layers within the budget.
-    size_t b = budget / (size_t(mc.num_layers) * per_layer_block);
+    size_t b = budget / (size_t(kv_layers) * per_layer_block);
     if (sliding_layers && full && b > size_t(window_need))
       b = (budget - size_t(window_need) * size_t(sliding_layers) * per_layer_block) / (full * per_layer_block);
     blocks = int(std::clamp<size_t>(b, 16, 1 << 16));
@@ -120,7 +124,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   // than the machine would start and fail later, mid-run: refuse it here instead. Each pool
   // holds one scratch block past its blocks.
   const double kv_mb = double(per_layer_block) *
-                       (double(blocks + 1) * double(mc.num_layers - sliding_layers) +
+                       (double(blocks + 1) * double(kv_layers - sliding_layers) +
                         double(window > 0 ? window_blocks + 1 : 0) * double(sliding_layers)) / double(1 << 20);
   if (const double machine_mb = physical_memory_mb(); kv_mb > machine_mb)
     throw Error("the KV cache (" + std::to_string(blocks) + " blocks: " + std::to_string(int64_t(kv_mb)) +
@@ -142,6 +146,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   sc.enable_prefix_caching = cfg_.enable_prefix_caching;
   sc.decode_buckets = cfg_.decode_buckets;
   sc.sliding_window = window;
+  sc.state_slots = mc.hybrid();
   scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
                                            runner_->window_scratch_block());
   if (cfg_.enable_return_routed_experts) {
@@ -159,6 +164,8 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   startup_.kv_bytes = uint64_t(kv_mb * double(1 << 20));
   startup_.resident_mb = resident_mb();
 }
+
+uint64_t Engine::recurrent_state_bytes_per_request() const { return runner_->recurrent_state_bytes_per_request(); }
 
 std::string StartupReport::line() const {
   char buf[400];

@@ -145,6 +145,9 @@ class Engine {
 
   const ModelConfig& model_config() const { return runner_->config(); }
   const EngineConfig& config() const { return cfg_; }
+  // Gated DeltaNet models: the recurrent and conv state one running request holds (fp32, all its
+  // DeltaNet layers); max_num_seqs of them are allocated. 0 for other models.
+  uint64_t recurrent_state_bytes_per_request() const;
   const Checkpoint& checkpoint() const { return *ckpt_; }
   const StartupReport& startup() const { return startup_; }
   // The tokenizer (EngineConfig::tokenizer), or null when the engine has none.

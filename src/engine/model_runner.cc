@@ -28,6 +28,11 @@ int count_sliding(const ModelConfig& c, int window_blocks) {
   for (const LayerConfig& l : c.layers) n += window_blocks > 0 && l.attention.sliding_window > 0;
   return n;
 }
+// Layers whose KV lives in the main pool: all but the sliding ones and the Gated DeltaNet ones
+// (which keep a recurrent state instead).
+int count_full(const ModelConfig& c, int window_blocks) {
+  return c.num_layers - count_sliding(c, window_blocks) - c.num_deltanet_layers();
+}
 }  // namespace
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
@@ -46,15 +51,20 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       rope_(rope_inv_freq(ckpt_->config(), ckpt_->config().layers[0].attention.rotary_dim),
             float(ckpt_->config().rope_scaling.attention_factor),
             int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))),
-      kv_(make_kv_cache(ckpt_->config(), ckpt_->config().num_layers - count_sliding(ckpt_->config(), window_blocks),
-                        num_blocks, block_size, kv_dtype)),
+      kv_(make_kv_cache(ckpt_->config(), count_full(ckpt_->config(), window_blocks), num_blocks, block_size, kv_dtype)),
       window_kv_(make_kv_cache(ckpt_->config(), count_sliding(ckpt_->config(), window_blocks), window_blocks,
                                block_size, kv_dtype)),
       eplb_(std::move(eplb)),
       exchange_(exchange) {
   const ModelConfig& c = config();
   int full = 0, windowed = 0;
-  for (int l = 0; l < c.num_layers; ++l) cache_layer_.push_back(sliding(l) ? windowed++ : full++);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const bool recurrent = c.layers[size_t(l)].attention.kind == AttentionKind::GatedDeltaNet;
+    cache_layer_.push_back(recurrent ? -1 : sliding(l) ? windowed++ : full++);
+    dn_index_.push_back(recurrent ? int(dn_layers_.size()) : -1);
+    if (recurrent) dn_layers_.push_back(l);
+  }
+  norm_offset_ = c.zero_centred_norms ? 1.f : 0.f;
   for (const LayerConfig& l : c.layers)
     if (l.attention.rotary_dim != c.layers[0].attention.rotary_dim)
       throw Error("layers with different rotary dimensions are not implemented by the engine");
@@ -70,7 +80,23 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
   q_.resize(T * qd);
   k_.resize(T * kv_dim_);
   v_.resize(T * kv_dim_);
-  const size_t od = c.mla ? size_t(c.num_heads) * size_t(c.mla->v_head_dim) : qd;
+  size_t od = c.mla ? size_t(c.num_heads) * size_t(c.mla->v_head_dim) : qd;
+  if (c.deltanet) {
+    const DeltaNetSpec& d = *c.deltanet;
+    od = std::max(od, size_t(d.value_dim()));
+    dn_state_floats_ = size_t(d.state_floats());
+    dn_state_.assign(size_t(max_seqs_) * dn_layers_.size() * dn_state_floats_, 0.f);
+    dn_mixed_.resize(T * size_t(d.conv_dim()));
+    dn_conv_.resize(T * size_t(d.conv_dim()));
+    dn_z_.resize(T * size_t(d.value_dim()));
+    dn_b_.resize(T * size_t(d.v_heads));
+    dn_a_.resize(T * size_t(d.v_heads));
+  }
+  for (const LayerConfig& l : c.layers)
+    if (l.attention.output_gate) {
+      qg_.resize(T * 2 * qd);
+      attn_gate_.resize(T * qd);
+    }
   attn_.resize(T * std::max(qd, od));
   attnb_.resize(T * std::max(qd, od));
   if (c.mla) {
@@ -187,7 +213,7 @@ void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) 
       float* h = h_.data() + size_t(t) * H;
       if (add)
         for (int d = 0; d < H; ++d) x[d] += add[size_t(t) * H + d];
-      rms_norm(x, norm, 0, H, eps, h);
+      rms_norm(x, norm, 0, H, eps, h, norm_offset_);
       round_to_bf16(h, H, hb_.data() + size_t(t) * H);
     }
   });
@@ -221,12 +247,15 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
     add_and_norm(nullptr, L.input_norm, T);
-    std::visit(
-        [&](auto& cache) {
-          if (c.mla) mla_attention(plan, l, L, T, cache);
-          else gqa_attention(plan, l, L, T, cache);
-        },
-        sliding(l) ? window_kv_ : kv_);
+    if (c.layers[size_t(l)].attention.kind == AttentionKind::GatedDeltaNet)
+      deltanet(plan, l, L, T);
+    else
+      std::visit(
+          [&](auto& cache) {
+            if (c.mla) mla_attention(plan, l, L, T, cache);
+            else gqa_attention(plan, l, L, T, cache);
+          },
+          sliding(l) ? window_kv_ : kv_);
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
     pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
       round_to_bf16(attn_.data() + t0 * od, (t1 - t0) * od, attnb_.data() + t0 * od);
@@ -251,7 +280,8 @@ const float* ModelRunner::logits(const int* token_indices, int n) {
   const ModelConfig& c = config();
   const int H = c.hidden_size;
   for (int i = 0; i < n; ++i)
-    rms_norm(&x_[size_t(token_indices[i]) * H], weights_.final_norm, 0, H, c.rms_norm_eps, &h_[size_t(i) * H]);
+    rms_norm(&x_[size_t(token_indices[i]) * H], weights_.final_norm, 0, H, c.rms_norm_eps, &h_[size_t(i) * H],
+             norm_offset_);
   round_to_bf16(h_.data(), int64_t(n) * H, hb_.data());
   matmul({h_.data(), hb_.data(), n}, weights_.lm_head, logits_.data(), pool_);
   weight_bytes_ += weights_.lm_head.nbytes();

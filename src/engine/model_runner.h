@@ -74,6 +74,9 @@ class ModelRunner {
   std::vector<std::vector<uint64_t>> physical_expert_load() const;
   uint64_t weight_bytes_read() const { return weight_bytes_.load(); }
   uint64_t attention_ns() const { return attention_ns_.load(); }  // EngineStats::attention_seconds
+  // Bytes of the Gated DeltaNet layers' state: per request (one slot), and all slots.
+  uint64_t recurrent_state_bytes_per_request() const { return dn_layers_.size() * dn_state_floats_ * sizeof(float); }
+  uint64_t recurrent_state_bytes() const { return dn_state_.size() * sizeof(float); }
 
  private:
   template <typename KvT>
@@ -99,6 +102,12 @@ class ModelRunner {
   void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
   template <typename KvT>
   void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
+  // Gated DeltaNet (deltanet_block.cc): attn_ gets [T, value_dim], each request's tokens run in
+  // order against its state slot (PlannedSeq::state_slot), reset where it starts at position 0.
+  void deltanet(const StepPlan& plan, int layer, const LayerWeights& L, int T);
+  float* deltanet_state(int slot, int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
+    return dn_state_.data() + (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+  }
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (the checkpoint's panels)
@@ -125,6 +134,14 @@ class ModelRunner {
     return {first_physical(rank, ranks, num_physical), first_physical(rank + 1, ranks, num_physical)};
   }
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
+  float norm_offset_ = 0.f;      // 1: norms applied as (1 + w) (ModelConfig::zero_centred_norms)
+  // Gated DeltaNet: the decoder layers that are, each one's index among them (-1 for others), and
+  // every state slot's recurrent and conv state for each of them, fp32, zeroed as a request starts.
+  std::vector<int> dn_layers_, dn_index_;
+  size_t dn_state_floats_ = 0;
+  std::vector<float> dn_state_;
+  std::vector<float> dn_mixed_, dn_conv_, dn_z_, dn_b_, dn_a_;  // [T, C], [T, C], [T, vd], [T, nv] x 2
+  std::vector<float> qg_, attn_gate_;  // output-gated attention: q_proj's [T, 2 qd], the gates [T, qd]
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
   std::atomic<uint64_t> attention_ns_{0};

@@ -46,6 +46,7 @@ struct Request {
   std::vector<int> window_blocks;
   int window_freed = 0;
   std::vector<uint64_t> block_hashes;   // chained hashes of the first full blocks
+  int state_slot = -1;                  // its Gated DeltaNet state while running (Scheduler), else -1
   int num_computed = 0;                 // tokens whose KV is computed or scheduled
   int pending = 0;                      // sampled tokens not yet known (overlap scheduling)
   uint64_t epoch = 0;                   // bumped by preemption: in-flight results are stale

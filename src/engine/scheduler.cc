@@ -14,6 +14,8 @@ Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPoo
     throw Error("scheduler: a sliding window needs its own KV pool, and only then");
   if (window_pool_ && window_pool_->block_size() != pool_->block_size())
     throw Error("scheduler: the sliding-window pool must have the main pool's block size");
+  if (cfg_.state_slots)
+    for (int i = cfg_.max_num_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
 }
 
 void Scheduler::add(Request* r) { waiting_.push_back(r); }
@@ -26,6 +28,7 @@ void Scheduler::release_blocks(Request* r) {
     if (*it >= 0) window_pool_->release(*it);
   r->window_blocks.clear();
   r->window_freed = 0;
+  if (r->state_slot >= 0) free_slots_.push_back(r->state_slot), r->state_slot = -1;
 }
 
 void Scheduler::remove(Request* r) {
@@ -138,6 +141,7 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   s.first_token = int(plan.tokens.size());
   s.num_tokens = n;
   s.start_pos = r->num_computed;
+  s.state_slot = r->state_slot;
   s.table_offset = int(plan.block_tables.size());
   s.table_len = int(r->blocks.size());
   plan.block_tables.insert(plan.block_tables.end(), r->blocks.begin(), r->blocks.end());
@@ -235,6 +239,10 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
       break;
     }
     waiting_.pop_front();
+    if (cfg_.state_slots) {  // at most max_num_seqs run, so one is free
+      r->state_slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
     r->status = RequestStatus::Running;
     r->kv_version = weight_version;
     running_.push_back(r);

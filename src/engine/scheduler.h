@@ -29,6 +29,9 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   std::vector<int> decode_buckets;  // pad pure-decode steps to these sizes (sorted)
   int sliding_window = 0;           // the sliding layers' window (keys), 0 without such layers
+  // Models with recurrent layers (Gated DeltaNet): each running request holds one of
+  // max_num_seqs state slots, taken when it is admitted and given back when it stops running.
+  bool state_slots = false;
 };
 
 struct SchedulerStats {
@@ -80,6 +83,7 @@ class Scheduler {
   std::vector<Request*> order_;  // scratch of schedule()
   uint64_t weight_version_ = 0;  // of the step being scheduled: the root of prefix hash chains
   SchedulerStats stats_;
+  std::vector<int> free_slots_;  // state slots no running request holds (cfg_.state_slots)
 };
 
 }  // namespace r3

@@ -122,8 +122,8 @@ template void attend_latent_heads(const float*, int, int, int, int, float, const
 template void attend_latent_heads(const float*, int, int, int, int, float, const PagedLatent<uint16_t>&, float*, int,
                                   float*, size_t);
 
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
-  active_kernels().rms_norm(x, w, w_offset, n, eps, y);
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset) {
+  active_kernels().rms_norm(x, w, w_offset, n, eps, y, offset);
 }
 void add_bias(float* x, const TensorView& b, int64_t b_offset, int n) { active_kernels().add_bias(x, b, b_offset, n); }
 void silu_mul(const float* gate, const float* up, float* out, int n) { active_kernels().silu_mul(gate, up, out, n); }

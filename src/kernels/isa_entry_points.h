@@ -33,7 +33,7 @@ void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int p
 template <typename KvT>
 void attend_latent_heads(const float* q, int h0, int h1, int value_width, int pos, float scale,
                          const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out, size_t out_stride);
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset);
 void add_bias(float* x, const TensorView& b, int64_t b_offset, int n);
 void silu_mul(const float* gate, const float* up, float* out, int n);
 void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha);

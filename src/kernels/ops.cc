@@ -19,16 +19,16 @@
 namespace r3::kernels {
 inline namespace R3_ISA_NS {
 
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y) {
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset) {
   const float inv = 1.f / std::sqrt(dot_f32(x, x, n) / float(n) + eps);
   if (w.dtype == DType::F32) {
     const float* wf = static_cast<const float*>(w.data) + w_offset;
-    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * wf[i];
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * (offset + wf[i]);
   } else if (w.dtype == DType::BF16) {
     const uint16_t* wb = static_cast<const uint16_t*>(w.data) + w_offset;
-    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * bf16_to_f32(wb[i]);
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * (offset + bf16_to_f32(wb[i]));
   } else {
-    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * w.at(w_offset + i);
+    for (int i = 0; i < n; ++i) y[i] = x[i] * inv * (offset + w.at(w_offset + i));
   }
 }
 

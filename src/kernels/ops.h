@@ -8,8 +8,9 @@
 
 namespace r3::kernels {
 
-// y = x / sqrt(mean(x^2) + eps) * w over n values (fp32; the squares summed in dot_f32's order).
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y);
+// y = x / sqrt(mean(x^2) + eps) * (offset + w) over n values (fp32; the squares summed in
+// dot_f32's order). offset 1: a zero-centred norm (Qwen3-Next, Qwen3.5); 0 adds nothing (0 + w == w).
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset = 0.f);
 
 // Precomputed cos/sin of RoPE ("rotate half": pairs i and i + D/2).
 class Rope {

@@ -27,10 +27,11 @@ using json = nlohmann::json;
 
 namespace {
 // The unit a stored tensor belongs to: 1 + its decoder layer, or 0 (embedding, norm, lm_head).
+// Unit 1 + l for decoder layer l's tensors (under either ModelConfig::tensor_prefix), else 0.
 int unit_of(const std::string& name) {
-  static const std::string prefix = "model.layers.";
-  if (name.rfind(prefix, 0) != 0) return 0;
-  return 1 + std::atoi(name.c_str() + prefix.size());
+  for (const std::string prefix : {"model.layers.", "model.language_model.layers."})
+    if (name.rfind(prefix, 0) == 0) return 1 + std::atoi(name.c_str() + prefix.size());
+  return 0;
 }
 }  // namespace
 
@@ -39,6 +40,18 @@ void refuse_if_non_finite(const TensorView& t);
 }  // namespace
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+std::string embed_name(const ModelConfig& c) { return c.tensor_prefix + "embed_tokens.weight"; }
+
+bool unused_by_design(const ModelConfig& c, const std::string& name) {
+  if (knowingly_unused(name)) return true;
+  // MTP layers (num_nextn_predict_layers) stored as decoder layers after the last one (DeepSeek-V3,
+  // GLM-4.5), or under mtp.* (Qwen3-Next, Qwen3.5): r3 runs them nowhere yet.
+  for (int m = 0; m < c.num_nextn_predict_layers; ++m)
+    if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
+  if ((c.arch == Arch::Qwen3Next || c.arch == Arch::Qwen3_5Moe) && name.rfind("mtp.", 0) == 0) return true;
+  // A vision-language release's vision tower: r3 serves the text decoder only.
+  return c.vision_tower && name.rfind("model.visual.", 0) == 0;
+}
 
 namespace {
 int which_index(const char* which) {
@@ -48,22 +61,22 @@ int which_index(const char* which) {
 }  // namespace
 
 std::string router_name(const ModelConfig& c, int layer) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).router);
+  return layer_tensor(layer, layer_tensor_names(c.arch).router, -1, c.tensor_prefix);
 }
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).expert[size_t(which_index(which))], expert);
+  return layer_tensor(layer, layer_tensor_names(c.arch).expert[size_t(which_index(which))], expert, c.tensor_prefix);
 }
 std::string dense_name(const ModelConfig& c, int layer, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).dense[size_t(which_index(which))]);
+  return layer_tensor(layer, layer_tensor_names(c.arch).dense[size_t(which_index(which))], -1, c.tensor_prefix);
 }
 std::string shared_expert_name(const ModelConfig& c, int layer, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).shared[size_t(which_index(which))]);
+  return layer_tensor(layer, layer_tensor_names(c.arch).shared[size_t(which_index(which))], -1, c.tensor_prefix);
 }
 std::string shared_gate_name(const ModelConfig& c, int layer) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).shared_gate);
+  return layer_tensor(layer, layer_tensor_names(c.arch).shared_gate, -1, c.tensor_prefix);
 }
 std::string router_bias_name(const ModelConfig& c, int layer) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).router_bias);
+  return layer_tensor(layer, layer_tensor_names(c.arch).router_bias, -1, c.tensor_prefix);
 }
 
 std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held, ThreadPool* pool,
@@ -211,7 +224,7 @@ SafetensorsFile::UnreadParts Checkpoint::unread_parts() const {
     if (!any) continue;
     if (N.fused_experts) {  // one tensor per layer, experts along its first dimension
       for (const std::string& fused : {N.fused_gate_up, N.fused_down}) {
-        const std::string name = layer_tensor(l, fused);
+        const std::string name = layer_tensor(l, fused, -1, c.tensor_prefix);
         if (c.experts_mxfp4) parts[name + "_blocks"] = parts[name + "_scales"] = skip;
         else parts[name] = skip;
       }
@@ -456,8 +469,8 @@ ExpertWeights mlp(const TensorView& gate, const TensorView& up, const TensorView
 void Checkpoint::build_globals(ModelWeights& w) {
   const ModelConfig& c = weights_.config;
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  w.embed = require("model.embed_tokens.weight", {V, H});
-  w.final_norm = require("model.norm.weight", {H});
+  w.embed = require(embed_name(c), {V, H});
+  w.final_norm = require(c.tensor_prefix + "norm.weight", {H});
   if (c.tie_word_embeddings) {
     // Tied: the output projection is the embedding (transformers ties them whatever the file
     // holds). A stored lm_head is accepted only when it is that same matrix.
@@ -480,7 +493,7 @@ LayerWeights Checkpoint::build_layer(int i) {
   const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
   LayerWeights L;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
-  auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
+  auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
   L.input_norm = require(name(N.input_norm), {H});
   L.post_norm = require(name(N.post_norm), {H});
   if (c.mla) {
@@ -499,8 +512,12 @@ LayerWeights Checkpoint::build_layer(int i) {
     // The engine splits kv_b into per-head absorbed copies rather than multiplying it whole.
     if (L.kv_b.dtype == DType::F8_E4M3) L.kv_b = decoded_bf16(L.kv_b);
     L.o = require(name(N.o), {H, nh * m.v_head_dim});
+  } else if (c.layers[size_t(i)].attention.kind == AttentionKind::GatedDeltaNet) {
+    build_deltanet(i, L);
   } else {
-    L.q = require(name(N.q), {qd, H});
+    // With an output gate, q_proj gives each head its query and its gate: [nh * 2 * hd, H].
+    const int64_t q_rows = c.layers[size_t(i)].attention.output_gate ? 2 * qd : qd;
+    L.q = require(name(N.q), {q_rows, H});
     L.k = require(name(N.k), {kvd, H});
     L.v = require(name(N.v), {kvd, H});
     L.o = require(name(N.o), {H, qd});
@@ -533,8 +550,10 @@ LayerWeights Checkpoint::build_layer(int i) {
                      require(shared_expert_name(c, i, "down"), {H, S}));
       if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
     }
-    if (N.fused_experts) L.experts = split_fused_experts(i);
-    for (int e = 0; e < c.num_experts && !N.fused_experts; ++e)
+    const bool fused = N.fused_experts ||
+                       (N.fused_experts_linear && index_.count(layer_tensor(i, N.fused_gate_up, -1, c.tensor_prefix)));
+    if (fused) L.experts = split_fused_experts(i);
+    for (int e = 0; e < c.num_experts && !fused; ++e)
       L.experts.push_back(mlp(require(expert_name(c, i, e, "gate"), {I, H}),
                               require(expert_name(c, i, e, "up"), {I, H}),
                               require(expert_name(c, i, e, "down"), {H, I})));
@@ -546,12 +565,78 @@ LayerWeights Checkpoint::build_layer(int i) {
   return L;
 }
 
+// A Gated DeltaNet layer's tensors, with its input projections as the engine and the reference
+// read them: qkv [conv_dim, H] (q, k, v channels head-major, the conv's channel order), z [vd, H],
+// b and a [nv, H]. Qwen3.5 stores exactly these. Qwen3-Next stores in_proj_qkvz and in_proj_ba with
+// their rows grouped per key head (group g: q_g, k_g, then v and z of value heads g*r .. g*r+r-1;
+// b then a of those heads), which are copied here into that order, row by row (same values).
+void Checkpoint::build_deltanet(int i, LayerWeights& L) {
+  const ModelConfig& c = weights_.config;
+  const DeltaNetSpec& d = *c.deltanet;
+  const LayerTensorNames& N = layer_tensor_names(c.arch);
+  auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
+  const int64_t H = c.hidden_size, kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads, C = d.conv_dim();
+  if (d.combined_projections) {
+    const int64_t nk = d.k_heads, r = nv / nk, dk = d.k_head_dim, rv = r * d.v_head_dim;
+    const TensorView& qkvz = require(name(N.dn_qkvz), {2 * kd + 2 * vd, H});
+    const TensorView& ba = require(name(N.dn_ba), {2 * nv, H});
+    // Row runs (first source row, count) of each output, in order.
+    std::vector<std::pair<int64_t, int64_t>> qkv_rows, z_rows, b_rows, a_rows;
+    const int64_t G = 2 * dk + 2 * rv;  // rows per key-head group of qkvz
+    for (int64_t g = 0; g < nk; ++g) qkv_rows.push_back({g * G, dk});
+    for (int64_t g = 0; g < nk; ++g) qkv_rows.push_back({g * G + dk, dk});
+    for (int64_t g = 0; g < nk; ++g) qkv_rows.push_back({g * G + 2 * dk, rv});
+    for (int64_t g = 0; g < nk; ++g) z_rows.push_back({g * G + 2 * dk + rv, rv});
+    for (int64_t g = 0; g < nk; ++g) b_rows.push_back({g * 2 * r, r}), a_rows.push_back({g * 2 * r + r, r});
+    L.dn_qkv = gathered_rows(qkvz, ".qkv", qkv_rows);
+    L.dn_z = gathered_rows(qkvz, ".z", z_rows);
+    L.dn_b = gathered_rows(ba, ".b", b_rows);
+    L.dn_a = gathered_rows(ba, ".a", a_rows);
+  } else {
+    L.dn_qkv = require(name(N.dn_qkv), {C, H});
+    L.dn_z = require(name(N.dn_z), {vd, H});
+    L.dn_b = require(name(N.dn_b), {nv, H});
+    L.dn_a = require(name(N.dn_a), {nv, H});
+  }
+  L.dn_conv = require(name(N.dn_conv), {C, 1, d.conv_kernel});
+  L.dn_dt_bias = require(name(N.dn_dt_bias), {nv});
+  L.dn_a_log = require(name(N.dn_a_log), {nv});
+  L.dn_norm = require(name(N.dn_norm), {d.v_head_dim});
+  L.o = require(name(N.dn_out), {H, vd});
+}
+
+// Rows of src copied into derived_ in the order of `runs` (first row, count), in src's dtype.
+TensorView Checkpoint::gathered_rows(const TensorView& src, const std::string& what,
+                                     const std::vector<std::pair<int64_t, int64_t>>& runs) {
+  int64_t rows = 0;
+  for (const auto& run : runs) rows += run.second;
+  const int64_t cols = src.shape[1];
+  TensorView v = src;
+  v.name = src.name + what;
+  v.shape = {rows, cols};
+  if (!src.data) {  // not sent (a refit): keeps its copy
+    v.data = nullptr;
+    return v;
+  }
+  const size_t row_bytes = size_t(cols) * dtype_size(src.dtype);
+  uint8_t* out = derived_buffer(size_t(rows) * row_bytes);
+  size_t at = 0;
+  for (const auto& [first, count] : runs) {
+    std::memcpy(out + at, static_cast<const uint8_t*>(src.data) + size_t(first) * row_bytes, size_t(count) * row_bytes);
+    at += size_t(count) * row_bytes;
+  }
+  v.data = out;
+  return v;
+}
+
 namespace {
 // The matrices of a layer the engine multiplies as packed panels (the others' views are read as
 // stored), in a fixed order: the order of their panels.
 std::vector<TensorView*> layer_matrices(LayerWeights& L) {
-  std::vector<TensorView*> out = {&L.q, &L.k, &L.v, &L.o, &L.router, &L.dense.gate, &L.dense.up, &L.dense.down,
-                                  &L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate, &L.q_a, &L.kv_a};
+  std::vector<TensorView*> out = {&L.q,           &L.k,           &L.v,           &L.o,         &L.router,
+                                  &L.dense.gate,  &L.dense.up,    &L.dense.down,  &L.shared.gate, &L.shared.up,
+                                  &L.shared.down, &L.shared_gate, &L.q_a,         &L.kv_a,      &L.dn_qkv,
+                                  &L.dn_z,        &L.dn_b,        &L.dn_a};
   for (ExpertWeights& e : L.experts)
     for (TensorView* t : {&e.gate, &e.up, &e.down}) out.push_back(t);
   return out;
@@ -559,7 +644,8 @@ std::vector<TensorView*> layer_matrices(LayerWeights& L) {
 // Every other view of a layer (read as stored).
 std::vector<TensorView*> layer_small_views(LayerWeights& L) {
   std::vector<TensorView*> out = {&L.input_norm, &L.post_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_a_norm,
-                                  &L.kv_a_norm, &L.kv_b, &L.q_norm, &L.k_norm, &L.o_bias, &L.sinks, &L.router_bias};
+                                  &L.kv_a_norm, &L.kv_b, &L.q_norm, &L.k_norm, &L.o_bias, &L.sinks, &L.router_bias,
+                                  &L.dn_conv, &L.dn_dt_bias, &L.dn_a_log, &L.dn_norm};
   for (ExpertWeights* e : {&L.shared, &L.dense})
     for (TensorView* t : {&e->gate_bias, &e->up_bias, &e->down_bias}) out.push_back(t);
   for (ExpertWeights& e : L.experts)
@@ -705,7 +791,7 @@ void Checkpoint::load_weights() {
   std::vector<std::vector<Ahead>> by_unit(size_t(c.num_layers) + 1);
   for (const auto& [name, file] : file_of_) {
     const int u = unit_of(name);
-    if (u < 1 || u >= int(by_unit.size()) || !file->lazy() || file->never_read(name) || knowingly_unused(name)) continue;
+    if (u < 1 || u >= int(by_unit.size()) || !file->lazy() || file->never_read(name) || unused_by_design(weights_.config, name)) continue;
     if (const TensorView& t = *index_.at(name); !t.data) by_unit[size_t(u)].push_back({file, name, t.nbytes()});
   }
   // Files and weights that cannot both stay in memory (more than half of it each): the page
@@ -770,15 +856,9 @@ void Checkpoint::load_weights() {
   staging_ = Staging();  // the staging area goes back to the system
   // Every stored tensor must be one r3 computes with: anything else (biases, a shared expert,
   // extra layers) belongs to a model r3 would silently compute differently.
-  // MTP layers (num_nextn_predict_layers) are stored as decoder layers after the last one; r3
-  // runs no speculative decoding, so they are recognised and left unused.
-  auto mtp_layer = [&](const std::string& name) {
-    for (int m = 0; m < c.num_nextn_predict_layers; ++m)
-      if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
-    return false;
-  };
+  // MTP layers and a vision tower are recognised and left unused (unused_by_design).
   for (auto& [name, t] : index_) {
-    if (used_.count(name) || knowingly_unused(name) || mtp_layer(name)) continue;
+    if (used_.count(name) || unused_by_design(c, name)) continue;
     throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
                 " (a feature r3 does not implement, or a different architecture)");
   }
@@ -855,9 +935,26 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   std::vector<ExpertWeights> out;
   if (c.experts_mxfp4) {
     out = split_mxfp4_experts(layer);
+  } else if (N.fused_experts_linear) {
+    // [E, 2I, H] and [E, H, I] in nn.Linear's layout: each expert's gate, up and down are runs of
+    // whole rows, so they are views into the stored bytes, no copy.
+    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, 2 * I, H});
+    const TensorView& down = require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, H, I});
+    const size_t es = dtype_size(gate_up.dtype);
+    out.resize(static_cast<size_t>(E));
+    auto at = [](const TensorView& t, size_t offset) {
+      return t.data ? static_cast<const uint8_t*>(t.data) + offset : nullptr;
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      if (!holds(layer, e)) continue;  // another rank's: its rows were not read
+      const std::string tag = "[" + std::to_string(e) + "]";
+      out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, at(gate_up, size_t(e * 2 * I * H) * es));
+      out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, at(gate_up, size_t((e * 2 + 1) * I * H) * es));
+      out[size_t(e)].down = derived_view(down, down.name + tag, {H, I}, at(down, size_t(e * H * I) * dtype_size(down.dtype)));
+    }
   } else {
-    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up), {E, H, 2 * I});
-    const TensorView& down = require(layer_tensor(layer, N.fused_down), {E, I, H});
+    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, H, 2 * I});
+    const TensorView& down = require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, I, H});
     out.resize(static_cast<size_t>(E));
     // The buffers first (derived_ grows on this thread only), then the copies, an expert at a
     // time on the update's threads when it has some.
@@ -882,8 +979,8 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   }
   // The biases, in both layouts: gate_up_proj_bias [E, 2I] interleaved, down_proj_bias [E, H].
   if (!c.layers[size_t(layer)].expert_bias) return out;
-  const TensorView& gate_up_bias = require(layer_tensor(layer, N.fused_gate_up_bias), {E, 2 * I});
-  const TensorView& down_bias = require(layer_tensor(layer, N.fused_down_bias), {E, H});
+  const TensorView& gate_up_bias = require(layer_tensor(layer, N.fused_gate_up_bias, -1, c.tensor_prefix), {E, 2 * I});
+  const TensorView& down_bias = require(layer_tensor(layer, N.fused_down_bias, -1, c.tensor_prefix), {E, H});
   for (int64_t e = 0; e < E; ++e) {
     const std::string tag = "[" + std::to_string(e) + "]";
     out[size_t(e)].gate_bias = derived_copy(gate_up_bias, tag + ".gate", {I}, e * 2 * I, 2, 0);
@@ -902,7 +999,7 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const ModelConfig& c = weights_.config;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
-  const std::string gu = layer_tensor(layer, N.fused_gate_up), dn = layer_tensor(layer, N.fused_down);
+  const std::string gu = layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), dn = layer_tensor(layer, N.fused_down, -1, c.tensor_prefix);
   const TensorView& gu_blocks = require(gu + "_blocks", {E, 2 * I, H / 32, 16}, true);
   const TensorView& gu_scales = require(gu + "_scales", {E, 2 * I, H / 32}, true);
   const TensorView& dn_blocks = require(dn + "_blocks", {E, H, I / 32, 16}, true);
@@ -1112,8 +1209,9 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
     // The rule load_weights checks that an update can break: a stored lm_head of a tied model
     // stays equal to the embedding.
-    const bool head = sent.count("lm_head.weight"), embed = sent.count("model.embed_tokens.weight");
-    if (head != embed || (head && sent["lm_head.weight"]->bytes != sent["model.embed_tokens.weight"]->bytes))
+    const std::string embed_tensor = embed_name(config());
+    const bool head = sent.count("lm_head.weight"), embed = sent.count(embed_tensor);
+    if (head != embed || (head && sent["lm_head.weight"]->bytes != sent[embed_tensor]->bytes))
       throw Error("weight update: lm_head.weight would differ from model.embed_tokens.weight but "
                   "tie_word_embeddings is true (send both, equal, or neither)");
   }
@@ -1194,8 +1292,8 @@ std::vector<std::string> Checkpoint::sent_together(const std::string& name) cons
   if (ends_with(name, "_blocks")) add(name.substr(0, name.size() - 7) + "_scales");
   if (ends_with(name, "_scales")) add(name.substr(0, name.size() - 7) + "_blocks");
   if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
-    if (name == "lm_head.weight") add("model.embed_tokens.weight");
-    if (name == "model.embed_tokens.weight") add("lm_head.weight");
+    if (name == "lm_head.weight") add(embed_name(config()));
+    if (name == embed_name(config())) add("lm_head.weight");
   }
   return out;
 }
@@ -1203,16 +1301,11 @@ std::vector<std::string> Checkpoint::sent_together(const std::string& name) cons
 void Checkpoint::check_refit(const Checkpoint& next) const {
   if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   const ModelConfig& c = config();
-  auto mtp_layer = [&](const std::string& name) {
-    for (int m = 0; m < c.num_nextn_predict_layers; ++m)
-      if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
-    return false;
-  };
   for (const std::string& name : used_)
     if (!next.index_.count(name)) throw Error(next.dir_ + ": missing tensor \"" + name + "\"");
   for (const auto& [name, t] : next.index_) {
     if (!used_.count(name)) {
-      if (knowingly_unused(name) || mtp_layer(name)) continue;
+      if (unused_by_design(c, name)) continue;
       throw Error(t->file + ": tensor \"" + name + "\" is not used by r3's " + c.architecture +
                   " (a feature r3 does not implement, or a different architecture)");
     }

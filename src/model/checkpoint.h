@@ -31,6 +31,12 @@ struct ExpertWeights {
 struct LayerWeights {
   TensorView input_norm, post_norm;  // [H]
   TensorView q, k, v, o;             // [nh*hd, H], [nkv*hd, H], [nkv*hd, H], [H, nh*hd]
+                                     // (q [nh*2*hd, H] with an output gate: per head query, gate)
+  // Gated DeltaNet (q, k, v empty; o is out_proj [H, vd]): qkv [2kd + vd, H] (q, k, v channels,
+  // head-major), z [vd, H], b and a [nv, H] (Checkpoint::build_deltanet); conv1d [C, 1, K];
+  // dt_bias, A_log [nv]; the gated norm [dv] (applied as w, never 1 + w).
+  TensorView dn_qkv, dn_z, dn_b, dn_a;
+  TensorView dn_conv, dn_dt_bias, dn_a_log, dn_norm;
   TensorView q_bias, k_bias, v_bias; // [nh*hd], [nkv*hd], [nkv*hd]; empty without qkv_bias
   // MLA (k, v empty): q = q (q_proj [nh*qk, H]) or q_b(norm(q_a h)) with q_a [qr, H], q_a_norm [qr],
   // q (q_b_proj) [nh*qk, qr]; latent = kv_a h [kvr + rope, H], kv_a_norm [kvr]; kv_b [nh*(nope+v), kvr];
@@ -171,6 +177,9 @@ class Checkpoint {
   // keeps the small tensors its views still point at and drops every other byte read for it.
   void build_globals(ModelWeights& w);
   LayerWeights build_layer(int layer);
+  void build_deltanet(int layer, LayerWeights& L);
+  TensorView gathered_rows(const TensorView& src, const std::string& what,
+                           const std::vector<std::pair<int64_t, int64_t>>& runs);
   struct UnitViews {
     std::vector<TensorView*> matrices, small;  // packed panels; read as stored
   };
@@ -234,6 +243,10 @@ class Checkpoint {
 
 // Hugging Face tensor names of one layer (model/tensor_names.h holds the tables).
 std::string layer_prefix(int layer);
+std::string embed_name(const ModelConfig& c);  // tensor_prefix + "embed_tokens.weight"
+// Stored tensors the loader recognises and leaves unused: rotary inv_freq buffers, MTP layers, a
+// vision-language release's vision tower.
+bool unused_by_design(const ModelConfig& c, const std::string& name);
 std::string router_name(const ModelConfig& c, int layer);
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
 std::string dense_name(const ModelConfig& c, int layer, const char* which);

@@ -55,6 +55,11 @@ int64_t ModelConfig::kv_cache_width() const {
   return 2 * int64_t(num_kv_heads) * head_dim;
 }
 
+int ModelConfig::num_deltanet_layers() const {
+  return int(std::count_if(layers.begin(), layers.end(),
+                           [](const LayerConfig& l) { return l.attention.kind == AttentionKind::GatedDeltaNet; }));
+}
+
 int ModelConfig::num_moe_layers() const {
   return int(std::count_if(layers.begin(), layers.end(), [](const LayerConfig& l) { return l.moe; }));
 }
@@ -68,6 +73,8 @@ std::string arch_short_name(Arch a) {
     case Arch::Glm4Moe: return "glm4_moe";
     case Arch::DeepseekV3: return "deepseek_v3";
     case Arch::GptOss: return "gpt_oss";
+    case Arch::Qwen3Next: return "qwen3_next";
+    case Arch::Qwen3_5Moe: return "qwen3_5_moe";
   }
   return "?";
 }
@@ -139,6 +146,9 @@ bool reads_key(Arch a, const std::string& key) {
   if (a == Arch::DeepseekV3)
     return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
   if (a == Arch::GptOss) return key == "layer_types";
+  if (a == Arch::Qwen3Next || a == Arch::Qwen3_5Moe)
+    return key == "layer_types" || key == "shared_expert_intermediate_size" || key == "partial_rotary_factor" ||
+           key == "rope_parameters";
   return false;
 }
 
@@ -240,6 +250,32 @@ void parse_quantization(const json& j, ModelConfig& c, const std::string& path) 
     throw Error(what + ": weight_block_size must be [1..65536, an even 2..65536]");
 }
 
+// Qwen-style MoE placement: layer i has routed experts unless it is in mlp_only_layers, when the
+// model has experts and (i + 1) is a multiple of decoder_sparse_step.
+std::vector<bool> moe_layers_of(const Reader& r, const ModelConfig& c, const std::string& path) {
+  const json& j = r.j;
+  const int step = r.opt_int("decoder_sparse_step", 1);
+  if (step <= 0) throw Error(path + ": decoder_sparse_step must be positive");
+  std::vector<bool> moe(size_t(c.num_layers));
+  std::vector<int> mlp_only;
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    if (!j["mlp_only_layers"].is_array()) throw Error(path + ": mlp_only_layers must be a list");
+    for (auto& v : j["mlp_only_layers"]) {
+      if (!fits_int(v)) throw Error(path + ": mlp_only_layers must hold integers");
+      const int layer = v.get<int>();
+      if (layer < 0 || layer >= c.num_layers)
+        throw Error(path + ": mlp_only_layers names layer " + std::to_string(layer) + " of a model with " +
+                    std::to_string(c.num_layers));
+      mlp_only.push_back(layer);
+    }
+  }
+  for (int i = 0; i < c.num_layers; ++i) {
+    const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+    moe[size_t(i)] = !only && c.num_experts > 0 && (i + 1) % step == 0;
+  }
+  return moe;
+}
+
 }  // namespace
 
 ModelConfig parse_config(const std::string& text, const std::string& path) {
@@ -267,10 +303,27 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else if (arch == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
   else if (arch == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
   else if (arch == "GptOssForCausalLM") c.arch = Arch::GptOss;
+  else if (arch == "Qwen3NextForCausalLM") c.arch = Arch::Qwen3Next;
+  else if (arch == "Qwen3_5MoeForCausalLM" || arch == "Qwen3_5MoeForConditionalGeneration") c.arch = Arch::Qwen3_5Moe;
   else
     throw Error(path + ": unknown architecture \"" + arch +
                 "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
+                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, "
+                "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)");
+  if (arch == "Qwen3_5MoeForConditionalGeneration") {
+    // The vision-language release: the decoder's config is text_config and its tensors live under
+    // model.language_model.; the vision tower (vision_config, model.visual.*) is not read, and
+    // image inputs are refused. Top-level keys the decoder reads (tie_word_embeddings, token
+    // ids) apply where text_config does not set them.
+    if (!j.contains("text_config") || !j["text_config"].is_object())
+      throw Error(path + ": " + arch + " needs a \"text_config\" object (the decoder's config)");
+    json text = j["text_config"];
+    for (const char* key : {"tie_word_embeddings", "eos_token_id", "bos_token_id", "quantization_config"})
+      if (j.contains(key) && !text.contains(key)) text[key] = j[key];
+    c.vision_tower = j.contains("vision_config") && !j["vision_config"].is_null();
+    c.tensor_prefix = "model.language_model.";
+    j = std::move(text);
+  }
 
   for (const char* key : kUnimplemented)
     if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
@@ -370,6 +423,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
 
   std::vector<bool> moe(size_t(c.num_layers), true);  // per decoder layer: routed experts or dense
   std::vector<int> window(size_t(c.num_layers), 0);    // per decoder layer: sliding window or 0
+  std::vector<bool> linear(size_t(c.num_layers), false);  // per decoder layer: Gated DeltaNet
   ExpertActivation activation;
   bool expert_bias = false;
   int shared = 0;  // shared-expert MLP size of every MoE layer
@@ -388,24 +442,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.intermediate_size = r.opt_int("intermediate_size", 0);
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
       attn.qk_norm = c.arch == Arch::Qwen3Moe ? QkNorm::PerHead : QkNorm::None;
-      int step = r.opt_int("decoder_sparse_step", 1);
-      if (step <= 0) throw Error(path + ": decoder_sparse_step must be positive");
-      std::vector<int> mlp_only;
-      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
-        if (!j["mlp_only_layers"].is_array()) throw Error(path + ": mlp_only_layers must be a list");
-        for (auto& v : j["mlp_only_layers"]) {
-          if (!fits_int(v)) throw Error(path + ": mlp_only_layers must hold integers");
-          const int layer = v.get<int>();
-          if (layer < 0 || layer >= c.num_layers)
-            throw Error(path + ": mlp_only_layers names layer " + std::to_string(layer) +
-                        " of a model with " + std::to_string(c.num_layers));
-          mlp_only.push_back(layer);
-        }
-      }
-      for (int i = 0; i < c.num_layers; ++i) {
-        bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-        moe[size_t(i)] = !only && c.num_experts > 0 && (i + 1) % step == 0;
-      }
+      moe = moe_layers_of(r, c, path);
       if (c.arch == Arch::Qwen2Moe) {
         // One shared expert behind a sigmoid gate on every MoE layer (Qwen2MoeSparseMoeBlock).
         shared = r.opt_int("shared_expert_intermediate_size", 0);
@@ -495,6 +532,84 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       for (int i = 0; i < c.num_layers; ++i) window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
       break;
     }
+    case Arch::Qwen3Next:
+    case Arch::Qwen3_5Moe: {
+      // Qwen3NextConfig and Qwen3_5MoeTextConfig: Gated DeltaNet layers, with gated full attention
+      // on every full_attention_interval-th layer (layer_types), routed experts beside one shared
+      // expert behind a sigmoid gate, zero-centred norms, per-head q/k norm, partial rotary.
+      c.num_experts = r.req_int("num_experts");
+      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+      c.intermediate_size = r.opt_int("intermediate_size", 0);
+      // Qwen3.5's sparse block always renormalises the top-k (its config has no such key).
+      c.norm_topk_prob = c.arch == Arch::Qwen3_5Moe || r.opt_bool("norm_topk_prob", true);
+      attn.qk_norm = QkNorm::PerHead;
+      attn.output_gate = true;
+      c.zero_centred_norms = true;
+      shared = r.opt_int("shared_expert_intermediate_size", 0);
+      if (shared < 0) throw Error(path + ": shared_expert_intermediate_size must not be negative");
+      shared_gate = shared > 0;
+      DeltaNetSpec d;
+      d.k_heads = r.req_int("linear_num_key_heads");
+      d.v_heads = r.req_int("linear_num_value_heads");
+      d.k_head_dim = r.req_int("linear_key_head_dim");
+      d.v_head_dim = r.req_int("linear_value_head_dim");
+      d.conv_kernel = r.opt_int("linear_conv_kernel_dim", 4);
+      d.combined_projections = c.arch == Arch::Qwen3Next;
+      require_range(path, "linear_num_key_heads", d.k_heads, 1, kMaxHeads);
+      require_range(path, "linear_num_value_heads", d.v_heads, d.k_heads, kMaxHeads);
+      require_range(path, "linear_key_head_dim", d.k_head_dim, 1, kMaxHeadDim);
+      require_range(path, "linear_value_head_dim", d.v_head_dim, 1, kMaxHeadDim);
+      require_range(path, "linear_conv_kernel_dim", d.conv_kernel, 1, 64);
+      if (d.v_heads % d.k_heads)
+        throw Error(path + ": linear_num_value_heads must be a multiple of linear_num_key_heads");
+      c.deltanet = d;
+      moe = moe_layers_of(r, c, path);
+      // Rotary: rope_parameters (newer configs: rope_theta, partial_rotary_factor, and Qwen3.5's
+      // multimodal sections, which for text, where every section's position is the token's,
+      // rotate exactly as plain RoPE) or the top-level keys.
+      float partial = r.opt_float("partial_rotary_factor", 0.25f);
+      if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+        const json& rp = j["rope_parameters"];
+        if (!rp.is_object()) throw Error(path + ": rope_parameters must be an object");
+        for (auto it = rp.begin(); it != rp.end(); ++it) {
+          const std::string& key = it.key();
+          if (key == "rope_type" || key == "type") {
+            if (it.value() != "default")
+              throw Error(path + ": rope_parameters." + key + " = " + it.value().dump() + " is not implemented by r3 (default)");
+          } else if (key == "rope_theta" || key == "partial_rotary_factor") {
+            if (!it.value().is_number()) throw Error(path + ": rope_parameters." + key + " must be a number");
+            (key == "rope_theta" ? c.rope_theta : partial) = it.value().get<float>();
+          } else if (key != "mrope_section" && key != "mrope_interleaved") {
+            throw Error(path + ": rope_parameters holds \"" + key + "\", which is not implemented by r3");
+          }
+        }
+        if (!(c.rope_theta > 1.f && c.rope_theta < 1e12f))
+          throw Error(path + ": rope_parameters.rope_theta must be a finite number above 1");
+      }
+      if (!(partial > 0.f && partial <= 1.f)) throw Error(path + ": partial_rotary_factor must be in (0, 1]");
+      attn.rotary_dim = int(float(c.head_dim) * partial);
+      if (attn.rotary_dim < 2 || attn.rotary_dim % 2)
+        throw Error(path + ": partial_rotary_factor gives an odd or empty rotary dimension " +
+                    std::to_string(attn.rotary_dim) + " of head_dim " + std::to_string(c.head_dim));
+      const int interval = r.opt_int("full_attention_interval", 4);
+      require_range(path, "full_attention_interval", interval, 1, kMaxLayers);
+      if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+        if (!j["layer_types"].is_array() || int(j["layer_types"].size()) != c.num_layers)
+          throw Error(path + ": layer_types must be a list of num_hidden_layers entries");
+        for (int i = 0; i < c.num_layers; ++i) {
+          const json& t = j["layer_types"][size_t(i)];
+          if (t != "linear_attention" && t != "full_attention")
+            throw Error(path + ": layer_types entry " + t.dump() + " is not implemented by r3 "
+                        "(linear_attention or full_attention)");
+          linear[size_t(i)] = t == "linear_attention";
+        }
+      } else {
+        for (int i = 0; i < c.num_layers; ++i) linear[size_t(i)] = (i + 1) % interval != 0;
+      }
+      c.num_mtp_layers = r.opt_int(c.arch == Arch::Qwen3Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0);
+      require_range(path, "MTP layers", c.num_mtp_layers, 0, 16);
+      break;
+    }
     case Arch::Olmoe:
       c.num_experts = r.req_int("num_experts");
       c.moe_intermediate_size = r.req_int("intermediate_size");
@@ -517,6 +632,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
   if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
   parse_quantization(j, c, path);
+  if (c.deltanet && (c.fp8_block_rows || c.experts_mxfp4))
+    throw Error(path + ": quantization_config is not implemented by r3 for " + arch + " (bf16 or f32 weights only)");
   if (c.experts_mxfp4 && (c.hidden_size % 32 || c.moe_intermediate_size % 32))
     throw Error(path + ": MXFP4 experts need hidden_size and intermediate_size divisible by 32 (the block size)");
   if (c.num_experts > 0 && c.top_k > c.num_experts)
@@ -536,7 +653,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   for (int i = 0; i < c.num_layers; ++i) {
     LayerConfig l;
     l.attention = attn;
-    l.attention.kind = c.mla ? AttentionKind::Mla : AttentionKind::Gqa;
+    l.attention.kind = c.mla ? AttentionKind::Mla : linear[size_t(i)] ? AttentionKind::GatedDeltaNet : AttentionKind::Gqa;
+    if (linear[size_t(i)]) l.attention.qk_norm = QkNorm::None, l.attention.output_gate = false;  // GQA's only
     l.moe = moe[size_t(i)];
     l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
     l.shared_intermediate = l.moe ? shared : 0;
@@ -582,7 +700,8 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     o.precision(17);
     for (const LayerConfig& l : m.layers) {
       const AttentionSpec& a = l.attention;
-      o << (a.kind == AttentionKind::Mla ? "mla" : "gqa") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
+      o << (a.kind == AttentionKind::Mla ? "mla" : a.kind == AttentionKind::GatedDeltaNet ? "deltanet" : "gqa")
+        << (a.output_gate ? "/output gate" : "") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
         << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
         << (a.rope_interleaved ? " interleaved" : "") << (a.o_bias ? "/o bias" : "") << (a.sinks ? "/sinks" : "")
         << "/window " << a.sliding_window << "; ";
@@ -610,6 +729,16 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   };
   cmp("MLA (q_lora_rank/kv_lora_rank/qk_nope/qk_rope/v_head_dim)", mla_of(a), mla_of(b),
       [](const std::string& v) { return v; });
+  auto deltanet_of = [](const ModelConfig& m) {
+    if (!m.deltanet) return std::string("none");
+    const DeltaNetSpec& d = *m.deltanet;
+    return std::to_string(d.k_heads) + "/" + std::to_string(d.v_heads) + "/" + std::to_string(d.k_head_dim) + "/" +
+           std::to_string(d.v_head_dim) + "/" + std::to_string(d.conv_kernel) + (d.combined_projections ? " combined" : "");
+  };
+  cmp("Gated DeltaNet (key heads/value heads/key dim/value dim/conv kernel)", deltanet_of(a), deltanet_of(b),
+      [](const std::string& v) { return v; });
+  cmp("zero-centred norms", a.zero_centred_norms, b.zero_centred_norms, num);
+  cmp("tensor prefix", a.tensor_prefix, b.tensor_prefix, [](const std::string& v) { return v; });
   cmp("router scoring (0 softmax, 1 sigmoid, 2 top-k then softmax)", int(a.router.scoring), int(b.router.scoring), num);
   cmp("n_group", a.router.n_group, b.router.n_group, num);
   cmp("topk_group", a.router.topk_group, b.router.topk_group, num);

@@ -9,7 +9,7 @@
 
 namespace r3 {
 
-enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3, GptOss };
+enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3, GptOss, Qwen3Next, Qwen3_5Moe };
 
 // Where q/k RMSNorm sits: none (Mixtral), per head before RoPE (Qwen3-MoE), or over the whole
 // projection before the heads are split (OLMoE).
@@ -54,8 +54,30 @@ struct MlaSpec {
   int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // cached per token and layer
 };
 
-// One decoder layer's attention. MLA's sizes are model-wide (ModelConfig::mla).
-enum class AttentionKind { Gqa, Mla };
+// Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose memory is a recurrent state per
+// request and layer, [v_heads][k_head_dim][v_head_dim] fp32, plus the last conv_kernel - 1 inputs
+// of its causal depthwise convolution over the q, k, v channels. Value heads share key heads in
+// groups of v_heads / k_heads. Sizes are model-wide; which layers are DeltaNet is per layer.
+struct DeltaNetSpec {
+  int k_heads = 0, v_heads = 0, k_head_dim = 0, v_head_dim = 0, conv_kernel = 0;
+  // Qwen3-Next stores in_proj_qkvz and in_proj_ba with their outputs ordered per key-head group
+  // ([q, k, v of the group's value heads, z of them] per group; [b, a] likewise); Qwen3.5 stores
+  // in_proj_qkv (q, k, v in order), in_proj_z, in_proj_b and in_proj_a.
+  bool combined_projections = false;
+  int key_dim() const { return k_heads * k_head_dim; }
+  int value_dim() const { return v_heads * v_head_dim; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels: q, k, v
+  // fp32 values of one request's state in one DeltaNet layer: the recurrent state and the conv's
+  // window of earlier inputs.
+  int64_t state_floats() const {
+    return int64_t(v_heads) * k_head_dim * v_head_dim + int64_t(conv_dim()) * (conv_kernel - 1);
+  }
+  bool operator==(const DeltaNetSpec&) const = default;
+};
+
+// One decoder layer's attention. MLA's sizes are model-wide (ModelConfig::mla), as are the
+// DeltaNet's (ModelConfig::deltanet).
+enum class AttentionKind { Gqa, Mla, GatedDeltaNet };
 struct AttentionSpec {
   AttentionKind kind = AttentionKind::Gqa;
   QkNorm qk_norm = QkNorm::None;  // GQA
@@ -66,6 +88,9 @@ struct AttentionSpec {
   bool o_bias = false;            // GQA: o_proj carries a bias (GPT-OSS)
   bool sinks = false;             // GQA: a learned logit per head joins each softmax's denominator
   int sliding_window = 0;         // > 0: a query at p attends keys p - sliding_window + 1 .. p only
+  // GQA: q_proj gives each head [query, gate] (2 x head_dim rows) and the attention output is
+  // multiplied by sigmoid(gate) before o_proj (Qwen3-Next, Qwen3.5).
+  bool output_gate = false;
   bool operator==(const AttentionSpec&) const = default;
 };
 
@@ -99,6 +124,16 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   RopeScaling rope_scaling;
   std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
+  std::optional<DeltaNetSpec> deltanet;  // the sizes of the Gated DeltaNet layers (hybrids)
+  // Every RMSNorm weight is applied as (1 + w) (Qwen3-Next, Qwen3.5: zero-centred norms), except
+  // the DeltaNet's gated norm.
+  bool zero_centred_norms = false;
+  // Where the decoder's tensors live: "model." (model.layers.N..., model.embed_tokens, model.norm),
+  // or "model.language_model." in a vision-language release (Qwen3.5-MoE), whose vision tower
+  // (model.visual.*) r3 does not read.
+  std::string tensor_prefix = "model.";
+  bool vision_tower = false;  // the checkpoint has one (image inputs are refused)
+  int num_mtp_layers = 0;     // Qwen3-Next / Qwen3.5 mtp.* weights: not run
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
   RouterSpec router;
   // quantization_config {"quant_method": "mxfp4"} (GPT-OSS as released): the routed experts are
@@ -119,6 +154,8 @@ struct ModelConfig {
   // the latent and the rotary key part).
   int64_t kv_cache_width() const;
   int num_moe_layers() const;
+  int num_deltanet_layers() const;
+  bool hybrid() const { return deltanet.has_value(); }  // has DeltaNet layers with recurrent state
 };
 
 // Throws r3::Error naming `path` and the key for malformed JSON, unknown architectures, missing
@@ -129,7 +166,7 @@ ModelConfig load_config(const std::string& path);
 // The rotary_dim / 2 inverse frequencies of RoPE under c.rope_scaling (in double; callers round
 // as they compute).
 std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim);
-std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3"
+std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", ..., "qwen3_next", "qwen3_5_moe"
 // The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
 // the two describe the same model. A refit is refused unless this is empty.
 std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);

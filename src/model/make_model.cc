@@ -1,5 +1,6 @@
 #include "model/make_model.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -28,7 +29,25 @@ struct Preset {
   int shards;
 };
 
+bool hybrid_arch(const std::string& arch) {
+  return arch == "qwen3_next" || arch == "qwen3_5_moe" || arch == "qwen3_5_moe_text";
+}
+
+// The Gated DeltaNet sizes of a hybrid preset: key heads, value heads, key dim, value dim.
+std::array<int, 4> deltanet_sizes(const std::string& preset) {
+  if (preset == "tiny") return {2, 4, 16, 16};
+  if (preset == "small") return {4, 8, 32, 32};
+  return {8, 16, 64, 64};  // bench
+}
+
 Preset get_preset(const std::string& arch, const std::string& preset) {
+  // Hybrids: four layers at least, so the default full_attention_interval 4 gives three DeltaNet
+  // layers and one gated full-attention layer; the bench preset has 256 experts.
+  if (hybrid_arch(arch)) {
+    if (preset == "tiny") return {4, 64, 4, 2, 16, 8, 2, 32, 96, 512, 1};
+    if (preset == "small") return {4, 256, 8, 2, 32, 32, 8, 64, 512, 2048, 2};
+    if (preset == "bench") return {12, 1024, 16, 2, 64, 256, 8, 128, 2048, 32000, 6};
+  }
   if (preset == "tiny") return {2, 64, 4, 2, 16, 8, 2, 32, 96, 512, 1};
   if (preset == "small") {
     if (arch == "mixtral") return {4, 256, 8, 2, 32, 16, 4, 128, 512, 2048, 2};
@@ -204,8 +223,63 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     }
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
+  } else if (hybrid_arch(arch)) {
+    // Qwen3-Next's and Qwen3.5-MoE's decoder: Gated DeltaNet with gated full attention on every
+    // fourth layer, 1 + w norms, partial rotary 0.25, a shared expert behind a sigmoid gate.
+    // qwen3_5_moe is the vision-language release (text_config, tensors under
+    // model.language_model., fused experts, a vision tower and MTP weights r3 skips);
+    // qwen3_5_moe_text the text-only class with per-expert tensors under model.
+    const auto [nk, nv, dk, dv] = deltanet_sizes(preset);
+    j["num_experts"] = p.experts;
+    j["moe_intermediate_size"] = p.moe_inter;
+    j["shared_expert_intermediate_size"] = p.moe_inter;
+    j["head_dim"] = p.head_dim;
+    j["linear_num_key_heads"] = nk;
+    j["linear_num_value_heads"] = nv;
+    j["linear_key_head_dim"] = dk;
+    j["linear_value_head_dim"] = dv;
+    j["linear_conv_kernel_dim"] = 4;
+    j["full_attention_interval"] = 4;
+    j["tie_word_embeddings"] = false;
+    j["hidden_act"] = "silu";
+    if (arch == "qwen3_next") {
+      j["architectures"] = {"Qwen3NextForCausalLM"};
+      j["model_type"] = "qwen3_next";
+      j["norm_topk_prob"] = true;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      j["rope_theta"] = 1e6;
+      j["partial_rotary_factor"] = 0.25;
+      return j.dump(2) + "\n";
+    }
+    j["model_type"] = "qwen3_5_moe_text";
+    json types = json::array();
+    for (int i = 0; i < p.layers; ++i) types.push_back((i + 1) % 4 ? "linear_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25},
+                            {"mrope_section", {1, 1, 0}}, {"mrope_interleaved", true}};
+    j["mtp_num_hidden_layers"] = 1;
+    j["mtp_use_dedicated_embeddings"] = false;
+    if (arch == "qwen3_5_moe_text") {
+      j["architectures"] = {"Qwen3_5MoeForCausalLM"};
+      return j.dump(2) + "\n";
+    }
+    json text = j;
+    text.erase("bos_token_id");
+    text.erase("eos_token_id");
+    json vl = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+               {"model_type", "qwen3_5_moe"},
+               {"text_config", text},
+               {"vision_config", {{"model_type", "qwen3_5_moe"}, {"hidden_size", 16}, {"depth", 1}}},
+               {"image_token_id", p.vocab - 4},
+               {"tie_word_embeddings", false},
+               {"bos_token_id", 1},
+               {"eos_token_id", 2}};
+    return vl.dump(2) + "\n";
   } else {
-    throw Error("unknown arch \"" + arch + "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss)");
+    throw Error("unknown arch \"" + arch +
+                "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss, qwen3_next, qwen3_5_moe, "
+                "qwen3_5_moe_text)");
   }
   if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3") j["head_dim"] = p.head_dim;
   return j.dump(2) + "\n";
@@ -215,9 +289,14 @@ namespace {
 
 // The key of a tensor's random stream, hash(seed, name): a tensor does not depend on which other
 // tensors exist or their order.
+// A vision-language release's decoder tensors (model.language_model.*) draw the stream of their
+// model.* name, and fused experts that of each expert's own tensor, so the VL and the text-only
+// layouts of one seed hold the same weights.
 uint64_t tensor_key(const std::string& name, uint64_t seed) {
+  static const std::string vl = "model.language_model.";
+  const std::string keyed = name.rfind(vl, 0) == 0 ? "model." + name.substr(vl.size()) : name;
   uint64_t key = seed;
-  for (char ch : name) key = hash_pair(key, uint64_t(uint8_t(ch)));
+  for (char ch : keyed) key = hash_pair(key, uint64_t(uint8_t(ch)));
   return key;
 }
 
@@ -424,21 +503,46 @@ void make_model(const MakeModelOptions& opt) {
       return t;
     });
   };
-  auto vec = [&](const std::string& n, int64_t d, float sd, DType type) {
-    return [=] { return random_tensor(n, {d}, type, seed, sd); };
+  auto vec = [&](const std::string& n, int64_t d, float sd, DType type, float mean = 0.f) {
+    return [=] { return random_tensor(n, {d}, type, seed, sd, mean); };
   };
   auto tensor = [&](const std::string& n, std::vector<int64_t> shape, float sd) {
     return [=] { return random_tensor(n, shape, dt, seed, sd); };
   };
-  std::vector<std::function<TensorToWrite()>> head = {mat("model.embed_tokens.weight", c.vocab_size, H, 1.f)};
+  // Zero-centred norms (applied as 1 + w) are drawn around 0, the others around 1.
+  auto layer_norm = [&](const std::string& n, int64_t d) {
+    return [=] { return random_tensor(n, {d}, dt, seed, 0.05f, c.zero_centred_norms ? 0.f : 1.f); };
+  };
+  std::vector<std::function<TensorToWrite()>> head = {mat(embed_name(c), c.vocab_size, H, 1.f)};
   groups.push_back(head);
   for (int i = 0; i < c.num_layers; ++i) {
     std::vector<std::function<TensorToWrite()>> g;
     const LayerTensorNames& N = layer_tensor_names(c.arch);
-    auto name = [&](const std::string& relative) { return layer_tensor(i, relative); };
-    g.push_back(norm(name(N.input_norm), H));
-    g.push_back(norm(name(N.post_norm), H));
-    if (c.mla) {
+    auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
+    g.push_back(layer_norm(name(N.input_norm), H));
+    g.push_back(layer_norm(name(N.post_norm), H));
+    const AttentionSpec& attn = c.layers[size_t(i)].attention;
+    if (attn.kind == AttentionKind::GatedDeltaNet) {
+      const DeltaNetSpec& d = *c.deltanet;
+      const int64_t kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads;
+      if (d.combined_projections) {
+        linear(g, name(N.dn_qkvz), 2 * kd + 2 * vd, H, s_in);
+        g.push_back(mat(name(N.dn_ba), 2 * nv, H, s_in));
+      } else {
+        linear(g, name(N.dn_qkv), 2 * kd + vd, H, s_in);
+        linear(g, name(N.dn_z), vd, H, s_in);
+        g.push_back(mat(name(N.dn_b), nv, H, s_in));
+        g.push_back(mat(name(N.dn_a), nv, H, s_in));
+      }
+      // A conv that mixes the window visibly; decays exp(-exp(A_log) softplus(a + dt_bias))
+      // around 0.5 per token, so the state both remembers and forgets. Qwen3.5 releases keep
+      // A_log in F32.
+      g.push_back(tensor(name(N.dn_conv), {d.conv_dim(), 1, d.conv_kernel}, 0.4f));
+      g.push_back(vec(name(N.dn_dt_bias), nv, 0.5f, dt));
+      g.push_back(vec(name(N.dn_a_log), nv, 0.3f, c.arch == Arch::Qwen3_5Moe ? DType::F32 : dt, -0.8f));
+      g.push_back(norm(name(N.dn_norm), d.v_head_dim));
+      linear(g, name(N.dn_out), H, vd, 1.f / std::sqrt(float(vd)));
+    } else if (c.mla) {
       const MlaSpec& m = *c.mla;
       const int64_t nh = c.num_heads, qk = m.qk_head_dim(), vd = nh * m.v_head_dim;
       if (m.q_lora_rank > 0) {
@@ -454,12 +558,11 @@ void make_model(const MakeModelOptions& opt) {
              1.f / std::sqrt(float(m.kv_lora_rank)));
       linear(g, name(N.o), H, vd, 1.f / std::sqrt(float(vd)));
     } else {
-      linear(g, name(N.q), qd, H, s_in);
+      linear(g, name(N.q), attn.output_gate ? 2 * qd : qd, H, s_in);
       linear(g, name(N.k), kvd, H, s_in);
       linear(g, name(N.v), kvd, H, s_in);
       linear(g, name(N.o), H, qd, 1.f / std::sqrt(float(qd)));
     }
-    const AttentionSpec& attn = c.layers[size_t(i)].attention;
     if (attn.qkv_bias) {
       g.push_back(vec(name(N.q_bias), qd, 0.1f, dt));
       g.push_back(vec(name(N.k_bias), kvd, 0.1f, dt));
@@ -469,8 +572,8 @@ void make_model(const MakeModelOptions& opt) {
     // Sink logits around the scores' scale: some heads give the sink much weight, some little.
     if (attn.sinks) g.push_back(vec(name(N.sinks), c.num_heads, 1.f, dt));
     if (attn.qk_norm == QkNorm::PerHead) {
-      g.push_back(norm(name(N.q_norm), hd));
-      g.push_back(norm(name(N.k_norm), hd));
+      g.push_back(layer_norm(name(N.q_norm), hd));
+      g.push_back(layer_norm(name(N.k_norm), hd));
     } else if (attn.qk_norm == QkNorm::Whole) {
       g.push_back(norm(name(N.q_norm), qd));
       g.push_back(norm(name(N.k_norm), kvd));
@@ -509,7 +612,32 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back(tensor(name(N.fused_gate_up_bias), {E, 2 * I}, 0.5f));
         g.push_back(tensor(name(N.fused_down_bias), {E, H}, 0.1f));
       }
-      for (int e = 0; e < c.num_experts && !N.fused_experts; ++e) {
+      // Qwen3.5's release stores its experts fused in nn.Linear's layout ([E, 2I, H]: gate rows,
+      // then up rows; [E, H, I]); the text-only class (qwen3_5_moe_text) one tensor per expert.
+      const bool fused_linear = N.fused_experts_linear && c.vision_tower;
+      if (fused_linear) {
+        // Names made now: the loop's `name` reads the layer index by reference.
+        const std::string gate_up_name = name(N.fused_gate_up), down_name = name(N.fused_down);
+        g.push_back([=] {
+          TensorToWrite t{gate_up_name, dt, {E, 2 * I, H}, {}};
+          for (int64_t e = 0; e < E; ++e)
+            for (const char* which : {"gate", "up"}) {
+              const TensorToWrite one = random_tensor(expert_name(c, i, int(e), which), {I, H}, dt, seed, s_in);
+              t.bytes.insert(t.bytes.end(), one.bytes.begin(), one.bytes.end());
+            }
+          return t;
+        });
+        g.push_back([=] {
+          TensorToWrite t{down_name, dt, {E, H, I}, {}};
+          for (int64_t e = 0; e < E; ++e) {
+            const TensorToWrite one =
+                random_tensor(expert_name(c, i, int(e), "down"), {H, I}, dt, seed, 1.f / std::sqrt(float(I)));
+            t.bytes.insert(t.bytes.end(), one.bytes.begin(), one.bytes.end());
+          }
+          return t;
+        });
+      }
+      for (int e = 0; e < c.num_experts && !N.fused_experts && !fused_linear; ++e) {
         linear(g, expert_name(c, i, e, "gate"), I, H, s_in);
         linear(g, expert_name(c, i, e, "up"), I, H, s_in);
         linear(g, expert_name(c, i, e, "down"), H, I, 1.f / std::sqrt(float(I)));
@@ -537,7 +665,14 @@ void make_model(const MakeModelOptions& opt) {
     groups.push_back({norm(pf + "enorm.weight", H), norm(pf + "hnorm.weight", H),
                       mat(pf + "eh_proj.weight", H, 2 * H, s_in), norm(pf + "input_layernorm.weight", H)});
   }
-  std::vector<std::function<TensorToWrite()>> tail = {norm("model.norm.weight", H)};
+  // Qwen3-Next / Qwen3.5 MTP weights (mtp.*) and a vision-language release's vision tower: a few
+  // of their tensors, which r3 must recognise and skip.
+  if (c.num_mtp_layers > 0)
+    groups.push_back({mat("mtp.fc.weight", H, 2 * H, s_in), layer_norm("mtp.pre_fc_norm_embedding.weight", H),
+                      layer_norm("mtp.layers.0.input_layernorm.weight", H), layer_norm("mtp.norm.weight", H)});
+  if (c.vision_tower)
+    groups.push_back({mat("model.visual.patch_embed.proj.weight", 16, 48, 0.1f), norm("model.visual.blocks.0.norm1.weight", 16)});
+  std::vector<std::function<TensorToWrite()>> tail = {layer_norm(c.tensor_prefix + "norm.weight", H)};
   if (!c.tie_word_embeddings) tail.push_back(mat("lm_head.weight", c.vocab_size, H, s_in));
   groups.push_back(tail);
 

@@ -9,7 +9,8 @@
 namespace r3 {
 
 struct MakeModelOptions {
-  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss
+  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss |
+                                // qwen3_next | qwen3_5_moe (the VL release) | qwen3_5_moe_text
   std::string preset = "tiny";  // tiny | small | bench
   uint64_t seed = 0;
   DType dtype = DType::BF16;    // BF16 or F32

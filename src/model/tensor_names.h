@@ -34,12 +34,27 @@ struct LayerTensorNames {
   bool fused_experts = false;
   std::string fused_gate_up = "mlp.experts.gate_up_proj", fused_gate_up_bias = "mlp.experts.gate_up_proj_bias",
               fused_down = "mlp.experts.down_proj", fused_down_bias = "mlp.experts.down_proj_bias";
+  // Experts stored fused in nn.Linear's layout (Qwen3.5-MoE as released): gate_up [E, 2I, H], each
+  // expert's I gate rows then its I up rows, and down [E, H, I], under the fused names above. A
+  // checkpoint may store them per expert instead (the `expert` names): the loader takes what the
+  // files hold.
+  bool fused_experts_linear = false;
+  // Gated DeltaNet (linear_attn): Qwen3-Next's combined projections, or Qwen3.5's separate ones
+  // (DeltaNetSpec::combined_projections); the conv, decay and gated-norm tensors; out_proj.
+  std::string dn_qkvz = "linear_attn.in_proj_qkvz.weight", dn_ba = "linear_attn.in_proj_ba.weight";
+  std::string dn_qkv = "linear_attn.in_proj_qkv.weight", dn_z = "linear_attn.in_proj_z.weight",
+              dn_b = "linear_attn.in_proj_b.weight", dn_a = "linear_attn.in_proj_a.weight";
+  std::string dn_conv = "linear_attn.conv1d.weight", dn_dt_bias = "linear_attn.dt_bias",
+              dn_a_log = "linear_attn.A_log", dn_norm = "linear_attn.norm.weight",
+              dn_out = "linear_attn.out_proj.weight";
   // Dense MLP
   std::array<std::string, 3> dense = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
 };
 
 const LayerTensorNames& layer_tensor_names(Arch a);
-// The full name of a layer's tensor: "model.layers.{layer}." + relative, with {e} = expert.
-std::string layer_tensor(int layer, const std::string& relative, int expert = -1);
+// The full name of a layer's tensor: prefix + "layers.{layer}." + relative, with {e} = expert;
+// prefix is ModelConfig::tensor_prefix ("model.", or "model.language_model." in a
+// vision-language release).
+std::string layer_tensor(int layer, const std::string& relative, int expert = -1, const std::string& prefix = "model.");
 
 }  // namespace r3

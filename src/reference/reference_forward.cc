@@ -55,12 +55,13 @@ void matvec(const TensorView& W, const float* x, float* y) {
   }
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w. `out` may alias `x`.
-void rmsnorm(float* out, const float* x, const TensorView& w, int n, float eps) {
+// out = x / sqrt(mean(x^2) + eps) * (offset + w): offset 1 for zero-centred norms (Qwen3-Next,
+// Qwen3.5: (1 + w), the sum in fp32 as transformers forms it). `out` may alias `x`.
+void rmsnorm(float* out, const float* x, const TensorView& w, int n, float eps, float offset = 0.f) {
   float ss = 0.f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   const float inv = 1.f / std::sqrt(ss / float(n) + eps);
-  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * wt(w, i);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * (offset + wt(w, i));
 }
 
 // In-place softmax, max-subtracted so large logits do not overflow.
@@ -109,6 +110,84 @@ struct Rotary {
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+// torch.nn.functional.softplus (beta 1, threshold 20).
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+// Gated DeltaNet of one layer over the whole sequence, as transformers' Qwen3NextGatedDeltaNet
+// computes it with the recurrent rule (torch_recurrent_gated_delta_rule): per position the
+// projections q k v (the conv's channels), z, b, a of the normed input; a causal depthwise conv of
+// conv_kernel taps (the last multiplies the current position) and SiLU; per value head hv (key
+// head hv / r): q and k L2-normalised (eps 1e-6), q scaled by 1/sqrt(dk), decay
+// exp(-exp(A_log) softplus(a + dt_bias)), beta = sigmoid(b); state [dk][dv] *= decay, then the
+// delta rule S += k (beta (v - S^T k))^T, out = S^T q; the gated norm w * norm(out) * silu(z)
+// per head (plain w); x += out_proj(out).
+void deltanet(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x, int S) {
+  const DeltaNetSpec& d = *c.deltanet;
+  const int H = c.hidden_size, C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads;
+  const int dk = d.k_head_dim, dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel;
+  const float eps = c.rms_norm_eps, zc = c.zero_centred_norms ? 1.f : 0.f;
+  std::vector<float> h(H), mixed(size_t(S) * C), z(size_t(S) * vd), b(size_t(S) * nv), a(size_t(S) * nv);
+  for (int p = 0; p < S; ++p) {
+    rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps, zc);
+    matvec(L.dn_qkv, h.data(), &mixed[size_t(p) * C]);
+    matvec(L.dn_z, h.data(), &z[size_t(p) * vd]);
+    matvec(L.dn_b, h.data(), &b[size_t(p) * nv]);
+    matvec(L.dn_a, h.data(), &a[size_t(p) * nv]);
+  }
+  std::vector<float> conv(size_t(S) * C);
+  for (int p = 0; p < S; ++p)
+    for (int ch = 0; ch < C; ++ch) {
+      float acc = 0.f;
+      for (int j = 0; j < K; ++j) {
+        const int q = p - (K - 1) + j;
+        if (q >= 0) acc += wt(L.dn_conv, int64_t(ch) * K + j) * mixed[size_t(q) * C + ch];
+      }
+      conv[size_t(p) * C + ch] = silu(acc);
+    }
+  std::vector<float> state(size_t(nv) * dk * dv, 0.f), q(dk), k(dk), kv(dv), out(vd), delta(H);
+  auto l2norm = [](float* v, int n) {
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += v[i] * v[i];
+    const float inv = 1.f / std::sqrt(ss + 1e-6f);
+    for (int i = 0; i < n; ++i) v[i] *= inv;
+  };
+  const float qscale = 1.f / std::sqrt(float(dk));
+  for (int p = 0; p < S; ++p) {
+    const float* row = &conv[size_t(p) * C];
+    for (int hv = 0; hv < nv; ++hv) {
+      const int hk = hv / r;
+      for (int i = 0; i < dk; ++i) q[size_t(i)] = row[hk * dk + i], k[size_t(i)] = row[kd + hk * dk + i];
+      l2norm(q.data(), dk);
+      l2norm(k.data(), dk);
+      for (float& v : q) v *= qscale;
+      const float* v = row + 2 * kd + hv * dv;
+      const float g = -std::exp(wt(L.dn_a_log, hv)) * softplus(a[size_t(p) * nv + hv] + wt(L.dn_dt_bias, hv));
+      const float decay = std::exp(g), beta = sigmoid(b[size_t(p) * nv + hv]);
+      float* st = &state[size_t(hv) * dk * dv];  // [dk][dv]
+      for (int i = 0; i < dk * dv; ++i) st[i] *= decay;
+      for (int j = 0; j < dv; ++j) {
+        float m = 0.f;
+        for (int i = 0; i < dk; ++i) m += st[i * dv + j] * k[size_t(i)];
+        kv[size_t(j)] = (v[j] - m) * beta;
+      }
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) st[i * dv + j] += k[size_t(i)] * kv[size_t(j)];
+      float* o = &out[size_t(hv) * dv];
+      for (int j = 0; j < dv; ++j) {
+        float acc = 0.f;
+        for (int i = 0; i < dk; ++i) acc += st[i * dv + j] * q[size_t(i)];
+        o[j] = acc;
+      }
+      float ss = 0.f;
+      for (int j = 0; j < dv; ++j) ss += o[j] * o[j];
+      const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
+      const float* zp = &z[size_t(p) * vd + size_t(hv) * dv];
+      for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * wt(L.dn_norm, j) * silu(zp[j]);
+    }
+    matvec(L.o, out.data(), delta.data());
+    for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
+  }
+}
 
 // Multi-head latent attention of one layer over the whole sequence, as transformers'
 // DeepseekV3Attention computes it: per position the query (through the low-rank path when
@@ -282,6 +361,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   const int qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
   const int E = c.num_experts, K = c.top_k, Lm = c.num_moe_layers();
   const float eps = c.rms_norm_eps, scale = 1.f / std::sqrt(float(hd));
+  const float zc = c.zero_centred_norms ? 1.f : 0.f;  // norms applied as (1 + w)
   // Renormalise the top-k gate weights: always for Mixtral, else iff norm_topk_prob.
   const bool renorm = c.arch == Arch::Mixtral || c.norm_topk_prob;
   const bool sigmoid_router = c.router.scoring == RouterScoring::Sigmoid;
@@ -305,7 +385,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
 
   // The residual stream of every position, and per-layer activations of the whole sequence.
   std::vector<float> x(size_t(S) * H);
-  std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd);
+  std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd), gate(size_t(S) * qd), qg(2 * qd);
   std::vector<float> att(qd), scores(S + 1), delta(H), eo(H), g, u, logits(E);
 
   for (int p = 0; p < S; ++p)
@@ -319,12 +399,22 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
 
     // --- attention: q, k, v for every position first (the sequence is its own KV cache) ---
     if (attn.kind == AttentionKind::Mla) mla_attention(c, rotary, L, x, S);
+    if (attn.kind == AttentionKind::GatedDeltaNet) deltanet(c, L, x, S);
     for (int p = 0; p < S && attn.kind == AttentionKind::Gqa; ++p) {
       float* qp = &q[size_t(p) * qd];
       float* kp = &k[size_t(p) * kvd];
       float* vp = &v[size_t(p) * kvd];
-      rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps);
-      matvec(L.q, h.data(), qp);
+      rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps, zc);
+      if (attn.output_gate) {  // q_proj gives each head [query, gate] (Qwen3NextAttention)
+        matvec(L.q, h.data(), qg.data());
+        for (int hh = 0; hh < nh; ++hh)
+          for (int i = 0; i < hd; ++i) {
+            qp[hh * hd + i] = qg[size_t(hh * 2 * hd + i)];
+            gate[size_t(p) * qd + hh * hd + i] = qg[size_t(hh * 2 * hd + hd + i)];
+          }
+      } else {
+        matvec(L.q, h.data(), qp);
+      }
       matvec(L.k, h.data(), kp);
       matvec(L.v, h.data(), vp);
       if (attn.qkv_bias) {  // Qwen2-MoE, GLM-4.5: q/k/v biases (o has none)
@@ -333,8 +423,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         add_bias(vp, L.v_bias, kvd);
       }
       if (attn.qk_norm == QkNorm::PerHead) {  // Qwen3-MoE: each head over head_dim
-        for (int hh = 0; hh < nh; ++hh) rmsnorm(qp + hh * hd, qp + hh * hd, L.q_norm, hd, eps);
-        for (int hh = 0; hh < nkv; ++hh) rmsnorm(kp + hh * hd, kp + hh * hd, L.k_norm, hd, eps);
+        for (int hh = 0; hh < nh; ++hh) rmsnorm(qp + hh * hd, qp + hh * hd, L.q_norm, hd, eps, zc);
+        for (int hh = 0; hh < nkv; ++hh) rmsnorm(kp + hh * hd, kp + hh * hd, L.k_norm, hd, eps, zc);
       } else if (attn.qk_norm == QkNorm::Whole) {  // OLMoE: the whole projection, before heads
         rmsnorm(qp, qp, L.q_norm, qd, eps);
         rmsnorm(kp, kp, L.k_norm, kvd, eps);
@@ -374,6 +464,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
           for (int i = 0; i < hd; ++i) out[i] += scores[size_t(j - first)] * vj[i];
         }
       }
+      if (attn.output_gate)
+        for (int i = 0; i < qd; ++i) att[size_t(i)] *= sigmoid(gate[size_t(p) * qd + i]);
       matvec(L.o, att.data(), delta.data());
       if (attn.o_bias) add_bias(delta.data(), L.o_bias, H);
       for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
@@ -384,7 +476,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
     // --- FFN: dense, or the routed experts ---
     for (int p = 0; p < S; ++p) {
       float* xp = &x[size_t(p) * H];
-      rmsnorm(h.data(), xp, L.post_norm, H, eps);
+      rmsnorm(h.data(), xp, L.post_norm, H, eps, zc);
       if (!L.moe) {
         ffn(L.dense, h.data(), delta.data(), g, u);
       } else {
@@ -447,7 +539,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
 
   // Final norm and lm_head (which aliases embed when the embeddings are tied).
   for (int p = 0; p < S; ++p) {
-    rmsnorm(h.data(), &x[size_t(p) * H], w.final_norm, H, eps);
+    rmsnorm(h.data(), &x[size_t(p) * H], w.final_norm, H, eps, zc);
     matvec(w.lm_head, h.data(), &r.logits[size_t(p) * V]);
   }
   return r;

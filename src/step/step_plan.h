@@ -25,6 +25,7 @@ struct PlannedSeq {
   // StepPlan::window_tables[window_offset, + table_len), -1 where blocks wholly before every
   // query's window were freed.
   int window_offset = 0;
+  int state_slot = -1;       // its recurrent state (models with Gated DeltaNet layers), else -1
   bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
   SamplerParams sampler;     // copied: sampling must not read live request state
   bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step

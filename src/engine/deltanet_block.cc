@@ -1,0 +1,130 @@
+// The Gated DeltaNet block of the runner (Qwen3-Next, Qwen3.5): linear attention whose memory is a
+// state per request, not a KV cache. The math is transformers' recurrent form
+// (torch_recurrent_gated_delta_rule, the reference forward's deltanet()), token by token:
+//   mixed = in_proj_qkv h  [C = 2 kd + vd: q, k, v channels]   z, b, a = in_proj_z/b/a h
+//   conv  = silu(causal depthwise conv of mixed over the last conv_kernel positions)
+//   per value head hv (key head hv / r): q, k L2-normalised (eps 1e-6), q /= sqrt(dk),
+//   decay = exp(-exp(A_log) softplus(a + dt_bias)), beta = sigmoid(b),
+//   S = decay S;  S += k (beta (v - S^T k))^T;  o = S^T q;  o = w * rmsnorm(o) * silu(z)
+//
+// Batch invariance: the projections are the batch-invariant matmuls; everything after them runs
+// per request and token in position order, each (request, channel) or (request, head) on one
+// thread in one fixed order of operations. A token's arithmetic is therefore the same whether it
+// arrives in a prefill chunk of any size, a decode step or a recompute after preemption: the
+// chunked (WY) form would give other bits at other chunk boundaries, so it is not used. The cost
+// is a prefill that walks its tokens one by one through the state (dk x dv multiply-adds twice
+// per token and head), which the projections and experts dwarf (docs/ARCHITECTURE.md).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "kernels/matmul.h"
+
+namespace r3 {
+
+namespace {
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }  // torch's, threshold 20
+void l2_normalise(float* v, int n) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += v[i] * v[i];
+  const float inv = 1.f / std::sqrt(ss + 1e-6f);
+  for (int i = 0; i < n; ++i) v[i] *= inv;
+}
+}  // namespace
+
+void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, int T) {
+  const ModelConfig& c = config();
+  const DeltaNetSpec& d = *c.deltanet;
+  const int C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads, dk = d.k_head_dim,
+            dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel, W = K - 1;
+  const float eps = c.rms_norm_eps;
+  const kernels::Activations hx{h_.data(), hb_.data(), T};
+  const kernels::MatmulOut proj[] = {
+      {&L.dn_qkv, dn_mixed_.data()}, {&L.dn_z, dn_z_.data()}, {&L.dn_b, dn_b_.data()}, {&L.dn_a, dn_a_.data()}};
+  kernels::matmul_many(hx, proj, pool_);
+  weight_bytes_ += L.dn_qkv.nbytes() + L.dn_z.nbytes() + L.dn_b.nbytes() + L.dn_a.nbytes() + L.o.nbytes();
+  const int S = int(plan.seqs.size());
+  // A request starting at position 0 (admitted, or recomputing after preemption) starts from a
+  // zero state, whatever the slot's previous owner left there.
+  for (const PlannedSeq& s : plan.seqs)
+    if (s.start_pos == 0 && s.num_tokens > 0) {
+      float* st = deltanet_state(s.state_slot, l);
+      std::fill(st, st + dn_state_floats_, 0.f);
+    }
+  // The conv, per (request, channel): each token's window reads earlier tokens of this step or,
+  // before them, the request's conv state (the last K - 1 inputs, oldest first), which then
+  // moves on to this step's last K - 1 inputs.
+  const int64_t state_k = int64_t(nv) * dk * dv;  // the recurrent part comes first
+  pool_->parallel_for(int64_t(S) * C, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const PlannedSeq& s = plan.seqs[size_t(i / C)];
+      const int ch = int(i % C), n = s.num_tokens;
+      if (n == 0) continue;
+      float* window = deltanet_state(s.state_slot, l) + state_k + int64_t(ch) * W;
+      for (int t = 0; t < n; ++t) {
+        float acc = 0.f;
+        for (int j = 0; j < K; ++j) {
+          const int at = t - W + j;  // relative to the step's first token of the request
+          const float in = at >= 0 ? dn_mixed_[size_t(s.first_token + at) * C + ch] : window[W + at];
+          acc += L.dn_conv.at(int64_t(ch) * K + j) * in;
+        }
+        dn_conv_[size_t(s.first_token + t) * C + ch] = silu(acc);
+      }
+      // window' = (window ++ this step's inputs)[n .. n + W): ascending, each read at or after
+      // the position it overwrites.
+      for (int m = 0; m < W; ++m) {
+        const int u = n + m;
+        window[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
+      }
+    }
+  });
+  // The delta rule and the gated norm, per (request, value head), tokens in order.
+  pool_->parallel_for_each(int64_t(S) * nv, [&](int64_t item) {
+    const PlannedSeq& s = plan.seqs[size_t(item / nv)];
+    const int hv = int(item % nv), hk = hv / r;
+    if (s.num_tokens == 0) return;
+    float* st = deltanet_state(s.state_slot, l) + int64_t(hv) * dk * dv;  // [dk][dv]
+    thread_local std::vector<float> scratch;
+    scratch.resize(size_t(2 * dk + dv));
+    float *q = scratch.data(), *k = q + dk, *kv = k + dk;
+    const float qscale = 1.f / std::sqrt(float(dk));
+    const float a_log = L.dn_a_log.at(hv), dt_bias = L.dn_dt_bias.at(hv);
+    for (int t = s.first_token; t < s.first_token + s.num_tokens; ++t) {
+      const float* row = &dn_conv_[size_t(t) * C];
+      for (int i = 0; i < dk; ++i) q[i] = row[hk * dk + i], k[i] = row[kd + hk * dk + i];
+      l2_normalise(q, dk);
+      l2_normalise(k, dk);
+      for (int i = 0; i < dk; ++i) q[i] *= qscale;
+      const float* v = row + 2 * kd + hv * dv;
+      const float g = -std::exp(a_log) * softplus(dn_a_[size_t(t) * nv + hv] + dt_bias);
+      const float decay = std::exp(g), beta = sigmoid(dn_b_[size_t(t) * nv + hv]);
+      for (int i = 0; i < dk * dv; ++i) st[i] *= decay;
+      for (int j = 0; j < dv; ++j) {
+        float m = 0.f;
+        for (int i = 0; i < dk; ++i) m += st[i * dv + j] * k[i];
+        kv[j] = (v[j] - m) * beta;
+      }
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) st[i * dv + j] += k[i] * kv[j];
+      float* o = &attn_[size_t(t) * vd + size_t(hv) * dv];
+      for (int j = 0; j < dv; ++j) {
+        float acc = 0.f;
+        for (int i = 0; i < dk; ++i) acc += st[i * dv + j] * q[i];
+        o[j] = acc;
+      }
+      float ss = 0.f;
+      for (int j = 0; j < dv; ++j) ss += o[j] * o[j];
+      const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
+      const float* z = &dn_z_[size_t(t) * vd + size_t(hv) * dv];
+      for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * L.dn_norm.at(j) * silu(z[j]);
+    }
+  });
+  // Padding tokens (no request) attend to nothing.
+  for (int t = 0; t < T; ++t)
+    if (plan.tokens[size_t(t)].seq < 0) std::fill_n(&attn_[size_t(t) * vd], vd, 0.f);
+}
+
+}  // namespace r3
