@@ -211,6 +211,16 @@ TEST(ServerText, ChatCompletionsRenderTheTemplateAndStreamTheSameText) {
                    400)["error"]["param"],
             "messages");
   EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", json::array()}}, 400)["error"]["param"], "messages");
+  // Image parts (text only is served), while text parts pass.
+  const json image = {{{"role", "user"},
+                       {"content", {{{"type", "text"}, {"text", "what is"}},
+                                    {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AA=="}}}}}}}};
+  const json refused = s.post("/v1/chat/completions", {{"messages", image}}, 400)["error"];
+  EXPECT_EQ(refused["param"], "messages");
+  EXPECT_NE(refused["message"].get<std::string>().find("\"image_url\""), std::string::npos) << refused.dump();
+  const json text_parts = {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "the sand"}}}}}};
+  s.post("/v1/chat/completions",
+         {{"messages", text_parts}, {"max_tokens", 1}, {"chat_template", "{{ messages[0]['content'][0]['text'] }}"}});
 }
 
 TEST(ServerText, RequestTemplatesAreRefusedUnlessTrusted) {

@@ -21,9 +21,16 @@ double flops_per_token(const ModelConfig& c, double avg_ctx) {
       f += 2 * (H * m.latent_width() + nh * m.qk_nope_head_dim * m.kv_lora_rank + nh * m.v_head_dim * m.kv_lora_rank +
                 nh * m.v_head_dim * H);
       f += 2 * avg_ctx * nh * (m.latent_width() + m.kv_lora_rank);
+    } else if (c.layers[size_t(l)].attention.kind == AttentionKind::GatedDeltaNet) {
+      // Projections (q k v, z, b, a; out), then per value head the decay, S^T k, the rank-1
+      // update and S^T q: four passes over its dk x dv state, a multiply-add each.
+      const DeltaNetSpec& d = *c.deltanet;
+      f += 2 * (H * (d.conv_dim() + d.value_dim() + 2.0 * d.v_heads) + double(d.value_dim()) * H);
+      f += 2 * 4.0 * d.v_heads * d.k_head_dim * d.v_head_dim;
     } else {
-      const int window = c.layers[size_t(l)].attention.sliding_window;
-      f += 2 * (H * qd * 2 + H * kvd * 2);
+      const AttentionSpec& a = c.layers[size_t(l)].attention;
+      const int window = a.sliding_window;
+      f += 2 * (H * qd * (a.output_gate ? 3 : 2) + H * kvd * 2);  // q (and its gate), o; k, v
       f += 2 * 2 * (window > 0 ? std::min(avg_ctx, double(window)) : avg_ctx) * qd;
     }
     const LayerConfig& lc = c.layers[size_t(l)];
@@ -38,6 +45,7 @@ double flops_per_token(const ModelConfig& c, double avg_ctx) {
 double kv_bytes_per_token(const ModelConfig& c, double ctx, double element_bytes) {
   double b = 0;
   for (const LayerConfig& l : c.layers) {
+    if (l.attention.kind == AttentionKind::GatedDeltaNet) continue;  // a recurrent state, no KV
     const int w = l.attention.sliding_window;
     b += double(c.kv_cache_width()) * (w > 0 ? std::min(ctx, double(w)) : ctx) * element_bytes;
   }
@@ -111,6 +119,7 @@ Timing TimedRun::timing() const {
   t.tokens_per_s = tokens / secs;
   t.weight_gb_per_s = double(s.weight_bytes_read - start_.weight_bytes_read) / secs / 1e9;
   t.route_fraction = (s.route_seconds - start_.route_seconds) / secs;
+  t.deltanet_fraction = (s.deltanet_seconds - start_.deltanet_seconds) / secs;
   const double avg_ctx = en_.measure == Entry::Prefill ? en_.prompt_len / 2.0 : en_.prompt_len + en_.max_tokens / 2.0;
   t.gflops = tokens * flops_per_token(e_.model_config(), avg_ctx) / secs / 1e9;
   // KV bytes read per second over the whole timed span (a lower bound on attention's own rate),

@@ -27,6 +27,7 @@ struct Timing {
   double tokens_per_s = 0, weight_gb_per_s = 0, gflops = 0, kv_gb_per_s = 0;
   double attention_kv_gb_per_s = 0;  // the same KV bytes over attention's own time
   double route_fraction = 0;         // of the timed span, spent committing and assembling routes
+  double deltanet_fraction = 0;      // of the timed span, in Gated DeltaNet blocks (hybrids)
   uint64_t preemptions = 0;          // during the run: the KV pool was too small for the entry
 };
 

@@ -276,10 +276,13 @@ int cmd_bench(int argc, char** argv) {
   // Entries adapt to the model: a prompt never runs past the positions it allows (less one
   // generated token).
   int max_positions = 0, kv_tokens = 0;
+  bool model_is_hybrid = false, prefix_caching = base.enable_prefix_caching;
   {
     Engine probe(base);
     max_positions = probe.model_config().max_position_embeddings;
     kv_tokens = probe.stats().num_blocks * probe.stats().block_size;
+    model_is_hybrid = probe.model_config().hybrid();
+    prefix_caching = probe.config().enable_prefix_caching;  // off for hybrids (engine.cc)
   }
   struct Row {
     Entry en;
@@ -287,6 +290,7 @@ int cmd_bench(int argc, char** argv) {
     double ratio;
     uint64_t preemptions;
     std::vector<double> paired_ratios;
+    Spread deltanet = {};  // hybrids: share of the timed span in Gated DeltaNet blocks
   };
   std::vector<Row> rows;
   std::vector<ExpertParallelRow> ep_rows;
@@ -294,7 +298,7 @@ int cmd_bench(int argc, char** argv) {
   for (Entry en : suite) {
     // ... nor past what the KV pool holds for all of the entry's requests at once (no preemption
     // inside a measurement; the shared prefixes once when the prefix cache shares them).
-    const bool caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && base.enable_prefix_caching;
+    const bool caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && prefix_caching;
     Entry fitted = en;
     fitted.prompt_len = std::min(en.prompt_len, max_positions - en.max_tokens - 1);
     while (fitted.prompt_len >= 16 && kv_tokens_needed(fitted, caching, base.block_size) > kv_tokens) --fitted.prompt_len;
@@ -321,7 +325,7 @@ int cmd_bench(int argc, char** argv) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, reps, ep_run));
       continue;
     }
-    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work;
+    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet;
     std::vector<double> paired_ratios;  // --paired-steps: routes on / on-but-unused of each repetition
     uint64_t preemptions = 0;
     auto keep_off = [&](const Timing& t) {
@@ -335,6 +339,7 @@ int cmd_bench(int argc, char** argv) {
       gflops.push_back(t.gflops);
       kv.push_back(t.kv_gb_per_s);
       attention_kv.push_back(t.attention_kv_gb_per_s);
+      deltanet.push_back(t.deltanet_fraction);
     };
     auto keep_on = [&](const Timing& t) {
       on.push_back(t.tokens_per_s);
@@ -408,6 +413,7 @@ int cmd_bench(int argc, char** argv) {
     Row row{en,           spread_of(off), spread_of(unused),       spread_of(on),         spread_of(gb),
             spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions,
             paired_ratios};
+    row.deltanet = spread_of(deltanet);
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -476,6 +482,11 @@ int cmd_bench(int argc, char** argv) {
     // Each paired repetition's own ratio: the asking engine alternates, so a gap that flips sign
     // with it is where the engines' weights landed, not the routes.
     if (!r.paired_ratios.empty()) j["routes_ratio_per_pair"] = r.paired_ratios;
+    if (model_is_hybrid) {
+      j["deltanet_fraction"] = r.deltanet.median;
+      std::printf("%-16s Gated DeltaNet blocks (projections included): %.1f%% of the timed span\n", r.en.name.c_str(),
+                  100 * r.deltanet.median);
+    }
     if (r.en.measure == Entry::Decode) {
       j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
       j["attention_kv_gb_per_s"] = r.attention_kv.median;

@@ -12,12 +12,13 @@
 // thread in one fixed order of operations. A token's arithmetic is therefore the same whether it
 // arrives in a prefill chunk of any size, a decode step or a recompute after preemption: the
 // chunked (WY) form would give other bits at other chunk boundaries, so it is not used. The cost
-// is a prefill that walks its tokens one by one through the state (dk x dv multiply-adds twice
-// per token and head), which the projections and experts dwarf (docs/ARCHITECTURE.md).
+// is a prefill that walks its tokens one by one through the state (two passes over its dk x dv
+// floats per token and value head; docs/ARCHITECTURE.md has the measured share).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/scoped_nanoseconds.h"
 #include "engine/model_runner.h"
 #include "kernels/matmul.h"
 
@@ -41,12 +42,21 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
   const int C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads, dk = d.k_head_dim,
             dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel, W = K - 1;
   const float eps = c.rms_norm_eps;
+  ScopedNanoseconds timed{deltanet_ns_};
   const kernels::Activations hx{h_.data(), hb_.data(), T};
   const kernels::MatmulOut proj[] = {
       {&L.dn_qkv, dn_mixed_.data()}, {&L.dn_z, dn_z_.data()}, {&L.dn_b, dn_b_.data()}, {&L.dn_a, dn_a_.data()}};
   kernels::matmul_many(hx, proj, pool_);
   weight_bytes_ += L.dn_qkv.nbytes() + L.dn_z.nbytes() + L.dn_b.nbytes() + L.dn_a.nbytes() + L.o.nbytes();
   const int S = int(plan.seqs.size());
+  // The small tensors widened to fp32 once per step (they are read per token and channel).
+  thread_local std::vector<float> conv_w, norm_w;
+  conv_w.resize(size_t(C) * K);
+  norm_w.resize(size_t(dv));
+  for (int64_t i = 0; i < int64_t(C) * K; ++i) conv_w[size_t(i)] = L.dn_conv.at(i);
+  for (int j = 0; j < dv; ++j) norm_w[size_t(j)] = L.dn_norm.at(j);
+  const float* cw = conv_w.data();
+  const float* nw = norm_w.data();
   // A request starting at position 0 (admitted, or recomputing after preemption) starts from a
   // zero state, whatever the slot's previous owner left there.
   for (const PlannedSeq& s : plan.seqs)
@@ -69,7 +79,7 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
         for (int j = 0; j < K; ++j) {
           const int at = t - W + j;  // relative to the step's first token of the request
           const float in = at >= 0 ? dn_mixed_[size_t(s.first_token + at) * C + ch] : window[W + at];
-          acc += L.dn_conv.at(int64_t(ch) * K + j) * in;
+          acc += cw[int64_t(ch) * K + j] * in;
         }
         dn_conv_[size_t(s.first_token + t) * C + ch] = silu(acc);
       }
@@ -81,7 +91,10 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
       }
     }
   });
-  // The delta rule and the gated norm, per (request, value head), tokens in order.
+  // The delta rule and the gated norm, per (request, value head), tokens in order. Two passes
+  // over the state [dk][dv] a token, row by row (each output column still sums its dk terms in
+  // ascending i, as the reference does): decay and S^T k; then the update and S^T q of the
+  // updated state.
   pool_->parallel_for_each(int64_t(S) * nv, [&](int64_t item) {
     const PlannedSeq& s = plan.seqs[size_t(item / nv)];
     const int hv = int(item % nv), hk = hv / r;
@@ -101,25 +114,31 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
       const float* v = row + 2 * kd + hv * dv;
       const float g = -std::exp(a_log) * softplus(dn_a_[size_t(t) * nv + hv] + dt_bias);
       const float decay = std::exp(g), beta = sigmoid(dn_b_[size_t(t) * nv + hv]);
-      for (int i = 0; i < dk * dv; ++i) st[i] *= decay;
-      for (int j = 0; j < dv; ++j) {
-        float m = 0.f;
-        for (int i = 0; i < dk; ++i) m += st[i * dv + j] * k[i];
-        kv[j] = (v[j] - m) * beta;
+      std::fill(kv, kv + dv, 0.f);
+      for (int i = 0; i < dk; ++i) {
+        float* srow = st + i * dv;
+        const float ki = k[i];
+        for (int j = 0; j < dv; ++j) {
+          srow[j] *= decay;
+          kv[j] += srow[j] * ki;
+        }
       }
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) st[i * dv + j] += k[i] * kv[j];
+      for (int j = 0; j < dv; ++j) kv[j] = (v[j] - kv[j]) * beta;
       float* o = &attn_[size_t(t) * vd + size_t(hv) * dv];
-      for (int j = 0; j < dv; ++j) {
-        float acc = 0.f;
-        for (int i = 0; i < dk; ++i) acc += st[i * dv + j] * q[i];
-        o[j] = acc;
+      std::fill(o, o + dv, 0.f);
+      for (int i = 0; i < dk; ++i) {
+        float* srow = st + i * dv;
+        const float ki = k[i], qi = q[i];
+        for (int j = 0; j < dv; ++j) {
+          srow[j] += ki * kv[j];
+          o[j] += srow[j] * qi;
+        }
       }
       float ss = 0.f;
       for (int j = 0; j < dv; ++j) ss += o[j] * o[j];
       const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
       const float* z = &dn_z_[size_t(t) * vd + size_t(hv) * dv];
-      for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * L.dn_norm.at(j) * silu(z[j]);
+      for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * nw[j] * silu(z[j]);
     }
   });
   // Padding tokens (no request) attend to nothing.

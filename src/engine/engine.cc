@@ -853,6 +853,7 @@ EngineStats Engine::stats() const {
   if (capturer_) s.capture_waits = capturer_->waits();
   s.route_seconds = double(route_ns_) * 1e-9;
   s.attention_seconds = double(runner_->attention_ns()) * 1e-9;
+  s.deltanet_seconds = double(runner_->deltanet_ns()) * 1e-9;
   if (routes_) {
     const RouteStats& rs = routes_->stats();
     s.routed_experts_gaps = rs.gaps;

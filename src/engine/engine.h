@@ -100,6 +100,7 @@ struct EngineStats {
   // Wall time of attention over the KV cache (both cores: the loops that read the cache), so a
   // benchmark can set the KV bytes read against attention's own time.
   double attention_seconds = 0;
+  double deltanet_seconds = 0;  // in Gated DeltaNet blocks (hybrids), their projections included
   int running = 0, waiting = 0, free_blocks = 0, num_blocks = 0;
   int free_window_blocks = 0, num_window_blocks = 0;  // the sliding-window layers' pool (0: none)
   uint64_t window_blocks_freed = 0;                   // of it, released as windows slid past

@@ -74,6 +74,7 @@ class ModelRunner {
   std::vector<std::vector<uint64_t>> physical_expert_load() const;
   uint64_t weight_bytes_read() const { return weight_bytes_.load(); }
   uint64_t attention_ns() const { return attention_ns_.load(); }  // EngineStats::attention_seconds
+  uint64_t deltanet_ns() const { return deltanet_ns_.load(); }    // EngineStats::deltanet_seconds
   // Bytes of the Gated DeltaNet layers' state: per request (one slot), and all slots.
   uint64_t recurrent_state_bytes_per_request() const { return dn_layers_.size() * dn_state_floats_ * sizeof(float); }
   uint64_t recurrent_state_bytes() const { return dn_state_.size() * sizeof(float); }
@@ -145,6 +146,7 @@ class ModelRunner {
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
   std::atomic<uint64_t> attention_ns_{0};
+  std::atomic<uint64_t> deltanet_ns_{0};  // whole Gated DeltaNet blocks, projections included
   // Scratch, sized once (no allocation per step in the steady state).
   std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, ffn_, logits_, probs_;
   std::vector<float> gate_, up_, act_, expert_out_, route_w_;

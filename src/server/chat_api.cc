@@ -80,6 +80,17 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
   if (!ob.contains("messages") || !ob["messages"].is_array() || ob["messages"].empty())
     throw bad_request("\"messages\" must be a non-empty list", "messages");
   cr.messages = ob["messages"];
+  // r3 serves text: image, audio and video parts (OpenAI's content-part types) are refused by
+  // name rather than dropped or rendered as text by the template.
+  for (size_t i = 0; i < cr.messages.size(); ++i) {
+    const ojson& m = cr.messages[i];
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
+    for (const ojson& part : m["content"])
+      if (part.is_object() && part.contains("type") && part["type"] != "text")
+        throw bad_request("messages[" + std::to_string(i) + "]: content of type " + part["type"].dump() +
+                              " is not supported by r3 (text only; a vision-language model's vision tower is not run)",
+                          "messages");
+  }
   if (ob.contains("tools") && !ob["tools"].is_null()) {
     if (!ob["tools"].is_array()) throw bad_request("\"tools\" must be a list", "tools");
     if (!(b.contains("tool_choice") && b["tool_choice"] == "none")) cr.tools = ob["tools"];
