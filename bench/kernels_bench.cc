@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor_view.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -145,6 +146,24 @@ void BM_PackFp8(benchmark::State& state) { pack_panels<Fp8Weights>(state); }
 BENCHMARK(BM_PackBf16)->Args({2880, 2880})->UseRealTime();
 BENCHMARK(BM_PackMxfp4)->Args({2880, 2880})->UseRealTime();
 BENCHMARK(BM_PackFp8)->Args({2048, 2048})->UseRealTime();
+
+// The check a refit makes of every float tensor it is sent (a NaN or infinity is refused,
+// core/tensor_view.h first_non_finite), on one core over the same bytes as BM_PackBf16: its cost
+// beside the pack the refit does anyway. Many copies, so the bytes stream from memory.
+void BM_NonFiniteScan(benchmark::State& state) {
+  const int rows = int(state.range(0)), cols = int(state.range(1));
+  std::vector<Weights> ws;
+  ws.emplace_back(rows, cols);
+  const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / int64_t(ws[0].view.nbytes())));
+  while (int(ws.size()) < copies) ws.emplace_back(rows, cols);
+  int i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(r3::first_non_finite(ws[size_t(i)].view));
+    i = (i + 1) % copies;
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(ws[0].view.nbytes()));
+}
+BENCHMARK(BM_NonFiniteScan)->Args({2880, 2880})->UseRealTime();
 
 // One MoE layer of the bench preset as the engine runs it in batch-32 decode: 64 experts
 // (gate/up 512x1024, down 1024x512), each with its own tokens, items of 256 rows on both cores

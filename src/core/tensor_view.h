@@ -46,4 +46,8 @@ struct TensorView {
   std::string shape_str() const;
 };
 
+// The first element of a float tensor (F32, BF16, F16) whose exponent bits are all ones (NaN or
+// infinity), or -1; -1 for other dtypes and for a view without stored bytes.
+int64_t first_non_finite(const TensorView& t);
+
 }  // namespace r3

@@ -355,37 +355,6 @@ void Checkpoint::check_quantized_values(const TensorView& t) const {
 
 namespace {
 
-// True when some 16-bit lane of x is zero (any lane: the classic borrow test).
-inline bool has_zero_u16(uint64_t x) { return ((x - 0x0001000100010001ull) & ~x & 0x8000800080008000ull) != 0; }
-inline bool has_zero_u32(uint64_t x) { return ((x - 0x0000000100000001ull) & ~x & 0x8000000080000000ull) != 0; }
-
-// The first element of a float tensor whose exponent bits are all ones (NaN or infinity), or -1.
-// Eight bytes a step: the refit reads every byte anyway, and this keeps the check near the
-// speed of that read.
-int64_t first_non_finite(const TensorView& t) {
-  const auto* b = static_cast<const uint8_t*>(t.data);
-  if (!b || !is_float_dtype(t.dtype)) return -1;
-  const int64_t n = t.numel();
-  const size_t width = dtype_size(t.dtype);
-  const uint64_t lane_mask = t.dtype == DType::F32 ? 0x7f800000ull : t.dtype == DType::BF16 ? 0x7f80ull : 0x7c00ull;
-  const uint64_t mask = width == 4 ? lane_mask | lane_mask << 32 : lane_mask * 0x0001000100010001ull;
-  auto bad = [&](int64_t i) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, b + size_t(i) * width, width);
-    return (bits & lane_mask) == lane_mask;
-  };
-  const int64_t per_word = int64_t(8 / width), words = n / per_word;
-  for (int64_t w = 0; w < words; ++w) {
-    const uint64_t x = (load_u64(b + size_t(w) * 8) & mask) ^ mask;  // a zero lane: exponent all ones
-    if (width == 4 ? has_zero_u32(x) : has_zero_u16(x))
-      for (int64_t i = w * per_word; i < (w + 1) * per_word; ++i)
-        if (bad(i)) return i;
-  }
-  for (int64_t i = words * per_word; i < n; ++i)
-    if (bad(i)) return i;
-  return -1;
-}
-
 void refuse_if_non_finite(const TensorView& t) {
   if (const int64_t i = first_non_finite(t); i >= 0)
     throw Error(t.file + ": tensor \"" + t.name + "\" holds a non-finite value (NaN or infinity) at element " +
