@@ -313,6 +313,7 @@ class LLM {
       else if (key == "max_num_seqs") c.max_num_seqs = v.cast<int>();
       else if (key == "max_num_batched_tokens") c.max_num_batched_tokens = v.cast<int>();
       else if (key == "enable_prefix_caching") c.enable_prefix_caching = v.cast<bool>();
+      else if (key == "max_state_snapshots") c.max_state_snapshots = v.cast<int>();
       else if (key == "overlap_scheduler") c.overlap_scheduler = v.cast<bool>();
       else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
       else if (key == "threads") c.threads = v.cast<int>();
@@ -454,6 +455,13 @@ class LLM {
     d["free_window_blocks"] = s.free_window_blocks;
     d["num_window_blocks"] = s.num_window_blocks;
     d["window_blocks_freed"] = s.window_blocks_freed;
+    d["state_snapshots"] = s.state_snapshots;
+    d["state_snapshots_held"] = s.state_snapshots_held;
+    d["state_snapshots_taken"] = s.state_snapshots_taken;
+    d["state_snapshot_restores"] = s.state_snapshot_restores;
+    d["state_snapshot_cut_tokens"] = s.state_snapshot_cut_tokens;
+    d["state_snapshot_bytes"] = s.state_snapshot_bytes;
+    d["recurrent_state_bytes_per_request"] = engine_->recurrent_state_bytes_per_request();
     d["block_size"] = s.block_size;
     d["kv_cache_dtype"] = s.kv_cache_dtype;
     d["expert_load"] = s.expert_load;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -166,7 +167,8 @@ TEST(HybridCheckpoint, TheVisionLanguageReleaseAndTheTextClassAreTheSameDecoder)
   for (const std::string& dir : {vl_dir, text_dir}) {
     cfg.model = dir;
     Engine e(cfg);
-    EXPECT_FALSE(e.config().enable_prefix_caching);  // no recurrent-state snapshots yet
+    EXPECT_TRUE(e.config().enable_prefix_caching);  // hits restore recurrent-state snapshots
+    EXPECT_EQ(e.config().max_state_snapshots, 2 * e.config().max_num_seqs);
     out.push_back(e.generate({std::vector<int>(tokens.begin(), tokens.begin() + 20)}, {greedy(16)})[0].token_ids);
   }
   EXPECT_EQ(out[0], out[1]);
@@ -192,6 +194,99 @@ TEST(HybridEngine, StateSlotsAreReusedAndResetAsRequestsStart) {
   for (const auto& p : prompts) solo.push_back(e.generate({p}, {greedy(10)})[0].token_ids);
   const auto together = e.generate(prompts, {greedy(10), greedy(10), greedy(10)});
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i].token_ids, solo[i]) << "request " << i;
+}
+
+// Prefix caching of the recurrent state (engine/state_snapshots.h), seeded random schedules:
+// multi-turn rollouts (each turn's prompt is the previous prompt + its output + new tokens, so a
+// hit ends at the snapshot its previous turn left near its end), prompts sharing prefixes cut
+// inside and across blocks, chunk sizes 1-64, few or many snapshot slots (eviction), overlap on
+// and off, more running requests than a step's tokens. Every output equals its solo run bit for
+// bit, and the hits really restored snapshots.
+TEST(HybridPrefixCache, HitsRestoreSnapshotsBitForBit) {
+  for (const std::string arch : {"qwen3_next", "qwen3_5_moe"}) {
+    const std::string model = test_model(arch);
+    Engine solo(solo_config(model));
+    std::mt19937_64 rng(arch.size() * 7919);
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    uint64_t restores = 0, hit_tokens = 0;
+    for (int trial = 0; trial < 6; ++trial) {
+      SCOPED_TRACE(arch + " trial " + std::to_string(trial));
+      EngineConfig cfg = small_config(model, 96);
+      cfg.max_num_batched_tokens = std::vector<int>{1, 3, 16, 24, 64}[size_t(uni(0, 4))];
+      cfg.max_num_seqs = uni(2, 6);
+      cfg.max_state_snapshots = uni(0, 1) ? 2 : -1;
+      cfg.overlap_scheduler = uni(0, 1);
+      Engine e(cfg);
+      std::vector<int> shared(size_t(uni(20, 50)));
+      for (int& t : shared) t = uni(3, 500);
+      // Two conversations of three turns, and single prompts cut from the shared prefix.
+      std::vector<std::vector<int>> history(2);
+      for (int turn = 0; turn < 3; ++turn) {
+        std::vector<std::vector<int>> prompts;
+        std::vector<SamplingParams> params;
+        for (auto& h : history) {
+          if (h.empty()) h.assign(shared.begin(), shared.begin() + uni(8, int(shared.size())));
+          for (int j = uni(1, 12); j > 0; --j) h.push_back(uni(3, 500));
+          prompts.push_back(h);
+        }
+        for (int j = uni(1, 3); j > 0; --j) {
+          std::vector<int> p(shared.begin(), shared.begin() + uni(1, int(shared.size())));
+          for (int k = uni(0, 5); k > 0; --k) p.push_back(uni(3, 500));
+          prompts.push_back(p);
+        }
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          SamplingParams p = greedy(uni(1, 20));
+          if (uni(0, 1)) p.temperature = 1.f, p.seed = rng();
+          params.push_back(p);
+        }
+        const auto got = e.generate(prompts, params);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const RequestOutput want = solo.generate({prompts[i]}, {params[i]})[0];
+          expect_matches_solo(got[i], want, false, params[i], "turn " + std::to_string(turn) + " request " + std::to_string(i));
+          if (i < history.size()) history[i].insert(history[i].end(), got[i].token_ids.begin(), got[i].token_ids.end());
+        }
+      }
+      const EngineStats st = e.stats();
+      restores += st.state_snapshot_restores;
+      hit_tokens += st.prefix_hit_tokens;
+      EXPECT_EQ(st.state_snapshots, cfg.max_state_snapshots < 0 ? 2 * cfg.max_num_seqs : 2);
+      EXPECT_EQ(st.state_snapshot_bytes, uint64_t(st.state_snapshots) * e.recurrent_state_bytes_per_request());
+      EXPECT_LE(st.state_snapshots_held, st.state_snapshots);
+    }
+    EXPECT_GT(restores, 0u) << arch;
+    EXPECT_GT(hit_tokens, 0u) << arch;
+  }
+}
+
+// A hit skips its prefill: with an 896-token prefix cached, a 1,024-token prompt computes only
+// its last 128 tokens (the prefill-time figure is r3 bench's; docs/BENCHMARKS.md). Without
+// snapshots (max_state_snapshots 0) it computes all of them, and so does a hit whose end has no
+// snapshot: the hit is cut back to the last snapshot before it.
+TEST(HybridPrefixCache, APrefixHitSkipsItsPrefill) {
+  const std::string model = test_model("qwen3_next");
+  std::vector<int> prompt(1024);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int(3 + (i * 37) % 400);
+  const std::vector<int> prefix(prompt.begin(), prompt.begin() + 896);
+  for (int snapshots : {-1, 0}) {
+    EngineConfig cfg = small_config(model, 160);
+    cfg.max_state_snapshots = snapshots;
+    Engine e(cfg);
+    const RequestOutput first = e.generate({prefix}, {greedy(1)})[0];
+    const uint64_t before = e.stats().computed_tokens;
+    const RequestOutput second = e.generate({prompt}, {greedy(1)})[0];
+    const uint64_t computed = e.stats().computed_tokens - before;
+    if (snapshots != 0) {
+      EXPECT_EQ(second.num_cached_tokens, 896);
+      EXPECT_EQ(computed, 128u);
+    } else {
+      EXPECT_EQ(second.num_cached_tokens, 0);
+      EXPECT_EQ(computed, 1024u);
+    }
+    EngineConfig solo_cfg = solo_config(model);
+    solo_cfg.num_kv_blocks = 160;
+    Engine solo(solo_cfg);
+    expect_matches_solo(second, solo.generate({prompt}, {greedy(1)})[0], false, greedy(1), "snapshots " + std::to_string(snapshots));
+  }
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ void add_engine_flags(Args& a) {
       .opt("kv-cache-mb", "1024", "KV memory when --num-kv-blocks is 0")
       .opt("kv-cache-dtype", "auto", "KV cache element: auto (fp32 for an fp32 checkpoint, else bf16), bf16 or fp32")
       .flag("enable-prefix-caching", true, "reuse cached KV blocks of shared prompt prefixes")
+      .opt("max-state-snapshots", "-1",
+           "hybrids (Gated DeltaNet): recurrent-state snapshots kept for prefix hits, each the state of one request "
+           "(-1 = 2 x --max-num-seqs, 0 = none: no prefix hits)")
       .flag("overlap-scheduler", false, "plan step N+1 while step N computes")
       .opt("decode-buckets", "", "pad pure-decode steps to these sizes, e.g. 1,2,4,8,16,32")
       .opt("threads", "0", "compute threads (0 = all cores)")
@@ -57,6 +60,7 @@ EngineConfig engine_config_from(const Args& a) {
   c.kv_cache_mb = int(a.integer("kv-cache-mb"));
   c.kv_cache_dtype = a.str("kv-cache-dtype");
   c.enable_prefix_caching = a.on("enable-prefix-caching");
+  c.max_state_snapshots = int(a.integer("max-state-snapshots"));
   c.overlap_scheduler = a.on("overlap-scheduler");
   c.decode_buckets = parse_int_list(a.str("decode-buckets"), "decode-buckets");
   c.threads = int(a.integer("threads"));

@@ -58,12 +58,16 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
   const float* cw = conv_w.data();
   const float* nw = norm_w.data();
   // A request starting at position 0 (admitted, or recomputing after preemption) starts from a
-  // zero state, whatever the slot's previous owner left there.
-  for (const PlannedSeq& s : plan.seqs)
-    if (s.start_pos == 0 && s.num_tokens > 0) {
-      float* st = deltanet_state(s.state_slot, l);
+  // zero state, whatever the slot's previous owner left there; one starting at a prefix hit's
+  // end, from the snapshot taken there (pinned by the plan: no sequence of this step writes it).
+  for (const PlannedSeq& s : plan.seqs) {
+    if (s.num_tokens == 0) continue;
+    float* st = deltanet_state(s.state_slot, l);
+    if (s.snapshot_restore >= 0)
+      std::copy_n(deltanet_snapshot(s.snapshot_restore, l), dn_state_floats_, st);
+    else if (s.start_pos == 0)
       std::fill(st, st + dn_state_floats_, 0.f);
-    }
+  }
   // The conv, per (request, channel): each token's window reads earlier tokens of this step or,
   // before them, the request's conv state (the last K - 1 inputs, oldest first), which then
   // moves on to this step's last K - 1 inputs.
@@ -82,6 +86,15 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
           acc += cw[int64_t(ch) * K + j] * in;
         }
         dn_conv_[size_t(s.first_token + t) * C + ch] = silu(acc);
+      }
+      // The window after the snapshot's tokens: (window ++ inputs)[e .. e + W), before the
+      // window moves on.
+      if (s.snapshot_write >= 0) {
+        float* snap = deltanet_snapshot(s.snapshot_write, l) + state_k + int64_t(ch) * W;
+        for (int m = 0; m < W; ++m) {
+          const int u = s.snapshot_tokens + m;
+          snap[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
+        }
       }
       // window' = (window ++ this step's inputs)[n .. n + W): ascending, each read at or after
       // the position it overwrites.
@@ -139,6 +152,8 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
       const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
       const float* z = &dn_z_[size_t(t) * vd + size_t(hv) * dv];
       for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * nw[j] * silu(z[j]);
+      if (t + 1 - s.first_token == s.snapshot_tokens && s.snapshot_write >= 0)  // the state at the boundary
+        std::copy_n(st, int64_t(dk) * dv, deltanet_snapshot(s.snapshot_write, l) + int64_t(hv) * dk * dv);
     }
   });
   // Padding tokens (no request) attend to nothing.

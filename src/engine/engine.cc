@@ -93,9 +93,11 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
       throw Error(tok_dir + ": the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                   " tokens but the model's vocab_size is " + std::to_string(mc.vocab_size));
   }
-  // Gated DeltaNet layers keep a state per request, not per block: a prefix hit would need the
-  // state at the hit's end, which r3 does not snapshot yet, so hybrids run without prefix caching.
-  if (mc.hybrid()) cfg_.enable_prefix_caching = false;
+  // Gated DeltaNet layers keep a state per request, not per block: a prefix hit restores the
+  // state at its end from a snapshot (engine/state_snapshots.h), so hybrids need some.
+  if (cfg_.max_state_snapshots < -1) throw Error("max_state_snapshots must be >= 0 (or -1: 2 x max_num_seqs)");
+  if (cfg_.max_state_snapshots < 0) cfg_.max_state_snapshots = 2 * cfg_.max_num_seqs;
+  if (!mc.hybrid() || !cfg_.enable_prefix_caching) cfg_.max_state_snapshots = 0;
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
   cfg_.kv_cache_dtype = kv_dtype == DType::BF16 ? "bf16" : "fp32";
   int max_step = cfg_.max_num_batched_tokens;
@@ -139,7 +141,9 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
     throw Error("expert_parallel " + std::to_string(exchange_->ranks()) + " exceeds the model's " +
                 std::to_string(mc.num_experts) + " experts (plus EPLB replicas)");
   runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
-                                          pool_.get(), kv_dtype, window_blocks, std::move(eplb), exchange_.get());
+                                          pool_.get(), kv_dtype, window_blocks, std::move(eplb), exchange_.get(),
+                                          cfg_.max_state_snapshots);
+  if (cfg_.max_state_snapshots > 0) snapshots_ = std::make_unique<StateSnapshots>(cfg_.max_state_snapshots);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
@@ -148,7 +152,7 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   sc.sliding_window = window;
   sc.state_slots = mc.hybrid();
   scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
-                                           runner_->window_scratch_block());
+                                           runner_->window_scratch_block(), snapshots_.get());
   if (cfg_.enable_return_routed_experts) {
     assert_capturable(cfg_, mc, max_step);
     capturer_ = std::make_unique<RouteCapturer>(cfg_.overlap_scheduler ? 3 : 1, max_step,
@@ -337,6 +341,7 @@ void Engine::finish_aborted(std::vector<RequestOutput>& out) {
 
 void Engine::drop_prefix_cache() {
   kv_->flush();
+  if (snapshots_) snapshots_->flush();
   if (window_kv_) window_kv_->flush();
   if (routes_) routes_->invalidate_all();
 }
@@ -485,6 +490,12 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     // Publish blocks this step filled, so later requests can hit them (their routes are
     // committed above, before any hit can be planned).
     publish_full_blocks(r, s.start_pos + s.num_tokens);
+    // Its recurrent-state snapshot, under the hash of the block that ends where it was taken
+    // (published just now, unless its KV was computed under older weights).
+    if (s.snapshot_write >= 0) {
+      const size_t b = size_t((s.start_pos + s.snapshot_tokens) / cfg_.block_size - 1);
+      if (b < r->block_hashes.size()) snapshots_->publish(s.snapshot_write, r->block_hashes[b]);
+    }
     bool failed = false;
     for (int j = 0; j < s.score_count && !failed; ++j) {
       const ScoreTarget& t = plan.scores[size_t(s.score_offset + j)];
@@ -845,6 +856,14 @@ EngineStats Engine::stats() const {
   s.free_blocks = kv_->num_free();
   s.num_blocks = kv_->num_blocks();
   s.published_blocks = kv_->publishes();
+  if (snapshots_) {
+    s.state_snapshots = snapshots_->capacity();
+    s.state_snapshots_held = snapshots_->num_published();
+    s.state_snapshots_taken = snapshots_->published();
+    s.state_snapshot_bytes = uint64_t(snapshots_->capacity()) * recurrent_state_bytes_per_request();
+  }
+  s.state_snapshot_restores = ss.snapshot_restores;
+  s.state_snapshot_cut_tokens = ss.snapshot_cut_tokens;
   if (window_kv_) s.free_window_blocks = window_kv_->num_free(), s.num_window_blocks = window_kv_->num_blocks();
   s.window_blocks_freed = ss.window_blocks_freed;
   s.expert_load = runner_->expert_load();

@@ -43,6 +43,10 @@ struct EngineConfig {
   int max_num_seqs = 32;
   int max_num_batched_tokens = 512;
   bool enable_prefix_caching = true;
+  // Hybrid models (Gated DeltaNet): recurrent-state snapshots kept for prefix caching
+  // (engine/state_snapshots.h), each Engine::recurrent_state_bytes_per_request() bytes,
+  // committed as written. -1 = 2 x max_num_seqs; 0 = none (hybrids then get no prefix hits).
+  int max_state_snapshots = -1;
   bool overlap_scheduler = false;
   std::vector<int> decode_buckets;
   int threads = 0;                   // 0 = hardware concurrency
@@ -107,6 +111,11 @@ struct EngineStats {
   int block_size = 0;
   std::string kv_cache_dtype;     // as resolved: "bf16" or "fp32"
   uint64_t published_blocks = 0;  // full blocks entered in the prefix cache
+  // Hybrids: recurrent-state snapshots (engine/state_snapshots.h): slots, findable ones, taken,
+  // prefix hits restored from one, hit tokens given up where no snapshot ended, bytes reserved.
+  int state_snapshots = 0, state_snapshots_held = 0;
+  uint64_t state_snapshots_taken = 0, state_snapshot_restores = 0, state_snapshot_cut_tokens = 0;
+  uint64_t state_snapshot_bytes = 0;
   std::vector<std::vector<uint64_t>> expert_load;  // [L_moe][E] tokens per logical expert
   std::vector<std::vector<uint64_t>> physical_expert_load;  // [L_moe][E + redundant] (EPLB)
   std::vector<int> moe_layers;
@@ -268,6 +277,7 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<KvPool> window_kv_;  // the sliding-window layers' blocks (null without such layers)
+  std::unique_ptr<StateSnapshots> snapshots_;  // hybrids' recurrent-state snapshots (null: none)
   std::unique_ptr<ExpertExchange> exchange_;  // expert parallelism, or null
   std::unique_ptr<ModelRunner> runner_;
   StepSampler sampler_;        // placeholders, sampling, scoring: on the thread that runs forwards

@@ -18,6 +18,7 @@ std::string engine_config_to_json(const EngineConfig& c) {
               {"max_num_seqs", c.max_num_seqs},
               {"max_num_batched_tokens", c.max_num_batched_tokens},
               {"enable_prefix_caching", c.enable_prefix_caching},
+              {"max_state_snapshots", c.max_state_snapshots},
               {"overlap_scheduler", c.overlap_scheduler},
               {"decode_buckets", c.decode_buckets},
               {"threads", c.threads},
@@ -42,6 +43,7 @@ EngineConfig engine_config_from_json(const std::string& text) {
     c.max_num_seqs = j.at("max_num_seqs").get<int>();
     c.max_num_batched_tokens = j.at("max_num_batched_tokens").get<int>();
     c.enable_prefix_caching = j.at("enable_prefix_caching").get<bool>();
+    c.max_state_snapshots = j.at("max_state_snapshots").get<int>();
     c.overlap_scheduler = j.at("overlap_scheduler").get<bool>();
     c.decode_buckets = j.at("decode_buckets").get<std::vector<int>>();
     c.threads = j.at("threads").get<int>();

@@ -37,7 +37,7 @@ int count_full(const ModelConfig& c, int window_blocks) {
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
                          int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks,
-                         EplbMap eplb, ExpertExchange* exchange)
+                         EplbMap eplb, ExpertExchange* exchange, int state_snapshots)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
       block_size_(block_size),
@@ -85,7 +85,10 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
     const DeltaNetSpec& d = *c.deltanet;
     od = std::max(od, size_t(d.value_dim()));
     dn_state_floats_ = size_t(d.state_floats());
-    dn_state_.assign(size_t(max_seqs_) * dn_layers_.size() * dn_state_floats_, 0.f);
+    // One state per running request: max_seqs of them (max_seqs_ bounds only a step's sampled rows).
+    dn_state_.assign(size_t(max_seqs) * dn_layers_.size() * dn_state_floats_, 0.f);
+    if (state_snapshots > 0)
+      dn_snapshots_ = std::make_unique<BigArray<float>>(size_t(state_snapshots) * dn_layers_.size() * dn_state_floats_);
     dn_mixed_.resize(T * size_t(d.conv_dim()));
     dn_conv_.resize(T * size_t(d.conv_dim()));
     dn_z_.resize(T * size_t(d.value_dim()));

@@ -35,9 +35,11 @@ class ModelRunner {
   // in the num_blocks pool); 0 when the model has no sliding layers. eplb: the physical experts
   // (EplbMap). exchange (expert parallelism): this rank packs and computes only its own physical
   // experts (first_physical) and gathers the other ranks' rows in every MoE layer.
+  // state_snapshots: recurrent-state snapshots for prefix caching (hybrids; StateSnapshots says
+  // which slot holds what), committed as written.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
               int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0, EplbMap eplb = {},
-              ExpertExchange* exchange = nullptr);
+              ExpertExchange* exchange = nullptr, int state_snapshots = 0);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
@@ -109,6 +111,10 @@ class ModelRunner {
   float* deltanet_state(int slot, int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
     return dn_state_.data() + (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
   }
+  float* deltanet_snapshot(int snapshot, int layer) {  // laid out as deltanet_state
+    return dn_snapshots_->get() +
+           (size_t(snapshot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+  }
 
   std::shared_ptr<Checkpoint> ckpt_;
   ModelWeights weights_;                        // views the kernels read (the checkpoint's panels)
@@ -140,7 +146,8 @@ class ModelRunner {
   // every state slot's recurrent and conv state for each of them, fp32, zeroed as a request starts.
   std::vector<int> dn_layers_, dn_index_;
   size_t dn_state_floats_ = 0;
-  std::vector<float> dn_state_;
+  std::vector<float> dn_state_;  // [max_num_seqs slots][DeltaNet layers][state_floats]
+  std::unique_ptr<BigArray<float>> dn_snapshots_;  // [snapshots][DeltaNet layers][state_floats]
   std::vector<float> dn_mixed_, dn_conv_, dn_z_, dn_b_, dn_a_;  // [T, C], [T, C], [T, vd], [T, nv] x 2
   std::vector<float> qg_, attn_gate_;  // output-gated attention: q_proj's [T, 2 qd], the gates [T, qd]
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;

@@ -47,6 +47,11 @@ struct Request {
   int window_freed = 0;
   std::vector<uint64_t> block_hashes;   // chained hashes of the first full blocks
   int state_slot = -1;                  // its Gated DeltaNet state while running (Scheduler), else -1
+  int restore_snapshot = -1;            // a prefix hit's state snapshot, until its first step is planned
+  // The snapshot it last took past its prompt (slot and reservation generation), superseded by
+  // the next one: a finished turn leaves one snapshot near its end for the next turn to hit.
+  int trail_snapshot = -1;
+  uint64_t trail_generation = 0;
   int num_computed = 0;                 // tokens whose KV is computed or scheduled
   int pending = 0;                      // sampled tokens not yet known (overlap scheduling)
   uint64_t epoch = 0;                   // bumped by preemption: in-flight results are stale

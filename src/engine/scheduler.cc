@@ -6,9 +6,13 @@
 
 namespace r3 {
 
-Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool, int window_scratch)
+Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool, int window_scratch,
+                     StateSnapshots* snapshots)
     : cfg_(std::move(cfg)), pool_(pool), scratch_block_(scratch_block), window_pool_(window_pool),
-      window_scratch_(window_scratch) {
+      window_scratch_(window_scratch), snapshots_(snapshots) {
+  if (snapshots_ && !cfg_.state_slots) throw Error("scheduler: state snapshots need recurrent state slots");
+  if (cfg_.state_slots && window_pool_)  // a hit would have to end where both are cached
+    throw Error("scheduler: recurrent layers beside sliding-window layers are not implemented");
   std::sort(cfg_.decode_buckets.begin(), cfg_.decode_buckets.end());
   if ((cfg_.sliding_window > 0) != (window_pool_ != nullptr))
     throw Error("scheduler: a sliding window needs its own KV pool, and only then");
@@ -29,6 +33,7 @@ void Scheduler::release_blocks(Request* r) {
   r->window_blocks.clear();
   r->window_freed = 0;
   if (r->state_slot >= 0) free_slots_.push_back(r->state_slot), r->state_slot = -1;
+  r->restore_snapshot = -1;  // found for a hit these blocks were; not pinned before it is planned
 }
 
 void Scheduler::remove(Request* r) {
@@ -118,6 +123,15 @@ void Scheduler::admit_prefix(Request* r) {
     hit.pop_back();
     window.assign(hit.size(), -1);
   }
+  // A recurrent model resumes from the state at the hit's end: the hit is cut back to the longest
+  // prefix whose end has a snapshot (none without snapshots).
+  if (cfg_.state_slots) {
+    const size_t found = hit.size();
+    while (!hit.empty() && (!snapshots_ || (r->restore_snapshot = snapshots_->find(hashes[hit.size() - 1])) < 0))
+      hit.pop_back();
+    stats_.snapshot_cut_tokens += uint64_t(found - hit.size()) * uint64_t(bs);
+    if (!hit.empty()) ++stats_.snapshot_restores;
+  }
   for (size_t i = 0; i < hit.size(); ++i) {
     pool_->acquire(hit[i]);
     r->blocks.push_back(hit[i]);
@@ -142,6 +156,11 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   s.num_tokens = n;
   s.start_pos = r->num_computed;
   s.state_slot = r->state_slot;
+  if (r->restore_snapshot >= 0) {
+    s.snapshot_restore = r->restore_snapshot;
+    snapshots_->pin(s.snapshot_restore);
+    r->restore_snapshot = -1;
+  }
   s.table_offset = int(plan.block_tables.size());
   s.table_len = int(r->blocks.size());
   plan.block_tables.insert(plan.block_tables.end(), r->blocks.begin(), r->blocks.end());
@@ -180,6 +199,7 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     }
     s.score_count = int(plan.scores.size()) - s.score_offset;
   }
+  if (snapshots_) plan_snapshot(s, r);
   r->num_computed += n;
   if (r->num_computed == known + r->pending && r->params.max_tokens > 0) {
     s.sample = true;
@@ -191,8 +211,33 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   plan.seqs.push_back(s);
 }
 
+// The state after the last block boundary this step reaches, if it reaches one, unless its KV
+// cannot be published (computed under older weights: Engine::publish_full_blocks). In the
+// prompt every chunk's is kept (a shared prompt is hit at its end); past it, each replaces the
+// request's previous one, so a decode leaves one snapshot, near its end, for the next turn.
+void Scheduler::plan_snapshot(PlannedSeq& s, Request* r) {
+  const int bs = pool_->block_size(), boundary = (s.start_pos + s.num_tokens) / bs * bs;
+  if (boundary <= s.start_pos || r->kv_version != weight_version_) return;
+  const int slot = snapshots_->reserve();
+  if (slot < 0) return;  // every slot in use by plans in flight: no snapshot this time
+  s.snapshot_write = slot;
+  s.snapshot_tokens = boundary - s.start_pos;
+  if (boundary <= int(r->prompt.size())) return;
+  if (r->trail_snapshot >= 0) snapshots_->drop(r->trail_snapshot, r->trail_generation);
+  r->trail_snapshot = slot;
+  r->trail_generation = snapshots_->generation(slot);
+}
+
+void Scheduler::unpin_snapshots(const StepPlan& plan) {
+  for (const PlannedSeq& s : plan.seqs) {
+    if (s.snapshot_restore >= 0) snapshots_->unpin(s.snapshot_restore);
+    if (s.snapshot_write >= 0) snapshots_->unpin(s.snapshot_write);
+  }
+}
+
 void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version) {
   weight_version_ = weight_version;
+  if (snapshots_) unpin_snapshots(plan);
   plan.clear();
   plan.iter = iter;
   plan.weight_version = weight_version;

@@ -18,6 +18,7 @@
 
 #include "engine/kv_pool.h"
 #include "engine/request.h"
+#include "engine/state_snapshots.h"
 #include "engine/waiting_queue.h"
 #include "step/step_plan.h"
 
@@ -31,6 +32,10 @@ struct SchedulerConfig {
   int sliding_window = 0;           // the sliding layers' window (keys), 0 without such layers
   // Models with recurrent layers (Gated DeltaNet): each running request holds one of
   // max_num_seqs state slots, taken when it is admitted and given back when it stops running.
+  // With prefix caching, a hit must end where a snapshot of that state was taken (the
+  // Scheduler's `snapshots`): each step a request reaches a block boundary, the state at the
+  // last one it reaches is snapshotted (in its prompt: every chunk's; past it: only the latest
+  // is kept), and a hit is cut back to the longest prefix whose end has one.
   bool state_slots = false;
 };
 
@@ -38,14 +43,17 @@ struct SchedulerStats {
   uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0,
            chunked_prefills = 0, padded_tokens = 0, steps = 0;
   uint64_t window_blocks_freed = 0;  // sliding-window blocks released while their request ran
+  uint64_t snapshot_restores = 0;    // prefix hits that restored a recurrent-state snapshot
+  uint64_t snapshot_cut_tokens = 0;  // hit tokens given up because no snapshot ended there
 };
 
 class Scheduler {
  public:
   // window_pool / window_scratch: the sliding layers' pool and scratch block (cfg.sliding_window
-  // > 0 only).
+  // > 0 only). snapshots: the recurrent-state snapshots of prefix caching (cfg.state_slots with
+  // prefix caching only; null: hybrids get no prefix hits).
   Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool = nullptr,
-            int window_scratch = 0);
+            int window_scratch = 0, StateSnapshots* snapshots = nullptr);
 
   void add(Request* r);
   // Drops a request from the queues and releases its blocks.
@@ -72,6 +80,10 @@ class Scheduler {
   void release_blocks(Request* r);
   void admit_prefix(Request* r);
   void plan_seq(StepPlan& plan, Request* r, int n);
+  // The snapshots `plan` (its previous contents) restored from or wrote: unpinned (that plan's
+  // step is done; its writes were published when it was processed).
+  void unpin_snapshots(const StepPlan& plan);
+  void plan_snapshot(PlannedSeq& s, Request* r);
 
   SchedulerConfig cfg_;
   KvPool* pool_;
@@ -84,6 +96,7 @@ class Scheduler {
   uint64_t weight_version_ = 0;  // of the step being scheduled: the root of prefix hash chains
   SchedulerStats stats_;
   std::vector<int> free_slots_;  // state slots no running request holds (cfg_.state_slots)
+  StateSnapshots* snapshots_;
 };
 
 }  // namespace r3

@@ -88,6 +88,14 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const 
   w.one("r3_kv_window_blocks_free", "gauge", "free blocks of the sliding-window layers' pool", e.free_window_blocks);
   w.one("r3_kv_window_blocks_freed_total", "counter", "sliding-window blocks released as windows slid past",
         double(e.window_blocks_freed));
+  w.one("r3_state_snapshots_total", "gauge", "hybrids: recurrent-state snapshot slots (0: none)", e.state_snapshots);
+  w.one("r3_state_snapshots_held", "gauge", "hybrids: snapshots a prefix hit can restore", e.state_snapshots_held);
+  w.one("r3_state_snapshot_bytes", "gauge", "hybrids: bytes of the snapshot slots (committed as written)",
+        double(e.state_snapshot_bytes));
+  w.one("r3_state_snapshot_restores_total", "counter", "hybrids: prefix hits that restored a snapshot",
+        double(e.state_snapshot_restores));
+  w.one("r3_state_snapshot_cut_tokens_total", "counter",
+        "hybrids: cached prefix tokens recomputed because no snapshot ended there", double(e.state_snapshot_cut_tokens));
   w.one("r3_weight_version", "gauge", "weight version (increases with every refit)", double(e.weight_version));
   w.one("r3_weight_bytes_read_total", "counter", "checkpoint bytes read", double(e.weight_bytes_read));
   w.one("r3_route_bytes_returned_total", "counter", "bytes of routed_experts returned to clients",

@@ -26,6 +26,10 @@ struct PlannedSeq {
   // query's window were freed.
   int window_offset = 0;
   int state_slot = -1;       // its recurrent state (models with Gated DeltaNet layers), else -1
+  // Prefix caching of that state (engine/state_snapshots.h): before its first token the slot is
+  // loaded from snapshot `snapshot_restore` (a prefix hit's end), and after `snapshot_tokens` of
+  // its tokens the state is copied into snapshot `snapshot_write` (a block boundary); -1: none.
+  int snapshot_restore = -1, snapshot_write = -1, snapshot_tokens = 0;
   bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
   SamplerParams sampler;     // copied: sampling must not read live request state
   bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step

@@ -76,6 +76,11 @@ void RenderBudget::adopt(const std::shared_ptr<std::vector<std::pair<std::string
   dicts_.push_back(dict);
 }
 
+void RenderBudget::own(const std::shared_ptr<std::vector<Value>>& list) { lists_.push_back(list); }
+void RenderBudget::own(const std::shared_ptr<std::vector<std::pair<std::string, Value>>>& dict) {
+  dicts_.push_back(dict);
+}
+
 void RenderBudget::adopt(const std::shared_ptr<Namespace>& ns) {
   produce(sizeof(ns) + ns->attrs.size() * sizeof(std::pair<std::string, Value>));
   namespaces_.push_back(ns);

@@ -68,8 +68,9 @@ class RenderBudget {
   void adopt(const std::shared_ptr<Namespace>& ns);
   // Records a container whose bytes were charged before it was built (from_json charges a JSON
   // array's or object's slots before allocating them, so the peak never passes the budget).
-  void own(const std::shared_ptr<std::vector<Value>>& list) { lists_.push_back(list); }
-  void own(const std::shared_ptr<std::vector<std::pair<std::string, Value>>>& dict) { dicts_.push_back(dict); }
+  // (Out of line: Value is incomplete here, which clang refuses for the vectors' growth.)
+  void own(const std::shared_ptr<std::vector<Value>>& list);
+  void own(const std::shared_ptr<std::vector<std::pair<std::string, Value>>>& dict);
 
  private:
   RenderLimits limits_;
