@@ -84,6 +84,13 @@ TimedRun::TimedRun(Engine& e, const Entry& en, bool ask_routes, uint64_t run)
     for (int r = 0; r < en.requests; ++r) e.add_request(prompts[size_t(r)], sp);
     while (e.has_unfinished()) e.step();
   }
+  if (en.measure == Entry::Prefill && en.shared_prefix > 0) {
+    // Untimed: the shared prefixes alone, so the timed prefill starts from a prefix hit (a
+    // hybrid's restores the recurrent-state snapshot taken at its end).
+    sp.max_tokens = 1;
+    for (size_t b = 0; b < bases.size() && int(b) < en.requests; ++b) e.add_request(bases[b], sp);
+    while (e.has_unfinished()) e.step();
+  }
   sp.max_tokens = en.max_tokens;
   for (int r = 0; r < en.requests; ++r) {
     sp.seed = uint64_t(r);
@@ -117,6 +124,7 @@ Timing TimedRun::timing() const {
   t.preemptions = s.preemptions - before_.preemptions;
   if (!(secs > 0)) return t;  // nothing timed (a decode entry of one token)
   t.tokens_per_s = tokens / secs;
+  t.seconds = secs;
   t.weight_gb_per_s = double(s.weight_bytes_read - start_.weight_bytes_read) / secs / 1e9;
   t.route_fraction = (s.route_seconds - start_.route_seconds) / secs;
   t.deltanet_fraction = (s.deltanet_seconds - start_.deltanet_seconds) / secs;

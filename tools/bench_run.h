@@ -29,6 +29,7 @@ struct Timing {
   double route_fraction = 0;         // of the timed span, spent committing and assembling routes
   double deltanet_fraction = 0;      // of the timed span, in Gated DeltaNet blocks (hybrids)
   uint64_t preemptions = 0;          // during the run: the KV pool was too small for the entry
+  double seconds = 0;                // the timed span
 };
 
 // Per-token matmul FLOPs of the model (2 per weight element a token touches) plus attention at

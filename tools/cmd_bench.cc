@@ -218,6 +218,9 @@ int cmd_bench(int argc, char** argv) {
       {"decode_b8", 8, 16, 0, dec, Entry::Decode},
       {"decode_b32", 32, 16, 0, dec, Entry::Decode},
       {"prefill_2k", 1, pre, 0, 1, Entry::Prefill},
+      // A prefix hit against the same prompt without one (not in the default suite).
+      {"prefill_1k", 1, 1024, 0, 1, Entry::Prefill},
+      {"prefill_1k_hit896", 1, 1024, 896, 1, Entry::Prefill},
       {"mixed_rollout", 32, 160, 128, 2 * dec, Entry::Total},
       // RL-shaped, long: not in the default suite (minutes per repetition on the bench preset).
       {"decode_b32_ctx8k", 32, 8192, 0, dec, Entry::Decode},
@@ -282,7 +285,7 @@ int cmd_bench(int argc, char** argv) {
     max_positions = probe.model_config().max_position_embeddings;
     kv_tokens = probe.stats().num_blocks * probe.stats().block_size;
     model_is_hybrid = probe.model_config().hybrid();
-    prefix_caching = probe.config().enable_prefix_caching;  // off for hybrids (engine.cc)
+    prefix_caching = probe.config().enable_prefix_caching;  // as the engine resolved it
   }
   struct Row {
     Entry en;
@@ -291,6 +294,7 @@ int cmd_bench(int argc, char** argv) {
     uint64_t preemptions;
     std::vector<double> paired_ratios;
     Spread deltanet = {};  // hybrids: share of the timed span in Gated DeltaNet blocks
+    Spread seconds = {};   // the timed span (routes off, engine option on)
   };
   std::vector<Row> rows;
   std::vector<ExpertParallelRow> ep_rows;
@@ -325,7 +329,7 @@ int cmd_bench(int argc, char** argv) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, reps, ep_run));
       continue;
     }
-    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet;
+    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet, seconds;
     std::vector<double> paired_ratios;  // --paired-steps: routes on / on-but-unused of each repetition
     uint64_t preemptions = 0;
     auto keep_off = [&](const Timing& t) {
@@ -340,6 +344,7 @@ int cmd_bench(int argc, char** argv) {
       kv.push_back(t.kv_gb_per_s);
       attention_kv.push_back(t.attention_kv_gb_per_s);
       deltanet.push_back(t.deltanet_fraction);
+      seconds.push_back(t.seconds);
     };
     auto keep_on = [&](const Timing& t) {
       on.push_back(t.tokens_per_s);
@@ -414,6 +419,7 @@ int cmd_bench(int argc, char** argv) {
             spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions,
             paired_ratios};
     row.deltanet = spread_of(deltanet);
+    row.seconds = spread_of(seconds);
     row.ratio = row.on.median / row.unused.median;
     rows.push_back(row);
     machine.push_back(kernels::measure_machine(&probe_pool));
@@ -493,11 +499,22 @@ int cmd_bench(int argc, char** argv) {
       j["attention_kv_gb_per_s_spread"] = spread_json(r.attention_kv);
       j["attention_kv_over_read"] = r.attention_kv.median > read.median;
     } else {
+      if (r.en.measure == Entry::Prefill) j["seconds"] = r.seconds.median;
+      if (r.en.shared_prefix > 0) j["cached_prefix"] = r.en.shared_prefix;
       j["flops_fraction"] = r.gflops.median / peak.median;
       j["fma_flops_fraction"] = r.gflops.median / fma.median;
     }
     results.push_back(j);
   }
+  // A prefix hit's prefill against the same prompt's without one, both measured in this run.
+  for (const Row& hit : rows)
+    for (const Row& cold : rows)
+      if (hit.en.measure == Entry::Prefill && cold.en.measure == Entry::Prefill && hit.en.shared_prefix > 0 &&
+          cold.en.shared_prefix == 0 && hit.en.prompt_len == cold.en.prompt_len && cold.seconds.median > 0)
+        std::printf("%s: a %d-token prompt with %d tokens cached prefills in %.4f s, %.1f%% of the %.4f s of %s "
+                    "(routes off, medians)\n", hit.en.name.c_str(), hit.en.prompt_len, hit.en.shared_prefix,
+                    hit.seconds.median, 100 * hit.seconds.median / cold.seconds.median, cold.seconds.median,
+                    cold.en.name.c_str());
   std::fflush(stdout);
   kernels::MachineLimits m = m0;
   m.read_gb_per_s = read.median;
