@@ -1,7 +1,8 @@
 """r3's MoE architectures as PyTorch modules (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, GLM-4.5,
 DeepSeek-V3 with multi-head latent attention, GPT-OSS in its dequantized layout with sinks and
-sliding windows): the module tree mirrors the Hugging Face tensor
-names, so a checkpoint loads by name and writes back the same. Token ids [T] or [B, T], fp32 by
+sliding windows, the Gated DeltaNet hybrids Qwen3-Next and Qwen3.5-MoE): the module tree mirrors
+the Hugging Face tensor names, so a checkpoint loads by name and writes back the same (tensors
+r3 does not run, MTP layers and a vision tower, are kept as loaded and written back). Token ids [T] or [B, T], fp32 by
 default; every MoE layer carries a RouterReplay, and forward returns the routes it used.
 RoPE scaling: YaRN, as r3's C++ config parser and transformers compute it; other types are
 refused by name, as are DeepSeek-V3 attention biases.
@@ -14,11 +15,15 @@ import torch
 from torch import nn
 
 from .checkpoint import load_state_dict, save_state_dict
+from .deltanet import GatedDeltaNet
 from .replay import RouterReplay, gate_weights, live_topk
 
 _ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
           "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe",
-          "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}
+          "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
+          "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+          "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
+_HYBRIDS = ("qwen3_next", "qwen3_5_moe")
 
 
 class MoEConfig:
@@ -30,6 +35,18 @@ class MoEConfig:
             raise ValueError(f"r3.torch: architecture {archs[:1]} is not supported (supported: {', '.join(_ARCHS)})")
         self.raw = raw
         self.arch = _ARCHS[archs[0]]
+        self.prefix = "model."  # of the decoder's tensors
+        if archs[0] == "Qwen3_5MoeForConditionalGeneration":
+            # The vision-language release: the decoder's config is text_config, its tensors live
+            # under model.language_model. (the vision tower is not run), as r3's C++ parser reads it.
+            if not isinstance(raw.get("text_config"), dict):
+                raise ValueError(f"r3.torch: {archs[0]} needs a text_config object (the decoder's config)")
+            text = dict(raw["text_config"])
+            for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+                if key in raw and key not in text:
+                    text[key] = raw[key]
+            raw = text
+            self.prefix = "model.language_model."
         self.vocab_size = raw["vocab_size"]
         self.hidden_size = raw["hidden_size"]
         self.num_layers = raw["num_hidden_layers"]
@@ -94,6 +111,13 @@ class MoEConfig:
                            "topk_group": raw["topk_group"]}
         else:
             self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
+        self.norm_offset = 0.0  # norms applied as (offset + w)
+        self.output_gate = False
+        self.linear_layers = [False] * self.num_layers  # Gated DeltaNet in place of attention
+        self.deltanet = None
+        self.fused_experts = False  # Qwen3.5's experts.gate_up_proj / down_proj (set by from_pretrained)
+        if self.arch in _HYBRIDS:
+            self._hybrid(raw)
         self.o_bias = self.sinks = False
         self.windows = [0] * self.num_layers
         if self.arch == "gpt_oss":
@@ -112,6 +136,37 @@ class MoEConfig:
             self.windows = [raw.get("sliding_window", 128) if t == "sliding_attention" else 0 for t in types]
             self.swiglu_limit = raw.get("swiglu_limit", 7.0)
             self.router = {"kind": "topk_softmax", "top_k": self.top_k}
+
+    def _hybrid(self, raw):
+        """Qwen3NextConfig / Qwen3_5MoeTextConfig: zero-centred norms, gated full attention with
+        per-head q/k norm and partial rotary every full_attention_interval-th layer (or as
+        layer_types lists), Gated DeltaNet elsewhere, softmax top-k (Qwen3.5 always renormalises)
+        beside one shared expert behind a sigmoid gate."""
+        self.renormalize = self.arch == "qwen3_5_moe" or raw.get("norm_topk_prob", True)
+        self.router = {"kind": "softmax", "top_k": self.top_k, "renormalize": self.renormalize}
+        self.qk_norm = "per_head"
+        self.output_gate = True
+        self.norm_offset = 1.0
+        self.shared_size = raw.get("shared_expert_intermediate_size", 0) or 0
+        partial = raw.get("partial_rotary_factor", 0.25)
+        for key, value in (raw.get("rope_parameters") or {}).items():
+            if key in ("rope_type", "type"):
+                if value != "default":
+                    raise ValueError(f"r3.torch: rope_parameters.{key} {value!r} is not supported (default)")
+            elif key == "rope_theta":
+                self.rope_theta = value
+            elif key == "partial_rotary_factor":
+                partial = value
+            elif key not in ("mrope_section", "mrope_interleaved"):  # text positions: plain RoPE
+                raise ValueError(f"r3.torch: rope_parameters key {key!r} is not supported")
+        self.rotary_dim = int(self.head_dim * partial)
+        types = raw.get("layer_types")
+        interval = raw.get("full_attention_interval", 4)
+        self.linear_layers = [t == "linear_attention" for t in types] if types else \
+            [(i + 1) % interval != 0 for i in range(self.num_layers)]
+        self.deltanet = {"k_heads": raw["linear_num_key_heads"], "v_heads": raw["linear_num_value_heads"],
+                         "k_head_dim": raw["linear_key_head_dim"], "v_head_dim": raw["linear_value_head_dim"],
+                         "conv_kernel": raw.get("linear_conv_kernel_dim", 4), "combined": self.arch == "qwen3_next"}
 
     @classmethod
     def from_dir(cls, model_dir):
@@ -173,19 +228,20 @@ def rope_inv_freq(dim, theta, yarn):
     return out
 
 
-def rms_norm(x, w, eps):
+def rms_norm(x, w, eps, offset=0.0):
+    """x / rms(x) * (offset + w): offset 1 for zero-centred norms (Qwen3-Next, Qwen3.5)."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * w.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * (w.float() + offset)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, n, eps):
+    def __init__(self, n, eps, offset=0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
+        self.eps, self.offset = eps, offset
 
     def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.offset)
 
 
 def linear(i, o, bias=False):
@@ -212,7 +268,8 @@ class Attention(nn.Module):
         super().__init__()
         self.c = c
         qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.q_proj = linear(c.hidden_size, qd, c.qkv_bias)
+        # With an output gate (Qwen3-Next, Qwen3.5) q_proj gives each head [query, gate].
+        self.q_proj = linear(c.hidden_size, 2 * qd if c.output_gate else qd, c.qkv_bias)
         self.k_proj = linear(c.hidden_size, kvd, c.qkv_bias)
         self.v_proj = linear(c.hidden_size, kvd, c.qkv_bias)
         self.o_proj = linear(qd, c.hidden_size, c.o_bias)
@@ -220,7 +277,8 @@ class Attention(nn.Module):
             self.sinks = nn.Parameter(torch.zeros(c.num_heads))
         self.window = 0  # set per layer (DecoderLayer)
         if c.qk_norm == "per_head":
-            self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_offset)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_offset)
         elif c.qk_norm == "whole":
             self.q_norm, self.k_norm = RMSNorm(qd, c.rms_norm_eps), RMSNorm(kvd, c.rms_norm_eps)
 
@@ -228,6 +286,10 @@ class Attention(nn.Module):
         """x [B, T, H] -> [B, T, H], causal within each sequence."""
         c, B, T = self.c, x.shape[0], x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        gate = None
+        if c.output_gate:
+            q, gate = torch.chunk(q.view(B, T, c.num_heads, 2 * c.head_dim), 2, dim=-1)
+            q, gate = q.reshape(B, T, -1), gate.reshape(B, T, -1)
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm == "whole":
@@ -251,6 +313,8 @@ class Attention(nn.Module):
         else:
             p = torch.softmax(scores, dim=-1)
         out = torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         return self.o_proj(out)
 
 
@@ -325,7 +389,10 @@ class SparseMoE(nn.Module):
             self.replay = RouterReplay()
             return
         self.gate = linear(c.hidden_size, c.num_experts)
-        self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
+        if c.fused_experts:
+            self.experts = GateUpExperts(c)
+        else:
+            self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate, mixtral) for _ in range(c.num_experts))
         if c.arch in ("glm4_moe", "deepseek_v3"):
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(c.num_experts), requires_grad=False)
             if c.shared_size:
@@ -350,6 +417,11 @@ class SparseMoE(nn.Module):
         self.last_router = (logits, ids)  # [B*T, E], [B*T, K]: for a load-balancing loss
         if self.c.arch == "gpt_oss":
             return self.experts(h, ids, w).view_as(x), ids
+        if self.c.fused_experts:
+            out = self.experts(h, ids, w)
+            if self.c.shared_size:
+                out = out + self.shared_expert(h) * torch.sigmoid(self.shared_expert_gate(h))
+            return out.view_as(x), ids
         T, K = ids.shape
         contrib = h.new_zeros(T, K, h.shape[-1])
         for e in torch.unique(ids).tolist():
@@ -390,14 +462,41 @@ class FusedExperts(nn.Module):
         return contrib.sum(dim=1)
 
 
+class GateUpExperts(nn.Module):
+    """Qwen3.5-MoE's experts as its vision-language release stores them: gate_up_proj [E, 2I, H]
+    (gate rows, then up) and down_proj [E, H, I], nn.Linear's layout; SwiGLU."""
+
+    def __init__(self, c):
+        super().__init__()
+        E, H, I = c.num_experts, c.hidden_size, c.moe_intermediate
+        self.gate_up_proj = nn.Parameter(torch.zeros(E, 2 * I, H))
+        self.down_proj = nn.Parameter(torch.zeros(E, H, I))
+
+    def forward(self, h, ids, w):
+        """h [T, H], ids and weights [T, K] -> sum_k w[t, k] expert_{ids[t, k]}(h[t])."""
+        T, K = ids.shape
+        I = self.down_proj.shape[-1]
+        contrib = h.new_zeros(T, K, h.shape[-1])
+        for e in torch.unique(ids).tolist():
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            gu = h[tok] @ self.gate_up_proj[e].t()
+            y = (nn.functional.silu(gu[..., :I]) * gu[..., I:]) @ self.down_proj[e].t()
+            contrib[tok, slot] = y * w[tok, slot, None]
+        return contrib.sum(dim=1)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, c, i):
         super().__init__()
         self.c = c
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = MlaAttention(c) if c.mla else Attention(c)
-        if not c.mla:
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+        self.linear = c.linear_layers[i]
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(c)
+        else:
+            self.self_attn = MlaAttention(c) if c.mla else Attention(c)
+        if not c.mla and not self.linear:
             self.self_attn.window = c.windows[i]
         self.moe = i in c.moe_layers
         if c.arch == "mixtral":
@@ -408,8 +507,9 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(c.hidden_size, c.intermediate)
 
     def forward(self, x, cos, sin):
-        x = x + self.self_attn(rms_norm(x, self.input_layernorm.weight, self.c.rms_norm_eps), cos, sin)
-        h = rms_norm(x, self.post_attention_layernorm.weight, self.c.rms_norm_eps)
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h) if self.linear else self.self_attn(h, cos, sin))
+        h = self.post_attention_layernorm(x)
         ids = None
         if self.c.arch == "mixtral":
             y, ids = self.block_sparse_moe(h)
@@ -425,17 +525,26 @@ class MoEForCausalLM(nn.Module):
         super().__init__()
         c = self.config = config
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.model.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
-        self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        decoder = self.model
+        if c.prefix == "model.language_model.":
+            decoder = self.model.language_model = nn.Module()
+        decoder.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        decoder.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
+        decoder.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
         self.lm_head = linear(c.hidden_size, c.vocab_size)
         if c.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = decoder.embed_tokens.weight
+        self.passthrough = {}  # stored tensors r3 does not run (MTP, a vision tower): written back as loaded
+
+    @property
+    def decoder(self):
+        """The module holding embed_tokens, layers and norm (model, or model.language_model)."""
+        return self.model.language_model if self.config.prefix == "model.language_model." else self.model
 
     def moe_blocks(self):
         """The MoE blocks in layer order (each has .replay, a RouterReplay)."""
         out = []
-        for layer in self.model.layers:
+        for layer in self.decoder.layers:
             if self.config.arch == "mixtral":
                 out.append(layer.block_sparse_moe)
             elif layer.moe:
@@ -449,14 +558,14 @@ class MoEForCausalLM(nn.Module):
         single = input_ids.dim() == 1
         ids = input_ids[None] if single else input_ids
         B, T = ids.shape
-        x = self.model.embed_tokens(ids)
+        x = self.decoder.embed_tokens(ids)
         cos, sin = rope_tables(T, c.rotary_dim, c.rope_theta, x.device, c.yarn)
         routes = []
-        for layer in self.model.layers:
+        for layer in self.decoder.layers:
             x, r = layer(x, cos, sin)
             if r is not None:
                 routes.append(r.view(B, T, -1))
-        logits = self.lm_head(rms_norm(x, self.model.norm.weight, c.rms_norm_eps)).float()
+        logits = self.lm_head(self.decoder.norm(x)).float()
         routes = torch.stack(routes, dim=2)
         return (logits[0], routes[0]) if single else (logits, routes)
 
@@ -493,11 +602,18 @@ class MoEForCausalLM(nn.Module):
     def from_pretrained(cls, model_dir, dtype=torch.float32):
         """Loads a Hugging Face checkpoint: every stored tensor must have a place in the model and
         every parameter a tensor (the tied lm_head may be absent), else ValueError naming it."""
-        model = cls(MoEConfig.from_dir(model_dir))
+        config = MoEConfig.from_dir(model_dir)
         state = load_state_dict(model_dir)
+        config.fused_experts = config.arch == "qwen3_5_moe" and any(n.endswith(".mlp.experts.gate_up_proj") for n in state)
+        model = cls(config)
         own = model.state_dict()
-        mtp = tuple(f"model.layers.{model.config.num_layers + i}." for i in range(model.config.num_mtp_layers))
-        state = {n: t for n, t in state.items() if not (mtp and n.startswith(mtp))}  # MTP layers: not used
+        # Not run, kept as loaded: DeepSeek-V3's MTP layers (model.layers.N + i), Qwen3-Next's and
+        # Qwen3.5's (mtp.*) and a vision tower (model.visual.*), as r3's loader skips them by name.
+        skip = tuple(f"model.layers.{config.num_layers + i}." for i in range(config.num_mtp_layers))
+        if config.arch in _HYBRIDS:
+            skip += ("mtp.", "model.visual.")
+        model.passthrough = {n: t for n, t in state.items() if skip and n.startswith(skip)}
+        state = {n: t for n, t in state.items() if n not in model.passthrough}
         unknown = [n for n in state if n not in own and not n.endswith("rotary_emb.inv_freq")]
         if unknown:
             raise ValueError(f"r3.torch: tensor {unknown[0]} of {model_dir} has no place in the model")
@@ -518,12 +634,14 @@ class MoEForCausalLM(nn.Module):
         sd = self.state_dict()
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight", None)
+        sd.update(self.passthrough)
         return sd
 
     def checkpoint_dtypes(self):
         """The dtype each tensor is stored in: as loaded, else bf16 (fp32 for the selection bias)."""
         known = getattr(self, "hf_dtypes", {})
-        return {n: known.get(n, torch.float32 if n.endswith("e_score_correction_bias") else torch.bfloat16)
+        return {n: known.get(n, self.passthrough[n].dtype if n in self.passthrough else
+                             torch.float32 if n.endswith("e_score_correction_bias") else torch.bfloat16)
                 for n in self.hf_state_dict()}
 
     def save_pretrained(self, out_dir, dtype=None):
