@@ -461,7 +461,7 @@ class LLM {
     d["state_snapshot_restores"] = s.state_snapshot_restores;
     d["state_snapshot_cut_tokens"] = s.state_snapshot_cut_tokens;
     d["state_snapshot_bytes"] = s.state_snapshot_bytes;
-    d["recurrent_state_bytes_per_request"] = engine_->recurrent_state_bytes_per_request();
+    d["recurrent_state_bytes_per_request"] = s.recurrent_state_bytes_per_request;
     d["block_size"] = s.block_size;
     d["kv_cache_dtype"] = s.kv_cache_dtype;
     d["expert_load"] = s.expert_load;

@@ -252,6 +252,8 @@ TEST(HybridPrefixCache, HitsRestoreSnapshotsBitForBit) {
       EXPECT_EQ(st.state_snapshots, cfg.max_state_snapshots < 0 ? 2 * cfg.max_num_seqs : 2);
       EXPECT_EQ(st.state_snapshot_bytes, uint64_t(st.state_snapshots) * e.recurrent_state_bytes_per_request());
       EXPECT_LE(st.state_snapshots_held, st.state_snapshots);
+      EXPECT_GT(st.recurrent_state_bytes_per_request, 0u);
+      EXPECT_EQ(st.recurrent_state_bytes_per_request, e.recurrent_state_bytes_per_request());
     }
     EXPECT_GT(restores, 0u) << arch;
     EXPECT_GT(hit_tokens, 0u) << arch;

@@ -664,7 +664,10 @@ TEST_F(ServerTest, Metrics) {
         "r3_capture_ring_waits_total ", "r3_routed_experts_gaps_total 0\n", "r3_step_latency_seconds_count ",
         "r3_step_latency_seconds_bucket{le=\"+Inf\"} ", "r3_expert_load_tokens_total{layer=\"1\",expert=\"7\"} ",
         "r3_http_responses_total{endpoint=\"/generate\",code=\"200\"} ",
-        "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n"})
+        "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n",
+        // Hybrids' recurrent state: none on this model.
+        "r3_recurrent_state_bytes_per_request 0\n", "r3_state_snapshots_total 0\n", "r3_state_snapshot_bytes 0\n",
+        "r3_state_snapshot_restores_total 0\n"})
     EXPECT_NE(res->body.find(name), std::string::npos) << name;
   EXPECT_EQ(res->body.find("r3_route_bytes_returned_total 0\n"), std::string::npos);
 }

@@ -280,11 +280,13 @@ int cmd_bench(int argc, char** argv) {
   // generated token).
   int max_positions = 0, kv_tokens = 0;
   bool model_is_hybrid = false, prefix_caching = base.enable_prefix_caching;
+  uint64_t recurrent_state_bytes = 0;
   {
     Engine probe(base);
     max_positions = probe.model_config().max_position_embeddings;
     kv_tokens = probe.stats().num_blocks * probe.stats().block_size;
     model_is_hybrid = probe.model_config().hybrid();
+    recurrent_state_bytes = probe.recurrent_state_bytes_per_request();
     prefix_caching = probe.config().enable_prefix_caching;  // as the engine resolved it
   }
   struct Row {
@@ -490,6 +492,7 @@ int cmd_bench(int argc, char** argv) {
     if (!r.paired_ratios.empty()) j["routes_ratio_per_pair"] = r.paired_ratios;
     if (model_is_hybrid) {
       j["deltanet_fraction"] = r.deltanet.median;
+      j["recurrent_state_bytes_per_request"] = recurrent_state_bytes;
       std::printf("%-16s Gated DeltaNet blocks (projections included): %.1f%% of the timed span\n", r.en.name.c_str(),
                   100 * r.deltanet.median);
     }

@@ -862,6 +862,7 @@ EngineStats Engine::stats() const {
     s.state_snapshots_taken = snapshots_->published();
     s.state_snapshot_bytes = uint64_t(snapshots_->capacity()) * recurrent_state_bytes_per_request();
   }
+  s.recurrent_state_bytes_per_request = recurrent_state_bytes_per_request();
   s.state_snapshot_restores = ss.snapshot_restores;
   s.state_snapshot_cut_tokens = ss.snapshot_cut_tokens;
   if (window_kv_) s.free_window_blocks = window_kv_->num_free(), s.num_window_blocks = window_kv_->num_blocks();

@@ -116,6 +116,7 @@ struct EngineStats {
   int state_snapshots = 0, state_snapshots_held = 0;
   uint64_t state_snapshots_taken = 0, state_snapshot_restores = 0, state_snapshot_cut_tokens = 0;
   uint64_t state_snapshot_bytes = 0;
+  uint64_t recurrent_state_bytes_per_request = 0;  // hybrids: a running request's DeltaNet state
   std::vector<std::vector<uint64_t>> expert_load;  // [L_moe][E] tokens per logical expert
   std::vector<std::vector<uint64_t>> physical_expert_load;  // [L_moe][E + redundant] (EPLB)
   std::vector<int> moe_layers;

@@ -88,6 +88,8 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const 
   w.one("r3_kv_window_blocks_free", "gauge", "free blocks of the sliding-window layers' pool", e.free_window_blocks);
   w.one("r3_kv_window_blocks_freed_total", "counter", "sliding-window blocks released as windows slid past",
         double(e.window_blocks_freed));
+  w.one("r3_recurrent_state_bytes_per_request", "gauge", "hybrids: bytes of one running request's DeltaNet state",
+        double(e.recurrent_state_bytes_per_request));
   w.one("r3_state_snapshots_total", "gauge", "hybrids: recurrent-state snapshot slots (0: none)", e.state_snapshots);
   w.one("r3_state_snapshots_held", "gauge", "hybrids: snapshots a prefix hit can restore", e.state_snapshots_held);
   w.one("r3_state_snapshot_bytes", "gauge", "hybrids: bytes of the snapshot slots (committed as written)",

@@ -48,7 +48,8 @@ def write_requests(path, rng, vocab):
                                 "return_routed_experts": True}) + "\n")
 
 
-ARCHS = ["olmoe", "deepseek_v3", "gpt_oss"]  # GQA, MLA with shared experts, sliding windows + biases
+ARCHS = ["olmoe", "deepseek_v3", "gpt_oss", "qwen3_next"]  # GQA, MLA with shared experts, sliding windows + biases,
+# Gated DeltaNet (recurrent state per request, prefix hits restoring its snapshots)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
