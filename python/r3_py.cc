@@ -24,8 +24,8 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "routes/route_formats.h"
-#include "server/channel.h"
-#include "server/engine_loop.h"
+#include "serving/channel.h"
+#include "serving/engine_loop.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -492,7 +492,7 @@ class LLM {
 // One request's stream of cumulative outputs (AsyncLLM.generate reads it from a worker thread).
 class PyStream {
  public:
-  PyStream(std::shared_ptr<r3::server::Channel> ch, std::string request_id, bool vllm_split)
+  PyStream(std::shared_ptr<r3::serving::Channel> ch, std::string request_id, bool vllm_split)
       : ch_(std::move(ch)), request_id_(std::move(request_id)), vllm_split_(vllm_split) {}
   // The newest output, or None when nothing new came within timeout_s (GIL released meanwhile).
   py::object next(double timeout_s) {
@@ -510,13 +510,13 @@ class PyStream {
   }
 
  private:
-  std::shared_ptr<r3::server::Channel> ch_;
+  std::shared_ptr<r3::serving::Channel> ch_;
   std::string request_id_;
   bool vllm_split_;
   uint64_t seen_ = 0;
 };
 
-// The engine behind r3.AsyncLLM: its own loop thread (r3::server::EngineLoop, as `r3 serve`
+// The engine behind r3.AsyncLLM: its own loop thread (r3::serving::EngineLoop, as `r3 serve`
 // uses), so requests are added, aborted and streamed while others run.
 class AsyncEngine {
  public:
@@ -524,7 +524,7 @@ class AsyncEngine {
     EngineConfig c = LLM::engine_config(model, enable_routes, kw, "AsyncLLM");
     vllm_split_ = LLM::vllm_split_from(kw);
     py::gil_scoped_release nogil;
-    loop_ = std::make_unique<r3::server::EngineLoop>(c);
+    loop_ = std::make_unique<r3::serving::EngineLoop>(c);
   }
   ~AsyncEngine() {
     py::gil_scoped_release nogil;
@@ -534,20 +534,20 @@ class AsyncEngine {
   PyStream submit(const py::object& prompt, const py::object& params, const std::string& request_id) {
     PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
     if (sp.n != 1) throw r3::Error("AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
-    r3::server::Job j{prompt_of(prompt, loop_->tokenizer().get()), sp.p};
+    r3::serving::Job j{prompt_of(prompt, loop_->tokenizer().get()), sp.p};
     sp.check_prompt_start(j.prompt.size());
     j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
     j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
-    auto ch = std::make_shared<r3::server::Channel>(1, true);
-    std::vector<r3::server::Job> jobs;
+    auto ch = std::make_shared<r3::serving::Channel>(1, true);
+    std::vector<r3::serving::Job> jobs;
     jobs.push_back(std::move(j));
     {
       py::gil_scoped_release nogil;
       try {
         loop_->submit(std::move(jobs), ch, request_id);
-      } catch (const r3::server::SubmitError& e) {
+      } catch (const r3::serving::SubmitError& e) {
         throw r3::Error(e.what());
-      } catch (const r3::server::ApiError& e) {
+      } catch (const r3::serving::ServingError& e) {
         throw r3::Error(e.what());
       }
     }
@@ -589,11 +589,11 @@ class AsyncEngine {
     py::gil_scoped_release release;
     try {
       return f();
-    } catch (const r3::server::ApiError& e) {
+    } catch (const r3::serving::ServingError& e) {
       throw r3::Error(e.what());
     }
   }
-  std::unique_ptr<r3::server::EngineLoop> loop_;
+  std::unique_ptr<r3::serving::EngineLoop> loop_;
   bool vllm_split_ = false;
   std::mt19937_64 fresh_seeds_{std::random_device{}()};
 };

@@ -31,13 +31,13 @@ if [ "$TARGET" = request ]; then
         src/routes/route_array.cc src/core/json_limits.cc src/server/route_reply.cc src/routes/route_formats.cc
         src/routes/route_envelope.cc src/server/chat_api.cc src/text/tokenizer.cc src/text/bpe.cc
         src/text/normalizer.cc src/text/pre_tokenizer.cc src/text/decoder.cc src/text/regex.cc src/text/utf8.cc
-        src/text/detokenizer.cc src/text/chat_template.cc src/text/jinja.cc src/text/jinja_value.cc
-        src/text/jinja_budget.cc src/core/file_read.cc)
+        src/text/detokenizer.cc src/text/chat_template.cc src/text/jinja_lexer.cc src/text/jinja_parser.cc src/text/jinja_render.cc src/text/jinja_value.cc
+        src/text/jinja_budget.cc src/core/file_read.cc src/core/cancellation.cc)
   SEEDS=fuzz/corpus
   MAXLEN=4096
 elif [ "$TARGET" = template ]; then
   BIN=$OUT/jinja_fuzz
-  SRCS=(fuzz/jinja_fuzz.cc src/text/jinja.cc src/text/jinja_value.cc src/text/jinja_budget.cc src/text/utf8.cc)
+  SRCS=(fuzz/jinja_fuzz.cc src/text/jinja_lexer.cc src/text/jinja_parser.cc src/text/jinja_render.cc src/text/jinja_value.cc src/text/jinja_budget.cc src/text/utf8.cc)
   SEEDS=fuzz/corpus-template
   MAXLEN=16384
 else

@@ -7,9 +7,9 @@
 #include <optional>
 #include <vector>
 
-#include "server/channel.h"
+#include "serving/channel.h"
 
-namespace r3::server {
+namespace r3::serving {
 namespace {
 
 RequestOutput partial(std::vector<int> tokens, int first_row, int rows, bool finished = false) {
@@ -49,4 +49,4 @@ TEST(Channel, StreamedRouteRowsOfUntakenOutputsAreJoined) {
 }
 
 }  // namespace
-}  // namespace r3::server
+}  // namespace r3::serving

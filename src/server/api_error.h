@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serving/serving_error.h"
+
 namespace r3::server {
 
 class ApiError : public std::runtime_error {
@@ -34,6 +36,13 @@ inline nlohmann::json error_body(const std::string& message, const std::string& 
   nlohmann::json e = {{"message", message}, {"type", type}, {"code", status}};
   e["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param);
   return {{"error", e}};
+}
+
+// The serving layer's refusals in HTTP's terms: a bad call is a 400 naming its field, an engine
+// that cannot take the call (shutting down, draining, failed) a 503.
+inline ApiError api_error_of(const serving::ServingError& e) {
+  if (e.kind() == serving::ServingError::Kind::BadRequest) return bad_request(e.what(), e.field());
+  return ApiError(503, e.what(), "server_error");
 }
 
 inline nlohmann::json error_body(const ApiError& e) {

@@ -17,7 +17,7 @@
 #include "core/cancellation.h"
 #include "core/error.h"
 #include "server/api_error.h"
-#include "server/engine_loop.h"
+#include "serving/engine_loop.h"
 #include "server/gated_http_server.h"
 #include "server/generate_api.h"
 #include "server/json_fields.h"
@@ -313,6 +313,8 @@ struct Server::Impl {
         fn(req, res);
       } catch (const ApiError& e) {
         send_error(res, e);
+      } catch (const ServingError& e) {
+        send_error(res, api_error_of(e));
       } catch (const Error& e) {
         send_error(res, bad_request(e.what()));
       } catch (const std::exception& e) {
@@ -396,6 +398,8 @@ struct Server::Impl {
       } catch (const ApiError& e) {
         send_error(res, e);
         if (e.status() == 413 || e.status() == 408) close_after_reply(res);
+      } catch (const ServingError& e) {
+        send_error(res, api_error_of(e));
       } catch (const Error& e) {
         send_error(res, bad_request(e.what()));
       } catch (const std::exception& e) {

@@ -12,7 +12,7 @@
 
 #include "engine/engine.h"
 
-namespace r3::server {
+namespace r3::serving {
 
 class Channel {
  public:
@@ -81,4 +81,4 @@ class Channel {
   const bool partial_;
 };
 
-}  // namespace r3::server
+}  // namespace r3::serving

@@ -1,6 +1,6 @@
-// The one thread that owns the Engine. HTTP threads never call the engine: they post commands
-// (add requests, abort, refit, read stats) to a queue this thread drains between steps, and wait
-// on a Channel for their outputs. While any request is unfinished the thread steps the engine;
+// The one thread that owns the Engine. Its callers (the HTTP threads, the Python AsyncLLM) never
+// call the engine: they post commands (add requests, abort, refit, read stats) to a queue this
+// thread drains between steps, and wait on a Channel for their outputs. While any request is unfinished the thread steps the engine;
 // otherwise it sleeps on the queue.
 #pragma once
 #include <atomic>
@@ -20,10 +20,10 @@
 
 #include "engine/engine.h"
 #include "core/error.h"
-#include "server/api_error.h"
-#include "server/channel.h"
+#include "serving/channel.h"
+#include "serving/serving_error.h"
 
-namespace r3::server {
+namespace r3::serving {
 
 struct Job {
   std::vector<int> prompt;
@@ -68,7 +68,7 @@ class EngineLoop {
   explicit EngineLoop(EngineConfig cfg);
   // Stops the loop (shutdown()); the engine is freed.
   ~EngineLoop();
-  // Ends the loop thread: pending and later calls fail with "server shutting down" (503).
+  // Ends the loop thread: pending and later calls fail with "server shutting down" (ServingError Unavailable).
   // Idempotent, any thread but the loop's.
   void shutdown();
   EngineLoop(const EngineLoop&) = delete;
@@ -82,7 +82,7 @@ class EngineLoop {
 
   // Queues every job under the external id rid (unique among calls in flight); outputs go to
   // ch, choice i = jobs[i]. Returns the engine ids. Throws SubmitError (nothing queued),
-  // ApiError 400 for a duplicate rid, 503 when the engine failed.
+  // ServingError BadRequest (field "rid") for a duplicate rid, Unavailable when the engine failed.
   std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid);
   // Aborts every request of rid; returns how many were still running.
   size_t abort_rid(const std::string& rid);
@@ -131,7 +131,7 @@ class EngineLoop {
   // Seconds the step now running has been running (0 when the loop is between steps): a step
   // that never ends (a hung kernel, a deadlock) shows here while /health reports it.
   double seconds_in_step() const;
-  // Graceful stop: new submissions get 503 at once; requests in flight run to completion until
+  // Graceful stop: new submissions are refused at once (Unavailable); requests in flight run to completion until
   // `grace` has passed, then the rest are aborted (their callers get an "abort" reply). Returns
   // how many were aborted. The loop keeps running; shutdown() ends it.
   size_t drain(std::chrono::milliseconds grace);
@@ -165,8 +165,8 @@ class EngineLoop {
       return fut.get();
     } catch (const SubmitError& e) {
       throw SubmitError(e.index, std::string(e.what()));
-    } catch (const ApiError& e) {
-      throw ApiError(e.status(), std::string(e.what()), std::string(e.type()), std::string(e.param()));
+    } catch (const ServingError& e) {
+      throw ServingError(e.kind(), std::string(e.what()), std::string(e.field()));
     } catch (const Error& e) {
       throw Error(std::string(e.what()));
     } catch (const std::exception& e) {
@@ -209,4 +209,4 @@ class EngineLoop {
   std::thread thread_;
 };
 
-}  // namespace r3::server
+}  // namespace r3::serving

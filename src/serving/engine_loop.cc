@@ -1,4 +1,4 @@
-#include "server/engine_loop.h"
+#include "serving/engine_loop.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,9 +8,9 @@
 #include "core/seconds_since.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
-#include "server/api_error.h"
+#include "serving/serving_error.h"
 
-namespace r3::server {
+namespace r3::serving {
 
 EngineLoop::EngineLoop(EngineConfig cfg) : cfg_(std::move(cfg)) {
   engine_ = std::make_unique<Engine>(cfg_);
@@ -38,7 +38,7 @@ void EngineLoop::shutdown() {
 void EngineLoop::post(std::function<void()> cmd) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) throw ApiError(503, "server shutting down", "server_error");
+    if (stop_) throw unavailable("server shutting down");
     commands_.push_back(std::move(cmd));
   }
   cv_.notify_all();
@@ -50,10 +50,10 @@ std::string EngineLoop::failure() const {
 }
 
 std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid) {
-  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   return call([&]() -> std::vector<uint64_t> {
-    if (draining_) throw ApiError(503, "server shutting down: not accepting new requests", "server_error");
-    if (rids_.count(rid)) throw bad_request("request id \"" + rid + "\" is already in flight", "rid");
+    if (draining_) throw unavailable("server shutting down: not accepting new requests");
+    if (rids_.count(rid)) throw bad_call("request id \"" + rid + "\" is already in flight", "rid");
     std::vector<uint64_t> ids;
     const uint64_t group = ++submissions_;  // its jobs wait together; submissions take turns
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -95,14 +95,14 @@ void EngineLoop::abort(const std::vector<uint64_t>& ids) {
     post([this, ids] {
       for (uint64_t id : ids) engine_->abort(id);
     });
-  } catch (const ApiError&) {
+  } catch (const ServingError&) {
     // Shutting down: everything is being aborted anyway.
   }
 }
 
 uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label,
                                     bool abort_all) {
-  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   // The description and headers are read on the calling (HTTP) thread, so a slow or bad path
   // never stalls the engine loop; the weights are then read and packed in place between two
   // steps, a layer at a time (generation waits for that: no second copy of the weights is held).
@@ -133,7 +133,7 @@ bool EngineLoop::check_tensor_body_start(std::string_view received) const {
 std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string&& bytes, bool flush_cache,
                                                                     const std::optional<std::string>& label,
                                                                     bool finished, bool abort_all) {
-  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   engine_->refuse_under_expert_parallel("update_weights_from_tensors (refit)");
   std::unique_ptr<SafetensorsFile> f = SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
   std::string().swap(bytes);  // the parsed copy holds every tensor now: give the body back
@@ -147,7 +147,7 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::vector<
                                                                     bool flush_cache,
                                                                     const std::optional<std::string>& label,
                                                                     bool finished, bool abort_all) {
-  if (!failure().empty()) throw ApiError(503, "the engine failed: " + failure(), "server_error");
+  if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   auto [n, v] = call([&]() -> std::pair<size_t, uint64_t> {
     engine_->stage_weights(std::move(tensors));
     const size_t staged = engine_->staged_weight_tensors();
@@ -174,8 +174,7 @@ void EngineLoop::set_weight_label(const std::string& label) {
 
 void EngineLoop::pause_generation(const std::string& mode) {
   if (mode != "abort" && mode != "in_place" && mode != "retract")
-    throw ApiError(400, "\"mode\" must be \"abort\", \"in_place\" or \"retract\", got \"" + mode + "\"",
-                   "invalid_request_error", "mode");
+    throw bad_call("\"mode\" must be \"abort\", \"in_place\" or \"retract\", got \"" + mode + "\"", "mode");
   call([&] {
     paused_ = true;
     if (mode == "retract") engine_->retract_all();
@@ -213,14 +212,14 @@ double EngineLoop::seconds_in_step() const {
 size_t EngineLoop::drain(std::chrono::milliseconds grace) {
   try {
     call([&] { draining_ = true; });
-  } catch (const ApiError&) {
+  } catch (const ServingError&) {
     return 0;  // already shut down
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
   auto in_flight = [&] {
     try {
       return call([&] { return targets_.size(); });
-    } catch (const ApiError&) {
+    } catch (const ServingError&) {
       return size_t(0);
     }
   };
@@ -229,7 +228,7 @@ size_t EngineLoop::drain(std::chrono::milliseconds grace) {
   size_t aborted = 0;
   try {
     aborted = abort_all();
-  } catch (const ApiError&) {
+  } catch (const ServingError&) {
   }
   // Let the aborts reach their callers (each gets its "abort" reply) before the loop ends.
   const auto abort_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -331,4 +330,4 @@ void EngineLoop::run() {
   fail_all("server shutting down");
 }
 
-}  // namespace r3::server
+}  // namespace r3::serving
