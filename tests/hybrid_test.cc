@@ -20,6 +20,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "model/safetensors.h"
 #include "reference/reference_forward.h"
 #include "test_models.h"
 
@@ -288,6 +289,43 @@ TEST(HybridPrefixCache, APrefixHitSkipsItsPrefill) {
     solo_cfg.num_kv_blocks = 160;
     Engine solo(solo_cfg);
     expect_matches_solo(second, solo.generate({prompt}, {greedy(1)})[0], false, greedy(1), "snapshots " + std::to_string(snapshots));
+  }
+}
+
+// Refits of a hybrid, from disk and from tensors (every DeltaNet tensor included), with prefix
+// caching on: the prompt run before the refit is run again after it, so only a stale snapshot or
+// block could make it differ from a fresh engine on the new weights; flush or not, none does
+// (snapshot keys start from the weight version, as block hashes do).
+TEST(HybridEngine, RefitsFromDiskAndTensorsEqualAFreshEngine) {
+  for (const std::string arch : {"qwen3_next", "qwen3_5_moe"}) {
+    SCOPED_TRACE(arch);
+    const std::string a = test_model(arch, "tiny", 0), b = test_model(arch, "tiny", 7);
+    std::vector<int> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int(3 + (i * 53) % 450);
+    EngineConfig fresh_cfg = small_config(b);
+    const RequestOutput want = Engine(fresh_cfg).generate({prompt}, {greedy(8)})[0];
+    for (bool flush : {true, false}) {
+      for (bool from_tensors : {false, true}) {
+        SCOPED_TRACE(std::string(flush ? "flush" : "no flush") + (from_tensors ? " tensors" : " disk"));
+        Engine e(small_config(a));
+        const RequestOutput before = e.generate({prompt}, {greedy(8)})[0];
+        EXPECT_GT(e.stats().state_snapshots_held, 0);
+        if (from_tensors) {
+          std::vector<TensorToWrite> all;
+          for (const auto& entry : fs::directory_iterator(b))
+            if (entry.path().extension() == ".safetensors")
+              for (TensorToWrite& t : read_safetensors(entry.path().string())) all.push_back(std::move(t));
+          e.stage_weights(std::move(all));
+          e.commit_staged_weights(flush);
+        } else {
+          e.update_weights(b, flush);
+        }
+        const RequestOutput after = e.generate({prompt}, {greedy(8)})[0];
+        EXPECT_EQ(after.num_cached_tokens, 0);  // nothing computed under the old weights is reused
+        expect_matches_solo(after, want, false, greedy(8), "after the refit");
+        EXPECT_NE(before.logprobs, after.logprobs);  // the weights did change
+      }
+    }
   }
 }
 
