@@ -567,43 +567,70 @@ TEST_F(ServerTest, AbortByRid) {
   EXPECT_EQ(c["choices"][1]["finish_reason"], "abort");
 }
 
-// The partial-rollout contract over HTTP: /generate aborted by rid returns its partial tokens,
-// logprobs and routes (finish_reason abort); resumed as prompt + partial with the same seed, the
-// rest of the budget and routed_experts_start_len at the first row not returned, it continues
-// exactly as the uninterrupted call (tokens, logprobs and routes, joined).
-TEST_F(ServerTest, AnAbortedGenerateResumesExactlyAsTheUninterruptedCall) {
-  const std::vector<int> prompt = prompt_of(14, 21);
-  const int budget = 2000;  // as AbortByRid: the abort lands long before the end
-  auto call = [&](const std::vector<int>& ids, int max_new, int start, const char* rid) {
-    json b = {{"input_ids", ids},
-              {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}}},
-              {"return_routed_experts", true},
-              {"routed_experts_start_len", start}};
-    if (rid) b["rid"] = rid;
-    return post("/generate", b);
-  };
-  json partial;
-  std::thread t([&] { partial = call(prompt, budget, 0, "resume-me"); });
-  ASSERT_TRUE(wait_in_flight("resume-me"));
-  const int aborted = post("/abort_request", {{"rid", "resume-me"}})["aborted"].get<int>();
-  t.join();
-  ASSERT_EQ(aborted, 1) << "the request finished before it could be aborted";
-  ASSERT_EQ(partial["meta_info"]["finish_reason"]["type"], "abort");
-  const std::vector<int> got = ids_of(partial["output_ids"]);
-  ASSERT_LT(int(got.size()), budget);
-  const RouteArray first = chunk_routes(partial["meta_info"]);
-  std::vector<int> resumed = prompt;
-  resumed.insert(resumed.end(), got.begin(), got.end());
-  const json rest = call(resumed, budget - int(got.size()), first.rows, nullptr);
-  const json whole = call(prompt, budget, 0, nullptr);
-  json tokens = partial["output_ids"], logprobs = partial["meta_info"]["output_token_logprobs"];
-  for (const auto& x : rest["output_ids"]) tokens.push_back(x);
-  for (const auto& x : rest["meta_info"]["output_token_logprobs"]) logprobs.push_back(x);
-  EXPECT_EQ(tokens, whole["output_ids"]);
-  EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);
-  RouteArray rows = first;
-  append_rows(rows, chunk_routes(rest["meta_info"]));
-  EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data) << "cut after " << got.size() << " tokens";
+// The partial-rollout contract on every way an RL framework ends a /generate early: SGLang's
+// /abort_request, /pause_generation in abort mode (then /continue_generation), and a refit with
+// abort_all_requests (the same weights reloaded, so the bits can match). Each returns the
+// partial tokens, logprobs and routes with finish_reason abort; resumed as prompt + partial with
+// the same seed and routed_experts_start_len at the cut, the two calls equal the uninterrupted
+// one. Each path on its own server (a refit moves the weight version).
+TEST(ServerAbortResume, EveryAbortPathResumesExactlyAsTheUninterruptedCall) {
+  const std::string model = test_model("olmoe");
+  for (const std::string how : {"abort_request", "pause_abort", "refit_abort_all"}) {
+    SCOPED_TRACE(how);
+    Running server(server_engine_config(model));
+    auto post = [&](const std::string& path, const json& body) {
+      auto res = server.client().Post(path.c_str(), body.dump(), "application/json");
+      EXPECT_TRUE(res && res->status == 200) << path << " -> " << (res ? res->body : "no reply");
+      return res ? json::parse(res->body, nullptr, false) : json();
+    };
+    const std::vector<int> prompt = prompt_of(14, 21);
+    const int budget = 2000;  // the abort lands long before the end
+    auto call = [&](const std::vector<int>& ids, int max_new, int start, const char* rid) {
+      json b = {{"input_ids", ids},
+                {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}}},
+                {"return_routed_experts", true},
+                {"routed_experts_start_len", start}};
+      if (rid) b["rid"] = rid;
+      return post("/generate", b);
+    };
+    json partial;
+    std::thread t([&] { partial = call(prompt, budget, 0, "resume-me"); });
+    // In flight once a second call under its rid is refused (probed with ids the engine refuses).
+    bool in_flight = false;
+    for (int i = 0; i < 5000 && !in_flight; ++i) {
+      auto res = server.client().Post("/generate", json{{"input_ids", {1, 99999}}, {"rid", "resume-me"}}.dump(),
+                                      "application/json");
+      in_flight = res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid";
+    }
+    ASSERT_TRUE(in_flight);
+    if (how == "abort_request") {
+      EXPECT_EQ(post("/abort_request", {{"rid", "resume-me"}})["aborted"].get<int>(), 1);
+    } else if (how == "pause_abort") {
+      post("/pause_generation", {{"mode", "abort"}});
+    } else {
+      const json u = post("/update_weights_from_disk", {{"model_path", model}, {"abort_all_requests", true}});
+      EXPECT_EQ(u["success"], true) << u.dump();
+    }
+    t.join();
+    if (how == "pause_abort") post("/continue_generation", json::object());
+    ASSERT_EQ(partial["meta_info"]["finish_reason"]["type"], "abort") << "finished before the abort";
+    const std::vector<int> got = ids_of(partial["output_ids"]);
+    ASSERT_LT(int(got.size()), budget);
+    const RouteArray first = chunk_routes(partial["meta_info"]);
+    ASSERT_EQ(first.rows, int(prompt.size() + got.size()) - 1) << "every computed row comes back";
+    std::vector<int> resumed = prompt;
+    resumed.insert(resumed.end(), got.begin(), got.end());
+    const json rest = call(resumed, budget - int(got.size()), first.rows, nullptr);
+    const json whole = call(prompt, budget, 0, nullptr);
+    json tokens = partial["output_ids"], logprobs = partial["meta_info"]["output_token_logprobs"];
+    for (const auto& x : rest["output_ids"]) tokens.push_back(x);
+    for (const auto& x : rest["meta_info"]["output_token_logprobs"]) logprobs.push_back(x);
+    EXPECT_EQ(tokens, whole["output_ids"]);
+    EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);
+    RouteArray rows = first;
+    append_rows(rows, chunk_routes(rest["meta_info"]));
+    EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data) << "cut after " << got.size() << " tokens";
+  }
 }
 
 // A client that disconnects mid-stream aborts its request (and frees its blocks).
