@@ -1368,10 +1368,13 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
 // stating a type wide enough: int16), equal to the engine's own; a uint8 payload would have
 // wrapped ids past 255 (prime-rl #3051).
 TEST(ServerWideRoutes, FiveHundredTwelveExpertsRoundTripInEveryFormat) {
-  for (int k : {10, 22}) {
+  // Qwen3-MoE at top-10 and top-22, and the hybrid Qwen3.5-397B's routing (512 experts, top-10,
+  // every layer MoE, DeltaNet layers between the attention ones).
+  for (const auto& [arch, k] : std::vector<std::pair<std::string, int>>{{"qwen3_moe", 10}, {"qwen3_moe", 22},
+                                                                        {"qwen3_5_moe_text", 10}}) {
     const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("r3_512x" + std::to_string(k) + "_" + std::to_string(getpid()))).string();
-    make_model({.arch = "qwen3_moe", .preset = "tiny", .seed = 3, .out = dir,
+                             ("r3_512x" + std::to_string(k) + "_" + arch + "_" + std::to_string(getpid()))).string();
+    make_model({.arch = arch, .preset = "tiny", .seed = 3, .out = dir,
                 .config_patch = json{{"num_experts", 512}, {"num_experts_per_tok", k}}.dump()});
     const std::vector<int> prompt = prompt_of(20, k);
     SamplingParams p = testing::greedy(8);
@@ -1381,7 +1384,7 @@ TEST(ServerWideRoutes, FiveHundredTwelveExpertsRoundTripInEveryFormat) {
     {
       Running s(server_engine_config(dir));
       for (const char* fmt : {"r3", "sglang", "vllm", "nrlre1"}) {
-        SCOPED_TRACE(std::string(fmt) + " top-" + std::to_string(k));
+        SCOPED_TRACE(arch + " " + fmt + " top-" + std::to_string(k));
         const json g = {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}},
                         {"return_routed_experts", true}, {"routed_experts_format", fmt}};
         auto res = s.client().Post("/generate", g.dump(), "application/json");
