@@ -483,7 +483,7 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
   auto ck = Checkpoint::open(model);
   const ModelConfig& mc = ck->config();
   Workload w = make_workload(5, 6, mc.vocab_size);
-  int pairs = 0, agree = 0, tokens = 0, token_agree = 0;
+  int pairs = 0, agree = 0, agree_given_history = 0, tokens = 0, token_agree = 0;
   double max_dlogprob = 0;
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     auto o = e.generate({w.prompts[i]}, {greedy(12)})[0];
@@ -526,6 +526,8 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
         const float tie = mc.router.scoring == RouterScoring::Sigmoid ? 0.05f : 0.02f;
         if (a != own.experts) {
           EXPECT_LT(own.margin, tie) << "position " << p << " layer " << l;
+        } else {
+          ++agree_given_history;
         }
       }
   }
@@ -536,8 +538,10 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
   // engine does. So hybrids get a wider bound; the routes' and tokens' checks are the same.
   const double gap = mc.hybrid() ? 0.08 : 0.05;
   EXPECT_LT(max_dlogprob, gap) << "engine (bf16 activations) vs reference (fp32) logprob gap";
-  std::printf("[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f); greedy tokens %d/%d; max |dlogprob| %.4f\n",
-              arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs, token_agree, tokens, max_dlogprob);
+  std::printf("[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f), %d (%.4f) judging each router "
+              "given the engine's history; greedy tokens %d/%d; max |dlogprob| %.4f\n",
+              arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs, agree_given_history,
+              double(agree_given_history) / pairs, token_agree, tokens, max_dlogprob);
   EXPECT_GT(double(agree) / pairs, 0.9);
 }
 
