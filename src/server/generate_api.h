@@ -13,20 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "serving/engine_loop.h"
+#include "server/serving_names.h"
 #include "server/route_reply.h"
 #include "text/tokenizer.h"
 
 namespace r3::server {
-
-// The serving layer's names (src/serving/), as the HTTP layer uses them.
-using serving::Channel;
-using serving::EngineLoop;
-using serving::Job;
-using serving::LoopStats;
-using serving::ServingError;
-using serving::StepLatency;
-using serving::SubmitError;
 
 struct GenerateRequest {
   std::vector<Job> jobs;

@@ -4,18 +4,9 @@
 #include <map>
 #include <string>
 
-#include "serving/engine_loop.h"
+#include "server/serving_names.h"
 
 namespace r3::server {
-
-// The serving layer's names (src/serving/), as the HTTP layer uses them.
-using serving::Channel;
-using serving::EngineLoop;
-using serving::Job;
-using serving::LoopStats;
-using serving::ServingError;
-using serving::StepLatency;
-using serving::SubmitError;
 
 struct HttpCounters {
   std::map<std::pair<std::string, int>, uint64_t> responses;  // (endpoint, status) -> count

@@ -17,7 +17,7 @@
 #include "core/cancellation.h"
 #include "core/error.h"
 #include "server/api_error.h"
-#include "serving/engine_loop.h"
+#include "server/serving_names.h"
 #include "server/gated_http_server.h"
 #include "server/generate_api.h"
 #include "server/json_fields.h"
