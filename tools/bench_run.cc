@@ -76,21 +76,20 @@ TimedRun::TimedRun(Engine& e, const Entry& en, bool ask_routes, uint64_t run)
   sp.temperature = 1.f;
   sp.ignore_eos = true;
   sp.return_routed_experts = ask_routes;
-  if (en.measure == Entry::Decode) {
-    // Untimed: the prompts once, one token each, so their KV sits in the prefix cache. The timed
-    // run then starts every request at once (a cache hit, not a chunked prefill that lets the
-    // first requests finish before the last begins) and measures decode at the full context.
+  // Untimed, one token each: what the timed run should find in the prefix cache.
+  auto run_untimed = [&](const std::vector<std::vector<int>>& cached) {
     sp.max_tokens = 1;
-    for (int r = 0; r < en.requests; ++r) e.add_request(prompts[size_t(r)], sp);
+    for (const std::vector<int>& p : cached) e.add_request(p, sp);
     while (e.has_unfinished()) e.step();
-  }
-  if (en.measure == Entry::Prefill && en.shared_prefix > 0) {
-    // Untimed: the shared prefixes alone, so the timed prefill starts from a prefix hit (a
-    // hybrid's restores the recurrent-state snapshot taken at its end).
-    sp.max_tokens = 1;
-    for (size_t b = 0; b < bases.size() && int(b) < en.requests; ++b) e.add_request(bases[b], sp);
-    while (e.has_unfinished()) e.step();
-  }
+  };
+  // Decode: the prompts, so the timed run starts every request at once (a cache hit, not a
+  // chunked prefill that lets the first requests finish before the last begins) and measures
+  // decode at the full context.
+  if (en.measure == Entry::Decode) run_untimed(prompts);
+  // A shared-prefix prefill: the prefixes alone, so the timed prefill starts from a prefix hit
+  // (a hybrid's restores the recurrent-state snapshot taken at its end).
+  if (en.measure == Entry::Prefill && en.shared_prefix > 0)
+    run_untimed({bases.begin(), bases.begin() + std::min<ptrdiff_t>(ptrdiff_t(bases.size()), en.requests)});
   sp.max_tokens = en.max_tokens;
   for (int r = 0; r < en.requests; ++r) {
     sp.seed = uint64_t(r);

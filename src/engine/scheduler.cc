@@ -130,7 +130,6 @@ void Scheduler::admit_prefix(Request* r) {
     while (!hit.empty() && (!snapshots_ || (r->restore_snapshot = snapshots_->find(hashes[hit.size() - 1])) < 0))
       hit.pop_back();
     stats_.snapshot_cut_tokens += uint64_t(found - hit.size()) * uint64_t(bs);
-    if (!hit.empty()) ++stats_.snapshot_restores;
   }
   for (size_t i = 0; i < hit.size(); ++i) {
     pool_->acquire(hit[i]);
@@ -160,6 +159,7 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     s.snapshot_restore = r->restore_snapshot;
     snapshots_->pin(s.snapshot_restore);
     r->restore_snapshot = -1;
+    ++stats_.snapshot_restores;  // counted once it is planned (an admission may still wait)
   }
   s.table_offset = int(plan.block_tables.size());
   s.table_len = int(r->blocks.size());

@@ -16,7 +16,6 @@
 #include "core/resident_memory.h"
 #include "core/seconds_since.h"
 #include "core/thread_pool.h"
-#include "core/u64_words.h"
 #include "kernels/matmul.h"
 #include "model/tensor_names.h"
 
