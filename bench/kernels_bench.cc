@@ -61,8 +61,8 @@ void matmul_streaming(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(ws[0].view.nbytes()));
-  state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 2.0 * T * rows * cols / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      double(state.iterations()) * 2.0 * T * rows * cols / 1e9, benchmark::Counter::kIsRate);
 }
 
 void BM_MatmulBf16(benchmark::State& state) { matmul_streaming<Weights>(state); }
@@ -83,7 +83,8 @@ struct Mxfp4Weights {
   std::vector<uint8_t> blocks, scales;
   r3::kernels::PackedBf16 packed;
   r3::TensorView view;
-  Mxfp4Weights(int rows, int cols) : blocks(size_t(rows) * cols / 2), scales(size_t(rows) * cols / 32) {
+  Mxfp4Weights(int rows, int cols)
+      : blocks(size_t(rows) * cols / 2), scales(size_t(rows) * cols / 32) {
     std::mt19937 rng(1);
     for (auto& b : blocks) b = uint8_t(rng());
     for (auto& s : scales) s = uint8_t(118 + rng() % 4);
@@ -110,9 +111,12 @@ struct Fp8Weights {
   std::vector<float> scales;
   r3::kernels::PackedBf16 packed;
   r3::TensorView view;
-  Fp8Weights(int rows, int cols) : values(size_t(rows) * cols), scales(size_t((rows + 127) / 128) * ((cols + 127) / 128)) {
+  Fp8Weights(int rows, int cols)
+      : values(size_t(rows) * cols), scales(size_t((rows + 127) / 128) * ((cols + 127) / 128)) {
     std::mt19937 rng(1);
-    for (auto& b : values) do b = uint8_t(rng()); while (r3::e4m3_is_nan(b));
+    for (auto& b : values) do
+        b = uint8_t(rng());
+      while (r3::e4m3_is_nan(b));
     for (auto& s : scales) s = std::ldexp(1.f + float(rng() % 100) / 100.f, -12);
     view.dtype = r3::DType::F8_E4M3;
     view.shape = {rows, cols};
@@ -125,7 +129,11 @@ struct Fp8Weights {
 };
 
 void BM_MatmulFp8(benchmark::State& state) { matmul_streaming<Fp8Weights>(state); }
-BENCHMARK(BM_MatmulFp8)->Args({1, 1024, 1024})->Args({1, 512, 1024})->Args({32, 512, 1024})->UseRealTime();
+BENCHMARK(BM_MatmulFp8)
+    ->Args({1, 1024, 1024})
+    ->Args({1, 512, 1024})
+    ->Args({32, 512, 1024})
+    ->UseRealTime();
 
 // Repacking one weight into its panels on one core, as a refit does for every changed tensor
 // (the model runner spreads items of panels over the threads). Bytes/s counts the stored bytes
@@ -211,28 +219,38 @@ void moe_layer(benchmark::State& state) {
         if (n_of[size_t(e)] > 0)
           for (int r = 0; r < rows; r += kItem) items.push_back({e, r, r + kItem});
       pool().parallel_for_each(
-          int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); }, [&](int64_t i) { ahead(items[size_t(i)]); });
+          int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); },
+          [&](int64_t i) { ahead(items[size_t(i)]); });
     };
-    run(kI, [&](const Item& it) {
-      const Expert& w = *experts[size_t(layer * kE + it.e)];
-      const r3::kernels::Activations a{x.data(), xb.data(), n_of[size_t(it.e)]};
-      float* g = gate.data() + size_t(it.e) * 32 * kI;
-      r3::kernels::matmul_rows(a, w.gate.view, g, kI, it.begin, it.end);
-      r3::kernels::matmul_rows(a, w.up.view, up.data() + size_t(it.e) * 32 * kI, kI, it.begin, it.end);
-    }, [&](const Item& it) {
-      const Expert& w = *experts[size_t(layer * kE + it.e)];
-      r3::kernels::prefetch_rows_start(w.gate.view, it.begin, it.end);
-      r3::kernels::prefetch_rows_start(w.up.view, it.begin, it.end);
-    });
-    run(kH, [&](const Item& it) {
-      const Expert& w = *experts[size_t(layer * kE + it.e)];
-      const r3::kernels::Activations a{h.data(), hb.data(), n_of[size_t(it.e)]};
-      r3::kernels::matmul_rows(a, w.down.view, out.data(), kH, it.begin, it.end);
-    }, [&](const Item& it) {
-      r3::kernels::prefetch_rows_start(experts[size_t(layer * kE + it.e)]->down.view, it.begin, it.end);
-    });
+    run(
+        kI,
+        [&](const Item& it) {
+          const Expert& w = *experts[size_t(layer * kE + it.e)];
+          const r3::kernels::Activations a{x.data(), xb.data(), n_of[size_t(it.e)]};
+          float* g = gate.data() + size_t(it.e) * 32 * kI;
+          r3::kernels::matmul_rows(a, w.gate.view, g, kI, it.begin, it.end);
+          r3::kernels::matmul_rows(a, w.up.view, up.data() + size_t(it.e) * 32 * kI, kI, it.begin,
+                                   it.end);
+        },
+        [&](const Item& it) {
+          const Expert& w = *experts[size_t(layer * kE + it.e)];
+          r3::kernels::prefetch_rows_start(w.gate.view, it.begin, it.end);
+          r3::kernels::prefetch_rows_start(w.up.view, it.begin, it.end);
+        });
+    run(
+        kH,
+        [&](const Item& it) {
+          const Expert& w = *experts[size_t(layer * kE + it.e)];
+          const r3::kernels::Activations a{h.data(), hb.data(), n_of[size_t(it.e)]};
+          r3::kernels::matmul_rows(a, w.down.view, out.data(), kH, it.begin, it.end);
+        },
+        [&](const Item& it) {
+          r3::kernels::prefetch_rows_start(experts[size_t(layer * kE + it.e)]->down.view, it.begin,
+                                           it.end);
+        });
     const Expert& any = *experts[0];
-    const int64_t expert_bytes = int64_t(any.gate.view.nbytes() + any.up.view.nbytes() + any.down.view.nbytes());
+    const int64_t expert_bytes =
+        int64_t(any.gate.view.nbytes() + any.up.view.nbytes() + any.down.view.nbytes());
     for (int e = 0; e < kE; ++e) bytes += n_of[size_t(e)] > 0 ? expert_bytes : 0;
     layer = (layer + 1) % kLayers;
     benchmark::DoNotOptimize(out.data());
@@ -244,10 +262,28 @@ BENCHMARK(BM_MoeLayer)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->UseRealT
 // The same layer with MXFP4 experts (GPT-OSS as released; 0.4 GB for the 8 layers); 16 and 32
 // tokens an expert are either side of where the fused decode tiles hand over to decoded panels.
 void BM_MoeLayerMxfp4(benchmark::State& state) { moe_layer<Mxfp4Weights>(state); }
-BENCHMARK(BM_MoeLayerMxfp4)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)->UseRealTime();
+BENCHMARK(BM_MoeLayerMxfp4)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(3)
+    ->Arg(4)
+    ->Arg(5)
+    ->Arg(8)
+    ->Arg(16)
+    ->Arg(32)
+    ->UseRealTime();
 // And with block-scaled FP8 experts (DeepSeek-V3 as released; 128 x 128 blocks).
 void BM_MoeLayerFp8(benchmark::State& state) { moe_layer<Fp8Weights>(state); }
-BENCHMARK(BM_MoeLayerFp8)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)->UseRealTime();
+BENCHMARK(BM_MoeLayerFp8)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(3)
+    ->Arg(4)
+    ->Arg(5)
+    ->Arg(8)
+    ->Arg(16)
+    ->Arg(32)
+    ->UseRealTime();
 
 // Decode attention of one layer as the engine runs it: `seqs` sequences of `ctx` keys, 16 kv
 // heads of 64, on both cores; enough layers of distinct caches (>= 512 MB) that the KV streams
@@ -260,19 +296,24 @@ BENCHMARK(BM_MoeLayerFp8)->Arg(0)->Arg(1)->Arg(3)->Arg(4)->Arg(5)->Arg(8)->Arg(1
 template <typename KvT>
 void attention_decode(benchmark::State& state) {
   constexpr int kHeads = 16, kHd = 64, kKvDim = kHeads * kHd;
-  const int ctx = int(state.range(0)), kBs = int(state.range(1)), blocks_per_seq = (ctx + kBs - 1) / kBs;
+  const int ctx = int(state.range(0)), kBs = int(state.range(1)),
+            blocks_per_seq = (ctx + kBs - 1) / kBs;
   const int per_item = int(state.range(2)), seqs = int(state.range(3));
   const bool scattered = state.range(4) != 0;
   const int parts = per_item > 0 ? kHeads / per_item : 1;
   const size_t layer_elems = size_t(seqs) * blocks_per_seq * kBs * kKvDim;
-  const int layers = int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
-  std::vector<KvT, r3::kernels::CacheLineAllocator<KvT>> k(layer_elems * layers), v(k.size());  // as the engine
+  const int layers =
+      int(std::max<size_t>(1, (size_t(512) << 20) / (layer_elems * 2 * sizeof(KvT))));
+  std::vector<KvT, r3::kernels::CacheLineAllocator<KvT>> k(layer_elems * layers),
+      v(k.size());  // as the engine
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0, 1);
   for (size_t i = 0; i < k.size(); ++i) {  // normal values (denormals would time microcode assists)
     const float x = nd(rng);
-    if constexpr (std::is_same_v<KvT, float>) k[i] = v[i] = x;
-    else k[i] = v[i] = r3::f32_to_bf16(x);
+    if constexpr (std::is_same_v<KvT, float>)
+      k[i] = v[i] = x;
+    else
+      k[i] = v[i] = r3::f32_to_bf16(x);
   }
   std::vector<int> table(size_t(seqs) * blocks_per_seq);
   for (size_t i = 0; i < table.size(); ++i) table[i] = int(i);
@@ -290,8 +331,9 @@ void attention_decode(benchmark::State& state) {
       const int pos = ctx - 1;
       if (per_item > 0) {
         const r3::kernels::PagedHead<KvT> layer_kv{kl, vl, seq_table, kBs, kKvDim, 0};
-        r3::kernels::attend_heads(q.data() + size_t(seq) * kKvDim, part * per_item, (part + 1) * per_item, 1, kHd, pos,
-                                  0.125f, layer_kv, nullptr, scores.data(), ctx + kBs, out.data() + size_t(seq) * kKvDim);
+        r3::kernels::attend_heads(q.data() + size_t(seq) * kKvDim, part * per_item,
+                                  (part + 1) * per_item, 1, kHd, pos, 0.125f, layer_kv, nullptr,
+                                  scores.data(), ctx + kBs, out.data() + size_t(seq) * kKvDim);
         return;
       }
       for (int head = 0; head < kHeads; ++head) {
@@ -304,17 +346,21 @@ void attention_decode(benchmark::State& state) {
     layer = (layer + 1) % layers;
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * seqs * ctx * kKvDim * 2 * int64_t(sizeof(KvT)));
+  state.SetBytesProcessed(int64_t(state.iterations()) * seqs * ctx * kKvDim * 2 *
+                          int64_t(sizeof(KvT)));
 }
 void BM_AttentionDecodeF32(benchmark::State& state) { attention_decode<float>(state); }
 void BM_AttentionDecodeBf16(benchmark::State& state) { attention_decode<uint16_t>(state); }
-BENCHMARK(BM_AttentionDecodeF32)->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}, {1}})->UseRealTime();
+BENCHMARK(BM_AttentionDecodeF32)
+    ->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}, {1}})
+    ->UseRealTime();
 BENCHMARK(BM_AttentionDecodeBf16)
     ->ArgsProduct({{32, 512, 4096}, {16}, {0, 16}, {32}, {1}})
     ->ArgsProduct({{4096}, {16}, {0, 16}, {32}, {0}})
     ->ArgsProduct({{4096}, {32, 64}, {0, 16}, {32}, {1}})
     ->ArgsProduct({{32768}, {16}, {4, 16}, {1}, {0}})
-    ->ArgsProduct({{32768}, {16}, {0, 16, 4}, {1}, {1}})  // batch 1, long: one core, or the heads split
+    ->ArgsProduct(
+        {{32768}, {16}, {0, 16, 4}, {1}, {1}})  // batch 1, long: one core, or the heads split
     ->UseRealTime();
 
 }  // namespace

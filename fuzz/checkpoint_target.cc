@@ -40,11 +40,13 @@ void fuzz_checkpoint_readers(const uint8_t* data, size_t size) {
   --size;
   try {
     if (config) {
-      const ModelConfig c = parse_config(std::string(reinterpret_cast<const char*>(data), size), "fuzz/config.json");
+      const ModelConfig c =
+          parse_config(std::string(reinterpret_cast<const char*>(data), size), "fuzz/config.json");
       // A parsed config's derived sizes must be sane (the invariants the engine sizes buffers by).
       if (c.num_layers <= 0 || c.hidden_size <= 0 || c.head_dim <= 0 || c.num_kv_heads <= 0 ||
           c.num_heads % c.num_kv_heads != 0 || int(c.layers.size()) != c.num_layers ||
-          c.top_k <= 0 || c.top_k > c.num_experts || !(c.rope_theta > 0.f) || !(c.rms_norm_eps > 0.f))
+          c.top_k <= 0 || c.top_k > c.num_experts || !(c.rope_theta > 0.f) ||
+          !(c.rms_norm_eps > 0.f))
         throw std::logic_error("parse_config accepted an inconsistent config");
     } else {
       static MemFile file;

@@ -52,29 +52,52 @@ std::shared_ptr<const text::Tokenizer> chat_tokenizer() {
     json added = json::array();
     int next = 256;
     for (const char* s : {"<|im_start|>", "<|im_end|>"})
-      added.push_back({{"id", next++}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                       {"normalized", false}, {"special", true}});
-    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+      added.push_back({{"id", next++},
+                       {"content", s},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
+    const json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", false},
                              {"use_regex", false}};
-    const json tj = {
-        {"version", "1.0"}, {"added_tokens", added}, {"normalizer", {{"type", "NFC"}}},
-        {"pre_tokenizer",
-         {{"type", "Sequence"},
-          {"pretokenizers",
-           {{{"type", "Split"},
-             {"pattern", {{"Regex", "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
-             {"behavior", "Isolated"},
-             {"invert", false}},
-            byte_level}}}},
-        {"post_processor", byte_level}, {"decoder", byte_level},
-        {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", false},
-                   {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", json::array()}}}};
-    const json cfg = {{"eos_token", "<|im_end|>"},
-                      {"chat_template",
-                       "{%- if tools %}{{ tools | tojson(indent=2) }}{% endif %}{%- for m in messages %}"
-                       "{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] if m['content'] is string else m['content'] | tojson) "
-                       "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}};
-    return std::shared_ptr<const text::Tokenizer>(text::Tokenizer::from_json(tj.dump(), cfg.dump(), "fuzz tokenizer"));
+    const json tj = {{"version", "1.0"},
+                     {"added_tokens", added},
+                     {"normalizer", {{"type", "NFC"}}},
+                     {"pre_tokenizer",
+                      {{"type", "Sequence"},
+                       {"pretokenizers",
+                        {{{"type", "Split"},
+                          {"pattern",
+                           {{"Regex",
+                             "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                             "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+                          {"behavior", "Isolated"},
+                          {"invert", false}},
+                         byte_level}}}},
+                     {"post_processor", byte_level},
+                     {"decoder", byte_level},
+                     {"model",
+                      {{"type", "BPE"},
+                       {"dropout", nullptr},
+                       {"unk_token", nullptr},
+                       {"fuse_unk", false},
+                       {"byte_fallback", false},
+                       {"ignore_merges", false},
+                       {"vocab", vocab},
+                       {"merges", json::array()}}}};
+    const json cfg = {
+        {"eos_token", "<|im_end|>"},
+        {"chat_template",
+         "{%- if tools %}{{ tools | tojson(indent=2) }}{% endif %}{%- for m in messages %}"
+         "{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] if m['content'] is string else "
+         "m['content'] | tojson) "
+         "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt "
+         "%}<|im_start|>assistant\n{% endif %}"}};
+    return std::shared_ptr<const text::Tokenizer>(
+        text::Tokenizer::from_json(tj.dump(), cfg.dump(), "fuzz tokenizer"));
   }();
   return tok;
 }
@@ -95,18 +118,21 @@ void fuzz_request_parsers(const uint8_t* data, size_t size) {
       check(r.num_prompts > 0 && r.n >= 1 && r.n <= 256, "completion: prompt and choice counts");
       check(r.jobs.size() == r.num_prompts * r.n, "completion: one job per prompt and sample");
       check(r.prompt_lens.size() == r.num_prompts, "completion: one length per prompt");
-      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 0, "completion: job fields");
+      for (const Job& j : r.jobs)
+        check(!j.prompt.empty() && j.params.max_tokens >= 0, "completion: job fields");
     });
     expect_parser_errors([&] {  // POST /v1/chat/completions, request templates trusted
       ChatTemplatePolicy policy;
       policy.trust_request_chat_template = true;
-      const CompletionRequest r = parse_chat_request(b, body, seeds, chat_tokenizer(), 4096, policy);
+      const CompletionRequest r =
+          parse_chat_request(b, body, seeds, chat_tokenizer(), 4096, policy);
       check(r.chat && r.num_prompts == 1 && r.jobs.size() == r.n, "chat: one prompt, n jobs");
     });
     expect_parser_errors([&] {
       const GenerateRequest r = parse_generate_request(b, seeds);
       check(!r.jobs.empty() && (r.batch || r.jobs.size() == 1), "generate: job count");
-      for (const Job& j : r.jobs) check(!j.prompt.empty() && j.params.max_tokens >= 0, "generate: job fields");
+      for (const Job& j : r.jobs)
+        check(!j.prompt.empty() && j.params.max_tokens >= 0, "generate: job fields");
     });
   });
 

@@ -5,7 +5,7 @@
 //   outs = llm.generate([{"prompt_token_ids": [1, 2, 3]}], r3.SamplingParams(max_tokens=8, seed=1))
 //   outs[0].outputs[0].token_ids        # list[int]
 //   outs[0].outputs[0].logprobs         # list[float], the sampled tokens' logprobs
-//   outs[0].outputs[0].routed_experts   # numpy int16 [S-1, L_moe, K] (rows from routed_experts_start)
+//   outs[0].outputs[0].routed_experts   # numpy [S-1, L_moe, K], rows from routed_experts_start
 //   llm.update_weights("DIR2")          # refit; llm.weight_version increases
 //
 // The GIL is released while the engine runs; one LLM serialises its callers (the engine is
@@ -54,8 +54,8 @@ std::optional<uint64_t> seed_of(const py::object& seed) {
 // SamplingParams with return_routed_experts left open (None = as the LLM was started).
 struct PySamplingParams {
   r3::SamplingParams p;
-  int n = 1;                     // samples per prompt (seed + j, or fresh seeds)
-  std::optional<int> logprobs;   // vLLM: top alternatives per generated token
+  int n = 1;                           // samples per prompt (seed + j, or fresh seeds)
+  std::optional<int> logprobs;         // vLLM: top alternatives per generated token
   std::optional<int> prompt_logprobs;  // vLLM: score the prompt, with this many alternatives
   std::optional<bool> return_routed_experts;
   // None (vLLM's default): every request draws a fresh random seed, so the samples of one
@@ -66,8 +66,9 @@ struct PySamplingParams {
   // The prompt's length is known only with the prompt.
   void check_prompt_start(size_t prompt_len) const {
     if (routed_experts_prompt_start && size_t(*routed_experts_prompt_start) > prompt_len)
-      throw r3::Error("routed_experts_prompt_start " + std::to_string(*routed_experts_prompt_start) +
-                      " is past the prompt's " + std::to_string(prompt_len) + " tokens (it cuts the prompt's routes only)");
+      throw r3::Error("routed_experts_prompt_start " +
+                      std::to_string(*routed_experts_prompt_start) + " is past the prompt's " +
+                      std::to_string(prompt_len) + " tokens (it cuts the prompt's routes only)");
   }
 };
 
@@ -83,7 +84,8 @@ struct CompletionOutput {
   py::object routed_experts = py::none();  // numpy int16 [rows, L_moe, K] or None
   int routed_experts_start = 0;
   std::vector<int> moe_layers;
-  py::object top_logprobs = py::none();    // SamplingParams(logprobs=k): [{token_id: logprob}] per token
+  py::object top_logprobs =
+      py::none();  // SamplingParams(logprobs=k): [{token_id: logprob}] per token
 };
 
 struct PyRequestOutput {
@@ -97,12 +99,15 @@ struct PyRequestOutput {
   py::object prompt_logprobs = py::none();
   // The prompt part of the routes (rows [start, P)), as vLLM's RequestOutput.prompt_routed_experts.
   py::object prompt_routed_experts = py::none();
-  py::object routed_experts() const { return outputs.empty() ? py::none() : outputs[0].routed_experts; }
+  py::object routed_experts() const {
+    return outputs.empty() ? py::none() : outputs[0].routed_experts;
+  }
 };
 
 py::object routes_to_numpy(const r3::RouteArray& r) {
   py::array_t<int16_t> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
-  if (!r.data.empty()) std::memcpy(a.mutable_data(), r.data.data(), r.data.size() * sizeof(int16_t));
+  if (!r.data.empty())
+    std::memcpy(a.mutable_data(), r.data.data(), r.data.size() * sizeof(int16_t));
   return a;
 }
 
@@ -151,8 +156,9 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool
   }
   c.text = o.text;
   if (o.finish_reason == "stop")
-    c.stop_reason = !o.stop_str.empty() ? py::object(py::str(o.stop_str))
-                    : o.token_ids.empty() ? py::none() : py::object(py::int_(o.token_ids.back()));
+    c.stop_reason = !o.stop_str.empty()   ? py::object(py::str(o.stop_str))
+                    : o.token_ids.empty() ? py::none()
+                                          : py::object(py::int_(o.token_ids.back()));
   c.token_ids = std::move(o.token_ids);
   c.logprobs = std::move(o.logprobs);
   for (float f : c.logprobs) c.cumulative_logprob += double(f);
@@ -160,8 +166,10 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool
   c.weight_versions = std::move(o.weight_versions);
   if (o.routed_experts) {
     const int P = int(r.prompt_token_ids.size());
-    r.prompt_routed_experts = routes_to_numpy(r3::route_rows(*o.routed_experts, o.routed_experts->start, P));
-    const r3::RouteArray generated = r3::route_rows(*o.routed_experts, P, o.routed_experts->start + o.routed_experts->rows);
+    r.prompt_routed_experts =
+        routes_to_numpy(r3::route_rows(*o.routed_experts, o.routed_experts->start, P));
+    const r3::RouteArray generated =
+        r3::route_rows(*o.routed_experts, P, o.routed_experts->start + o.routed_experts->rows);
     c.routed_experts = routes_to_numpy(vllm_split ? generated : *o.routed_experts);
     c.routed_experts_start = vllm_split ? generated.start : o.routed_experts->start;
     c.moe_layers = o.routed_experts->moe_layers;
@@ -181,17 +189,23 @@ std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
     r3::TensorToWrite t;
     t.name = name.cast<std::string>();
     const std::string f = info.format;
-    if (f == "f" && info.itemsize == 4) t.dtype = r3::DType::F32;
-    else if (f == "e" && info.itemsize == 2) t.dtype = r3::DType::F16;
-    else if ((f == "H" || f == "h") && info.itemsize == 2) t.dtype = r3::DType::BF16;
-    else if ((f == "B" || f == "b") && info.itemsize == 1) t.dtype = r3::DType::U8;
+    if (f == "f" && info.itemsize == 4)
+      t.dtype = r3::DType::F32;
+    else if (f == "e" && info.itemsize == 2)
+      t.dtype = r3::DType::F16;
+    else if ((f == "H" || f == "h") && info.itemsize == 2)
+      t.dtype = r3::DType::BF16;
+    else if ((f == "B" || f == "b") && info.itemsize == 1)
+      t.dtype = r3::DType::U8;
     else
-      throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" + f +
+      throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" has buffer format '" +
+                      f +
                       "' (give float32, float16, int16/uint16 holding bf16 bits, or uint8 bytes)");
     py::ssize_t expect = info.itemsize;
     for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
       if (info.strides[size_t(i)] != expect)
-        throw r3::Error("update_weights_from_tensors: tensor \"" + t.name + "\" is not C-contiguous");
+        throw r3::Error("update_weights_from_tensors: tensor \"" + t.name +
+                        "\" is not C-contiguous");
       expect *= info.shape[size_t(i)];
       t.shape.insert(t.shape.begin(), int64_t(info.shape[size_t(i)]));
     }
@@ -204,7 +218,8 @@ std::vector<r3::TensorToWrite> tensors_from_python(const py::object& named) {
   } else {
     for (auto item : py::list(named)) {
       py::tuple pair = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-      if (pair.size() != 2) throw r3::Error("update_weights_from_tensors: give (name, array) pairs or a dict");
+      if (pair.size() != 2)
+        throw r3::Error("update_weights_from_tensors: give (name, array) pairs or a dict");
       add(pair[0], pair[1]);
     }
   }
@@ -220,7 +235,8 @@ nlohmann::ordered_json to_ojson(const py::handle& o) {
   if (py::isinstance<py::str>(o)) return o.cast<std::string>();
   if (py::isinstance<py::dict>(o)) {
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (auto [k, v] : py::reinterpret_borrow<py::dict>(o)) j[py::str(k).cast<std::string>()] = to_ojson(v);
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(o))
+      j[py::str(k).cast<std::string>()] = to_ojson(v);
     return j;
   }
   if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
@@ -228,14 +244,17 @@ nlohmann::ordered_json to_ojson(const py::handle& o) {
     for (auto v : o) j.push_back(to_ojson(v));
     return j;
   }
-  throw r3::Error("cannot pass a " + py::str(o.get_type()).cast<std::string>() + " to a chat template");
+  throw r3::Error("cannot pass a " + py::str(o.get_type()).cast<std::string>() +
+                  " to a chat template");
 }
 
 // A prompt: text (encoded with the model's tokenizer, its special tokens added as Hugging
 // Face's tokenizer(text) does), {"prompt": text}, {"prompt_token_ids": [...]} or a list of ids.
 std::vector<int> prompt_of(const py::handle& item, const r3::text::Tokenizer* tok) {
   auto encode = [&](const std::string& text) {
-    if (!tok) throw r3::Error("the model has no tokenizer (no tokenizer.json; pass tokenizer=DIR); pass token ids");
+    if (!tok)
+      throw r3::Error(
+          "the model has no tokenizer (no tokenizer.json; pass tokenizer=DIR); pass token ids");
     const std::vector<int32_t> ids = tok->encode(text, true);
     return std::vector<int>(ids.begin(), ids.end());
   };
@@ -259,9 +278,10 @@ struct PyTokenizer {
   std::string decode(const py::object& ids, bool skip_special_tokens) const {
     return tok->decode(ids.cast<std::vector<int32_t>>(), skip_special_tokens);
   }
-  py::object apply_chat_template(const py::object& messages, bool tokenize, bool add_generation_prompt,
-                                 bool continue_final_message, const py::object& tools,
-                                 const py::object& chat_template, const py::kwargs& kwargs) const {
+  py::object apply_chat_template(const py::object& messages, bool tokenize,
+                                 bool add_generation_prompt, bool continue_final_message,
+                                 const py::object& tools, const py::object& chat_template,
+                                 const py::kwargs& kwargs) const {
     r3::text::ChatRequest r;
     r.messages = to_ojson(messages);
     r.tools = to_ojson(tools);
@@ -276,7 +296,8 @@ struct PyTokenizer {
         r.kwargs[key] = to_ojson(v);
       }
     }
-    const r3::text::ChatTemplate ct(tok, chat_template.is_none() ? "" : chat_template.cast<std::string>());
+    const r3::text::ChatTemplate ct(
+        tok, chat_template.is_none() ? "" : chat_template.cast<std::string>());
     if (!tokenize) return py::str(ct.render(r));
     return py::cast(ct.encode(r));
   }
@@ -295,34 +316,51 @@ class LLM {
   static bool vllm_split_from(const py::kwargs& kw) {
     if (!kw.contains("routed_experts_format")) return false;
     const std::string f = kw["routed_experts_format"].cast<std::string>();
-    if (f != "r3" && f != "vllm") throw r3::Error("routed_experts_format must be \"r3\" or \"vllm\", got \"" + f + "\"");
+    if (f != "r3" && f != "vllm")
+      throw r3::Error("routed_experts_format must be \"r3\" or \"vllm\", got \"" + f + "\"");
     return f == "vllm";
   }
 
-  static EngineConfig engine_config(const std::string& model, bool enable_routes, const py::kwargs& kw,
-                                    const char* who) {
+  static EngineConfig engine_config(const std::string& model, bool enable_routes,
+                                    const py::kwargs& kw, const char* who) {
     EngineConfig c;
     c.model = model;
     c.enable_return_routed_experts = enable_routes;
     for (auto [k, v] : kw) {
       const std::string key = k.cast<std::string>();
-      if (key == "block_size") c.block_size = v.cast<int>();
-      else if (key == "num_kv_blocks") c.num_kv_blocks = v.cast<int>();
-      else if (key == "kv_cache_mb") c.kv_cache_mb = v.cast<int>();
-      else if (key == "kv_cache_dtype") c.kv_cache_dtype = v.cast<std::string>();
-      else if (key == "max_num_seqs") c.max_num_seqs = v.cast<int>();
-      else if (key == "max_num_batched_tokens") c.max_num_batched_tokens = v.cast<int>();
-      else if (key == "enable_prefix_caching") c.enable_prefix_caching = v.cast<bool>();
-      else if (key == "max_state_snapshots") c.max_state_snapshots = v.cast<int>();
-      else if (key == "overlap_scheduler") c.overlap_scheduler = v.cast<bool>();
-      else if (key == "decode_buckets") c.decode_buckets = v.cast<std::vector<int>>();
-      else if (key == "threads") c.threads = v.cast<int>();
-      else if (key == "eplb_redundant_experts") c.eplb_redundant_experts = v.cast<int>();
+      if (key == "block_size")
+        c.block_size = v.cast<int>();
+      else if (key == "num_kv_blocks")
+        c.num_kv_blocks = v.cast<int>();
+      else if (key == "kv_cache_mb")
+        c.kv_cache_mb = v.cast<int>();
+      else if (key == "kv_cache_dtype")
+        c.kv_cache_dtype = v.cast<std::string>();
+      else if (key == "max_num_seqs")
+        c.max_num_seqs = v.cast<int>();
+      else if (key == "max_num_batched_tokens")
+        c.max_num_batched_tokens = v.cast<int>();
+      else if (key == "enable_prefix_caching")
+        c.enable_prefix_caching = v.cast<bool>();
+      else if (key == "max_state_snapshots")
+        c.max_state_snapshots = v.cast<int>();
+      else if (key == "overlap_scheduler")
+        c.overlap_scheduler = v.cast<bool>();
+      else if (key == "decode_buckets")
+        c.decode_buckets = v.cast<std::vector<int>>();
+      else if (key == "threads")
+        c.threads = v.cast<int>();
+      else if (key == "eplb_redundant_experts")
+        c.eplb_redundant_experts = v.cast<int>();
       // Refused by the engine with what to run instead: expert parallelism needs `mpirun r3`.
-      else if (key == "expert_parallel") c.expert_parallel = v.cast<int>();
-      else if (key == "tokenizer") c.tokenizer = v.cast<std::string>();
-      else if (key == "routed_experts_format") continue;  // the Python side's (vllm_split_from)
-      else throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");
+      else if (key == "expert_parallel")
+        c.expert_parallel = v.cast<int>();
+      else if (key == "tokenizer")
+        c.tokenizer = v.cast<std::string>();
+      else if (key == "routed_experts_format")
+        continue;  // the Python side's (vllm_split_from)
+      else
+        throw py::type_error(std::string(who) + "() got an unknown engine argument '" + key + "'");
     }
     return c;
   }
@@ -342,11 +380,13 @@ class LLM {
     }
     std::vector<PySamplingParams> per_prompt;
     if (params.is_none() || py::isinstance<PySamplingParams>(params)) {
-      const PySamplingParams one = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
+      const PySamplingParams one =
+          params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
       per_prompt.assign(ps.size(), one);
     } else {
       for (auto item : py::list(params)) per_prompt.push_back(item.cast<PySamplingParams>());
-      if (per_prompt.size() != ps.size()) throw r3::Error("give one SamplingParams or one per prompt");
+      if (per_prompt.size() != ps.size())
+        throw r3::Error("give one SamplingParams or one per prompt");
     }
     // n samples of a prompt are n engine requests: seeds seed + j, or fresh ones.
     std::vector<std::vector<int>> requests;
@@ -356,8 +396,8 @@ class LLM {
         per_prompt[i].check_prompt_start(ps[i].size());
         r3::SamplingParams p = per_prompt[i].p;
         p.seed = per_prompt[i].seed ? *per_prompt[i].seed + uint64_t(j) : fresh_seeds_();
-        p.return_routed_experts =
-            per_prompt[i].return_routed_experts.value_or(engine_->config().enable_return_routed_experts);
+        p.return_routed_experts = per_prompt[i].return_routed_experts.value_or(
+            engine_->config().enable_return_routed_experts);
         requests.push_back(ps[i]);
         sp.push_back(p);
       }
@@ -371,10 +411,13 @@ class LLM {
     size_t k = 0;
     for (size_t i = 0; i < ps.size(); ++i)
       for (int j = 0; j < per_prompt[i].n; ++j, ++k) {
-        PyRequestOutput r = to_python(std::move(outs[k]), std::to_string(outs[k].request_id), vllm_split_);
+        PyRequestOutput r =
+            to_python(std::move(outs[k]), std::to_string(outs[k].request_id), vllm_split_);
         r.outputs[0].index = j;
-        if (j == 0) res.push_back(std::move(r));
-        else res.back().outputs.push_back(std::move(r.outputs[0]));
+        if (j == 0)
+          res.push_back(std::move(r));
+        else
+          res.back().outputs.push_back(std::move(r.outputs[0]));
       }
     return res;
   }
@@ -388,22 +431,25 @@ class LLM {
     const PyTokenizer t = get_tokenizer();
     py::list conversations;
     py::list l(messages);
-    if (l.size() > 0 && (py::isinstance<py::list>(l[0]) || py::isinstance<py::tuple>(l[0]))) conversations = l;
-    else conversations.append(l);
+    if (l.size() > 0 && (py::isinstance<py::list>(l[0]) || py::isinstance<py::tuple>(l[0])))
+      conversations = l;
+    else
+      conversations.append(l);
     py::list prompts;
     py::kwargs kw;
     if (!chat_template_kwargs.is_none()) kw["chat_template_kwargs"] = chat_template_kwargs;
     for (auto conv : conversations)
-      prompts.append(py::dict(py::arg("prompt_token_ids") =
-                                  t.apply_chat_template(py::reinterpret_borrow<py::object>(conv), true,
-                                                        add_generation_prompt, continue_final_message, tools,
-                                                        chat_template, kw)));
+      prompts.append(
+          py::dict(py::arg("prompt_token_ids") = t.apply_chat_template(
+                       py::reinterpret_borrow<py::object>(conv), true, add_generation_prompt,
+                       continue_final_message, tools, chat_template, kw)));
     return generate(prompts, params);
   }
 
   PyTokenizer get_tokenizer() const {
     if (!engine_->tokenizer())
-      throw r3::Error("the model has no tokenizer (no tokenizer.json in the checkpoint; pass tokenizer=DIR)");
+      throw r3::Error(
+          "the model has no tokenizer (no tokenizer.json in the checkpoint; pass tokenizer=DIR)");
     return PyTokenizer{engine_->tokenizer()};
   }
 
@@ -531,13 +577,17 @@ class AsyncEngine {
     loop_.reset();
   }
 
-  PyStream submit(const py::object& prompt, const py::object& params, const std::string& request_id) {
+  PyStream submit(const py::object& prompt, const py::object& params,
+                  const std::string& request_id) {
     PySamplingParams sp = params.is_none() ? PySamplingParams{} : params.cast<PySamplingParams>();
-    if (sp.n != 1) throw r3::Error("AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
+    if (sp.n != 1)
+      throw r3::Error(
+          "AsyncLLM.generate takes n = 1 (one request id per sample, as vLLM's AsyncLLM)");
     r3::serving::Job j{prompt_of(prompt, loop_->tokenizer().get()), sp.p};
     sp.check_prompt_start(j.prompt.size());
     j.params.seed = sp.seed ? *sp.seed : fresh_seeds_();
-    j.params.return_routed_experts = sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
+    j.params.return_routed_experts =
+        sp.return_routed_experts.value_or(loop_->engine_config().enable_return_routed_experts);
     auto ch = std::make_shared<r3::serving::Channel>(1, true);
     std::vector<r3::serving::Job> jobs;
     jobs.push_back(std::move(j));
@@ -555,30 +605,58 @@ class AsyncEngine {
   }
 
   // The rest release the GIL while the loop thread does the work.
-  size_t abort(const std::string& request_id) { return nogil([&] { return loop_->abort_rid(request_id); }); }
-  void pause_generation(const std::string& mode) { nogil([&] { loop_->pause_generation(mode); return 0; }); }
-  void continue_generation() { nogil([&] { loop_->continue_generation(); return 0; }); }
-  bool reset_prefix_cache() { return nogil([&] { return loop_->flush_cache(); }); }
+  size_t abort(const std::string& request_id) {
+    return nogil([&] { return loop_->abort_rid(request_id); });
+  }
+  void pause_generation(const std::string& mode) {
+    nogil([&] {
+      loop_->pause_generation(mode);
+      return 0;
+    });
+  }
+  void continue_generation() {
+    nogil([&] {
+      loop_->continue_generation();
+      return 0;
+    });
+  }
+  bool reset_prefix_cache() {
+    return nogil([&] { return loop_->flush_cache(); });
+  }
   void sleep(int level) {
     if (level != 1 && level != 2) throw r3::Error("sleep: level must be 1 or 2");
-    nogil([&] { loop_->release_memory(true, true); return 0; });
+    nogil([&] {
+      loop_->release_memory(true, true);
+      return 0;
+    });
   }
   void wake_up(const std::optional<std::vector<std::string>>& tags) {
     bool kv = !tags, weights = !tags;
     for (const std::string& t : tags.value_or(std::vector<std::string>{})) {
-      if (t == "kv_cache") kv = true;
-      else if (t == "weights") weights = true;
-      else throw r3::Error("wake_up: unknown tag \"" + t + "\" (kv_cache, weights)");
+      if (t == "kv_cache")
+        kv = true;
+      else if (t == "weights")
+        weights = true;
+      else
+        throw r3::Error("wake_up: unknown tag \"" + t + "\" (kv_cache, weights)");
     }
-    nogil([&] { loop_->resume_memory(kv, weights); return 0; });
+    nogil([&] {
+      loop_->resume_memory(kv, weights);
+      return 0;
+    });
   }
-  uint64_t update_weights(const std::string& path, bool flush_cache, const std::optional<std::string>& version) {
+  uint64_t update_weights(const std::string& path, bool flush_cache,
+                          const std::optional<std::string>& version) {
     return nogil([&] { return loop_->update_weights(path, flush_cache, version); });
   }
-  size_t update_weights_from_tensors(const py::object& named, bool flush_cache, const std::optional<std::string>& version,
-                                     bool finished) {
+  size_t update_weights_from_tensors(const py::object& named, bool flush_cache,
+                                     const std::optional<std::string>& version, bool finished) {
     std::vector<r3::TensorToWrite> tensors = tensors_from_python(named);
-    return nogil([&] { return loop_->update_weights_from_tensors(std::move(tensors), flush_cache, version, finished, false).first; });
+    return nogil([&] {
+      return loop_
+          ->update_weights_from_tensors(std::move(tensors), flush_cache, version, finished, false)
+          .first;
+    });
   }
   std::string get_weight_version() { return loop_->weight_label(); }
   bool is_paused() { return loop_->paused(); }
@@ -605,74 +683,91 @@ void bind_staging(py::module_& m);  // python/staging_py.cc
 PYBIND11_MODULE(_r3, m) {
   m.doc() = "r3: MoE inference with Rollout Routing Replay (routes of every token, per MoE layer)";
   py::register_exception<r3::Error>(m, "Error", PyExc_ValueError);
-  py::module_ staging = m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");
+  py::module_ staging =
+      m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");
   bind_staging(staging);
 
   py::class_<PySamplingParams>(m, "SamplingParams")
-      .def(py::init([](int max_tokens, float temperature, float top_p, int top_k, const py::object& seed,
-                       std::vector<int> stop_token_ids, bool ignore_eos, std::optional<bool> return_routed_experts,
-                       int routed_experts_start, int n, std::optional<int> logprobs, std::optional<int> prompt_logprobs,
-                       const py::object& stop, bool include_stop_str_in_output, bool skip_special_tokens,
-                       std::optional<int> routed_experts_prompt_start) {
-             PySamplingParams s;
-             if (routed_experts_prompt_start) {
-               if (routed_experts_start != 0)
-                 throw r3::Error("give one of routed_experts_start and routed_experts_prompt_start");
-               if (*routed_experts_prompt_start < 0) throw r3::Error("routed_experts_prompt_start must be >= 0");
-               routed_experts_start = *routed_experts_prompt_start;
-               s.routed_experts_prompt_start = routed_experts_prompt_start;
-             }
-             if (py::isinstance<py::str>(stop)) s.p.stop = {stop.cast<std::string>()};
-             else if (!stop.is_none()) s.p.stop = stop.cast<std::vector<std::string>>();
-             s.p.include_stop_str_in_output = include_stop_str_in_output;
-             s.p.skip_special_tokens = skip_special_tokens;
-             if (n < 1) throw r3::Error("n must be >= 1");
-             s.n = n;
-             s.logprobs = logprobs;
-             s.prompt_logprobs = prompt_logprobs;
-             s.p.top_logprobs = std::max(logprobs.value_or(0), prompt_logprobs.value_or(0));
-             s.p.prompt_logprobs_start = prompt_logprobs ? 0 : -1;
-             s.p.max_tokens = max_tokens;
-             s.p.temperature = temperature;
-             s.p.top_p = top_p;
-             s.p.top_k = top_k;
-             s.seed = seed_of(seed);
-             s.p.stop_token_ids = std::move(stop_token_ids);
-             s.p.ignore_eos = ignore_eos;
-             s.p.logprobs = true;
-             s.p.routed_experts_start = routed_experts_start;
-             s.return_routed_experts = return_routed_experts;
-             return s;
-           }),
-           py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f,
-           py::arg("top_k") = 0, py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<int>{},
-           py::arg("ignore_eos") = false, py::arg("return_routed_experts") = py::none(),
-           py::arg("routed_experts_start") = 0, py::arg("n") = 1, py::arg("logprobs") = py::none(),
-           py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
-           py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true,
-           py::arg("routed_experts_prompt_start") = py::none())
-      .def_property("stop", [](const PySamplingParams& s) { return s.p.stop; },
-                    [](PySamplingParams& s, std::vector<std::string> v) { s.p.stop = std::move(v); })
-      .def_property("max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },
-                    [](PySamplingParams& s, int v) { s.p.max_tokens = v; })
-      .def_property("temperature", [](const PySamplingParams& s) { return s.p.temperature; },
-                    [](PySamplingParams& s, float v) { s.p.temperature = v; })
-      .def_property("top_p", [](const PySamplingParams& s) { return s.p.top_p; },
-                    [](PySamplingParams& s, float v) { s.p.top_p = v; })
-      .def_property("top_k", [](const PySamplingParams& s) { return s.p.top_k; },
-                    [](PySamplingParams& s, int v) { s.p.top_k = v; })
+      .def(
+          py::init([](int max_tokens, float temperature, float top_p, int top_k,
+                      const py::object& seed, std::vector<int> stop_token_ids, bool ignore_eos,
+                      std::optional<bool> return_routed_experts, int routed_experts_start, int n,
+                      std::optional<int> logprobs, std::optional<int> prompt_logprobs,
+                      const py::object& stop, bool include_stop_str_in_output,
+                      bool skip_special_tokens, std::optional<int> routed_experts_prompt_start) {
+            PySamplingParams s;
+            if (routed_experts_prompt_start) {
+              if (routed_experts_start != 0)
+                throw r3::Error("give one of routed_experts_start and routed_experts_prompt_start");
+              if (*routed_experts_prompt_start < 0)
+                throw r3::Error("routed_experts_prompt_start must be >= 0");
+              routed_experts_start = *routed_experts_prompt_start;
+              s.routed_experts_prompt_start = routed_experts_prompt_start;
+            }
+            if (py::isinstance<py::str>(stop))
+              s.p.stop = {stop.cast<std::string>()};
+            else if (!stop.is_none())
+              s.p.stop = stop.cast<std::vector<std::string>>();
+            s.p.include_stop_str_in_output = include_stop_str_in_output;
+            s.p.skip_special_tokens = skip_special_tokens;
+            if (n < 1) throw r3::Error("n must be >= 1");
+            s.n = n;
+            s.logprobs = logprobs;
+            s.prompt_logprobs = prompt_logprobs;
+            s.p.top_logprobs = std::max(logprobs.value_or(0), prompt_logprobs.value_or(0));
+            s.p.prompt_logprobs_start = prompt_logprobs ? 0 : -1;
+            s.p.max_tokens = max_tokens;
+            s.p.temperature = temperature;
+            s.p.top_p = top_p;
+            s.p.top_k = top_k;
+            s.seed = seed_of(seed);
+            s.p.stop_token_ids = std::move(stop_token_ids);
+            s.p.ignore_eos = ignore_eos;
+            s.p.logprobs = true;
+            s.p.routed_experts_start = routed_experts_start;
+            s.return_routed_experts = return_routed_experts;
+            return s;
+          }),
+          py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 1.0f,
+          py::arg("top_p") = 1.0f, py::arg("top_k") = 0, py::arg("seed") = py::none(),
+          py::arg("stop_token_ids") = std::vector<int>{}, py::arg("ignore_eos") = false,
+          py::arg("return_routed_experts") = py::none(), py::arg("routed_experts_start") = 0,
+          py::arg("n") = 1, py::arg("logprobs") = py::none(),
+          py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
+          py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true,
+          py::arg("routed_experts_prompt_start") = py::none())
+      .def_property(
+          "stop", [](const PySamplingParams& s) { return s.p.stop; },
+          [](PySamplingParams& s, std::vector<std::string> v) { s.p.stop = std::move(v); })
+      .def_property(
+          "max_tokens", [](const PySamplingParams& s) { return s.p.max_tokens; },
+          [](PySamplingParams& s, int v) { s.p.max_tokens = v; })
+      .def_property(
+          "temperature", [](const PySamplingParams& s) { return s.p.temperature; },
+          [](PySamplingParams& s, float v) { s.p.temperature = v; })
+      .def_property(
+          "top_p", [](const PySamplingParams& s) { return s.p.top_p; },
+          [](PySamplingParams& s, float v) { s.p.top_p = v; })
+      .def_property(
+          "top_k", [](const PySamplingParams& s) { return s.p.top_k; },
+          [](PySamplingParams& s, int v) { s.p.top_k = v; })
       .def_readwrite("seed", &PySamplingParams::seed)
-      .def_property("stop_token_ids", [](const PySamplingParams& s) { return s.p.stop_token_ids; },
-                    [](PySamplingParams& s, std::vector<int> v) { s.p.stop_token_ids = std::move(v); })
-      .def_property("ignore_eos", [](const PySamplingParams& s) { return s.p.ignore_eos; },
-                    [](PySamplingParams& s, bool v) { s.p.ignore_eos = v; })
+      .def_property(
+          "stop_token_ids", [](const PySamplingParams& s) { return s.p.stop_token_ids; },
+          [](PySamplingParams& s, std::vector<int> v) { s.p.stop_token_ids = std::move(v); })
+      .def_property(
+          "ignore_eos", [](const PySamplingParams& s) { return s.p.ignore_eos; },
+          [](PySamplingParams& s, bool v) { s.p.ignore_eos = v; })
       .def_readwrite("return_routed_experts", &PySamplingParams::return_routed_experts)
-      .def_property("routed_experts_start", [](const PySamplingParams& s) { return s.p.routed_experts_start; },
-                    [](PySamplingParams& s, int v) { s.p.routed_experts_start = v; })
+      .def_property(
+          "routed_experts_start",
+          [](const PySamplingParams& s) { return s.p.routed_experts_start; },
+          [](PySamplingParams& s, int v) { s.p.routed_experts_start = v; })
       .def("__repr__", [](const PySamplingParams& s) {
         return "SamplingParams(max_tokens=" + std::to_string(s.p.max_tokens) +
-               ", temperature=" + std::to_string(s.p.temperature) + ", top_p=" + std::to_string(s.p.top_p) +
-               ", top_k=" + std::to_string(s.p.top_k) + ", seed=" + (s.seed ? std::to_string(*s.seed) : std::string("None")) + ")";
+               ", temperature=" + std::to_string(s.p.temperature) +
+               ", top_p=" + std::to_string(s.p.top_p) + ", top_k=" + std::to_string(s.p.top_k) +
+               ", seed=" + (s.seed ? std::to_string(*s.seed) : std::string("None")) + ")";
       });
 
   py::class_<CompletionOutput>(m, "CompletionOutput")
@@ -700,28 +795,33 @@ PYBIND11_MODULE(_r3, m) {
       .def_property_readonly("routed_experts", &PyRequestOutput::routed_experts);
 
   py::class_<PyTokenizer>(m, "Tokenizer")
-      .def_static("from_pretrained", [](const std::string& dir) { return PyTokenizer{r3::text::Tokenizer::load(dir)}; },
-                  py::arg("path"))
+      .def_static(
+          "from_pretrained",
+          [](const std::string& dir) { return PyTokenizer{r3::text::Tokenizer::load(dir)}; },
+          py::arg("path"))
       .def("encode", &PyTokenizer::encode, py::arg("text"), py::arg("add_special_tokens") = true)
-      .def("decode", &PyTokenizer::decode, py::arg("token_ids"), py::arg("skip_special_tokens") = false)
-      .def("apply_chat_template", &PyTokenizer::apply_chat_template, py::arg("conversation"), py::kw_only(),
-           py::arg("tokenize") = true, py::arg("add_generation_prompt") = false,
+      .def("decode", &PyTokenizer::decode, py::arg("token_ids"),
+           py::arg("skip_special_tokens") = false)
+      .def("apply_chat_template", &PyTokenizer::apply_chat_template, py::arg("conversation"),
+           py::kw_only(), py::arg("tokenize") = true, py::arg("add_generation_prompt") = false,
            py::arg("continue_final_message") = false, py::arg("tools") = py::none(),
            py::arg("chat_template") = py::none())
-      .def("convert_ids_to_tokens", [](const PyTokenizer& t, std::vector<int32_t> ids) {
-        py::list out;
-        for (int32_t id : ids) {
-          auto tok = t.tok->id_to_token(id);
-          out.append(tok ? py::object(py::str(*tok)) : py::object(py::none()));
-        }
-        return out;
-      })
+      .def("convert_ids_to_tokens",
+           [](const PyTokenizer& t, std::vector<int32_t> ids) {
+             py::list out;
+             for (int32_t id : ids) {
+               auto tok = t.tok->id_to_token(id);
+               out.append(tok ? py::object(py::str(*tok)) : py::object(py::none()));
+             }
+             return out;
+           })
       .def_property_readonly("vocab_size", [](const PyTokenizer& t) { return t.tok->vocab_size(); })
       .def_property_readonly("eos_token_id", [](const PyTokenizer& t) { return t.tok->eos_id(); })
       .def_property_readonly("bos_token_id", [](const PyTokenizer& t) { return t.tok->bos_id(); })
       .def_property_readonly("eos_token", [](const PyTokenizer& t) { return t.tok->eos_token(); })
       .def_property_readonly("bos_token", [](const PyTokenizer& t) { return t.tok->bos_token(); })
-      .def_property_readonly("chat_template", [](const PyTokenizer& t) { return t.tok->chat_template(); });
+      .def_property_readonly("chat_template",
+                             [](const PyTokenizer& t) { return t.tok->chat_template(); });
 
   py::class_<LLM>(m, "LLM")
       .def(py::init<const std::string&, bool, const py::kwargs&>(), py::arg("model"),
@@ -730,18 +830,23 @@ PYBIND11_MODULE(_r3, m) {
            "Runs every prompt to completion; outputs in input order.")
       .def("update_weights", &LLM::update_weights, py::arg("path"), py::arg("flush_cache") = true,
            "Refit from a checkpoint directory (same architecture and shapes).")
-      .def("update_weights_from_tensors", &LLM::update_weights_from_tensors, py::arg("named_tensors"),
-           py::arg("flush_cache") = true, py::arg("finished") = true,
-           "In-memory refit: {name: array} (or (name, array) pairs) in Hugging Face names; a subset may be sent "
-           "in buckets with finished=False and a last bucket with finished=True (the version goes up once). "
-           "Every tensor's name, shape, dtype and values are checked first; a refused bucket changes nothing. "
-           "Each bucket is packed into the served weights as it arrives (no second copy is held): until the "
-           "last bucket, generating is refused naming the refit under way. Returns the number of tensors sent "
+      .def("update_weights_from_tensors", &LLM::update_weights_from_tensors,
+           py::arg("named_tensors"), py::arg("flush_cache") = true, py::arg("finished") = true,
+           "In-memory refit: {name: array} (or (name, array) pairs) in Hugging Face names; a "
+           "subset may be sent "
+           "in buckets with finished=False and a last bucket with finished=True (the version goes "
+           "up once). "
+           "Every tensor's name, shape, dtype and values are checked first; a refused bucket "
+           "changes nothing. "
+           "Each bucket is packed into the served weights as it arrives (no second copy is held): "
+           "until the "
+           "last bucket, generating is refused naming the refit under way. Returns the number of "
+           "tensors sent "
            "in this refit's buckets so far.")
-      .def("chat", &LLM::chat, py::arg("messages"), py::arg("sampling_params") = py::none(), py::kw_only(),
-           py::arg("chat_template") = py::none(), py::arg("add_generation_prompt") = true,
-           py::arg("continue_final_message") = false, py::arg("tools") = py::none(),
-           py::arg("chat_template_kwargs") = py::none())
+      .def("chat", &LLM::chat, py::arg("messages"), py::arg("sampling_params") = py::none(),
+           py::kw_only(), py::arg("chat_template") = py::none(),
+           py::arg("add_generation_prompt") = true, py::arg("continue_final_message") = false,
+           py::arg("tools") = py::none(), py::arg("chat_template_kwargs") = py::none())
       .def("get_tokenizer", &LLM::get_tokenizer)
       .def_property_readonly("weight_version", &LLM::weight_version)
       .def("stats", &LLM::stats)
@@ -751,7 +856,8 @@ PYBIND11_MODULE(_r3, m) {
   py::class_<AsyncEngine>(m, "_AsyncEngine")
       .def(py::init<const std::string&, bool, const py::kwargs&>(), py::arg("model"),
            py::arg("enable_return_routed_experts") = false)
-      .def("submit", &AsyncEngine::submit, py::arg("prompt"), py::arg("sampling_params"), py::arg("request_id"))
+      .def("submit", &AsyncEngine::submit, py::arg("prompt"), py::arg("sampling_params"),
+           py::arg("request_id"))
       .def("abort", &AsyncEngine::abort, py::arg("request_id"))
       .def("pause_generation", &AsyncEngine::pause_generation, py::arg("mode"))
       .def("continue_generation", &AsyncEngine::continue_generation)
@@ -760,8 +866,9 @@ PYBIND11_MODULE(_r3, m) {
       .def("wake_up", &AsyncEngine::wake_up, py::arg("tags"))
       .def("update_weights", &AsyncEngine::update_weights, py::arg("path"), py::arg("flush_cache"),
            py::arg("weight_version"))
-      .def("update_weights_from_tensors", &AsyncEngine::update_weights_from_tensors, py::arg("named_tensors"),
-           py::arg("flush_cache"), py::arg("weight_version"), py::arg("finished"))
+      .def("update_weights_from_tensors", &AsyncEngine::update_weights_from_tensors,
+           py::arg("named_tensors"), py::arg("flush_cache"), py::arg("weight_version"),
+           py::arg("finished"))
       .def("get_weight_version", &AsyncEngine::get_weight_version)
       .def("is_paused", &AsyncEngine::is_paused);
 }

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libgmock-dev
       libbenchmark-dev pybind11-dev python3-dev python3-numpy python3-pytest pkg-config
       python3-pip python3-venv python3-setuptools python3-wheel libpcre2-dev libutf8proc-dev
-      python3-jinja2 python3-torch openmpi-bin libopenmpi-dev pyflakes3 shellcheck)
+      python3-jinja2 python3-torch openmpi-bin libopenmpi-dev pyflakes3 shellcheck clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -33,8 +33,9 @@ TEST(AttentionChoice, ForcedCachedOrTimedOnce) {
   EXPECT_EQ(first.source.rfind("timed on ", 0), 0u) << first.source;
   EXPECT_GT(first.heads_gb_per_s, 0);
   EXPECT_GT(first.per_head_gb_per_s, 0);
-  EXPECT_EQ(first.loop, first.per_head_gb_per_s > 1.05 * first.heads_gb_per_s ? DecodeAttention::PerHead
-                                                                                : DecodeAttention::Heads);
+  EXPECT_EQ(first.loop, first.per_head_gb_per_s > 1.05 * first.heads_gb_per_s
+                            ? DecodeAttention::PerHead
+                            : DecodeAttention::Heads);
   const AttentionChoice again = choose_decode_attention(cache, nullptr);
   EXPECT_EQ(again.source.rfind("cached for ", 0), 0u) << again.source;
   EXPECT_EQ(again.loop, first.loop);

@@ -26,29 +26,36 @@ struct LatentCache {
   int bs, width;
   std::vector<KvT> rows;
   std::vector<int> table;
-  LatentCache(int positions, int block_size, int w, std::mt19937_64& rng) : bs(block_size), width(w) {
+  LatentCache(int positions, int block_size, int w, std::mt19937_64& rng)
+      : bs(block_size), width(w) {
     const int blocks = (positions + bs - 1) / bs + 2;
     for (int b = 0; b < blocks; ++b) table.push_back(b);
     std::shuffle(table.begin(), table.end(), rng);
     std::normal_distribution<float> normal(0.f, 1.f);
     for (size_t i = 0; i < size_t(blocks) * bs * w; ++i) {
       const float f = normal(rng);
-      if constexpr (std::is_same_v<KvT, float>) rows.push_back(f);
-      else rows.push_back(f32_to_bf16(f));
+      if constexpr (std::is_same_v<KvT, float>)
+        rows.push_back(f);
+      else
+        rows.push_back(f32_to_bf16(f));
     }
   }
   PagedLatent<KvT> view() const { return {rows.data(), table.data(), bs, width}; }
   float at(int j, int d) const {
-    const KvT e = rows[(size_t(table[size_t(j / bs)]) * bs + size_t(j % bs)) * size_t(width) + size_t(d)];
-    if constexpr (std::is_same_v<KvT, float>) return e;
-    else return bf16_to_f32(e);
+    const KvT e =
+        rows[(size_t(table[size_t(j / bs)]) * bs + size_t(j % bs)) * size_t(width) + size_t(d)];
+    if constexpr (std::is_same_v<KvT, float>)
+      return e;
+    else
+      return bf16_to_f32(e);
   }
 };
 
 // The contract for one head: scores by fma over the row in order, times scale; weights
 // exp_nonpositive(score - max) summed in key order; out[d] by fma in key order, times 1 / sum.
 template <typename KvT>
-std::vector<float> contract(const float* q, int value_width, int pos, float scale, const LatentCache<KvT>& c) {
+std::vector<float> contract(const float* q, int value_width, int pos, float scale,
+                            const LatentCache<KvT>& c) {
   std::vector<float> s(size_t(pos) + 1), out(size_t(value_width), 0.f);
   float m = -INFINITY;
   for (int j = 0; j <= pos; ++j) {
@@ -60,7 +67,8 @@ std::vector<float> contract(const float* q, int value_width, int pos, float scal
   float sum = 0.f;
   for (float& x : s) sum += (x = exp_nonpositive(x - m));
   for (int j = 0; j <= pos; ++j)
-    for (int d = 0; d < value_width; ++d) out[size_t(d)] = std::fma(s[size_t(j)], c.at(j, d), out[size_t(d)]);
+    for (int d = 0; d < value_width; ++d)
+      out[size_t(d)] = std::fma(s[size_t(j)], c.at(j, d), out[size_t(d)]);
   for (float& o : out) o *= 1.f / sum;
   return out;
 }
@@ -77,28 +85,34 @@ void latent_same_bits(std::mt19937_64& rng) {
       for (float& x : q) x = normal(rng);
       for (int pos : {0, 6, 8, 23, 60}) {
         std::vector<std::vector<float>> want;
-        for (int h = 0; h < nh; ++h) want.push_back(contract(&q[size_t(h) * size_t(w)], vw, pos, 0.09f, cache));
+        for (int h = 0; h < nh; ++h)
+          want.push_back(contract(&q[size_t(h) * size_t(w)], vw, pos, 0.09f, cache));
         // Head groups as the runner forms them (at most kLatentHeads a call), and single heads.
-        const std::vector<std::vector<int>> groupings = {{0, 16, 20}, {0, 8, 20}, {0, 3, 7, 11, 15, 19, 20}};
+        const std::vector<std::vector<int>> groupings = {
+            {0, 16, 20}, {0, 8, 20}, {0, 3, 7, 11, 15, 19, 20}};
         for (const KernelSet* set : supported_kernel_sets())
           for (const auto& bounds : groupings) {
             const int stride = pos + 1 + 3;
-            std::vector<float> out(size_t(nh) * size_t(vw), -1.f), scores(size_t(kLatentHeads) * size_t(stride));
+            std::vector<float> out(size_t(nh) * size_t(vw), -1.f),
+                scores(size_t(kLatentHeads) * size_t(stride));
             for (size_t g = 0; g + 1 < bounds.size(); ++g) {
               if constexpr (std::is_same_v<KvT, float>)
-                set->attend_latent_heads_f32(q.data(), bounds[g], bounds[g + 1], vw, pos, 0.09f, cache.view(),
-                                             scores.data(), stride, out.data(), size_t(vw));
+                set->attend_latent_heads_f32(q.data(), bounds[g], bounds[g + 1], vw, pos, 0.09f,
+                                             cache.view(), scores.data(), stride, out.data(),
+                                             size_t(vw));
               else
-                set->attend_latent_heads_bf16(q.data(), bounds[g], bounds[g + 1], vw, pos, 0.09f, cache.view(),
-                                              scores.data(), stride, out.data(), size_t(vw));
+                set->attend_latent_heads_bf16(q.data(), bounds[g], bounds[g + 1], vw, pos, 0.09f,
+                                              cache.view(), scores.data(), stride, out.data(),
+                                              size_t(vw));
             }
             for (int h = 0; h < nh; ++h)
               for (int d = 0; d < vw; ++d) {
                 uint32_t got, expect;
                 std::memcpy(&got, &out[size_t(h) * size_t(vw) + size_t(d)], 4);
                 std::memcpy(&expect, &want[size_t(h)][size_t(d)], 4);
-                ASSERT_EQ(got, expect) << set->name << " w=" << w << " bs=" << bs << " pos=" << pos << " groups of "
-                                       << bounds[1] - bounds[0] << " head " << h << " d " << d;
+                ASSERT_EQ(got, expect)
+                    << set->name << " w=" << w << " bs=" << bs << " pos=" << pos << " groups of "
+                    << bounds[1] - bounds[0] << " head " << h << " d " << d;
               }
           }
       }

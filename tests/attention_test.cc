@@ -31,11 +31,14 @@ std::vector<float> reference(const std::vector<float>& q, const std::vector<std:
   }
   float lanes[16] = {0};  // weight j into lane j % 16, then the pairwise tree
   for (int j = 0; j <= pos; ++j) lanes[j % 16] += exp_nonpositive(s[size_t(j)] - m);
-  const float sum = ((lanes[0] + lanes[8]) + (lanes[4] + lanes[12])) + ((lanes[2] + lanes[10]) + (lanes[6] + lanes[14])) +
-                    (((lanes[1] + lanes[9]) + (lanes[5] + lanes[13])) + ((lanes[3] + lanes[11]) + (lanes[7] + lanes[15])));
+  const float sum = ((lanes[0] + lanes[8]) + (lanes[4] + lanes[12])) +
+                    ((lanes[2] + lanes[10]) + (lanes[6] + lanes[14])) +
+                    (((lanes[1] + lanes[9]) + (lanes[5] + lanes[13])) +
+                     ((lanes[3] + lanes[11]) + (lanes[7] + lanes[15])));
   for (int j = 0; j <= pos; ++j) {
     const float w = exp_nonpositive(s[size_t(j)] - m);
-    for (int d = 0; d < hd; ++d) out[size_t(d)] = std::fma(w, v[size_t(j)][size_t(d)], out[size_t(d)]);
+    for (int d = 0; d < hd; ++d)
+      out[size_t(d)] = std::fma(w, v[size_t(j)][size_t(d)], out[size_t(d)]);
   }
   for (auto& o : out) o *= 1.f / sum;
   return out;
@@ -49,23 +52,39 @@ struct Cache {
   std::vector<int> table;
   std::vector<KvT> k, v;
   Cache(int bs_, int kv_dim_, int hd_, std::vector<int> table_)
-      : bs(bs_), kv_dim(kv_dim_), hd(hd_), table(std::move(table_)), k(table.size() * bs * kv_dim), v(k.size()) {}
-  size_t k_index(int j, int e) const { return (size_t(table[size_t(j / bs)]) * kv_dim + e) * bs + j % bs; }  // [block][kv_dim][slot]
+      : bs(bs_),
+        kv_dim(kv_dim_),
+        hd(hd_),
+        table(std::move(table_)),
+        k(table.size() * bs * kv_dim),
+        v(k.size()) {}
+  size_t k_index(int j, int e) const {
+    return (size_t(table[size_t(j / bs)]) * kv_dim + e) * bs + j % bs;
+  }                                     // [block][kv_dim][slot]
   size_t v_index(int j, int e) const {  // [block][kv_head][slot][head_dim]
-    return (size_t(table[size_t(j / bs)]) * kv_dim + size_t(e / hd * hd)) * bs + size_t(j % bs) * hd + e % hd;
+    return (size_t(table[size_t(j / bs)]) * kv_dim + size_t(e / hd * hd)) * bs +
+           size_t(j % bs) * hd + e % hd;
   }
   static KvT store(float x) {
-    if constexpr (std::is_same_v<KvT, float>) return x;
-    else return f32_to_bf16(x);
+    if constexpr (std::is_same_v<KvT, float>)
+      return x;
+    else
+      return f32_to_bf16(x);
   }
   static float load(KvT x) {
-    if constexpr (std::is_same_v<KvT, float>) return x;
-    else return bf16_to_f32(x);
+    if constexpr (std::is_same_v<KvT, float>)
+      return x;
+    else
+      return bf16_to_f32(x);
   }
-  void set(int j, int e, float kv, float vv) { k[k_index(j, e)] = store(kv), v[v_index(j, e)] = store(vv); }
+  void set(int j, int e, float kv, float vv) {
+    k[k_index(j, e)] = store(kv), v[v_index(j, e)] = store(vv);
+  }
   float key(int j, int e) const { return load(k[k_index(j, e)]); }
   float value(int j, int e) const { return load(v[v_index(j, e)]); }
-  PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
+  PagedHead<KvT> head(int h) const {
+    return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd};
+  }
 };
 
 // A cache of `blocks` blocks in shuffled pool order, every key and value drawn from N(0, 1).
@@ -86,11 +105,12 @@ void expect_documented_order() {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
   for (int bs : {16, 32, 64, 8, 5})  // 1, 2 and 4 lane groups per block; the portable path
-    for (int hd : {48, 64, 40}) {   // 3 and 4 vectors of 16, and the portable tail path
+    for (int hd : {48, 64, 40}) {    // 3 and 4 vectors of 16, and the portable tail path
       const int kv_heads = 2, kv_dim = hd * kv_heads, pos = 200;
       const int blocks = (pos + bs) / bs;
       std::vector<int> table(static_cast<size_t>(blocks));
-      for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 11 + 3) % blocks;  // 11 is prime to every count here
+      for (int b = 0; b < blocks; ++b)
+        table[size_t(b)] = (b * 11 + 3) % blocks;  // 11 is prime to every count here
       std::shuffle(table.begin(), table.end(), rng);
       Cache<KvT> cache(bs, kv_dim, hd, table);
       const int head = 1;
@@ -98,7 +118,9 @@ void expect_documented_order() {
       for (int j = 0; j <= pos; ++j)
         for (int e = 0; e < kv_dim; ++e) {
           cache.set(j, e, nd(rng), nd(rng));
-          if (e / hd == head) k[size_t(j)][size_t(e % hd)] = cache.key(j, e), v[size_t(j)][size_t(e % hd)] = cache.value(j, e);
+          if (e / hd == head)
+            k[size_t(j)][size_t(e % hd)] = cache.key(j, e),
+                                    v[size_t(j)][size_t(e % hd)] = cache.value(j, e);
         }
       std::vector<float> q(static_cast<size_t>(hd));
       for (auto& x : q) x = nd(rng);
@@ -111,7 +133,8 @@ void expect_documented_order() {
           uint32_t a, b;
           std::memcpy(&a, &out[size_t(d)], 4);
           std::memcpy(&b, &want[size_t(d)], 4);
-          ASSERT_EQ(a, b) << "block size " << bs << " head_dim " << hd << " pos " << p << " d " << d;
+          ASSERT_EQ(a, b) << "block size " << bs << " head_dim " << hd << " pos " << p << " d "
+                          << d;
         }
       }
     }
@@ -134,16 +157,25 @@ void expect_group_equals_one_at_a_time() {
       const Cache<KvT> cache = random_cache<KvT>(bs, kv_dim, hd, blocks, rng);
       const PagedHead<KvT> ph = cache.head(1);
       const int stride = max_pos + bs + 1;
-      for (const std::vector<int>& pos : std::vector<std::vector<int>>{
-               {0}, {5, 6}, {14, 15, 16, 17}, {200, 201, 202}, {299, 3, 150, 47}, {31, 32, 33, 34},
-               {40, 41, 42, 43, 44}, {7, 250, 33, 34, 35, 299}, {100, 7, 250, 33, 34, 35, 299},
-               {120, 121, 122, 123, 124, 125, 126, 127}, {299, 0, 64, 63, 17, 200, 16, 1}}) {
+      for (const std::vector<int>& pos :
+           std::vector<std::vector<int>>{{0},
+                                         {5, 6},
+                                         {14, 15, 16, 17},
+                                         {200, 201, 202},
+                                         {299, 3, 150, 47},
+                                         {31, 32, 33, 34},
+                                         {40, 41, 42, 43, 44},
+                                         {7, 250, 33, 34, 35, 299},
+                                         {100, 7, 250, 33, 34, 35, 299},
+                                         {120, 121, 122, 123, 124, 125, 126, 127},
+                                         {299, 0, 64, 63, 17, 200, 16, 1}}) {
         const int nq = int(pos.size());
         std::vector<float> qv(size_t(nq) * hd), got(size_t(nq) * hd), scores(size_t(nq) * stride);
         for (auto& x : qv) x = nd(rng);
         const float* qs[kMaxGroup];
         float* os[kMaxGroup];
-        for (int i = 0; i < nq; ++i) qs[i] = qv.data() + size_t(i) * hd, os[i] = got.data() + size_t(i) * hd;
+        for (int i = 0; i < nq; ++i)
+          qs[i] = qv.data() + size_t(i) * hd, os[i] = got.data() + size_t(i) * hd;
         attend_group(qs, pos.data(), nq, hd, 0.125f, ph, scores.data(), stride, os);
         for (int i = 0; i < nq; ++i) {
           std::vector<float> one(static_cast<size_t>(hd)), s1(static_cast<size_t>(stride));
@@ -178,23 +210,26 @@ void expect_heads_equal_one_head_at_a_time() {
         for (int pos : {0, 5, bs, 16 * 9 + 3, max_pos})
           for (int window : {0, 37})
             for (bool with_sinks : {false, true})
-              for (auto [h0, h1] : std::vector<std::pair<int, int>>{{0, heads}, {1, heads - 1}, {group, 2 * group}}) {
+              for (auto [h0, h1] : std::vector<std::pair<int, int>>{
+                       {0, heads}, {1, heads - 1}, {group, 2 * group}}) {
                 if (h0 >= h1) continue;
                 PagedHead<KvT> layer = cache.head(0);
                 layer.window = window;
                 std::vector<float> got(q.size(), -1.f), scores(size_t(h1 - h0) * stride);
-                attend_heads(q.data(), h0, h1, group, hd, pos, 0.125f, layer, with_sinks ? sinks.data() : nullptr,
-                             scores.data(), stride, got.data());
+                attend_heads(q.data(), h0, h1, group, hd, pos, 0.125f, layer,
+                             with_sinks ? sinks.data() : nullptr, scores.data(), stride,
+                             got.data());
                 for (int h = h0; h < h1; ++h) {
                   PagedHead<KvT> one = cache.head(h / group);
                   one.window = window;
                   one.has_sink = with_sinks, one.sink = sinks[size_t(h)];
                   std::vector<float> want(static_cast<size_t>(hd)), s1(static_cast<size_t>(stride));
                   attend(q.data() + size_t(h) * hd, hd, pos, 0.125f, one, s1.data(), want.data());
-                  ASSERT_EQ(0, std::memcmp(want.data(), got.data() + size_t(h) * hd, size_t(hd) * 4))
-                      << "block size " << bs << " head_dim " << hd << " group " << group << " pos " << pos
-                      << " window " << window << " sinks " << with_sinks << " heads [" << h0 << ", " << h1
-                      << ") head " << h;
+                  ASSERT_EQ(0,
+                            std::memcmp(want.data(), got.data() + size_t(h) * hd, size_t(hd) * 4))
+                      << "block size " << bs << " head_dim " << hd << " group " << group << " pos "
+                      << pos << " window " << window << " sinks " << with_sinks << " heads [" << h0
+                      << ", " << h1 << ") head " << h;
                 }
                 for (int h = 0; h < heads; ++h)  // heads outside the range are not written
                   if (h < h0 || h >= h1) {

@@ -25,8 +25,8 @@ RequestOutput partial(std::vector<int> tokens, int first_row, int rows, bool fin
 
 TEST(Channel, StreamedRouteRowsOfUntakenOutputsAreJoined) {
   Channel ch(1, true);
-  ch.publish(0, partial({1}, 4, 3));      // the prompt's rows 4..6 with the first token
-  ch.publish(0, partial({1, 2}, 7, 1));   // row 7 with the second
+  ch.publish(0, partial({1}, 4, 3));     // the prompt's rows 4..6 with the first token
+  ch.publish(0, partial({1, 2}, 7, 1));  // row 7 with the second
   ch.publish(0, partial({1, 2, 3}, 8, 1));
   uint64_t seen = 0;
   std::vector<std::optional<RequestOutput>> out;

@@ -31,7 +31,8 @@ TEST(ChatTemplateOracle, RendersByteForByteAsJinja) {
   for (size_t i = 0; i < cases.size() && bad < 10; ++i) {
     const auto& c = cases[i];
     const std::string name = c["template"];
-    if (!compiled.count(name)) compiled[name] = std::make_unique<Template>(c["source"].get<std::string>());
+    if (!compiled.count(name))
+      compiled[name] = std::make_unique<Template>(c["source"].get<std::string>());
     const Value ctx = from_json(c["context"]);
     std::string got, error;
     try {
@@ -43,20 +44,23 @@ TEST(ChatTemplateOracle, RendersByteForByteAsJinja) {
     if (!c["error"].is_null()) {
       if (error.find(c["error"].get<std::string>()) == std::string::npos) {
         ++bad;
-        ADD_FAILURE() << name << " case " << i << ": Jinja raised \"" << c["error"].get<std::string>()
-                      << "\", r3 gave " << (error.empty() ? "\"" + got + "\"" : "error \"" + error + "\"");
+        ADD_FAILURE() << name << " case " << i << ": Jinja raised \""
+                      << c["error"].get<std::string>() << "\", r3 gave "
+                      << (error.empty() ? "\"" + got + "\"" : "error \"" + error + "\"");
       }
       continue;
     }
     if (!error.empty() || got != c["output"].get<std::string>()) {
       ++bad;
-      ADD_FAILURE() << name << " case " << i << " differs\n  context: " << c["context"].dump() << "\n  r3:    "
+      ADD_FAILURE() << name << " case " << i << " differs\n  context: " << c["context"].dump()
+                    << "\n  r3:    "
                     << nlohmann::json(error.empty() ? got : "ERROR " + error).dump()
                     << "\n  jinja: " << c["output"].dump();
     }
   }
   EXPECT_EQ(bad, 0);
-  for (const auto& [name, n] : counts) std::printf("[ %s ] %d renderings compared\n", name.c_str(), n);
+  for (const auto& [name, n] : counts)
+    std::printf("[ %s ] %d renderings compared\n", name.c_str(), n);
 }
 
 }  // namespace

@@ -30,16 +30,38 @@ std::vector<std::string> seeds() {
 TEST(CheckpointFuzz, SeedCorpusIsRead) {
   const auto s = seeds();
   ASSERT_GE(s.size(), 5u);
-  for (const std::string& x : s) fuzz_checkpoint_readers(reinterpret_cast<const uint8_t*>(x.data()), x.size());
+  for (const std::string& x : s)
+    fuzz_checkpoint_readers(reinterpret_cast<const uint8_t*>(x.data()), x.size());
 }
 
 TEST(CheckpointFuzz, SeededMutations) {
   const auto corpus = seeds();
   std::mt19937_64 rng(0xc4ec);
-  auto uni = [&](size_t lo, size_t hi) { return std::uniform_int_distribution<size_t>(lo, hi)(rng); };
-  const char* tokens[] = {"{", "}", "[", "]", ",", ":", "\"", "-1", "0", "1e308", "18446744073709551616",
-                          "\"F32\"", "\"BF16\"", "\"dtype\"", "\"shape\"", "\"data_offsets\"", "null",
-                          "\"__metadata__\"", "\"architectures\"", "\"num_experts\"", "\xef\xbb\xbf", " "};
+  auto uni = [&](size_t lo, size_t hi) {
+    return std::uniform_int_distribution<size_t>(lo, hi)(rng);
+  };
+  const char* tokens[] = {"{",
+                          "}",
+                          "[",
+                          "]",
+                          ",",
+                          ":",
+                          "\"",
+                          "-1",
+                          "0",
+                          "1e308",
+                          "18446744073709551616",
+                          "\"F32\"",
+                          "\"BF16\"",
+                          "\"dtype\"",
+                          "\"shape\"",
+                          "\"data_offsets\"",
+                          "null",
+                          "\"__metadata__\"",
+                          "\"architectures\"",
+                          "\"num_experts\"",
+                          "\xef\xbb\xbf",
+                          " "};
   const int kRuns = 20000;
   for (int run = 0; run < kRuns; ++run) {
     std::string s = corpus[uni(0, corpus.size() - 1)];
@@ -47,15 +69,23 @@ TEST(CheckpointFuzz, SeededMutations) {
     for (size_t e = 0; e < edits && s.size() > 1; ++e) {
       const size_t at = uni(1, s.size() - 1);  // byte 0 chooses the reader: keep it
       switch (uni(0, 4)) {
-        case 0: s[at] = char(uni(0, 255)); break;
-        case 1: s.erase(at, uni(1, std::min<size_t>(16, s.size() - at))); break;
-        case 2: s.insert(at, tokens[uni(0, std::size(tokens) - 1)]); break;
+        case 0:
+          s[at] = char(uni(0, 255));
+          break;
+        case 1:
+          s.erase(at, uni(1, std::min<size_t>(16, s.size() - at)));
+          break;
+        case 2:
+          s.insert(at, tokens[uni(0, std::size(tokens) - 1)]);
+          break;
         case 3: {
           const std::string& o = corpus[uni(0, corpus.size() - 1)];
           s = s.substr(0, at) + o.substr(std::min(o.size(), uni(1, o.size())));
           break;
         }
-        default: s.resize(at); break;
+        default:
+          s.resize(at);
+          break;
       }
     }
     fuzz_checkpoint_readers(reinterpret_cast<const uint8_t*>(s.data()), s.size());

@@ -29,7 +29,9 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+void spit(const fs::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+}
 
 struct Parts {
   json header;
@@ -46,7 +48,8 @@ Parts split(const std::string& file) {
   return p;
 }
 
-std::string join(const std::string& header_text, const std::string& data, int64_t length_delta = 0) {
+std::string join(const std::string& header_text, const std::string& data,
+                 int64_t length_delta = 0) {
   std::string out(8, '\0');
   const uint64_t n = uint64_t(int64_t(header_text.size()) + length_delta);
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(n >> (8 * i)));
@@ -95,18 +98,31 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
   const Outcome want = run(base);
 
   std::mt19937_64 rng(20261201);
-  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
   const std::vector<std::string> names = tensor_names(parts.header);
   auto any_key = [&](const json& c) {
     auto it = c.begin();
     std::advance(it, uni(0, int64_t(c.size()) - 1));
     return it.key();
   };
-  const std::vector<json> odd_values = {json(-1), json(0), json(1), json(2147483647), json(4294967296ll),
-                                        json(-9223372036854775807ll), json(1e308), json(-0.5), json("64"),
-                                        json(nullptr), json::array(), json::object(), json(true),
+  const std::vector<json> odd_values = {json(-1),
+                                        json(0),
+                                        json(1),
+                                        json(2147483647),
+                                        json(4294967296ll),
+                                        json(-9223372036854775807ll),
+                                        json(1e308),
+                                        json(-0.5),
+                                        json("64"),
+                                        json(nullptr),
+                                        json::array(),
+                                        json::object(),
+                                        json(true),
                                         json::array({1, 2})};
-  const std::vector<std::string> dtypes = {"F32", "BF16", "F16", "F64", "I8", "U8", "F8_E4M3", "bf16", ""};
+  const std::vector<std::string> dtypes = {"F32", "BF16",    "F16",  "F64", "I8",
+                                           "U8",  "F8_E4M3", "bf16", ""};
   std::map<std::string, int> errors, same, different_model;
   const int kMutations = 4000;
   for (int m = 0; m < kMutations; ++m) {
@@ -121,7 +137,8 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
       }
       case 1:
         kind = "length field";
-        st = join(parts.header_text, parts.data, uni(0, 1) ? uni(-16, 16) : uni(-int64_t(parts.header_text.size()), 1 << 20));
+        st = join(parts.header_text, parts.data,
+                  uni(0, 1) ? uni(-16, 16) : uni(-int64_t(parts.header_text.size()), 1 << 20));
         break;
       case 2:
         kind = "truncation";
@@ -146,9 +163,11 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
       }
       case 6: {
         kind = "dtype";
-        const std::string was = h[victim]["dtype"], now = dtypes[size_t(uni(0, int64_t(dtypes.size()) - 1))];
+        const std::string was = h[victim]["dtype"],
+                          now = dtypes[size_t(uni(0, int64_t(dtypes.size()) - 1))];
         // BF16 <-> F16 keeps every size: the same bytes read as other values (a value mutation).
-        if ((was == "BF16" && now == "F16") || (was == "F16" && now == "BF16")) kind = "dtype reinterpretation";
+        if ((was == "BF16" && now == "F16") || (was == "F16" && now == "BF16"))
+          kind = "dtype reinterpretation";
         h[victim]["dtype"] = now;
         st = join(h.dump(), parts.data);
         break;
@@ -157,10 +176,17 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
         kind = "shape";
         json& s = h[victim]["shape"];
         switch (uni(0, 3)) {
-          case 0: s.push_back(1); break;
-          case 1: s[0] = s[0].get<int64_t>() + uni(-2, 2); break;
-          case 2: s = json::array({s[0].get<int64_t>() * (s.size() > 1 ? s[1].get<int64_t>() : 1)}); break;
-          default: s = odd_values[size_t(uni(0, int64_t(odd_values.size()) - 1))];
+          case 0:
+            s.push_back(1);
+            break;
+          case 1:
+            s[0] = s[0].get<int64_t>() + uni(-2, 2);
+            break;
+          case 2:
+            s = json::array({s[0].get<int64_t>() * (s.size() > 1 ? s[1].get<int64_t>() : 1)});
+            break;
+          default:
+            s = odd_values[size_t(uni(0, int64_t(odd_values.size()) - 1))];
         }
         st = join(h.dump(), parts.data);
         break;
@@ -169,8 +195,10 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
         kind = "offsets";
         json& o = h[victim]["data_offsets"];
         const int64_t d = uni(1, 64) * (uni(0, 1) ? 1 : -1);
-        if (uni(0, 1)) o = {o[0].get<int64_t>() + d, o[1].get<int64_t>() + d};
-        else o[size_t(uni(0, 1))] = o[0].get<int64_t>() + d;
+        if (uni(0, 1))
+          o = {o[0].get<int64_t>() + d, o[1].get<int64_t>() + d};
+        else
+          o[size_t(uni(0, 1))] = o[0].get<int64_t>() + d;
         st = join(h.dump(), parts.data);
         break;
       }
@@ -202,8 +230,9 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
       case 12: {
         kind = "config key added";
         json c = cfg;
-        const char* keys[] = {"attention_bias", "sliding_window", "quantization_config", "rope_scaling",
-                              "hidden_act", "mlp_bias", "layer_types", "unrelated_key"};
+        const char* keys[] = {"attention_bias", "sliding_window", "quantization_config",
+                              "rope_scaling",   "hidden_act",     "mlp_bias",
+                              "layer_types",    "unrelated_key"};
         c[keys[uni(0, 7)]] = odd_values[size_t(uni(0, int64_t(odd_values.size()) - 1))];
         cf = c.dump();
         break;
@@ -241,8 +270,9 @@ TEST(CheckpointMutation, ThousandsOfSeededCorruptionsEndInAClearErrorOrTheSameMo
   for (auto& [k, v] : errors) n_err += v;
   for (auto& [k, v] : same) n_same += v;
   for (auto& [k, v] : different_model) n_diff += v;
-  std::printf("[ mutations ] %d: %d clear errors, %d identical outputs, %d valid other descriptions\n",
-              kMutations, n_err, n_same, n_diff);
+  std::printf(
+      "[ mutations ] %d: %d clear errors, %d identical outputs, %d valid other descriptions\n",
+      kMutations, n_err, n_same, n_diff);
   EXPECT_EQ(n_err + n_same + n_diff, kMutations);
   EXPECT_GT(n_err, kMutations / 2);
   fs::remove_all(work);

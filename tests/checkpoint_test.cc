@@ -24,9 +24,9 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "model/safetensors.h"
 #include "model/tensor_names.h"
 #include "test_models.h"
-#include "model/safetensors.h"
 
 namespace r3 {
 namespace {
@@ -106,7 +106,8 @@ void drop_tensor(RawFile& r, const std::string& name) {
   for (auto& [n, entry] : r.header.items()) {
     if (n == "__metadata__") continue;
     auto& off = entry["data_offsets"];
-    if (off[0].get<uint64_t>() >= e) off = {off[0].get<uint64_t>() - (e - b), off[1].get<uint64_t>() - (e - b)};
+    if (off[0].get<uint64_t>() >= e)
+      off = {off[0].get<uint64_t>() - (e - b), off[1].get<uint64_t>() - (e - b)};
   }
 }
 
@@ -139,8 +140,9 @@ std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeig
       if (!t->empty()) v.push_back({t->name, t});
     if (!L.q_norm.empty()) v.push_back({"q_norm", &L.q_norm});
     if (!L.k_norm.empty()) v.push_back({"k_norm", &L.k_norm});
-    for (const TensorView* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.sinks, &L.router_bias, &L.shared.gate,
-                                &L.shared.up, &L.shared.down, &L.shared_gate})
+    for (const TensorView* t :
+         {&L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.sinks, &L.router_bias, &L.shared.gate,
+          &L.shared.up, &L.shared.down, &L.shared_gate})
       if (!t->empty()) v.push_back({t->name, t});
     if (L.moe) {
       v.push_back({"router", &L.router});
@@ -149,7 +151,8 @@ std::vector<std::pair<std::string, const TensorView*>> all_views(const ModelWeig
         for (const TensorView* t : {&e.gate, &e.up, &e.down})
           if (!layer_tensor_names(w.config.arch).fused_experts) v.push_back({t->name, t});
     } else {
-      for (const TensorView* t : {&L.dense.gate, &L.dense.up, &L.dense.down}) v.push_back({t->name, t});
+      for (const TensorView* t : {&L.dense.gate, &L.dense.up, &L.dense.down})
+        v.push_back({t->name, t});
     }
   }
   return v;
@@ -169,12 +172,12 @@ std::string error_of(F&& f) {
   return "";
 }
 
-#define EXPECT_ERROR_MENTIONS(stmt, ...)                                                    \
-  do {                                                                                      \
-    std::string msg_ = error_of([&] { stmt; });                                             \
-    for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__})        \
-      EXPECT_NE(msg_.find(part_), std::string::npos) << "message: " << msg_ << "\nmissing: " \
-                                                     << part_;                              \
+#define EXPECT_ERROR_MENTIONS(stmt, ...)                                             \
+  do {                                                                               \
+    std::string msg_ = error_of([&] { stmt; });                                      \
+    for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__}) \
+      EXPECT_NE(msg_.find(part_), std::string::npos)                                 \
+          << "message: " << msg_ << "\nmissing: " << part_;                          \
   } while (0)
 
 std::string make(const TmpDir& d, const std::string& arch, const std::string& preset,
@@ -189,7 +192,9 @@ std::string make(const TmpDir& d, const std::string& arch, const std::string& pr
   return o.out;
 }
 
-std::string file_in(const std::string& dir, const std::string& f) { return (fs::path(dir) / f).string(); }
+std::string file_in(const std::string& dir, const std::string& f) {
+  return (fs::path(dir) / f).string();
+}
 
 // ------------------------------------------------------------------------------- round trips
 
@@ -248,7 +253,8 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
   std::set<std::string> loaded, files_used;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   for (int i = 0; i < c.num_layers && N.fused_experts; ++i)
-    for (const std::string* n : {&N.fused_gate_up, &N.fused_gate_up_bias, &N.fused_down, &N.fused_down_bias})
+    for (const std::string* n :
+         {&N.fused_gate_up, &N.fused_gate_up_bias, &N.fused_down, &N.fused_down_bias})
       loaded.insert(layer_tensor(i, *n));
   for (auto& [role, v] : all_views(w)) {
     ASSERT_FALSE(v->empty()) << role;
@@ -303,7 +309,9 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_EQ(L.router.name, router_name(c, i));
       EXPECT_EQ(L.router.shape, (std::vector<int64_t>{c.num_experts, H}));
       ASSERT_EQ(int(L.experts.size()), c.num_experts);
-      if (!N.fused_experts) { EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down")); }
+      if (!N.fused_experts) {
+        EXPECT_EQ(L.experts.back().down.name, expert_name(c, i, c.num_experts - 1, "down"));
+      }
     } else {
       EXPECT_TRUE(L.experts.empty());
       EXPECT_EQ(L.dense.gate.name, dense_name(c, i, "gate"));
@@ -314,10 +322,13 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
       EXPECT_NE(L.experts[0].gate.name.find("experts.0.w1"), std::string::npos);
       EXPECT_NE(L.experts[0].up.name.find("experts.0.w3"), std::string::npos);
       EXPECT_NE(L.experts[0].down.name.find("experts.0.w2"), std::string::npos);
-    } else if (c.arch == Arch::Qwen3Moe || (c.arch == Arch::Glm4Moe && c.layers[size_t(i)].attention.qk_norm == QkNorm::PerHead)) {
+    } else if (c.arch == Arch::Qwen3Moe ||
+               (c.arch == Arch::Glm4Moe &&
+                c.layers[size_t(i)].attention.qk_norm == QkNorm::PerHead)) {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{c.head_dim}));
       EXPECT_EQ(L.k_norm.shape, (std::vector<int64_t>{c.head_dim}));
-    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3 || c.arch == Arch::GptOss) {
+    } else if (c.arch == Arch::Qwen2Moe || c.arch == Arch::Glm4Moe || c.arch == Arch::DeepseekV3 ||
+               c.arch == Arch::GptOss) {
       EXPECT_TRUE(L.q_norm.empty());
     } else {
       EXPECT_EQ(L.q_norm.shape, (std::vector<int64_t>{int64_t(c.num_heads) * c.head_dim}));
@@ -333,17 +344,27 @@ TEST_P(CheckpointRoundTrip, TensorsMatchFilesBytewise) {
     EXPECT_EQ(L.q_bias.empty(), !biased && !gpt_oss);
     EXPECT_EQ(L.o_bias.empty(), !gpt_oss);
     EXPECT_EQ(L.sinks.empty(), !gpt_oss);
-    if (L.moe) { EXPECT_EQ(L.experts[0].down_bias.empty(), !gpt_oss); }
-    if (biased) { EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim})); }
+    if (L.moe) {
+      EXPECT_EQ(L.experts[0].down_bias.empty(), !gpt_oss);
+    }
+    if (biased) {
+      EXPECT_EQ(L.v_bias.shape, (std::vector<int64_t>{int64_t(c.num_kv_heads) * c.head_dim}));
+    }
     EXPECT_EQ(L.shared.gate.empty(), !((biased || deepseek_router) && L.moe));
     EXPECT_EQ(L.shared_gate.empty(), !(c.arch == Arch::Qwen2Moe && L.moe));
     EXPECT_EQ(L.router_bias.empty(), !((deepseek_router || gpt_oss) && L.moe));
     EXPECT_EQ(L.kv_b.empty(), !c.mla);
     EXPECT_EQ(c.layers[size_t(i)].attention.kind, c.mla ? AttentionKind::Mla : AttentionKind::Gqa);
-    if (c.mla) { EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0); }
-    if (deepseek_router && !L.router_bias.empty()) { EXPECT_EQ(L.router_bias.dtype, DType::F32); }
+    if (c.mla) {
+      EXPECT_EQ(L.q_a.empty(), c.mla->q_lora_rank == 0);
+    }
+    if (deepseek_router && !L.router_bias.empty()) {
+      EXPECT_EQ(L.router_bias.dtype, DType::F32);
+    }
     // GPT-OSS: sliding and full attention alternate, sliding first (layer_types).
-    if (gpt_oss) { EXPECT_EQ(c.layers[size_t(i)].attention.sliding_window > 0, i % 2 == 0); }
+    if (gpt_oss) {
+      EXPECT_EQ(c.layers[size_t(i)].attention.sliding_window > 0, i % 2 == 0);
+    }
   }
   if (c.arch == Arch::Glm4Moe) {
     EXPECT_FALSE(w.layers[0].moe);  // first_k_dense_replace = 1
@@ -369,9 +390,11 @@ std::vector<RoundTripCase> round_trip_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip, ::testing::ValuesIn(round_trip_cases()),
+INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip,
+                         ::testing::ValuesIn(round_trip_cases()),
                          [](const ::testing::TestParamInfo<RoundTripCase>& i) {
-                           return i.param.arch + "_" + i.param.preset + "_" + dtype_name(i.param.dtype);
+                           return i.param.arch + "_" + i.param.preset + "_" +
+                                  dtype_name(i.param.dtype);
                          });
 
 // GPT-OSS stores the experts of a layer fused, inputs first: gate_up_proj [E, H, 2I] with gate
@@ -381,7 +404,8 @@ INSTANTIATE_TEST_SUITE_P(CheckpointArchs, CheckpointRoundTrip, ::testing::Values
 TEST(CheckpointFusedExperts, SplitAsTransformersReadsThem) {
   TmpDir d("fused");
   for (DType dt : {DType::BF16, DType::F32}) {
-    const std::string dir = make(d, "gpt_oss", "tiny", dt, 5, std::string("gpt_oss_") + dtype_name(dt));
+    const std::string dir =
+        make(d, "gpt_oss", "tiny", dt, 5, std::string("gpt_oss_") + dtype_name(dt));
     auto raw = raw_tensors(file_in(dir, "model.safetensors"));
     auto ck = Checkpoint::open(dir);
     const ModelConfig& c = ck->config();
@@ -408,7 +432,8 @@ TEST(CheckpointFusedExperts, SplitAsTransformersReadsThem) {
         ASSERT_EQ(w.down.shape, (std::vector<int64_t>{H, I}));
         for (int64_t i = 0; i < I; ++i) {
           for (int64_t h = 0; h < H; ++h) {
-            ASSERT_EQ(w.gate.at(i * H + h), elem(gu, (e * H + h) * 2 * I + 2 * i)) << e << " " << i << " " << h;
+            ASSERT_EQ(w.gate.at(i * H + h), elem(gu, (e * H + h) * 2 * I + 2 * i))
+                << e << " " << i << " " << h;
             ASSERT_EQ(w.up.at(i * H + h), elem(gu, (e * H + h) * 2 * I + 2 * i + 1));
             ASSERT_EQ(w.down.at(h * I + i), elem(dn, (e * I + i) * H + h));
           }
@@ -449,24 +474,30 @@ TEST(CheckpointConfig, GptOssLayerTypesWindowsAndLimits) {
   EXPECT_EQ(c.layers[0].attention.sliding_window, 5);  // the default alternates, sliding first
   EXPECT_EQ(c.layers[1].attention.sliding_window, 0);
   j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
-  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("chunked_attention"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("chunked_attention"),
+            std::string::npos);
   j["layer_types"] = {"full_attention"};
-  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("layer_types"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("layer_types"),
+            std::string::npos);
   j.erase("layer_types");
   j["quantization_config"] = {{"quant_method", "mxfp4"}};
   EXPECT_TRUE(parse_config(j.dump(), "gpt_oss").experts_mxfp4);
   j["quantization_config"] = {{"quant_method", "awq"}};
-  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("quantization_config"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "gpt_oss"); }).find("quantization_config"),
+            std::string::npos);
   j = json::parse(preset_config_json("olmoe", "tiny"));
   j["quantization_config"] = {{"quant_method", "mxfp4"}};
-  EXPECT_NE(error_of([&] { parse_config(j.dump(), "olmoe"); }).find("quantization_config"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_config(j.dump(), "olmoe"); }).find("quantization_config"),
+            std::string::npos);
 }
 
 // quantization_config fp8 as DeepSeek-V3 and Qwen3 FP8 write it; what r3 cannot compute exactly
 // so (static activation scales, another format, odd column blocks, another method) is refused.
 TEST(CheckpointConfig, Fp8QuantizationConfig) {
   json j = json::parse(preset_config_json("deepseek_v3", "tiny"));
-  j["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+  j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                              {"fmt", "e4m3"},
+                              {"quant_method", "fp8"},
                               {"weight_block_size", {128, 64}}};
   ModelConfig c = parse_config(j.dump(), "ds");
   EXPECT_EQ(c.fp8_block_rows, 128);
@@ -476,7 +507,8 @@ TEST(CheckpointConfig, Fp8QuantizationConfig) {
   auto refused = [&](const char* key, json value, const char* needle) {
     json k = j;
     k["quantization_config"][key] = value;
-    EXPECT_NE(error_of([&] { parse_config(k.dump(), "ds"); }).find(needle), std::string::npos) << key << value.dump();
+    EXPECT_NE(error_of([&] { parse_config(k.dump(), "ds"); }).find(needle), std::string::npos)
+        << key << value.dump();
   };
   refused("activation_scheme", "static", "dynamic");
   refused("fmt", "e5m2", "e4m3");
@@ -505,7 +537,8 @@ TEST(CheckpointMakeModel, Bf16IsRoundedF32) {
     for (auto& [name, ta] : fa) {
       const RawTensor& tb = fb.at(name);
       if (name.find("e_score_correction_bias") != std::string::npos ||
-          (arch == "qwen3_5_moe" && name.find("A_log") != std::string::npos)) {  // fp32 in every release
+          (arch == "qwen3_5_moe" &&
+           name.find("A_log") != std::string::npos)) {  // fp32 in every release
         EXPECT_EQ(tb.dtype, "F32");
         continue;
       }
@@ -533,9 +566,11 @@ TEST(CheckpointMakeModel, ByteIdenticalForSameArguments) {
       for (auto& e : fs::directory_iterator(a)) names_a.insert(e.path().filename().string());
       for (auto& e : fs::directory_iterator(b)) names_b.insert(e.path().filename().string());
       ASSERT_EQ(names_a, names_b);
-      EXPECT_EQ(names_a.size(), preset == "tiny" ? 2u : 4u);  // config + 1 file, or + index + 2 shards
+      EXPECT_EQ(names_a.size(),
+                preset == "tiny" ? 2u : 4u);  // config + 1 file, or + index + 2 shards
       for (auto& n : names_a)
-        EXPECT_TRUE(read_bytes(file_in(a, n)) == read_bytes(file_in(b, n))) << arch << "/" << preset << "/" << n;
+        EXPECT_TRUE(read_bytes(file_in(a, n)) == read_bytes(file_in(b, n)))
+            << arch << "/" << preset << "/" << n;
     }
 }
 
@@ -577,8 +612,10 @@ TEST(CheckpointF16, WidenedToF32WithCorrectValues) {
     std::vector<float> f(t.bytes.size() / 4);
     std::memcpy(f.data(), t.bytes.data(), t.bytes.size());
     TensorToWrite w{name, DType::F16, t.shape, {}};
-    if (name.find("norm") != std::string::npos) w.dtype = DType::F32;
-    else if (name.find("mlp.gate.weight") != std::string::npos) w.dtype = DType::BF16;
+    if (name.find("norm") != std::string::npos)
+      w.dtype = DType::F32;
+    else if (name.find("mlp.gate.weight") != std::string::npos)
+      w.dtype = DType::BF16;
     w.bytes.resize(f.size() * dtype_size(w.dtype));
     std::vector<float>& e = expected[name];
     for (size_t i = 0; i < f.size(); ++i) {
@@ -608,7 +645,8 @@ TEST(CheckpointF16, WidenedToF32WithCorrectValues) {
     std::vector<float> got = v->to_f32();
     const std::vector<float>& want = expected.at(v->name);
     ASSERT_EQ(got.size(), want.size()) << v->name;
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << v->name << "[" << i << "]";
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << v->name << "[" << i << "]";
     if (v->dtype == DType::F32) {
       EXPECT_EQ(std::memcmp(v->data, want.data(), want.size() * 4), 0) << v->name;
     }
@@ -743,7 +781,8 @@ TEST(CheckpointErrors, BadConfigValues) {
 TEST(CheckpointErrors, MalformedConfigJson) {
   Corrupt c;
   const std::string cfg = file_in(c.dir, "config.json");
-  for (std::string text : {"{\"architectures\": [\"OlmoeForCausalLM\"], ", "", "not json", "[1, 2]", "\xff\xfe"}) {
+  for (std::string text :
+       {"{\"architectures\": [\"OlmoeForCausalLM\"], ", "", "not json", "[1, 2]", "\xff\xfe"}) {
     write_bytes(cfg, text);
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), cfg);
   }
@@ -780,7 +819,8 @@ TEST(CheckpointErrors, WrongShape) {
     auto& e = r.header["model.norm.weight"];
     e["shape"] = json::array({8, 8});  // 64 elements either way
   });
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "\"model.norm.weight\"", "[8, 8]", "expected [64]");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c2.dir), c2.st, "\"model.norm.weight\"", "[8, 8]",
+                        "expected [64]");
 }
 
 TEST(CheckpointErrors, UnsupportedDtypeEntry) {
@@ -789,9 +829,11 @@ TEST(CheckpointErrors, UnsupportedDtypeEntry) {
     // An extra I64 tensor appended to the buffer.
     uint64_t at = r.buffer.size();
     r.buffer += std::string(16, '\0');
-    r.header["model.step_counter"] = {{"dtype", "I64"}, {"shape", {2}}, {"data_offsets", {at, at + 16}}};
+    r.header["model.step_counter"] = {
+        {"dtype", "I64"}, {"shape", {2}}, {"data_offsets", {at, at + 16}}};
   });
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"model.step_counter\"", "unsupported dtype", "I64");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"model.step_counter\"",
+                        "unsupported dtype", "I64");
 }
 
 // MXFP4 experts: a scale that would leave bf16's normal range, missing scales, and blocks stored
@@ -807,7 +849,8 @@ TEST(CheckpointErrors, Mxfp4ScalesAndBlocks) {
       const uint64_t at = r.header[scales]["data_offsets"][0];
       r.buffer[size_t(at) + 5] = char(255);
     });
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "scale byte 255", "outside [2, 252]");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "scale byte 255",
+                          "outside [2, 252]");
   }
   {
     Corrupt c(o);
@@ -836,9 +879,12 @@ TEST(CheckpointErrors, Fp8ValuesAndScales) {
   o.quant = "fp8";
   o.fp8_block[0] = 32;
   o.fp8_block[1] = 48;
-  const std::string weight = "model.layers.1.mlp.experts.3.down_proj.weight", scales = weight + "_scale_inv";
+  const std::string weight = "model.layers.1.mlp.experts.3.down_proj.weight",
+                    scales = weight + "_scale_inv";
   EXPECT_NO_THROW(Checkpoint::open(Corrupt(o).dir));
-  auto at = [](RawFile& r, const std::string& name) { return size_t(r.header[name]["data_offsets"][0].get<uint64_t>()); };
+  auto at = [](RawFile& r, const std::string& name) {
+    return size_t(r.header[name]["data_offsets"][0].get<uint64_t>());
+  };
   {
     Corrupt c(o);
     c.edit([&](RawFile& r) { r.buffer[at(r, weight) + 7] = char(0xff); });
@@ -847,7 +893,8 @@ TEST(CheckpointErrors, Fp8ValuesAndScales) {
   for (float bad : {-1.f, INFINITY, 0x1p119f, 0x1p-118f}) {
     Corrupt c(o);
     c.edit([&](RawFile& r) { std::memcpy(&r.buffer[at(r, scales) + 4], &bad, 4); });
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "block scale", "element 1");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), "\"" + scales + "\"", "block scale",
+                          "element 1");
   }
   {
     Corrupt c(o);
@@ -880,7 +927,8 @@ TEST(CheckpointErrors, RequiredTensorStoredAsI8) {
     e["dtype"] = "I8";
     e["data_offsets"] = {b, b + uint64_t(shape[0] * shape[1])};
   });
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "unsupported dtype", "I8");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "unsupported dtype",
+                        "I8");
   for (json bad : {json("bf16"), json(""), json(16), json(nullptr)}) {
     Corrupt c2;
     c2.edit([&](RawFile& r) { r.header[victim]["dtype"] = bad; });
@@ -900,7 +948,8 @@ TEST(CheckpointErrors, TruncatedFile) {
   std::string s = read_bytes(c.st);
   write_bytes(c.st, s.substr(0, s.size() - 100));
   // The last tensor written runs past the end of the shortened buffer.
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"lm_head.weight\"", "out of range", "truncated");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"lm_head.weight\"", "out of range",
+                        "truncated");
   for (size_t n : {0, 3, 7}) {
     write_bytes(c.st, s.substr(0, n));
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "truncated");
@@ -912,7 +961,8 @@ TEST(CheckpointErrors, HeaderLengthPastEndOfFile) {
   std::string s = read_bytes(c.st);
   for (uint64_t n : {uint64_t(s.size()), uint64_t(s.size() - 7), uint64_t(50u << 20)}) {
     write_bytes(c.st, u64le(n) + s.substr(8));
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "header length", std::to_string(n), "past the end");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "header length", std::to_string(n),
+                          "past the end");
   }
   for (uint64_t n : {uint64_t(101u) << 20, ~uint64_t(0), uint64_t(1) << 63, ~uint64_t(0) - 7}) {
     write_bytes(c.st, u64le(n) + s.substr(8));
@@ -941,11 +991,13 @@ TEST(CheckpointErrors, DataOffsetsOutOfRange) {
       r.header[victim]["data_offsets"] = {~uint64_t(0) - 63, ~uint64_t(0) + uint64_t(65)};
     });
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"");
-    c.edit([&](RawFile& r) { r.header[victim]["data_offsets"] = {~uint64_t(0) - 127, ~uint64_t(0)}; });
+    c.edit([&](RawFile& r) {
+      r.header[victim]["data_offsets"] = {~uint64_t(0) - 127, ~uint64_t(0)};
+    });
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "out of range");
   }
-  for (json bad : {json::array({0}), json::array({0, 128, 256}), json::array({-128, 0}), json("0-128"),
-                   json::array({0.0, 128.0})}) {
+  for (json bad : {json::array({0}), json::array({0, 128, 256}), json::array({-128, 0}),
+                   json("0-128"), json::array({0.0, 128.0})}) {
     Corrupt c;
     c.edit([&](RawFile& r) { r.header[victim]["data_offsets"] = bad; });
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "\"" + victim + "\"", "data_offsets");
@@ -998,9 +1050,9 @@ TEST(CheckpointErrors, ShapeOverflow) {
   // 2^62 x 4 elements wraps to 0 in 64 bits: must be rejected, not read as an empty tensor.
   TmpDir d("ovf");
   const std::string p = d / "x.safetensors";
-  for (json shape : {json::array({uint64_t(1) << 62, 4}), json::array({uint64_t(1) << 62}),
-                     json::array({uint64_t(1) << 32, uint64_t(1) << 32, 0}),
-                     json::array({~uint64_t(0)})}) {
+  for (json shape :
+       {json::array({uint64_t(1) << 62, 4}), json::array({uint64_t(1) << 62}),
+        json::array({uint64_t(1) << 32, uint64_t(1) << 32, 0}), json::array({~uint64_t(0)})}) {
     json h = {{"t", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
     write_bytes(p, safetensors_bytes(h.dump(), ""));
     EXPECT_ERROR_MENTIONS(SafetensorsFile f(p), p, "\"t\"");
@@ -1016,15 +1068,17 @@ TEST(CheckpointErrors, MalformedSafetensorsHeader) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(s[size_t(i)])) << (8 * i);
   const std::string buffer = s.substr(8 + n);
-  for (std::string header : {std::string("{\"a\": {\"dtype\": "), std::string("{\"a\": 1,}"),
-                             std::string("{\"a\": 1}\0\0\0", 11), std::string("{}\t"), std::string("{}\n  ")}) {
+  for (std::string header :
+       {std::string("{\"a\": {\"dtype\": "), std::string("{\"a\": 1,}"),
+        std::string("{\"a\": 1}\0\0\0", 11), std::string("{}\t"), std::string("{}\n  ")}) {
     write_bytes(c.st, safetensors_bytes(header, buffer));
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "malformed JSON header");
   }
   // Anything but '{' first: other JSON values, a byte-order mark, leading spaces, nothing.
-  for (std::string header : {std::string("[1, 2, 3]"), std::string("\"x\""), std::string("42"),
-                             std::string("not json at all"), std::string(""), std::string("\xff\xfe\xfd"),
-                             std::string("\xef\xbb\xbf{}"), std::string(" {}")}) {
+  for (std::string header :
+       {std::string("[1, 2, 3]"), std::string("\"x\""), std::string("42"),
+        std::string("not json at all"), std::string(""), std::string("\xff\xfe\xfd"),
+        std::string("\xef\xbb\xbf{}"), std::string(" {}")}) {
     write_bytes(c.st, safetensors_bytes(header, buffer));
     EXPECT_ERROR_MENTIONS(Checkpoint::open(c.dir), c.st, "must begin with '{'");
   }
@@ -1067,8 +1121,10 @@ TEST(CheckpointErrors, MalformedIndexJson) {
     EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "weight_map");
   }
   write_bytes(s.index, "{\"weight_map\": {\"model.norm.weight\": 3}}");
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "\"model.norm.weight\"", "not a file name");
-  for (std::string f : {"../model-00001-of-00002.safetensors", "/etc/passwd", "sub/x.safetensors"}) {
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, "\"model.norm.weight\"",
+                        "not a file name");
+  for (std::string f :
+       {"../model-00001-of-00002.safetensors", "/etc/passwd", "sub/x.safetensors"}) {
     json j = {{"weight_map", {{"model.norm.weight", f}}}};
     write_bytes(s.index, j.dump());
     EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), s.index, f, "plain file name");
@@ -1086,7 +1142,8 @@ TEST(CheckpointErrors, ShardNamedInIndexButMissing) {
   json j = s2.read_index();
   j["weight_map"]["model.norm.weight"] = "model-00003-of-00002.safetensors";
   write_bytes(s2.index, j.dump());
-  EXPECT_ERROR_MENTIONS(Checkpoint::open(s2.dir), file_in(s2.dir, "model-00003-of-00002.safetensors"), "missing");
+  EXPECT_ERROR_MENTIONS(Checkpoint::open(s2.dir),
+                        file_in(s2.dir, "model-00003-of-00002.safetensors"), "missing");
 }
 
 TEST(CheckpointErrors, IndexPointsAtWrongShard) {
@@ -1094,8 +1151,9 @@ TEST(CheckpointErrors, IndexPointsAtWrongShard) {
   json j = s.read_index();
   std::string name = "model.embed_tokens.weight";
   std::string real = j["weight_map"][name];
-  std::string other = real == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
-                                                                 : "model-00001-of-00002.safetensors";
+  std::string other = real == "model-00001-of-00002.safetensors"
+                          ? "model-00002-of-00002.safetensors"
+                          : "model-00001-of-00002.safetensors";
   j["weight_map"][name] = other;
   write_bytes(s.index, j.dump());
   EXPECT_ERROR_MENTIONS(Checkpoint::open(s.dir), file_in(s.dir, real), "\"" + name + "\"",
@@ -1154,16 +1212,31 @@ TEST(CheckpointErrors, NeverCrashesOnMutatedFiles) {
   std::vector<std::string> names;
   for (auto& [k, v] : base.header.items())
     if (k != "__metadata__") names.push_back(k);
-  const uint64_t specials[] = {0, 1, 63, 64, 65, uint64_t(1) << 31, uint64_t(1) << 32, uint64_t(1) << 62,
-                               uint64_t(1) << 63, ~uint64_t(0), ~uint64_t(0) - 1};
+  const uint64_t specials[] = {0,
+                               1,
+                               63,
+                               64,
+                               65,
+                               uint64_t(1) << 31,
+                               uint64_t(1) << 32,
+                               uint64_t(1) << 62,
+                               uint64_t(1) << 63,
+                               ~uint64_t(0),
+                               ~uint64_t(0) - 1};
   for (uint64_t it = 0; it < 200; ++it) {
     RawFile r = base;
     const std::string& name = names[hash_pair(it, 7) % names.size()];
     uint64_t v = specials[hash_pair(it, 8) % std::size(specials)];
     switch (hash_pair(it, 9) % 3) {
-      case 0: r.header[name]["data_offsets"][hash_pair(it, 10) % 2] = v; break;
-      case 1: r.header[name]["shape"][0] = v; break;
-      default: r.header[name]["shape"].push_back(v); break;
+      case 0:
+        r.header[name]["data_offsets"][hash_pair(it, 10) % 2] = v;
+        break;
+      case 1:
+        r.header[name]["shape"][0] = v;
+        break;
+      default:
+        r.header[name]["shape"].push_back(v);
+        break;
     }
     raw_write(c.st, r);
     try_open();
@@ -1174,10 +1247,14 @@ TEST(CheckpointErrors, NeverCrashesOnMutatedConfig) {
   Corrupt c;
   const std::string cfg = file_in(c.dir, "config.json");
   const json orig = json::parse(read_bytes(cfg));
-  const json values[] = {json(nullptr), json(0), json(-1), json(1), json(2147483647),
-                         json(4294967296ull), json(~uint64_t(0)), json(-9223372036854775807ll),
-                         json(0.5), json(1e308), json("x"), json::array(), json::array({1}),
-                         json::object(), json(true)};
+  const json values[] = {json(nullptr),      json(0),
+                         json(-1),           json(1),
+                         json(2147483647),   json(4294967296ull),
+                         json(~uint64_t(0)), json(-9223372036854775807ll),
+                         json(0.5),          json(1e308),
+                         json("x"),          json::array(),
+                         json::array({1}),   json::object(),
+                         json(true)};
   for (auto& [key, v] : orig.items()) {
     for (const json& val : values) {
       json j = orig;
@@ -1231,7 +1308,7 @@ TEST(DTypeBf16, RoundToNearestEven) {
     EXPECT_TRUE(std::isnan(bf16_to_f32(h))) << std::hex << nan;
     EXPECT_EQ(h & 0x8000, (nan >> 16) & 0x8000);
   }
-  EXPECT_EQ(round_bf16(1.00390625f), 1.0f);  // 1 + 2^-8: halfway, to even
+  EXPECT_EQ(round_bf16(1.00390625f), 1.0f);       // 1 + 2^-8: halfway, to even
   EXPECT_EQ(round_bf16(1.01171875f), 1.015625f);  // 1 + 3 * 2^-8: halfway, to even (up)
 }
 
@@ -1249,7 +1326,8 @@ TEST(DTypeBf16, AllValuesRoundTripAndMatchReference) {
     if (std::isnan(f) || std::isinf(f)) continue;
     uint16_t lo = uint16_t(u >> 16), hi = uint16_t(lo + 1);  // truncated, and one ulp further
     uint16_t want;
-    if ((hi & 0x7fff) == 0x7f80) {  // lo is the largest finite: past halfway (ties: lo is odd) -> inf
+    if ((hi & 0x7fff) ==
+        0x7f80) {  // lo is the largest finite: past halfway (ties: lo is odd) -> inf
       want = (u & 0xffff) >= 0x8000 ? hi : lo;
     } else {
       double dl = std::fabs(double(f) - double(bf16_to_f32(lo)));
@@ -1266,18 +1344,19 @@ TEST(DTypeF16, KnownValues) {
   EXPECT_EQ(f32_to_f16(0.5f), 0x3800);
   EXPECT_EQ(f32_to_f16(0.0f), 0x0000);
   EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
-  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);      // largest finite
-  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);      // below halfway to 65536
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);      // halfway: ties to even = infinity
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);  // largest finite
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);  // below halfway to 65536
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // halfway: ties to even = infinity
   EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);
   EXPECT_EQ(f32_to_f16(-1e6f), 0xfc00);
   EXPECT_EQ(f32_to_f16(INFINITY), 0x7c00);
-  EXPECT_EQ(f32_to_f16(2047.5f), 0x6800);       // halfway, carries into the exponent (2048)
-  EXPECT_EQ(f32_to_f16(2046.5f), 0x67fe);       // halfway, to even (2046)
-  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3c00);       // halfway, to even
-  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);   // halfway, to even (up)
+  EXPECT_EQ(f32_to_f16(2047.5f), 0x6800);              // halfway, carries into the exponent (2048)
+  EXPECT_EQ(f32_to_f16(2046.5f), 0x67fe);              // halfway, to even (2046)
+  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3c00);      // halfway, to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);  // halfway, to even (up)
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
-  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(float_of(0x7f800001)))));  // payload only in low bits
+  EXPECT_TRUE(
+      std::isnan(f16_to_f32(f32_to_f16(float_of(0x7f800001)))));  // payload only in low bits
   EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
   EXPECT_EQ(f16_to_f32(0x7bff), 65504.0f);
   EXPECT_EQ(f16_to_f32(0x7c00), INFINITY);
@@ -1287,24 +1366,24 @@ TEST(DTypeF16, KnownValues) {
 }
 
 TEST(DTypeF16, Subnormals) {
-  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);                 // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);  // smallest subnormal
   EXPECT_EQ(f16_to_f32(0x0002), 0x1p-23f);
-  EXPECT_EQ(f16_to_f32(0x03ff), 1023 * 0x1p-24f);          // largest subnormal
-  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);                 // smallest normal
+  EXPECT_EQ(f16_to_f32(0x03ff), 1023 * 0x1p-24f);  // largest subnormal
+  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);         // smallest normal
   EXPECT_EQ(f16_to_f32(0x8001), -0x1p-24f);
   EXPECT_EQ(f16_to_f32(0x0155), 341 * 0x1p-24f);
   EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);
   EXPECT_EQ(f32_to_f16(1023 * 0x1p-24f), 0x03ff);
   EXPECT_EQ(f32_to_f16(0x1p-14f), 0x0400);
   EXPECT_EQ(f32_to_f16(-341 * 0x1p-24f), 0x8155);
-  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);                 // halfway to 2^-24: to even (0)
-  EXPECT_EQ(f32_to_f16(0x1.000002p-25f), 0x0001);          // just above halfway
-  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);             // 1.5 ulp: to even (2)
-  EXPECT_EQ(f32_to_f16(5 * 0x1p-25f), 0x0002);             // 2.5 ulp: to even (2)
-  EXPECT_EQ(f32_to_f16(1023.5f * 0x1p-24f), 0x0400);       // rounds up into the normals
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);            // halfway to 2^-24: to even (0)
+  EXPECT_EQ(f32_to_f16(0x1.000002p-25f), 0x0001);     // just above halfway
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);        // 1.5 ulp: to even (2)
+  EXPECT_EQ(f32_to_f16(5 * 0x1p-25f), 0x0002);        // 2.5 ulp: to even (2)
+  EXPECT_EQ(f32_to_f16(1023.5f * 0x1p-24f), 0x0400);  // rounds up into the normals
   EXPECT_EQ(f32_to_f16(0x1p-26f), 0x0000);
   EXPECT_EQ(f32_to_f16(-0x1p-26f), 0x8000);
-  EXPECT_EQ(f32_to_f16(float_of(0x00000001)), 0x0000);     // f32 subnormal
+  EXPECT_EQ(f32_to_f16(float_of(0x00000001)), 0x0000);  // f32 subnormal
 }
 
 TEST(DTypeF16, AllValuesRoundTrip) {
@@ -1329,7 +1408,8 @@ TEST(DTypeF16, AllValuesRoundTrip) {
 TEST(DTypeF16, MatchesCompilerConversion) {
   for (uint64_t i = 0; i < 500000; ++i) {
     uint32_t u = uint32_t(hash_pair(17, i));
-    if (i % 2) u = (u & 0x807fffffu) | (uint32_t(103 + hash_pair(18, i) % 40) << 23);  // near f16 range
+    if (i % 2)
+      u = (u & 0x807fffffu) | (uint32_t(103 + hash_pair(18, i) % 40) << 23);  // near f16 range
     float f = float_of(u);
     if (std::isnan(f)) continue;
     _Float16 ref = static_cast<_Float16>(f);
@@ -1340,14 +1420,17 @@ TEST(DTypeF16, MatchesCompilerConversion) {
 }
 #endif
 
-// ------------------------------------------------------------------ fail closed (issue: refuse what r3 lacks)
+// ------------------------------------------------------------------ fail closed (issue: refuse
+// what r3 lacks)
 
 // The tiny model's config.json with one key set (or erased, for a null value).
 void set_config_key(const std::string& dir, const std::string& key, const json& value) {
   const std::string cfg = file_in(dir, "config.json");
   json j = json::parse(read_bytes(cfg));
-  if (value.is_null()) j.erase(key);
-  else j[key] = value;
+  if (value.is_null())
+    j.erase(key);
+  else
+    j[key] = value;
   write_bytes(cfg, j.dump());
 }
 
@@ -1357,9 +1440,10 @@ void set_config_key(const std::string& dir, const std::string& key, const json& 
 TEST(ConfigYarn, FrequenciesAndFactorsAsTransformersComputes) {
   json j = json::parse(preset_config_json("deepseek_v3", "tiny"));
   j["max_position_embeddings"] = 4096 * 40;
-  j["rope_scaling"] = {{"rope_type", "yarn"},     {"factor", 40.0},  {"original_max_position_embeddings", 4096},
-                       {"beta_fast", 32},         {"beta_slow", 1},  {"mscale", 0.707},
-                       {"mscale_all_dim", 1.0}};
+  j["rope_scaling"] = {
+      {"rope_type", "yarn"},  {"factor", 40.0}, {"original_max_position_embeddings", 4096},
+      {"beta_fast", 32},      {"beta_slow", 1}, {"mscale", 0.707},
+      {"mscale_all_dim", 1.0}};
   const ModelConfig c = parse_config(j.dump(), "yarn");
   ASSERT_TRUE(c.rope_scaling.yarn);
   ASSERT_EQ(c.layers[0].attention.rotary_dim, 8);
@@ -1391,11 +1475,13 @@ TEST(ConfigFailClosed, NoGuessedDefaultsNoAmbiguityEveryDigitCounts) {
     for (const char* key : {"n_group", "topk_group", "routed_scaling_factor"}) {
       json j = json::parse(preset_config_json(arch, "tiny"));
       j.erase(key);
-      EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "cfg"), "missing key", std::string("\"") + key + "\"");
+      EXPECT_ERROR_MENTIONS(parse_config(j.dump(), "cfg"), "missing key",
+                            std::string("\"") + key + "\"");
     }
   json g = json::parse(preset_config_json("glm4_moe", "tiny"));
   g.erase("partial_rotary_factor");  // Glm4MoeConfig's default, 0.5
-  EXPECT_EQ(parse_config(g.dump(), "cfg").layers[0].attention.rotary_dim, g["head_dim"].get<int>() / 2);
+  EXPECT_EQ(parse_config(g.dump(), "cfg").layers[0].attention.rotary_dim,
+            g["head_dim"].get<int>() / 2);
   json d = json::parse(preset_config_json("deepseek_v3", "small"));
   d["rope_scaling"]["rope_type"] = "linear";
   EXPECT_ERROR_MENTIONS(parse_config(d.dump(), "cfg"), "rope_scaling", "type");
@@ -1422,10 +1508,12 @@ TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
       {"qwen3_moe", "use_sliding_window", true},  // with the config's sliding_window below
       {"mixtral", "sliding_window", 64},
       {"olmoe", "quantization_config", json{{"quant_method", "awq"}}},
-      {"olmoe", "quantization_config", json{{"quant_method", "fp8"}, {"activation_scheme", "static"}}},
+      {"olmoe", "quantization_config",
+       json{{"quant_method", "fp8"}, {"activation_scheme", "static"}}},
       {"olmoe", "hidden_act", "gelu"},
       {"mixtral", "rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 4.0}}},
-      {"deepseek_v3", "rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}, {"low_freq_factor", 1.0}}},
+      {"deepseek_v3", "rope_scaling",
+       json{{"rope_type", "yarn"}, {"factor", 4.0}, {"low_freq_factor", 1.0}}},
       {"olmoe", "partial_rotary_factor", 0.5},
       {"qwen3_moe", "layer_types", json::array({"sliding_attention"})},
       {"olmoe", "mlp_bias", true},
@@ -1436,14 +1524,18 @@ TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
     if (c.key == "use_sliding_window") set_config_key(k.dir, "sliding_window", 32);
     set_config_key(k.dir, c.key, c.value);
     const std::string named = c.key == "use_sliding_window" ? "sliding_window" : c.key;
-    EXPECT_ERROR_MENTIONS(Checkpoint::open(k.dir), "config.json", "\"" + named + "\"", "not implemented");
+    EXPECT_ERROR_MENTIONS(Checkpoint::open(k.dir), "config.json", "\"" + named + "\"",
+                          "not implemented");
   }
   // Neutral values load: a window no shorter than the context, default rope scaling, silu,
   // attention_bias false, a rotary factor of 1.
   for (auto [arch, key, value] : std::vector<std::tuple<std::string, std::string, json>>{
-           {"mixtral", "sliding_window", 1 << 20}, {"mixtral", "sliding_window", nullptr},
-           {"qwen3_moe", "sliding_window", 64}, {"olmoe", "rope_scaling", json{{"rope_type", "default"}}},
-           {"olmoe", "hidden_act", "silu"}, {"olmoe", "attention_bias", false},
+           {"mixtral", "sliding_window", 1 << 20},
+           {"mixtral", "sliding_window", nullptr},
+           {"qwen3_moe", "sliding_window", 64},
+           {"olmoe", "rope_scaling", json{{"rope_type", "default"}}},
+           {"olmoe", "hidden_act", "silu"},
+           {"olmoe", "attention_bias", false},
            {"olmoe", "partial_rotary_factor", 1.0}}) {
     SCOPED_TRACE(arch + " " + key);
     Corrupt k(arch);
@@ -1453,13 +1545,23 @@ TEST(CheckpointFailClosed, UnimplementedConfigKeysAreRefusedByName) {
 }
 
 TEST(CheckpointFailClosed, ConfigValuesAreRangeChecked) {
-  for (auto [key, value] : std::vector<std::pair<std::string, json>>{
-           {"max_position_embeddings", -1}, {"max_position_embeddings", 1 << 28},
-           {"max_position_embeddings", 2147483647}, {"max_position_embeddings", 1 << 25},
-           {"rope_theta", 0}, {"rope_theta", -10000}, {"rope_theta", 1e300}, {"rms_norm_eps", -1e-6},
-           {"rms_norm_eps", 0}, {"vocab_size", 1 << 30}, {"num_hidden_layers", 100000},
-           {"head_dim", 1 << 20}, {"intermediate_size", 1 << 30}, {"eos_token_id", 1 << 20},
-           {"num_key_value_heads", 8}, {"clip_qkv", -1.0}}) {
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, json>>{{"max_position_embeddings", -1},
+                                                 {"max_position_embeddings", 1 << 28},
+                                                 {"max_position_embeddings", 2147483647},
+                                                 {"max_position_embeddings", 1 << 25},
+                                                 {"rope_theta", 0},
+                                                 {"rope_theta", -10000},
+                                                 {"rope_theta", 1e300},
+                                                 {"rms_norm_eps", -1e-6},
+                                                 {"rms_norm_eps", 0},
+                                                 {"vocab_size", 1 << 30},
+                                                 {"num_hidden_layers", 100000},
+                                                 {"head_dim", 1 << 20},
+                                                 {"intermediate_size", 1 << 30},
+                                                 {"eos_token_id", 1 << 20},
+                                                 {"num_key_value_heads", 8},
+                                                 {"clip_qkv", -1.0}}) {
     SCOPED_TRACE(key + " = " + value.dump());
     Corrupt k("olmoe");
     set_config_key(k.dir, key, value);
@@ -1469,8 +1571,8 @@ TEST(CheckpointFailClosed, ConfigValuesAreRangeChecked) {
 
 TEST(CheckpointFailClosed, EveryStoredTensorMustBeUsed) {
   // A bias r3 does not apply, and a tensor of an unknown layer, are refused by name.
-  for (std::string extra : {"model.layers.0.self_attn.q_proj.bias", "model.layers.9.mlp.gate.weight",
-                            "model.mtp.0.weight"}) {
+  for (std::string extra : {"model.layers.0.self_attn.q_proj.bias",
+                            "model.layers.9.mlp.gate.weight", "model.mtp.0.weight"}) {
     Corrupt c;
     c.edit([&](RawFile& r) {
       const uint64_t end = r.buffer.size();
@@ -1483,8 +1585,8 @@ TEST(CheckpointFailClosed, EveryStoredTensorMustBeUsed) {
   Corrupt ok;
   ok.edit([&](RawFile& r) {
     const uint64_t end = r.buffer.size();
-    r.header["model.layers.0.self_attn.rotary_emb.inv_freq"] = {{"dtype", "F32"}, {"shape", {4}},
-                                                                {"data_offsets", {end, end + 16}}};
+    r.header["model.layers.0.self_attn.rotary_emb.inv_freq"] = {
+        {"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {end, end + 16}}};
     r.buffer += std::string(16, '\0');
   });
   EXPECT_NO_THROW(Checkpoint::open(ok.dir));
@@ -1498,8 +1600,10 @@ TEST(CheckpointFailClosed, TiedEmbeddingsWithADifferentLmHeadAreRefused) {
   c.edit([&](RawFile& r) {
     auto e = r.header["model.embed_tokens.weight"]["data_offsets"];
     auto h = r.header["lm_head.weight"]["data_offsets"];
-    r.buffer.replace(size_t(h[0].get<uint64_t>()), size_t(h[1].get<uint64_t>() - h[0].get<uint64_t>()),
-                     r.buffer.substr(size_t(e[0].get<uint64_t>()), size_t(e[1].get<uint64_t>() - e[0].get<uint64_t>())));
+    r.buffer.replace(size_t(h[0].get<uint64_t>()),
+                     size_t(h[1].get<uint64_t>() - h[0].get<uint64_t>()),
+                     r.buffer.substr(size_t(e[0].get<uint64_t>()),
+                                     size_t(e[1].get<uint64_t>() - e[0].get<uint64_t>())));
   });
   auto ck = Checkpoint::open(c.dir);
   EXPECT_EQ(ck->weights().lm_head.packed, ck->weights().embed.packed);
@@ -1544,7 +1648,8 @@ TEST(CheckpointFailClosed, TensorsAtOddOffsetsAreReadAligned) {
   const std::string p = d / "x.safetensors";
   const float vals[4] = {1.5f, -2.f, 3.25f, 0.f};
   const std::string buf(reinterpret_cast<const char*>(vals), 16);
-  std::string header = json{{"x", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}}}}.dump();
+  std::string header =
+      json{{"x", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}}}}.dump();
   if (header.size() % 2 == 0) header += ' ';
   write_bytes(p, safetensors_bytes(header, buf));
   ASSERT_EQ(read_bytes(p).size() % 2, 1u);

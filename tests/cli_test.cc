@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <set>
+#include <sstream>
 
 #include "routes/route_array.h"
 #include "test_models.h"
@@ -36,7 +36,9 @@ CliRun run_prefixed(const std::string& prefix, const std::string& args) {
 
 CliRun run(const std::string& args) { return run_prefixed("", args); }
 
-CliRun run_with_env(const std::string& env, const std::string& args) { return run_prefixed(env + " ", args); }
+CliRun run_with_env(const std::string& env, const std::string& args) {
+  return run_prefixed(env + " ", args);
+}
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("r3_cli_" + std::to_string(getpid())) / name;
@@ -47,12 +49,14 @@ fs::path temp_dir(const std::string& name) {
 TEST(Cli, GenerateReturnsRoutesOfShapeSMinusOne) {
   const std::string model = test_model("qwen3_moe");
   fs::path d = temp_dir("gen");
-  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1,5,9,33],"max_tokens":5,"temperature":0,"ignore_eos":true,"return_routed_experts":true})"
-                                << "\n\n"
-                                << R"({"prompt_token_ids":[7],"max_tokens":1,"temperature":1,"seed":3,"return_routed_experts":true})"
-                                << "\n";
-  CliRun r = run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " +
-              (d / "out.jsonl").string() + " --routes-dir " + (d / "routes").string());
+  std::ofstream(d / "in.jsonl")
+      << R"({"prompt_token_ids":[1,5,9,33],"max_tokens":5,"temperature":0,"ignore_eos":true,"return_routed_experts":true})"
+      << "\n\n"
+      << R"({"prompt_token_ids":[7],"max_tokens":1,"temperature":1,"seed":3,"return_routed_experts":true})"
+      << "\n";
+  CliRun r =
+      run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " +
+          (d / "out.jsonl").string() + " --routes-dir " + (d / "routes").string());
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(d / "out.jsonl");
   std::string line;
@@ -85,9 +89,10 @@ TEST(Cli, GenerateReturnsRoutesOfShapeSMinusOne) {
 TEST(Cli, BadKernelSetIsRefusedWithTheReason) {
   const std::string model = test_model("qwen3_moe");
   fs::path d = temp_dir("kernels");
-  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1,5],"max_tokens":1})" << "\n";
-  const std::string args = "generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " +
-                           (d / "out.jsonl").string();
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1,5],"max_tokens":1})"
+                                << "\n";
+  const std::string args = "generate --model " + model + " --input " + (d / "in.jsonl").string() +
+                           " --output " + (d / "out.jsonl").string();
   CliRun r = run_with_env("R3_KERNELS=sse9", args);
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("R3_KERNELS=sse9: unknown kernel set"), std::string::npos) << r.out;
@@ -98,10 +103,13 @@ TEST(Cli, BadKernelSetIsRefusedWithTheReason) {
 TEST(Cli, GenerateLogprobsRoundTripExactly) {
   const std::string model = test_model("olmoe");
   fs::path d = temp_dir("lp");
-  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[3,4,5],"max_tokens":4,"seed":11})" << "\n";
-  CliRun a = run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " + (d / "a.jsonl").string());
-  CliRun b = run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " + (d / "b.jsonl").string() +
-              " --overlap-scheduler --max-num-batched-tokens 2");
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[3,4,5],"max_tokens":4,"seed":11})"
+                                << "\n";
+  CliRun a = run("generate --model " + model + " --input " + (d / "in.jsonl").string() +
+                 " --output " + (d / "a.jsonl").string());
+  CliRun b =
+      run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " +
+          (d / "b.jsonl").string() + " --overlap-scheduler --max-num-batched-tokens 2");
   ASSERT_EQ(a.code, 0) << a.out;
   ASSERT_EQ(b.code, 0) << b.out;
   std::ifstream fa(d / "a.jsonl"), fb(d / "b.jsonl");
@@ -123,13 +131,17 @@ TEST(Cli, GenerateUnseededLinesDiffer) {
   fs::path d = temp_dir("seeds");
   {
     std::ofstream in(d / "in.jsonl");
-    for (int i = 0; i < 6; ++i) in << R"({"prompt_token_ids":[3,4,5],"max_tokens":12,"ignore_eos":true})" << "\n";
+    for (int i = 0; i < 6; ++i)
+      in << R"({"prompt_token_ids":[3,4,5],"max_tokens":12,"ignore_eos":true})"
+         << "\n";
   }
-  CliRun a = run("generate --model " + model + " --input " + (d / "in.jsonl").string() + " --output " + (d / "a.jsonl").string());
+  CliRun a = run("generate --model " + model + " --input " + (d / "in.jsonl").string() +
+                 " --output " + (d / "a.jsonl").string());
   ASSERT_EQ(a.code, 0) << a.out;
   std::ifstream fa(d / "a.jsonl");
   std::set<std::string> distinct;
-  for (std::string line; std::getline(fa, line);) distinct.insert(nlohmann::json::parse(line)["token_ids"].dump());
+  for (std::string line; std::getline(fa, line);)
+    distinct.insert(nlohmann::json::parse(line)["token_ids"].dump());
   EXPECT_GT(distinct.size(), 1u);
 }
 
@@ -143,10 +155,14 @@ TEST(Cli, BadInputLinesNameTheirLine) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
   };
   expect_line_error("{\"prompt_token_ids\":[1]}\n{not json\n", "in.jsonl:2: malformed JSON");
-  expect_line_error("{\"prompt_token_ids\":[1]}\n{\"max_tokens\":3}\n", "in.jsonl:2: missing \"prompt_token_ids\"");
-  expect_line_error("{\"prompt_token_ids\":\"hello\"}\n", "in.jsonl:1: \"prompt_token_ids\" must be a list");
-  expect_line_error("{\"prompt_token_ids\":[1],\"temperature\":\"hot\"}\n", "in.jsonl:1: \"temperature\" must be a number");
-  expect_line_error("{\"prompt_token_ids\":[1, 99999]}\n", "request 0: prompt token 1 is 99999, outside the vocabulary");
+  expect_line_error("{\"prompt_token_ids\":[1]}\n{\"max_tokens\":3}\n",
+                    "in.jsonl:2: missing \"prompt_token_ids\"");
+  expect_line_error("{\"prompt_token_ids\":\"hello\"}\n",
+                    "in.jsonl:1: \"prompt_token_ids\" must be a list");
+  expect_line_error("{\"prompt_token_ids\":[1],\"temperature\":\"hot\"}\n",
+                    "in.jsonl:1: \"temperature\" must be a number");
+  expect_line_error("{\"prompt_token_ids\":[1, 99999]}\n",
+                    "request 0: prompt token 1 is 99999, outside the vocabulary");
   CliRun r = run("generate --model " + model + " --input " + (d / "missing.jsonl").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("cannot open"), std::string::npos);
@@ -173,14 +189,16 @@ TEST(Cli, BenchRunsOnATinyModel) {
   const std::string model = test_model("olmoe");
   fs::path d = temp_dir("bench");
   // Two repetitions: one on each build of the engine pair.
-  CliRun r = run("bench --model " + model + " --reps 2 --decode-tokens 4 --prefill-tokens 64 --json " + (d / "b.json").string());
+  CliRun r =
+      run("bench --model " + model + " --reps 2 --decode-tokens 4 --prefill-tokens 64 --json " +
+          (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
   ASSERT_EQ(j.size(), 6u);  // the default suite
   std::vector<std::string> names;
   for (auto& e : j) names.push_back(e["name"]);
-  EXPECT_EQ(names, (std::vector<std::string>{"decode_b1", "decode_b8", "decode_b32", "prefill_2k", "mixed_rollout",
-                                             "weight_sync"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"decode_b1", "decode_b8", "decode_b32", "prefill_2k",
+                                             "mixed_rollout", "weight_sync"}));
   for (auto& e : j) {
     if (e["name"] == "weight_sync") {
       EXPECT_GT(e["memory_s"].get<double>(), 0);
@@ -202,7 +220,8 @@ TEST(Cli, BenchRunsOnATinyModel) {
 TEST(Cli, BenchSequentialEnginesMeasuresEveryMode) {
   const std::string model = test_model("olmoe");
   fs::path d = temp_dir("bench_sequential");
-  CliRun r = run("bench --model " + model + " --suite decode_b1,mixed_rollout --sequential-engines --reps 2 " +
+  CliRun r = run("bench --model " + model +
+                 " --suite decode_b1,mixed_rollout --sequential-engines --reps 2 " +
                  "--decode-tokens 4 --json " + (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
@@ -221,8 +240,9 @@ TEST(Cli, BenchSequentialEnginesMeasuresEveryMode) {
 TEST(Cli, BenchPairedStepsMeasuresEveryModeWithoutPreemption) {
   const std::string model = test_model("olmoe");
   fs::path d = temp_dir("bench_paired");
-  CliRun r = run("bench --model " + model + " --suite mixed_rollout,decode_b1 --paired-steps --reps 2 " +
-                 "--decode-tokens 4 --num-kv-blocks 144 --json " + (d / "b.json").string());
+  CliRun r =
+      run("bench --model " + model + " --suite mixed_rollout,decode_b1 --paired-steps --reps 2 " +
+          "--decode-tokens 4 --num-kv-blocks 144 --json " + (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("preemptions"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(std::ifstream(d / "b.json"));
@@ -237,17 +257,20 @@ TEST(Cli, BenchPairedStepsMeasuresEveryModeWithoutPreemption) {
     EXPECT_GT(e["tokens_per_s_routes_on_spread"]["min"].get<double>(), 0) << e.dump();
   }
   // One block fewer: the prompts are fitted shorter instead of preempting.
-  r = run("bench --model " + model + " --suite mixed_rollout --paired-steps --reps 1 --decode-tokens 4 " +
+  r = run("bench --model " + model +
+          " --suite mixed_rollout --paired-steps --reps 1 --decode-tokens 4 " +
           "--num-kv-blocks 143 --json " + (d / "b.json").string());
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("mixed_rollout runs 159-token prompts, not 160"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mixed_rollout runs 159-token prompts, not 160"), std::string::npos)
+      << r.out;
   j = nlohmann::json::parse(std::ifstream(d / "b.json"));
   EXPECT_EQ(j[0]["preemptions"], 0) << j[0].dump();
 }
 
 TEST(Cli, BenchRefusesTwoEngineSchedules) {
   const std::string model = test_model("olmoe");
-  CliRun r = run("bench --model " + model + " --suite decode_b1 --paired-steps --sequential-engines");
+  CliRun r =
+      run("bench --model " + model + " --suite decode_b1 --paired-steps --sequential-engines");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("pick one"), std::string::npos) << r.out;
   r = run("bench --model " + model + " --suite decode_b1 --reps 0");
@@ -264,10 +287,12 @@ namespace {
 TEST(Cli, HugeIntegersAreOutOfRangeNotWrapped) {
   const std::string model = test_model("mixtral");
   fs::path d = temp_dir("huge");
-  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[18446744073709551615]})" << "\n";
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[18446744073709551615]})"
+                                << "\n";
   CliRun r = run("generate --model " + model + " --input " + (d / "in.jsonl").string());
   EXPECT_NE(r.out.find("out-of-range id"), std::string::npos) << r.out;
-  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1],"max_tokens":18446744073709551615})" << "\n";
+  std::ofstream(d / "in.jsonl") << R"({"prompt_token_ids":[1],"max_tokens":18446744073709551615})"
+                                << "\n";
   r = run("generate --model " + model + " --input " + (d / "in.jsonl").string());
   EXPECT_NE(r.out.find("\"max_tokens\" is out of range"), std::string::npos) << r.out;
 }

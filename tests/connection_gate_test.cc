@@ -49,14 +49,18 @@ EngineConfig small_engine() {
   return c;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // One small completion, timed.
 double completion_seconds(int port) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(30, 0);
   const auto t0 = Clock::now();
-  auto r = cli.Post("/v1/completions", R"({"prompt": [3, 4, 5], "max_tokens": 4, "temperature": 0})", "application/json");
+  auto r =
+      cli.Post("/v1/completions", R"({"prompt": [3, 4, 5], "max_tokens": 4, "temperature": 0})",
+               "application/json");
   EXPECT_TRUE(r && r->status == 200);
   return seconds_since(t0);
 }
@@ -101,7 +105,8 @@ TEST(ConnectionGate, IdleFloodsAndSlowlorisStopNeitherPort) {
   std::thread slowloris([&] {  // one header byte per connection per 200 ms
     const std::string line = "GET /health HTTP/1.1\r\nX-Slow: ";
     for (size_t k = 0; !done; ++k) {
-      for (int fd : slow) (void)!send(fd, line.data() + std::min(k, line.size() - 1), 1, MSG_NOSIGNAL);
+      for (int fd : slow)
+        (void)!send(fd, line.data() + std::min(k, line.size() - 1), 1, MSG_NOSIGNAL);
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });
@@ -109,8 +114,9 @@ TEST(ConnectionGate, IdleFloodsAndSlowlorisStopNeitherPort) {
   EXPECT_LT(health_seconds(port), 1.0);
   EXPECT_LT(health_seconds(control), 1.0);
   const double loaded = median_completion_seconds(port);
-  std::printf("[ gate ] completion median unloaded %.1f ms, under 2000 idle + 300 slowloris %.1f ms\n",
-              unloaded * 1e3, loaded * 1e3);
+  std::printf(
+      "[ gate ] completion median unloaded %.1f ms, under 2000 idle + 300 slowloris %.1f ms\n",
+      unloaded * 1e3, loaded * 1e3);
   EXPECT_LT(loaded, std::max(2 * unloaded, unloaded + 0.05));
   done = true;
   slowloris.join();
@@ -199,7 +205,8 @@ TEST(ConnectionGate, HandlersSeeTheirClientLeave) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   close(fd);
   const auto t0 = Clock::now();
-  while (noticed < 0 && seconds_since(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (noticed < 0 && seconds_since(t0) < 10)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_GT(noticed.load(), 0.1);
   EXPECT_LT(noticed.load(), 1.5);
   srv.stop();

@@ -36,7 +36,8 @@ std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
 }
 
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
 }
 
 // Written pages leave the page cache once on disk, so the next read of them is a cold one.
@@ -52,20 +53,23 @@ struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 std::unique_ptr<uint8_t, AlignedFree> aligned_area(size_t n) {
-  return std::unique_ptr<uint8_t, AlignedFree>(
-      static_cast<uint8_t*>(std::aligned_alloc(RegularFile::kDirectAlign, (n + 4095) / 4096 * 4096)));
+  return std::unique_ptr<uint8_t, AlignedFree>(static_cast<uint8_t*>(
+      std::aligned_alloc(RegularFile::kDirectAlign, (n + 4095) / 4096 * 4096)));
 }
 
 TEST(DirectRead, GivesTheFilesBytesAtAnyOffsetAndLength) {
-  const std::string path = (fs::temp_directory_path() / ("r3_direct_" + std::to_string(getpid()))).string();
-  const std::vector<uint8_t> bytes = random_bytes(5 * 4096 + 1234, 3);  // not a whole number of blocks
+  const std::string path =
+      (fs::temp_directory_path() / ("r3_direct_" + std::to_string(getpid()))).string();
+  const std::vector<uint8_t> bytes =
+      random_bytes(5 * 4096 + 1234, 3);  // not a whole number of blocks
   write_file(path, bytes);
   RegularFile f(path, bytes.size(), "test file");
   std::mt19937_64 rng(11);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int i = 0; i < 200; ++i) {
     const uint64_t offset = rng() % bytes.size();
-    const size_t n = i % 4 == 0 ? bytes.size() - offset : size_t(rng() % (bytes.size() - offset)) + 1;  // to the end too
+    const size_t n = i % 4 == 0 ? bytes.size() - offset
+                                : size_t(rng() % (bytes.size() - offset)) + 1;  // to the end too
     auto area = aligned_area(RegularFile::direct_span(offset, n));
     const uint8_t* got = f.read_direct(offset, n, area.get(), deadline);
     if (!got) GTEST_SKIP() << "this file system refuses O_DIRECT";
@@ -93,7 +97,8 @@ TEST(DirectRead, GivesTheFilesBytesAtAnyOffsetAndLength) {
 }
 
 TEST(DirectRead, CachedRangesAreToldApart) {
-  const std::string path = (fs::temp_directory_path() / ("r3_cached_" + std::to_string(getpid()))).string();
+  const std::string path =
+      (fs::temp_directory_path() / ("r3_cached_" + std::to_string(getpid()))).string();
   write_file(path, random_bytes(64 * 4096, 5));
   drop_from_page_cache(path);
   RegularFile f(path, 1 << 20, "test file");
@@ -109,7 +114,8 @@ TEST(DirectRead, CachedRangesAreToldApart) {
 TEST(DirectRead, ALargeCheckpointLoadedPastThePageCacheServesTheSame) {
   for (const char* arch : {"olmoe", "gpt_oss_mxfp4", "qwen3_moe_fp8"}) {
     SCOPED_TRACE(arch);
-    const std::string dir = testing::copy_test_model(testing::test_model(arch, "tiny", 5), "DirectRead", arch);
+    const std::string dir =
+        testing::copy_test_model(testing::test_model(arch, "tiny", 5), "DirectRead", arch);
     Engine buffered(testing::small_config(dir));
     const RequestOutput want = buffered.generate({{3, 4, 5, 6, 7}}, {testing::greedy(6)})[0];
     for (const auto& f : fs::directory_iterator(dir))
@@ -120,7 +126,8 @@ TEST(DirectRead, ALargeCheckpointLoadedPastThePageCacheServesTheSame) {
     } back;
     Engine direct(testing::small_config(dir));
     const Checkpoint::LoadFigures& figures = direct.checkpoint().load_figures();
-    if (figures.direct_bytes == 0) GTEST_SKIP() << "no direct reads here (O_DIRECT refused, or the files stayed cached)";
+    if (figures.direct_bytes == 0)
+      GTEST_SKIP() << "no direct reads here (O_DIRECT refused, or the files stayed cached)";
     // The decoder layers' tensors (the reader's), but for any that start off an 8-byte boundary.
     uint64_t layer_bytes = 0;
     for (const auto& f : fs::directory_iterator(dir))

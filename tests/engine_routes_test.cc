@@ -156,7 +156,8 @@ TEST(EngineRoutes, PaddingNeverAttributed) {
     auto s = solo.generate({prompts[i]}, {greedy(5)})[0];
     expect_matches_solo(outs[i], s, false, greedy(5), "request " + std::to_string(i));
   }
-  EXPECT_EQ(e.stats().route_rows_committed, uint64_t((3 + 5 - 1) + (2 + 5 - 1) + (1 + 5 - 1)) + 0u * 1);
+  EXPECT_EQ(e.stats().route_rows_committed,
+            uint64_t((3 + 5 - 1) + (2 + 5 - 1) + (1 + 5 - 1)) + 0u * 1);
 }
 
 // Block reuse: a block freed and reused while an older step's commit is pending never yields the
@@ -288,7 +289,8 @@ TEST(EngineRoutes, AbortMidGeneration) {
   EXPECT_LE(done[a].routed_experts->rows, S - 1);
   Engine solo(solo_config(model));
   expect_matches_solo(done[b], solo.generate({{5, 6, 7}}, {greedy(10)})[0], false, greedy(10), "b");
-  expect_matches_solo(done[a], solo.generate({{1, 2, 3, 4}}, {greedy(30)})[0], true, greedy(30), "a");
+  expect_matches_solo(done[a], solo.generate({{1, 2, 3, 4}}, {greedy(30)})[0], true, greedy(30),
+                      "a");
   EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
   EXPECT_FALSE(e.abort(a));  // already finished
 }
@@ -342,7 +344,8 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
   int mid_prefill = 0, mid_decode = 0, across_refit = 0;
   for (int trial = 0; trial < 16; ++trial) {
     EngineConfig c = routes_config(model);
-    c.max_num_batched_tokens = 16;  // a long prompt takes several steps: aborts can land mid-prefill
+    c.max_num_batched_tokens =
+        16;  // a long prompt takes several steps: aborts can land mid-prefill
     c.overlap_scheduler = trial % 2 == 1;
     Engine e(c);
     std::vector<int> prompt(size_t(uni(3, 60)));
@@ -353,7 +356,8 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     p.seed = uint64_t(1000 + trial);
     p.ignore_eos = true;
     p.return_routed_experts = true;
-    const std::string what = "trial " + std::to_string(trial) + " P " + std::to_string(prompt.size());
+    const std::string what =
+        "trial " + std::to_string(trial) + " P " + std::to_string(prompt.size());
     const RequestOutput full = solo.generate({prompt}, {p})[0];
 
     const uint64_t id = e.add_request(prompt, p);
@@ -393,7 +397,8 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     EXPECT_EQ(logprobs, full.logprobs) << what;
     std::vector<int16_t> rows = first.data;
     rows.insert(rows.end(), rest.routed_experts->data.begin(), rest.routed_experts->data.end());
-    EXPECT_EQ(rows, full.routed_experts->data) << what << " (cut at row " << q.routed_experts_start << ")";
+    EXPECT_EQ(rows, full.routed_experts->data)
+        << what << " (cut at row " << q.routed_experts_start << ")";
     // The versions say which weights made each token: the refit's counter from the step it landed.
     std::vector<uint64_t> versions = cut->weight_versions;
     versions.insert(versions.end(), rest.weight_versions.begin(), rest.weight_versions.end());
@@ -401,7 +406,8 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     EXPECT_EQ(versions.back(), refit_at >= 0 ? 1u : 0u) << what;
     if (refit_at >= 0 && versions.front() == 0) ++across_refit;
   }
-  EXPECT_GT(mid_prefill, 0);  // the sampling reached both kinds of abort, and a rollout across a refit
+  EXPECT_GT(mid_prefill,
+            0);  // the sampling reached both kinds of abort, and a rollout across a refit
   EXPECT_GT(mid_decode, 2);
   EXPECT_GT(across_refit, 0);
 }
@@ -416,7 +422,8 @@ TEST(EngineRoutes, EplbIdenticalAndLogical) {
   on.eplb_redundant_experts = 4;
   RunResult r_off = run_workload(off, w), r_on = run_workload(on, w);
   for (size_t i = 0; i < w.prompts.size(); ++i)
-    expect_matches_solo(r_on.outputs[i], r_off.outputs[i], false, w.params[i], "request " + std::to_string(i));
+    expect_matches_solo(r_on.outputs[i], r_off.outputs[i], false, w.params[i],
+                        "request " + std::to_string(i));
   // The replicas really ran: some tokens went to physical ids past the logical range, while
   // the logical load (what routes report) is the same with EPLB on and off.
   uint64_t replica_tokens = 0;
@@ -427,10 +434,12 @@ TEST(EngineRoutes, EplbIdenticalAndLogical) {
 }
 
 // Against the reference forward: every routing disagreement is a near-tie in the reference's
-// router scores (with the engine's routes replayed up to it); with the engine's routes replayed, greedy tokens equal the reference's (except
-// at near-ties of the logits) and logprobs agree within 0.05 (bf16 activations vs fp32), with the
-// KV cache in bf16 (the default for these bf16 checkpoints) and in fp32.
-class EngineVsReference : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
+// router scores (with the engine's routes replayed up to it); with the engine's routes replayed,
+// greedy tokens equal the reference's (except at near-ties of the logits) and logprobs agree within
+// 0.05 (bf16 activations vs fp32), with the KV cache in bf16 (the default for these bf16
+// checkpoints) and in fp32.
+class EngineVsReference
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
 
 // The experts MoE column `col` picks from the reference's scores `probs` (sorted ids), and how
 // close that choice was to going another way: the gap between the K-th and (K+1)-th score; for
@@ -456,8 +465,12 @@ RouterChoice reference_choice(const ModelWeights& w, int col, const float* probs
       std::sort(m.rbegin(), m.rend());
       groups.push_back({m[0] + m[1], g});
     }
-    std::stable_sort(groups.begin(), groups.end(), [](auto a, auto b) { return a.first > b.first; });
-    if (G > 1) out.margin = (groups[size_t(c.router.topk_group - 1)].first - groups[size_t(c.router.topk_group)].first) / 2;
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](auto a, auto b) { return a.first > b.first; });
+    if (G > 1)
+      out.margin = (groups[size_t(c.router.topk_group - 1)].first -
+                    groups[size_t(c.router.topk_group)].first) /
+                   2;
     for (int k = 0; k < (G > 1 ? c.router.topk_group : 1); ++k)
       for (int e = 0; e < per; ++e) {
         const int id = groups[size_t(k)].second * per + e;
@@ -466,8 +479,10 @@ RouterChoice reference_choice(const ModelWeights& w, int col, const float* probs
   } else {
     for (int e = 0; e < E; ++e) eligible.push_back({probs[e], e});
   }
-  std::stable_sort(eligible.begin(), eligible.end(), [](auto a, auto b) { return a.first > b.first; });
-  if (int(eligible.size()) > K) out.margin = std::min(out.margin, eligible[size_t(K - 1)].first - eligible[size_t(K)].first);
+  std::stable_sort(eligible.begin(), eligible.end(),
+                   [](auto a, auto b) { return a.first > b.first; });
+  if (int(eligible.size()) > K)
+    out.margin = std::min(out.margin, eligible[size_t(K - 1)].first - eligible[size_t(K)].first);
   for (int k = 0; k < K; ++k) out.experts.push_back(eligible[size_t(k)].second);
   std::sort(out.experts.begin(), out.experts.end());
   return out;
@@ -497,14 +512,19 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
     const int P = int(o.prompt_token_ids.size());
     for (size_t g = 0; g < o.token_ids.size(); ++g) {
       const int pos = P + int(g) - 1;  // logits at pos predict token P + g
-      std::vector<float> lp = log_softmax(rep.logits.data() + size_t(pos) * mc.vocab_size, mc.vocab_size);
-      max_dlogprob = std::max(max_dlogprob, double(std::abs(lp[size_t(o.token_ids[g])] - o.logprobs[g])));
+      std::vector<float> lp =
+          log_softmax(rep.logits.data() + size_t(pos) * mc.vocab_size, mc.vocab_size);
+      max_dlogprob =
+          std::max(max_dlogprob, double(std::abs(lp[size_t(o.token_ids[g])] - o.logprobs[g])));
       std::vector<float> sorted = lp;
       std::sort(sorted.rbegin(), sorted.rend());
       const int ref_best = int(std::max_element(lp.begin(), lp.end()) - lp.begin());
       ++tokens;
-      if (ref_best == o.token_ids[g]) ++token_agree;
-      else EXPECT_LT(sorted[0] - lp[size_t(o.token_ids[g])], 0.05f) << "greedy token differs beyond a near-tie";
+      if (ref_best == o.token_ids[g])
+        ++token_agree;
+      else
+        EXPECT_LT(sorted[0] - lp[size_t(o.token_ids[g])], 0.05f)
+            << "greedy token differs beyond a near-tie";
     }
     const RouteArray& r = *o.routed_experts;
     for (int p = 0; p < r.rows; ++p)
@@ -538,26 +558,33 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
   // engine does. So hybrids get a wider bound; the routes' and tokens' checks are the same.
   const double gap = mc.hybrid() ? 0.08 : 0.05;
   EXPECT_LT(max_dlogprob, gap) << "engine (bf16 activations) vs reference (fp32) logprob gap";
-  std::printf("[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f), %d (%.4f) judging each router "
-              "given the engine's history; greedy tokens %d/%d; max |dlogprob| %.4f\n",
-              arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs, agree_given_history,
-              double(agree_given_history) / pairs, token_agree, tokens, max_dlogprob);
+  std::printf(
+      "[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f), %d (%.4f) judging "
+      "each router "
+      "given the engine's history; greedy tokens %d/%d; max |dlogprob| %.4f\n",
+      arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs,
+      agree_given_history, double(agree_given_history) / pairs, token_agree, tokens, max_dlogprob);
   EXPECT_GT(double(agree) / pairs, 0.9);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, EngineVsReference,
-    ::testing::Combine(::testing::ValuesIn(kAllArchs), ::testing::Values("tiny", "small"),
-                       ::testing::Values("bf16", "fp32")),
-    [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" + std::get<2>(i.param); });
+INSTANTIATE_TEST_SUITE_P(All, EngineVsReference,
+                         ::testing::Combine(::testing::ValuesIn(kAllArchs),
+                                            ::testing::Values("tiny", "small"),
+                                            ::testing::Values("bf16", "fp32")),
+                         [](const auto& i) {
+                           return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" +
+                                  std::get<2>(i.param);
+                         });
 // Quantized checkpoints as released: block-scaled FP8 (DeepSeek-V3, Qwen3), whose weights the
 // engine decodes to bf16 inside the matmul while the reference forward computes with the exact
 // fp32 products, and GPT-OSS's MXFP4 experts.
 INSTANTIATE_TEST_SUITE_P(
     Quantized, EngineVsReference,
-    ::testing::Combine(::testing::Values("deepseek_v3_fp8", "qwen3_moe_fp8", "gpt_oss_mxfp4"), ::testing::Values("tiny", "small"),
-                       ::testing::Values("bf16")),
-    [](const auto& i) { return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" + std::get<2>(i.param); });
+    ::testing::Combine(::testing::Values("deepseek_v3_fp8", "qwen3_moe_fp8", "gpt_oss_mxfp4"),
+                       ::testing::Values("tiny", "small"), ::testing::Values("bf16")),
+    [](const auto& i) {
+      return std::get<0>(i.param) + "_" + std::get<1>(i.param) + "_kv_" + std::get<2>(i.param);
+    });
 
 }  // namespace
 }  // namespace r3::testing
@@ -573,7 +600,8 @@ TEST(EngineRefit, FromMemoryEqualsFromDisk) {
   std::ifstream cfg(b + "/config.json");
   std::stringstream cfg_text;
   cfg_text << cfg.rdbuf();
-  for (TensorToWrite& t : read_safetensors(b + "/model.safetensors")) tensors.push_back(std::move(t));
+  for (TensorToWrite& t : read_safetensors(b + "/model.safetensors"))
+    tensors.push_back(std::move(t));
   SamplingParams p;
   p.max_tokens = 6;
   p.temperature = 0.f;
@@ -586,7 +614,8 @@ TEST(EngineRefit, FromMemoryEqualsFromDisk) {
   expect_matches_solo(o2, o1, false, p, "memory vs disk");
   EXPECT_EQ(o2.weight_versions, std::vector<uint64_t>(6, 1));
   // A tensor of the wrong size is a clear error.
-  std::vector<TensorToWrite> bad = {{"model.embed_tokens.weight", DType::BF16, {512, 64}, std::vector<uint8_t>(10)}};
+  std::vector<TensorToWrite> bad = {
+      {"model.embed_tokens.weight", DType::BF16, {512, 64}, std::vector<uint8_t>(10)}};
   EXPECT_THROW(Checkpoint::from_memory(cfg_text.str(), std::move(bad)), Error);
 }
 
@@ -605,8 +634,10 @@ TEST(EngineSharedCheckpoint, SameOutputsAndNoInPlaceRefitWhileShared) {
   auto ck = Checkpoint::open(dir);
   auto other = std::make_unique<Engine>(c, ck);
   Engine e(c, ck);
-  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "first engine on a shared checkpoint");
-  expect_matches_solo(other->generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "second engine on a shared checkpoint");
+  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p,
+                      "first engine on a shared checkpoint");
+  expect_matches_solo(other->generate({{3, 4, 5, 6}}, {p})[0], want, false, p,
+                      "second engine on a shared checkpoint");
   std::vector<TensorToWrite> bucket;
   for (TensorToWrite& t : ck->stored_tensors())
     if (t.name == "model.embed_tokens.weight") bucket.push_back(std::move(t));
@@ -621,7 +652,8 @@ TEST(EngineSharedCheckpoint, SameOutputsAndNoInPlaceRefitWhileShared) {
   other.reset();
   e.stage_weights(std::move(bucket));
   e.commit_staged_weights(true);
-  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p, "after a refit with the same bytes");
+  expect_matches_solo(e.generate({{3, 4, 5, 6}}, {p})[0], want, false, p,
+                      "after a refit with the same bytes");
   EXPECT_THROW(Engine(c, std::shared_ptr<Checkpoint>()), Error);
 }
 
@@ -636,7 +668,8 @@ TEST(EngineRefit, EplbRebalanceFromOwnStatistics) {
   Engine e(c);
   auto before = e.generate(w.prompts, w.params);
   e.rebalance_eplb();
-  const uint64_t phys0 = e.stats().physical_expert_load[0][8] + e.stats().physical_expert_load[0][9];
+  const uint64_t phys0 =
+      e.stats().physical_expert_load[0][8] + e.stats().physical_expert_load[0][9];
   auto after = e.generate(w.prompts, w.params);
   for (size_t i = 0; i < w.prompts.size(); ++i)
     expect_matches_solo(after[i], before[i], false, w.params[i], "request " + std::to_string(i));
@@ -653,7 +686,8 @@ namespace {
 // kv_cache_dtype: auto follows the checkpoint's attention weights; bf16 holds twice the blocks of
 // fp32 in the same kv_cache_mb; an unknown name is a clear error that names the choices.
 TEST(EngineKvCache, DtypeResolutionCapacityAndErrors) {
-  const std::string bf16_model = test_model("olmoe"), f32_model = test_model("olmoe", "tiny", 0, DType::F32);
+  const std::string bf16_model = test_model("olmoe"),
+                    f32_model = test_model("olmoe", "tiny", 0, DType::F32);
   auto make = [](const std::string& model, const std::string& dtype) {
     EngineConfig c;
     c.model = model;

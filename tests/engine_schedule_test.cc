@@ -20,8 +20,8 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.arch << (c.overlap ? "+overlap" : "") << (c.buckets ? "+buckets" : "") << (c.eplb ? "+eplb" : "") << "+kv_"
-      << c.kv;
+  *os << c.arch << (c.overlap ? "+overlap" : "") << (c.buckets ? "+buckets" : "")
+      << (c.eplb ? "+eplb" : "") << "+kv_" << c.kv;
 }
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
@@ -31,7 +31,8 @@ std::string name_of(const ::testing::TestParamInfo<Case>& i) {
 
 class EngineSchedule : public ::testing::TestWithParam<Case> {};
 
-const std::vector<RequestOutput>& solo_for(const std::string& arch, const std::string& kv, const Workload& w) {
+const std::vector<RequestOutput>& solo_for(const std::string& arch, const std::string& kv,
+                                           const Workload& w) {
   static std::map<std::string, std::vector<RequestOutput>> cache;
   auto it = cache.find(arch + kv);
   if (it == cache.end()) it = cache.emplace(arch + kv, solo_runs(test_model(arch), w, kv)).first;
@@ -58,7 +59,8 @@ TEST_P(EngineSchedule, BitIdenticalToSoloRuns) {
   if (c.eplb) cfg.eplb_redundant_experts = 3;
   RunResult r = run_workload(cfg, w);
   for (size_t i = 0; i < w.prompts.size(); ++i)
-    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
+    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i],
+                        "request " + std::to_string(i));
   // The features under test really happened (hybrids: hits restored recurrent-state snapshots).
   EXPECT_GT(r.stats.prefix_hit_tokens, 0u);
   EXPECT_GT(r.stats.prefix_route_rows_copied, 0u);
@@ -81,7 +83,8 @@ std::vector<Case> all_cases() {
   for (const std::string& arch : kAllArchs)
     for (bool overlap : {false, true})
       for (bool buckets : {false, true})
-        for (const char* kv : {"bf16", "fp32"}) out.push_back({arch, overlap, buckets, overlap && buckets, kv});
+        for (const char* kv : {"bf16", "fp32"})
+          out.push_back({arch, overlap, buckets, overlap && buckets, kv});
   return out;
 }
 
@@ -112,7 +115,8 @@ TEST_P(EngineFuzz, EverythingOnHundredsOfRequests) {
   cfg.eplb_redundant_experts = 2;
   RunResult r = run_workload(cfg, w);
   for (size_t i = 0; i < w.prompts.size(); ++i)
-    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i], "request " + std::to_string(i));
+    expect_matches_solo(r.outputs[i], solo[i], r.aborted[i], w.params[i],
+                        "request " + std::to_string(i));
   EXPECT_EQ(r.stats.routed_experts_gaps, 0u);
   EXPECT_GT(r.stats.preemptions, 0u);
   EXPECT_GT(r.stats.prefix_hit_tokens, 0u);

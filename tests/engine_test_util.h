@@ -48,7 +48,8 @@ inline Workload make_workload(uint64_t seed, int n, int vocab, double abort_frac
     w.prompts.push_back(p);
     w.params.push_back(sp);
     w.arrival_step.push_back(uni(0, n));
-    w.abort_step.push_back(std::uniform_real_distribution<double>(0, 1)(rng) < abort_fraction ? uni(0, n + 20) : -1);
+    w.abort_step.push_back(
+        std::uniform_real_distribution<double>(0, 1)(rng) < abort_fraction ? uni(0, n + 20) : -1);
   }
   return w;
 }
@@ -73,7 +74,8 @@ inline SamplingParams greedy(int max_tokens, bool routes = true) {
   return p;
 }
 
-inline EngineConfig solo_config(const std::string& model, const std::string& kv_cache_dtype = "auto") {
+inline EngineConfig solo_config(const std::string& model,
+                                const std::string& kv_cache_dtype = "auto") {
   EngineConfig c;
   c.model = model;
   c.kv_cache_dtype = kv_cache_dtype;
@@ -99,7 +101,7 @@ inline std::vector<RequestOutput> solo_runs(const std::string& model, const Work
 }
 
 struct RunResult {
-  std::vector<RequestOutput> outputs;   // by workload index
+  std::vector<RequestOutput> outputs;  // by workload index
   std::vector<bool> aborted;
   EngineStats stats;
 };
@@ -150,14 +152,16 @@ inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& s
       const RouteArray& g = *got.routed_experts;
       ASSERT_LE(g.rows, solo.routed_experts->rows);
       for (int r = 0; r < g.rows; ++r)
-        for (int j = 0; j < g.layers * g.k; ++j) ASSERT_EQ(g.row(r)[j], solo.routed_experts->row(r)[j]) << "row " << r;
+        for (int j = 0; j < g.layers * g.k; ++j)
+          ASSERT_EQ(g.row(r)[j], solo.routed_experts->row(r)[j]) << "row " << r;
     }
     return;
   }
   EXPECT_EQ(got.finish_reason, solo.finish_reason);
   EXPECT_EQ(got.token_ids, solo.token_ids);
   ASSERT_EQ(got.logprobs.size(), solo.logprobs.size());
-  for (size_t i = 0; i < got.logprobs.size(); ++i) EXPECT_EQ(got.logprobs[i], solo.logprobs[i]) << "logprob " << i;
+  for (size_t i = 0; i < got.logprobs.size(); ++i)
+    EXPECT_EQ(got.logprobs[i], solo.logprobs[i]) << "logprob " << i;
   EXPECT_TRUE(got.routes_error.empty()) << got.routes_error;
   if (!p.return_routed_experts) {
     EXPECT_FALSE(got.routed_experts.has_value());
@@ -179,7 +183,8 @@ inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& s
 
 // The same workload (routes asked for) on two checkpoints holding the same values in different
 // layouts (a quantized release and its dequantization): identical tokens, logprobs and routes.
-inline void expect_identical_runs(const std::string& model_a, const std::string& model_b, uint64_t seed, int n) {
+inline void expect_identical_runs(const std::string& model_a, const std::string& model_b,
+                                  uint64_t seed, int n) {
   Workload w = make_workload(seed, n, 512, 0.0);
   for (SamplingParams& p : w.params) p.return_routed_experts = true;
   EngineConfig cfg = small_config(model_a, 40);

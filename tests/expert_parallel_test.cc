@@ -1,6 +1,7 @@
-// The in-process halves of expert parallelism (the MPI runs are tests/python/test_expert_parallel.py):
-// the step message round trip, the placement of physical experts on ranks, a rank's checkpoint
-// view without the other ranks' experts, and the engine's refusals.
+// The in-process halves of expert parallelism (the MPI runs are
+// tests/python/test_expert_parallel.py): the step message round trip, the placement of physical
+// experts on ranks, a rank's checkpoint view without the other ranks' experts, and the engine's
+// refusals.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -114,7 +115,8 @@ TEST(ExpertPlacement, RanksTileThePhysicalExpertsAndHoldEveryReplica) {
 bool same_bytes(const TensorView& a, const TensorView& b) {
   if (a.dtype != b.dtype || a.shape != b.shape || !a.packed || !b.packed) return false;
   if (std::memcmp(a.packed, b.packed, kernels::packed_bf16_size(a) * 2) != 0) return false;
-  if (a.scale_inv && std::memcmp(a.scale_inv, b.scale_inv, size_t(a.num_block_scales()) * 4) != 0) return false;
+  if (a.scale_inv && std::memcmp(a.scale_inv, b.scale_inv, size_t(a.num_block_scales()) * 4) != 0)
+    return false;
   return true;
 }
 
@@ -129,12 +131,13 @@ TEST(ExpertParallelCheckpoint, EachRankReadsExactlyItsOwnExperts) {
     const std::vector<int> layers = c.moe_layers();
     for (int rank = 0; rank < 2; ++rank) {
       const auto held = held_experts(map, c.num_moe_layers(), c.num_experts, rank, 2);
-      auto part = Checkpoint::open(testing::test_model(arch), [&](const ModelConfig&) { return held; });
+      auto part =
+          Checkpoint::open(testing::test_model(arch), [&](const ModelConfig&) { return held; });
       size_t missing = 0;
       for (size_t m = 0; m < layers.size(); ++m)
         for (int e = 0; e < c.num_experts; ++e) {
-          SCOPED_TRACE(arch + " rank " + std::to_string(rank) + " layer " + std::to_string(layers[m]) + " expert " +
-                       std::to_string(e));
+          SCOPED_TRACE(arch + " rank " + std::to_string(rank) + " layer " +
+                       std::to_string(layers[m]) + " expert " + std::to_string(e));
           const ExpertWeights& w = part->weights().layers[size_t(layers[m])].experts[size_t(e)];
           const ExpertWeights& f = full->weights().layers[size_t(layers[m])].experts[size_t(e)];
           if (!held[m][size_t(e)]) {
@@ -149,7 +152,8 @@ TEST(ExpertParallelCheckpoint, EachRankReadsExactlyItsOwnExperts) {
         }
       EXPECT_GT(missing, 0u) << arch;  // each rank leaves some on disk ...
       EXPECT_LT(missing, layers.size() * size_t(c.num_experts)) << arch;  // ... and holds some
-      EXPECT_THROW(part->stored_tensors(), Error) << arch;  // a partial view is not the trainer's weights
+      EXPECT_THROW(part->stored_tensors(), Error)
+          << arch;  // a partial view is not the trainer's weights
     }
   }
 }

@@ -59,7 +59,8 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
     };
     // GptOssConfig has no norm_topk_prob (the key is ignored, as transformers ignores it).
     // Qwen3.5 always renormalises (no such key either).
-    if (arch != "mixtral" && arch != "gpt_oss" && arch != "qwen3_5_moe") changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
+    if (arch != "mixtral" && arch != "gpt_oss" && arch != "qwen3_5_moe")
+      changes.push_back({"norm_topk_prob", !cfg.value("norm_topk_prob", false)});
     if (arch == "gpt_oss")
       for (auto& [key, value] : std::vector<std::pair<std::string, json>>{
                {"sliding_window", 4},
@@ -83,24 +84,31 @@ TEST(FailClosedRefit, EveryConfigKeyChangeIsRefusedAndTheOldWeightsServe) {
       for (auto& [key, value] : std::vector<std::pair<std::string, json>>{
                {"linear_num_value_heads", cfg["linear_num_key_heads"].get<int>()},
                {"linear_conv_kernel_dim", 3},
-               {"shared_expert_intermediate_size", cfg["shared_expert_intermediate_size"].get<int>() * 2},
+               {"shared_expert_intermediate_size",
+                cfg["shared_expert_intermediate_size"].get<int>() * 2},
                {"partial_rotary_factor", 0.5},
-               {"layer_types", json::array({"full_attention", "linear_attention", "linear_attention", "full_attention"})}})
+               {"layer_types", json::array({"full_attention", "linear_attention",
+                                            "linear_attention", "full_attention"})}})
         changes.push_back({key, value});
-    if (arch == "qwen3_moe" || arch == "qwen2_moe") changes.push_back({"mlp_only_layers", json::array({0, 1})});
+    if (arch == "qwen3_moe" || arch == "qwen2_moe")
+      changes.push_back({"mlp_only_layers", json::array({0, 1})});
     if (arch == "qwen2_moe") changes.push_back({"shared_expert_intermediate_size", 64});
     if (arch == "glm4_moe")
-      for (auto& [key, value] : std::vector<std::pair<std::string, json>>{{"routed_scaling_factor", 1.0},
-                                                                         {"n_group", 2},
-                                                                         {"topk_group", 3},
-                                                                         {"partial_rotary_factor", 1.0},
-                                                                         {"first_k_dense_replace", 2},
-                                                                         {"n_shared_experts", 2},
-                                                                         {"use_qk_norm", false},
-                                                                         {"attention_bias", false}})
+      for (auto& [key, value] :
+           std::vector<std::pair<std::string, json>>{{"routed_scaling_factor", 1.0},
+                                                     {"n_group", 2},
+                                                     {"topk_group", 3},
+                                                     {"partial_rotary_factor", 1.0},
+                                                     {"first_k_dense_replace", 2},
+                                                     {"n_shared_experts", 2},
+                                                     {"use_qk_norm", false},
+                                                     {"attention_bias", false}})
         changes.push_back({key, value});
-    if (arch == "qwen3_5_moe")  // rope_parameters holds them (above): the top-level keys change nothing
-      std::erase_if(changes, [](const auto& kv) { return kv.first == "rope_theta" || kv.first == "partial_rotary_factor"; });
+    if (arch ==
+        "qwen3_5_moe")  // rope_parameters holds them (above): the top-level keys change nothing
+      std::erase_if(changes, [](const auto& kv) {
+        return kv.first == "rope_theta" || kv.first == "partial_rotary_factor";
+      });
     for (auto& [key, value] : changes) {
       SCOPED_TRACE(arch + " " + key + " = " + value.dump());
       const std::string dir = copy_model(served, "refit_" + arch);
@@ -137,7 +145,8 @@ TEST(FailClosedRefit, RefusalNamesTheKeyAndSameDescriptionIsAccepted) {
   e.update_weights(other, true);
   EXPECT_EQ(e.weight_version(), 1u);
   Engine fresh(config_for(other));
-  EXPECT_EQ(e.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids, fresh.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids);
+  EXPECT_EQ(e.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids,
+            fresh.generate({{3, 4, 5}}, {greedy(5)})[0].token_ids);
 }
 
 // The engine computes from its own copy: truncating or rewriting the files under it (as a
@@ -150,7 +159,8 @@ TEST(FailClosedWeights, FilesRewrittenUnderARunningEngineChangeNothing) {
   const auto size = fs::file_size(st);
   fs::resize_file(st, 0);  // a mapping of this file would now fault with SIGBUS
   EXPECT_EQ(e.generate({{3, 4, 5, 6}}, {greedy(6)})[0].token_ids, before.token_ids);
-  std::ofstream(st, std::ios::binary | std::ios::trunc) << std::string(size, '\x7f');  // same size, new bytes
+  std::ofstream(st, std::ios::binary | std::ios::trunc)
+      << std::string(size, '\x7f');  // same size, new bytes
   const RequestOutput after = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
   EXPECT_EQ(after.token_ids, before.token_ids);
   EXPECT_EQ(after.logprobs, before.logprobs);
@@ -213,7 +223,8 @@ TEST(FailClosedValues, NanInTheHeadOrTheRouterFailsTheRequest) {
         if (name == tensor) {
           const size_t row = size_t(t.shape[1]) * dtype_size(t.dtype);
           ASSERT_GT(t.shape[0], 1);
-          for (size_t i = 0; i < row; i += dtype_size(t.dtype)) {  // row 1: NaN (bf16, or f32's high half)
+          for (size_t i = 0; i < row;
+               i += dtype_size(t.dtype)) {  // row 1: NaN (bf16, or f32's high half)
             w.bytes[row + i + dtype_size(t.dtype) - 2] = 0xc0;
             w.bytes[row + i + dtype_size(t.dtype) - 1] = 0x7f;
           }

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/panel_layout.h"
 #include "core/error.h"
+#include "core/panel_layout.h"
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "model/checkpoint.h"
@@ -31,8 +31,8 @@ TEST(Fp8, E4m3CodecRoundTripsEveryCodeAndRoundsToNearestEven) {
     EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(uint8_t(b))), b) << b;
   }
   EXPECT_EQ(e4m3_to_f32(0x7e), 448.f);
-  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);   // smallest subnormal
-  EXPECT_EQ(e4m3_to_f32(0x08), 0x1p-6f);   // smallest normal
+  EXPECT_EQ(e4m3_to_f32(0x01), 0x1p-9f);  // smallest subnormal
+  EXPECT_EQ(e4m3_to_f32(0x08), 0x1p-6f);  // smallest normal
   EXPECT_EQ(e4m3_to_f32(0xb8), -1.f);
   EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);   // halfway 1 .. 1.125: to the even code (1)
   EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3a);   // halfway 1.125 .. 1.25: to the even code (1.25)
@@ -58,7 +58,9 @@ TEST(Fp8, DecodersGiveTheLdexpDefinitionsBits) {
   }
   for (int s = 0; s < 256; ++s)
     for (int n = 0; n < 16; ++n)
-      ASSERT_EQ(bits(mxfp4_value(uint8_t(n), uint8_t(s))), bits(std::ldexp(kE2m1Values[n], s - 127))) << n << " " << s;
+      ASSERT_EQ(bits(mxfp4_value(uint8_t(n), uint8_t(s))),
+                bits(std::ldexp(kE2m1Values[n], s - 127)))
+          << n << " " << s;
 }
 
 // The view multiplies each e4m3 value by its own block's scale (rows by block_rows, columns by
@@ -100,28 +102,35 @@ TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
     EXPECT_EQ(q->weights().lm_head.dtype, DType::BF16);  // not quantized, as released
     EXPECT_EQ(L.router.dtype, DType::BF16);
     const int64_t O = w.shape[0], I = w.shape[1];
-    ASSERT_EQ(w.data, nullptr);  // its panels are the only copy; read back, they give the stored codes
+    ASSERT_EQ(w.data,
+              nullptr);  // its panels are the only copy; read back, they give the stored codes
     std::vector<uint8_t> bytes;
-    for (const auto& f : std::filesystem::directory_iterator(test_model(std::string(arch) + "_fp8")))
+    for (const auto& f :
+         std::filesystem::directory_iterator(test_model(std::string(arch) + "_fp8")))
       if (f.path().extension() == ".safetensors")
         for (const TensorToWrite& t : read_safetensors(f.path().string()))
           if (t.name == w.name) bytes = t.bytes;
     ASSERT_EQ(bytes.size(), size_t(O * I));
     for (int64_t o = 0; o < O; ++o)
       for (int64_t i = 0; i < I; ++i)
-        ASSERT_EQ(w.at(o * I + i), e4m3_to_f32(bytes[size_t(o * I + i)]) * w.scale_inv[o / 32 * ((I + 47) / 48) + i / 48]);
-    std::vector<float> row(static_cast<size_t>(I));  // a whole row read back at once (the reference forward's way) is the same
+        ASSERT_EQ(w.at(o * I + i), e4m3_to_f32(bytes[size_t(o * I + i)]) *
+                                       w.scale_inv[o / 32 * ((I + 47) / 48) + i / 48]);
+    std::vector<float> row(static_cast<size_t>(
+        I));  // a whole row read back at once (the reference forward's way) is the same
     for (int64_t o = 0; o < O; ++o) {
       packed_row(w, o, row.data());
       for (int64_t i = 0; i < I; ++i) ASSERT_EQ(row[size_t(i)], w.at(o * I + i)) << o << " " << i;
     }
     const std::vector<std::pair<const TensorView*, const TensorView*>> pairs = {
-        {&L.experts[2].down, &d->weights().layers[1].experts[2].down}, {&L.o, &d->weights().layers[1].o},
-        {&L.shared.gate, &d->weights().layers[1].shared.gate}, {&q->weights().layers[0].dense.up, &d->weights().layers[0].dense.up}};
+        {&L.experts[2].down, &d->weights().layers[1].experts[2].down},
+        {&L.o, &d->weights().layers[1].o},
+        {&L.shared.gate, &d->weights().layers[1].shared.gate},
+        {&q->weights().layers[0].dense.up, &d->weights().layers[0].dense.up}};
     for (auto [a, b] : pairs) {
       if (a->empty()) continue;  // qwen3_moe has no shared expert, no dense layer in tiny
       ASSERT_EQ(b->dtype, DType::BF16);
-      for (int64_t k = 0; k < a->numel(); ++k) ASSERT_EQ(f32_to_bf16(a->at(k)), f32_to_bf16(b->at(k))) << a->name << " " << k;
+      for (int64_t k = 0; k < a->numel(); ++k)
+        ASSERT_EQ(f32_to_bf16(a->at(k)), f32_to_bf16(b->at(k))) << a->name << " " << k;
     }
     if (q->config().mla) {  // kv_b is served decoded (the engine splits it per head)
       EXPECT_EQ(L.kv_b.dtype, DType::BF16);
@@ -131,10 +140,12 @@ TEST(Fp8, CheckpointDecodesAsTransformersDequantizes) {
 }
 
 TEST(Fp8, EngineIdenticalToTheDequantizedCheckpoint) {
-  for (const char* arch : {"deepseek_v3", "qwen3_moe", "glm4_moe", "mixtral", "qwen2_moe", "olmoe"}) {
+  for (const char* arch :
+       {"deepseek_v3", "qwen3_moe", "glm4_moe", "mixtral", "qwen2_moe", "olmoe"}) {
     SCOPED_TRACE(arch);
     const std::string fp8 = test_model(std::string(arch) + "_fp8");
-    EXPECT_EQ(Engine(small_config(fp8)).config().kv_cache_dtype, "bf16");  // auto: FP8 weights compute as bf16
+    EXPECT_EQ(Engine(small_config(fp8)).config().kv_cache_dtype,
+              "bf16");  // auto: FP8 weights compute as bf16
     expect_identical_runs(fp8, test_model(std::string(arch) + "_fp8_dequantized"), 37, 16);
   }
 }
@@ -158,7 +169,8 @@ TEST(Fp8, ARefitWithANaNCodeOrABadScaleChangesNothing) {
         t.bytes[3] = 0x7f;
         bucket.push_back(t);
       }
-      if (t.name == "model.layers.1.self_attn.o_proj.weight_scale_inv" && std::string(which) == "scale") {
+      if (t.name == "model.layers.1.self_attn.o_proj.weight_scale_inv" &&
+          std::string(which) == "scale") {
         const float bad = NAN;
         std::memcpy(t.bytes.data(), &bad, 4);
         bucket.push_back(t);

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 
 #include "core/dtype.h"
@@ -30,7 +30,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string make_hybrid(const std::string& arch, const std::string& name, const std::string& patch = "") {
+std::string make_hybrid(const std::string& arch, const std::string& name,
+                        const std::string& patch = "") {
   MakeModelOptions o;
   o.arch = arch;
   o.preset = "tiny";
@@ -70,7 +71,9 @@ TEST(HybridConfig, LayerTypesRopeAndTheVisionLanguageWrapper) {
   ASSERT_TRUE(next.deltanet);
   // full_attention_interval 4: layers 0-2 DeltaNet, layer 3 gated full attention.
   for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(next.layers[size_t(i)].attention.kind, i == 3 ? AttentionKind::Gqa : AttentionKind::GatedDeltaNet) << i;
+    EXPECT_EQ(next.layers[size_t(i)].attention.kind,
+              i == 3 ? AttentionKind::Gqa : AttentionKind::GatedDeltaNet)
+        << i;
   EXPECT_TRUE(next.layers[3].attention.output_gate);
   EXPECT_EQ(next.layers[3].attention.rotary_dim, next.head_dim / 4);  // partial_rotary_factor 0.25
   EXPECT_TRUE(next.zero_centred_norms);
@@ -118,15 +121,18 @@ TEST(HybridCheckpoint, QwenNextsGroupedProjectionsAreReadInTheConvsChannelOrder)
   const TensorToWrite& qkvz = stored.at("model.layers.0.linear_attn.in_proj_qkvz.weight");
   const TensorToWrite& ba = stored.at("model.layers.0.linear_attn.in_proj_ba.weight");
   const LayerWeights& L = ck->weights().layers[0];
-  auto expect_row = [&](const TensorView& v, int64_t row, const TensorToWrite& src, int64_t src_row, const char* what) {
+  auto expect_row = [&](const TensorView& v, int64_t row, const TensorToWrite& src, int64_t src_row,
+                        const char* what) {
     for (int64_t i = 0; i < H; ++i)
       ASSERT_EQ(v.at(row * H + i), stored_value(src, src_row * H + i)) << what << " row " << row;
   };
   for (int64_t ch = 0; ch < d.conv_dim(); ++ch) {
     int64_t src;
-    if (ch < kd) src = (ch / dk) * G + ch % dk;                   // q of key head ch / dk
-    else if (ch < 2 * kd) src = ((ch - kd) / dk) * G + dk + (ch - kd) % dk;  // k
-    else {                                                        // v of value head hv
+    if (ch < kd)
+      src = (ch / dk) * G + ch % dk;  // q of key head ch / dk
+    else if (ch < 2 * kd)
+      src = ((ch - kd) / dk) * G + dk + (ch - kd) % dk;  // k
+    else {                                               // v of value head hv
       const int64_t hv = (ch - 2 * kd) / dv, j = (ch - 2 * kd) % dv;
       src = (hv / r) * G + 2 * dk + (hv % r) * dv + j;
     }
@@ -134,7 +140,8 @@ TEST(HybridCheckpoint, QwenNextsGroupedProjectionsAreReadInTheConvsChannelOrder)
   }
   for (int64_t hv = 0; hv < d.v_heads; ++hv) {
     for (int64_t j = 0; j < dv; ++j)
-      expect_row(L.dn_z, hv * dv + j, qkvz, (hv / r) * G + 2 * dk + r * dv + (hv % r) * dv + j, "z");
+      expect_row(L.dn_z, hv * dv + j, qkvz, (hv / r) * G + 2 * dk + r * dv + (hv % r) * dv + j,
+                 "z");
     expect_row(L.dn_b, hv, ba, (hv / r) * 2 * r + hv % r, "b");
     expect_row(L.dn_a, hv, ba, (hv / r) * 2 * r + r + hv % r, "a");
   }
@@ -145,7 +152,8 @@ TEST(HybridCheckpoint, QwenNextsGroupedProjectionsAreReadInTheConvsChannelOrder)
 // tensor per expert) from the same values: both load, skip what they must, and compute the same
 // bits, in the reference and in the engine.
 TEST(HybridCheckpoint, TheVisionLanguageReleaseAndTheTextClassAreTheSameDecoder) {
-  const std::string vl_dir = make_hybrid("qwen3_5_moe", "vl"), text_dir = make_hybrid("qwen3_5_moe_text", "text");
+  const std::string vl_dir = make_hybrid("qwen3_5_moe", "vl"),
+                    text_dir = make_hybrid("qwen3_5_moe_text", "text");
   auto vl = Checkpoint::open(vl_dir);
   auto text = Checkpoint::open(text_dir);
   bool skipped_visual = false, skipped_mtp = false;
@@ -153,12 +161,14 @@ TEST(HybridCheckpoint, TheVisionLanguageReleaseAndTheTextClassAreTheSameDecoder)
     skipped_visual |= name.rfind("model.visual.", 0) == 0 && !vl->used_tensors().count(name);
     skipped_mtp |= name.rfind("mtp.", 0) == 0 && !vl->used_tensors().count(name);
   }
-  EXPECT_TRUE(skipped_visual && skipped_mtp) << "the VL checkpoint lacks the tensors it must skip: the test is vacuous";
+  EXPECT_TRUE(skipped_visual && skipped_mtp)
+      << "the VL checkpoint lacks the tensors it must skip: the test is vacuous";
   EXPECT_TRUE(vl->used_tensors().count("model.language_model.layers.0.mlp.experts.gate_up_proj"));
   EXPECT_TRUE(text->used_tensors().count("model.layers.0.mlp.experts.0.gate_proj.weight"));
   std::vector<int> tokens;
   for (int i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % vl->config().vocab_size);
-  const ReferenceResult a = reference_forward(vl->weights(), tokens), b = reference_forward(text->weights(), tokens);
+  const ReferenceResult a = reference_forward(vl->weights(), tokens),
+                        b = reference_forward(text->weights(), tokens);
   EXPECT_EQ(a.routes, b.routes);
   EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)));
   EngineConfig cfg;
@@ -170,7 +180,9 @@ TEST(HybridCheckpoint, TheVisionLanguageReleaseAndTheTextClassAreTheSameDecoder)
     Engine e(cfg);
     EXPECT_TRUE(e.config().enable_prefix_caching);  // hits restore recurrent-state snapshots
     EXPECT_EQ(e.config().max_state_snapshots, 2 * e.config().max_num_seqs);
-    out.push_back(e.generate({std::vector<int>(tokens.begin(), tokens.begin() + 20)}, {greedy(16)})[0].token_ids);
+    out.push_back(
+        e.generate({std::vector<int>(tokens.begin(), tokens.begin() + 20)}, {greedy(16)})[0]
+            .token_ids);
   }
   EXPECT_EQ(out[0], out[1]);
 }
@@ -188,13 +200,15 @@ TEST(HybridEngine, StateSlotsAreReusedAndResetAsRequestsStart) {
   cfg.max_num_seqs = 2;
   cfg.enable_return_routed_experts = true;
   Engine e(cfg);
-  const uint64_t per_request = uint64_t(mc.num_deltanet_layers()) * uint64_t(mc.deltanet->state_floats()) * 4;
+  const uint64_t per_request =
+      uint64_t(mc.num_deltanet_layers()) * uint64_t(mc.deltanet->state_floats()) * 4;
   EXPECT_EQ(e.recurrent_state_bytes_per_request(), per_request);
   const std::vector<std::vector<int>> prompts = {{1, 2, 3, 4, 5}, {9, 8, 7}, {4, 4, 4, 4, 4, 4, 4}};
   std::vector<std::vector<int>> solo;
   for (const auto& p : prompts) solo.push_back(e.generate({p}, {greedy(10)})[0].token_ids);
   const auto together = e.generate(prompts, {greedy(10), greedy(10), greedy(10)});
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i].token_ids, solo[i]) << "request " << i;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(together[i].token_ids, solo[i]) << "request " << i;
 }
 
 // Prefix caching of the recurrent state (engine/state_snapshots.h), seeded random schedules:
@@ -243,15 +257,18 @@ TEST(HybridPrefixCache, HitsRestoreSnapshotsBitForBit) {
         const auto got = e.generate(prompts, params);
         for (size_t i = 0; i < prompts.size(); ++i) {
           const RequestOutput want = solo.generate({prompts[i]}, {params[i]})[0];
-          expect_matches_solo(got[i], want, false, params[i], "turn " + std::to_string(turn) + " request " + std::to_string(i));
-          if (i < history.size()) history[i].insert(history[i].end(), got[i].token_ids.begin(), got[i].token_ids.end());
+          expect_matches_solo(got[i], want, false, params[i],
+                              "turn " + std::to_string(turn) + " request " + std::to_string(i));
+          if (i < history.size())
+            history[i].insert(history[i].end(), got[i].token_ids.begin(), got[i].token_ids.end());
         }
       }
       const EngineStats st = e.stats();
       restores += st.state_snapshot_restores;
       hit_tokens += st.prefix_hit_tokens;
       EXPECT_EQ(st.state_snapshots, cfg.max_state_snapshots < 0 ? 2 * cfg.max_num_seqs : 2);
-      EXPECT_EQ(st.state_snapshot_bytes, uint64_t(st.state_snapshots) * e.recurrent_state_bytes_per_request());
+      EXPECT_EQ(st.state_snapshot_bytes,
+                uint64_t(st.state_snapshots) * e.recurrent_state_bytes_per_request());
       EXPECT_LE(st.state_snapshots_held, st.state_snapshots);
       EXPECT_GT(st.recurrent_state_bytes_per_request, 0u);
       EXPECT_EQ(st.recurrent_state_bytes_per_request, e.recurrent_state_bytes_per_request());
@@ -288,7 +305,8 @@ TEST(HybridPrefixCache, APrefixHitSkipsItsPrefill) {
     EngineConfig solo_cfg = solo_config(model);
     solo_cfg.num_kv_blocks = 160;
     Engine solo(solo_cfg);
-    expect_matches_solo(second, solo.generate({prompt}, {greedy(1)})[0], false, greedy(1), "snapshots " + std::to_string(snapshots));
+    expect_matches_solo(second, solo.generate({prompt}, {greedy(1)})[0], false, greedy(1),
+                        "snapshots " + std::to_string(snapshots));
   }
 }
 
@@ -306,7 +324,8 @@ TEST(HybridEngine, RefitsFromDiskAndTensorsEqualAFreshEngine) {
     const RequestOutput want = Engine(fresh_cfg).generate({prompt}, {greedy(8)})[0];
     for (bool flush : {true, false}) {
       for (bool from_tensors : {false, true}) {
-        SCOPED_TRACE(std::string(flush ? "flush" : "no flush") + (from_tensors ? " tensors" : " disk"));
+        SCOPED_TRACE(std::string(flush ? "flush" : "no flush") +
+                     (from_tensors ? " tensors" : " disk"));
         Engine e(small_config(a));
         const RequestOutput before = e.generate({prompt}, {greedy(8)})[0];
         EXPECT_GT(e.stats().state_snapshots_held, 0);
@@ -314,7 +333,8 @@ TEST(HybridEngine, RefitsFromDiskAndTensorsEqualAFreshEngine) {
           std::vector<TensorToWrite> all;
           for (const auto& entry : fs::directory_iterator(b))
             if (entry.path().extension() == ".safetensors")
-              for (TensorToWrite& t : read_safetensors(entry.path().string())) all.push_back(std::move(t));
+              for (TensorToWrite& t : read_safetensors(entry.path().string()))
+                all.push_back(std::move(t));
           e.stage_weights(std::move(all));
           e.commit_staged_weights(flush);
         } else {

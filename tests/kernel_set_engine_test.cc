@@ -57,7 +57,8 @@ TEST(KernelSetEngine, EverySetGivesThePortableBits) {
   const fs::path dir = fs::temp_directory_path() / ("r3_kernel_sets_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::vector<std::string> models = kAllArchs;
-  for (const char* quantized : {"gpt_oss_mxfp4", "qwen3_moe_fp8", "deepseek_v3_fp8"}) models.push_back(quantized);
+  for (const char* quantized : {"gpt_oss_mxfp4", "qwen3_moe_fp8", "deepseek_v3_fp8"})
+    models.push_back(quantized);
   uint64_t seed = 7;
   for (const std::string& arch : models) {
     SCOPED_TRACE(arch);
@@ -69,10 +70,11 @@ TEST(KernelSetEngine, EverySetGivesThePortableBits) {
     for (auto it = sets.rbegin(); it != sets.rend(); ++it) {  // portable first
       const std::string set = (*it)->name, out = (dir / (arch + "_" + set + ".jsonl")).string();
       // A 16-token step budget chunks the longer prompts' prefill and mixes it with decodes.
-      const std::string cmd = "R3_KERNELS=" + set + " " + R3_BINARY + " generate --model " + model + " --input " +
-                              (dir / "in.jsonl").string() + " --output " + out +
-                              " --enable-return-routed-experts --max-num-batched-tokens 16 --threads 2 --no-progress" +
-                              " > " + (dir / "log").string() + " 2>&1";
+      const std::string cmd =
+          "R3_KERNELS=" + set + " " + R3_BINARY + " generate --model " + model + " --input " +
+          (dir / "in.jsonl").string() + " --output " + out +
+          " --enable-return-routed-experts --max-num-batched-tokens 16 --threads 2 --no-progress" +
+          " > " + (dir / "log").string() + " 2>&1";
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_all(dir / "log");
       const std::string got = read_all(out);
       ASSERT_FALSE(got.empty()) << set;
@@ -80,7 +82,8 @@ TEST(KernelSetEngine, EverySetGivesThePortableBits) {
         want = got;
         want_file = out;
       } else {
-        EXPECT_TRUE(got == want) << set << " differs from portable: diff " << want_file << " " << out;
+        EXPECT_TRUE(got == want) << set << " differs from portable: diff " << want_file << " "
+                                 << out;
       }
     }
   }

@@ -7,12 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 #include <random>
 #include <string>
 
@@ -43,9 +43,11 @@ std::vector<float> random_values(size_t n, std::mt19937_64& rng, bool extreme) {
   return v;
 }
 
-void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " element " << i;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " element " << i;
 }
 
 TEST(KernelSet, PortableIsAlwaysSupportedAndLast) {
@@ -58,8 +60,10 @@ TEST(KernelSet, PortableIsAlwaysSupportedAndLast) {
 
 TEST(KernelSet, R3KernelsNamesTheActiveSet) {
   const char* forced = std::getenv("R3_KERNELS");
-  if (forced && *forced) EXPECT_STREQ(active_kernels().name, forced);
-  else EXPECT_EQ(&active_kernels(), supported_kernel_sets().front());
+  if (forced && *forced)
+    EXPECT_STREQ(active_kernels().name, forced);
+  else
+    EXPECT_EQ(&active_kernels(), supported_kernel_sets().front());
 }
 
 TEST(KernelSet, UnknownOrUnsupportedSetIsRefused) {
@@ -68,19 +72,23 @@ TEST(KernelSet, UnknownOrUnsupportedSetIsRefused) {
     FAIL() << "unknown set accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown kernel set"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("avx512bf16, avx512, avx2, portable"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("avx512bf16, avx512, avx2, portable"), std::string::npos)
+        << e.what();
   }
   for (const char* name : {"portable", "avx2", "avx512", "avx512bf16"}) {
     bool supported = false;
     for (const KernelSet* s : supported_kernel_sets()) supported |= std::string(s->name) == name;
-    if (supported) EXPECT_STREQ(choose_kernel_set(name).name, name);
-    else EXPECT_THROW(choose_kernel_set(name), Error) << name;
+    if (supported)
+      EXPECT_STREQ(choose_kernel_set(name).name, name);
+    else
+      EXPECT_THROW(choose_kernel_set(name), Error) << name;
   }
 }
 
 // Every set's matmul of the quantized weight Wq (rows split mid-panel) against the portable bf16
 // matmul of its values as TensorView::at decodes them, rounded to bf16.
-void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64& rng, const std::string& what) {
+void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64& rng,
+                                          const std::string& what) {
   const int O = int(Wq.shape[0]), n = int(Wq.shape[1]);
   std::vector<uint16_t> wb(size_t(O) * n);
   for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(Wq.at(int64_t(i)));
@@ -101,8 +109,8 @@ void expect_bf16_matmul_of_decoded_values(TensorView Wq, int T, std::mt19937_64&
       set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 0, 21);
       set->matmul_rows({x.data(), xb.data(), T}, Wq, got.data(), O, 21, O);
       expect_same_bits(got, want,
-                       std::string(set->name) + " " + bf16_tiles_name(t) + " " + what + " n=" + std::to_string(n) +
-                           " T=" + std::to_string(T));
+                       std::string(set->name) + " " + bf16_tiles_name(t) + " " + what +
+                           " n=" + std::to_string(n) + " T=" + std::to_string(T));
     }
   }
   set_bf16_tiles(before);
@@ -120,7 +128,8 @@ TEST(KernelSet, Mxfp4MatmulIsTheBf16MatmulOfItsValues) {
       const int O = 133;  // ranges of more than one 4-panel pass
       std::vector<uint8_t> blocks(size_t(O) * n / 2), scales(size_t(O) * n / 32);
       for (uint8_t& b : blocks) b = uint8_t(rng());
-      for (size_t i = 0; i < scales.size(); ++i) scales[i] = i % 7 == 0 ? (i % 2 ? 2 : 252) : uint8_t(120 + rng() % 14);
+      for (size_t i = 0; i < scales.size(); ++i)
+        scales[i] = i % 7 == 0 ? (i % 2 ? 2 : 252) : uint8_t(120 + rng() % 14);
       TensorView Wq{.dtype = DType::MXFP4, .shape = {O, n}, .data = blocks.data()};
       Wq.scales = scales.data();
       for (int64_t i = 0; i < Wq.numel(); ++i)  // exact in bf16
@@ -139,11 +148,16 @@ TEST(KernelSet, Fp8MatmulIsTheBf16MatmulOfItsDecodedValues) {
     for (int T : {1, 2, 3, 4, 6, 8, 9, 13, 16, 17}) {  // the tile shapes of the MXFP4 test
       const int O = 53;
       std::vector<uint8_t> values(size_t(O) * n);
-      for (uint8_t& b : values) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+      for (uint8_t& b : values) do
+          b = uint8_t(rng());
+        while (e4m3_is_nan(b));
       std::vector<float> scales(size_t((O + br - 1) / br) * size_t((n + bc - 1) / bc));
       for (size_t i = 0; i < scales.size(); ++i)
-        scales[i] = i % 11 == 3 ? 0.f : i % 5 == 1 ? std::ldexp(1.f + 0x3p-8f, -int(i % 4))  // ties to an odd bf16: rounded up
-                   : i % 7 == 0 ? (i % 2 ? 0x1p-117f : 0x1p100f) : std::ldexp(1.f + float(rng() % 1000) / 999.f, -int(rng() % 12));
+        scales[i] = i % 11 == 3 ? 0.f
+                    : i % 5 == 1
+                        ? std::ldexp(1.f + 0x3p-8f, -int(i % 4))  // ties to an odd bf16: rounded up
+                    : i % 7 == 0 ? (i % 2 ? 0x1p-117f : 0x1p100f)
+                                 : std::ldexp(1.f + float(rng() % 1000) / 999.f, -int(rng() % 12));
       TensorView Wq{.dtype = DType::F8_E4M3, .shape = {O, n}, .data = values.data()};
       Wq.scale_inv = scales.data();
       Wq.block_rows = br;
@@ -166,7 +180,9 @@ TEST(KernelSet, MatmulSameBitsWithEitherBf16Tiles) {
       for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
       TensorView W{.dtype = DType::BF16, .shape = {O, n}, .data = wb.data()};
       std::vector<uint8_t> codes(size_t(O) * n);
-      for (uint8_t& b : codes) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+      for (uint8_t& b : codes) do
+          b = uint8_t(rng());
+        while (e4m3_is_nan(b));
       std::vector<float> scales(size_t((O + 15) / 16) * size_t((n + 31) / 32), 0x1p-6f);
       TensorView Q{.dtype = DType::F8_E4M3, .shape = {O, n}, .data = codes.data()};
       Q.scale_inv = scales.data();
@@ -191,8 +207,8 @@ TEST(KernelSet, MatmulSameBitsWithEitherBf16Tiles) {
           std::vector<float> got(size_t(T) * O), got_q(size_t(T) * O);
           set->matmul_rows({x.data(), xb.data(), T}, W, got.data(), O, 0, O);
           set->matmul_rows({x.data(), xb.data(), T}, Q, got_q.data(), O, 0, O);
-          const std::string what = std::string(set->name) + " " + bf16_tiles_name(t) + " n=" + std::to_string(n) +
-                                   " T=" + std::to_string(T);
+          const std::string what = std::string(set->name) + " " + bf16_tiles_name(t) +
+                                   " n=" + std::to_string(n) + " T=" + std::to_string(T);
           expect_same_bits(got, want, what);
           expect_same_bits(got_q, want_q, what + " fp8");
         }
@@ -220,7 +236,8 @@ TEST(KernelSet, Bf16TileChoiceIsTimedOnceAndCached) {
     EXPECT_EQ(first.source.rfind("timed on ", 0), 0u) << first.source;
     EXPECT_GT(first.fma_gflops, 0);
     EXPECT_GT(first.dp_gflops, 0);
-    EXPECT_EQ(first.tiles, first.dp_gflops > first.fma_gflops ? Bf16Tiles::DotProduct : Bf16Tiles::Fma);
+    EXPECT_EQ(first.tiles,
+              first.dp_gflops > first.fma_gflops ? Bf16Tiles::DotProduct : Bf16Tiles::Fma);
     const TileChoice again = choose_bf16_tiles(cache, nullptr);
     EXPECT_EQ(again.source.rfind("cached for ", 0), 0u) << again.source;
     EXPECT_EQ(again.tiles, first.tiles);
@@ -237,7 +254,8 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
   for (int n : {2, 30, 64, 1030})
     for (int T : {1, 2, 6, 7, 9, 13, 17})
       for (bool extreme : {false, true}) {
-        const int O = 133;  // ranges of more than one 4-panel pass (the prefetch runs on into the next)
+        const int O =
+            133;  // ranges of more than one 4-panel pass (the prefetch runs on into the next)
         const std::vector<float> wf = random_values(size_t(O) * n, rng, extreme);
         std::vector<float> x = random_values(size_t(T) * n, rng, extreme);
         std::vector<uint16_t> wb(wf.size()), xb(x.size());
@@ -250,10 +268,12 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
         for (const KernelSet* set : supported_kernel_sets()) {
           PackedBf16 p(packed.size() + 16, 0);
           set->pack_panels(Wb, p.data(), 0, panels);  // 64-byte aligned lines
-          ASSERT_TRUE(std::equal(packed.begin(), packed.end(), p.begin())) << set->name << " packs differently, n=" << n;
+          ASSERT_TRUE(std::equal(packed.begin(), packed.end(), p.begin()))
+              << set->name << " packs differently, n=" << n;
           std::fill(p.begin(), p.end(), 0);
           set->pack_panels(Wb, p.data() + 16, 0, panels);  // lines straddling cache lines
-          ASSERT_TRUE(std::equal(packed.begin(), packed.end(), p.begin() + 16)) << set->name << " unaligned, n=" << n;
+          ASSERT_TRUE(std::equal(packed.begin(), packed.end(), p.begin() + 16))
+              << set->name << " unaligned, n=" << n;
         }
         Wb.packed = packed.data();
         const TensorView Wf{.dtype = DType::F32, .shape = {O, n}, .data = wf.data()};
@@ -266,8 +286,8 @@ TEST(KernelSet, MatmulSameBitsOnEverySet) {
             set->matmul_rows({x.data(), xb.data(), T}, *W, got.data(), O, 0, 21);
             set->matmul_rows({x.data(), xb.data(), T}, *W, got.data(), O, 21, O);
             expect_same_bits(got, want,
-                             std::string(set->name) + (W == &Wb ? " bf16" : " f32") + " n=" + std::to_string(n) +
-                                 " T=" + std::to_string(T));
+                             std::string(set->name) + (W == &Wb ? " bf16" : " f32") +
+                                 " n=" + std::to_string(n) + " T=" + std::to_string(T));
           }
         }
       }
@@ -288,10 +308,14 @@ struct Cache {
     for (float f : random_values(size_t(blocks) * bs * kv_dim, rng, false)) v.push_back(to_kv(f));
   }
   static KvT to_kv(float f) {
-    if constexpr (std::is_same_v<KvT, float>) return f;
-    else return f32_to_bf16(f);
+    if constexpr (std::is_same_v<KvT, float>)
+      return f;
+    else
+      return f32_to_bf16(f);
   }
-  PagedHead<KvT> head(int h) const { return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd}; }
+  PagedHead<KvT> head(int h) const {
+    return {k.data(), v.data(), table.data(), bs, kv_dim, int64_t(h) * hd};
+  }
 };
 
 template <typename KvT>
@@ -310,11 +334,16 @@ void attention_same_bits(std::mt19937_64& rng) {
         std::vector<float> scores(size_t(4) * stride), out(size_t(4) * hd);
         float* op[4] = {out.data(), out.data() + hd, out.data() + 2 * hd, out.data() + 3 * hd};
         if constexpr (std::is_same_v<KvT, float>) {
-          if (nq == 1) set.attend_f32(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
-          else set.attend_group_f32(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride, op);
+          if (nq == 1)
+            set.attend_f32(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
+          else
+            set.attend_group_f32(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride, op);
         } else {
-          if (nq == 1) set.attend_bf16(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
-          else set.attend_group_bf16(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride, op);
+          if (nq == 1)
+            set.attend_bf16(qp[0], hd, pos[0], 0.125f, cache.head(1), scores.data(), out.data());
+          else
+            set.attend_group_bf16(qp, pos, nq, hd, 0.125f, cache.head(1), scores.data(), stride,
+                                  op);
         }
         out.resize(size_t(nq) * hd);
         return out;
@@ -323,8 +352,8 @@ void attention_same_bits(std::mt19937_64& rng) {
         const std::vector<float> want = run(portable, nq);
         for (const KernelSet* set : supported_kernel_sets())
           expect_same_bits(run(*set, nq), want,
-                           std::string(set->name) + " hd=" + std::to_string(hd) + " bs=" + std::to_string(bs) +
-                               " nq=" + std::to_string(nq));
+                           std::string(set->name) + " hd=" + std::to_string(hd) +
+                               " bs=" + std::to_string(bs) + " nq=" + std::to_string(nq));
       }
     }
 }
@@ -339,12 +368,14 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
   const KernelSet& portable = kernel_set_portable();
   std::mt19937_64 rng(13);
   for (int n : {1, 15, 16, 33, 2048}) {
-    std::vector<float> x = random_values(size_t(n), rng, false), up = random_values(size_t(n), rng, false);
+    std::vector<float> x = random_values(size_t(n), rng, false),
+                       up = random_values(size_t(n), rng, false);
     for (float& v : x) v *= 9.f;  // gates and logits far into exp's range
     const std::vector<float> w = random_values(size_t(n), rng, false);
     const TensorView W{.dtype = DType::F32, .shape = {n}, .data = w.data()};
     auto ops = [&](const KernelSet& set) {
-      std::vector<float> norm(static_cast<size_t>(n)), gated(static_cast<size_t>(n)), soft(static_cast<size_t>(n));
+      std::vector<float> norm(static_cast<size_t>(n)), gated(static_cast<size_t>(n)),
+          soft(static_cast<size_t>(n));
       std::vector<float> centred(static_cast<size_t>(n));  // a zero-centred norm: (1 + w)
       set.rms_norm(x.data(), W, 0, n, 1e-6f, norm.data(), 0.f);
       set.rms_norm(x.data(), W, 0, n, 1e-6f, centred.data(), 1.f);
@@ -355,7 +386,8 @@ TEST(KernelSet, PerTokenOpsSameBitsOnEverySet) {
       std::vector<float> clamped(static_cast<size_t>(n)), clamped_up(static_cast<size_t>(n));
       set.clamped_swiglu(x.data(), up.data(), clamped.data(), n, 7.f, 1.702f);
       set.clamped_swiglu(up.data(), x.data(), clamped_up.data(), n, 1.f, 1.702f);
-      for (const auto* v : {&centred, &gated, &soft, &clamped, &clamped_up}) norm.insert(norm.end(), v->begin(), v->end());
+      for (const auto* v : {&centred, &gated, &soft, &clamped, &clamped_up})
+        norm.insert(norm.end(), v->begin(), v->end());
       return norm;
     };
     const std::vector<float> want = ops(portable);
@@ -385,7 +417,8 @@ TEST(KernelSet, AddBiasIsOneAddOfTheStoredValueOnEverySet) {
         set->add_bias(b.data(), bf16_view, offset, n);
         for (int i = 0; i < n; ++i) {
           const size_t at = size_t(offset + i);
-          ASSERT_EQ(bits(a[size_t(i)]), bits(x[size_t(i)] + bias_f32[at])) << set->name << " n=" << n << " i=" << i;
+          ASSERT_EQ(bits(a[size_t(i)]), bits(x[size_t(i)] + bias_f32[at]))
+              << set->name << " n=" << n << " i=" << i;
           ASSERT_EQ(bits(b[size_t(i)]), bits(x[size_t(i)] + bf16_to_f32(bias_bf16[at])))
               << set->name << " n=" << n << " i=" << i;
         }
@@ -397,9 +430,10 @@ TEST(KernelSet, AddBiasIsOneAddOfTheStoredValueOnEverySet) {
 // kept (vcvtneps2bf16 would flush them), NaNs kept quiet, the bits and the rounded value both.
 TEST(KernelSet, RoundToBf16IsF32ToBf16OnEverySet) {
   std::mt19937 rng(17);
-  std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u, 0x00018000u,
-                                    0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
-                                    0x7f800001u, 0xffc00000u, 0x7fffffffu, 0x7f80ffffu, 0x4b7fffffu};
+  std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u,
+                                    0x00018000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu,
+                                    0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u, 0x7fffffffu,
+                                    0x7f80ffffu, 0x4b7fffffu};
   while (patterns.size() < 4133) patterns.push_back(uint32_t(rng()));
   const int n = int(patterns.size());
   std::vector<float> in(static_cast<size_t>(n));
@@ -411,7 +445,8 @@ TEST(KernelSet, RoundToBf16IsF32ToBf16OnEverySet) {
     for (int i = 0; i < n; ++i) {
       const uint16_t want = f32_to_bf16(in[size_t(i)]);
       ASSERT_EQ(b[size_t(i)], want) << set->name << " input 0x" << std::hex << patterns[size_t(i)];
-      ASSERT_EQ(bits(x[size_t(i)]), bits(bf16_to_f32(want))) << set->name << " input 0x" << std::hex << patterns[size_t(i)];
+      ASSERT_EQ(bits(x[size_t(i)]), bits(bf16_to_f32(want)))
+          << set->name << " input 0x" << std::hex << patterns[size_t(i)];
     }
     std::vector<float> y = in;
     set->round_to_bf16(y.data(), n, nullptr);  // the values alone

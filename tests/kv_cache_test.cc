@@ -24,20 +24,25 @@ TEST(KvCache, ZerosCommittedOnlyWhereWritten) {
   EXPECT_EQ(cache.v_layer(3)[1000 * block_elems + 7 * head_dim], -2.f);
   EXPECT_EQ(cache.k_layer(3)[1000 * block_elems + 8], 0.f);  // a slot never written
   EXPECT_EQ(cache.k_layer(0)[0], 0.f);
-  EXPECT_EQ(cache.v_layer(2)[size_t(blocks) * block_elems], 0.f);  // the padding tokens' scratch block
+  EXPECT_EQ(cache.v_layer(2)[size_t(blocks) * block_elems],
+            0.f);  // the padding tokens' scratch block
   EXPECT_LT(resident_mb() - before, 64.0) << "one block's write committed more than its pages";
 
   cache.release();
   EXPECT_TRUE(cache.released());
   cache.restore();
-  EXPECT_EQ(cache.k_layer(3)[1000 * block_elems + 7], 0.f) << "restore keeps a released block's keys";
+  EXPECT_EQ(cache.k_layer(3)[1000 * block_elems + 7], 0.f)
+      << "restore keeps a released block's keys";
   EXPECT_EQ(cache.v_layer(3)[1000 * block_elems + 7 * head_dim], 0.f);
 }
 
 // Below 2 MiB the memory comes from the heap, which may hand back freed memory: zeroed too.
 TEST(KvCache, SmallCacheStartsAsZeros) {
   for (int round = 0; round < 4; ++round) {
-    { std::vector<float> garbage(4096, -7.f); (void)garbage.data(); }
+    {
+      std::vector<float> garbage(4096, -7.f);
+      (void)garbage.data();
+    }
     KvCache<uint16_t> cache(2, 3, 16, 32, 32);
     const size_t elems = size_t(3 + 1) * 16 * 32;
     for (int l = 0; l < 2; ++l)
@@ -45,7 +50,8 @@ TEST(KvCache, SmallCacheStartsAsZeros) {
         ASSERT_EQ(cache.k_layer(l)[i], 0) << "layer " << l << " element " << i;
         ASSERT_EQ(cache.v_layer(l)[i], 0) << "layer " << l << " element " << i;
       }
-    cache.write_gqa(1, 2, 3, std::vector<float>(32, 1.f).data(), std::vector<float>(32, 2.f).data(), 8);
+    cache.write_gqa(1, 2, 3, std::vector<float>(32, 1.f).data(), std::vector<float>(32, 2.f).data(),
+                    8);
   }
 }
 

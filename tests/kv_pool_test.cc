@@ -47,7 +47,7 @@ TEST(KvPool, FreedBlocksKeepTheirHashUntilReused) {
   EXPECT_NE(c, a);
   EXPECT_NE(c, b);
   int d = pool.allocate();
-  EXPECT_EQ(d, b);                               // least recently freed goes first
+  EXPECT_EQ(d, b);                                 // least recently freed goes first
   EXPECT_EQ(pool.lookup_prefix(toks).size(), 1u);  // b's hash was dropped on reuse, a's kept
 }
 

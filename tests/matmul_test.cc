@@ -7,8 +7,8 @@
 
 #include <cfloat>
 #include <random>
-#include <vector>
 #include <tuple>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -61,20 +61,24 @@ TEST(Matmul, EqualsPortableOrderBitForBit) {
   // remainder tile); n = 1024 and 1030 split the pairs into chunks (a short last one).
   for (int n : {2, 8, 16, 30, 32, 34, 64, 100, 1024, 1030})
     for (int T : {1, 5, 13, 20})
-    for (bool extreme : {false, true}) {
-      const int O = 37;  // panel remainders
-      Data D = make(O, n, T, uint64_t(n) * 7 + uint64_t(T) * 3 + extreme, extreme);
-      std::vector<float> yb(size_t(T) * O), yf(size_t(T) * O);
-      matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, yb.data(), O, 0, O);
-      matmul_rows({D.x.data(), D.xb.data(), T}, D.Wf, yf.data(), O, 0, O);
-      for (int t = 0; t < T; ++t)
-        for (int o = 0; o < O; ++o) {
-          const float pb = dot_bf16_portable(D.wb.data() + size_t(o) * n, D.xb.data() + size_t(t) * n, n);
-          const float pf = dot_f32_portable(D.wf.data() + size_t(o) * n, D.x.data() + size_t(t) * n, n);
-          ASSERT_EQ(bits(yb[size_t(t) * O + o]), bits(pb)) << "bf16 n=" << n << " T=" << T << " t=" << t << " o=" << o;
-          ASSERT_EQ(bits(yf[size_t(t) * O + o]), bits(pf)) << "f32 n=" << n << " t=" << t << " o=" << o;
-        }
-    }
+      for (bool extreme : {false, true}) {
+        const int O = 37;  // panel remainders
+        Data D = make(O, n, T, uint64_t(n) * 7 + uint64_t(T) * 3 + extreme, extreme);
+        std::vector<float> yb(size_t(T) * O), yf(size_t(T) * O);
+        matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, yb.data(), O, 0, O);
+        matmul_rows({D.x.data(), D.xb.data(), T}, D.Wf, yf.data(), O, 0, O);
+        for (int t = 0; t < T; ++t)
+          for (int o = 0; o < O; ++o) {
+            const float pb =
+                dot_bf16_portable(D.wb.data() + size_t(o) * n, D.xb.data() + size_t(t) * n, n);
+            const float pf =
+                dot_f32_portable(D.wf.data() + size_t(o) * n, D.x.data() + size_t(t) * n, n);
+            ASSERT_EQ(bits(yb[size_t(t) * O + o]), bits(pb))
+                << "bf16 n=" << n << " T=" << T << " t=" << t << " o=" << o;
+            ASSERT_EQ(bits(yf[size_t(t) * O + o]), bits(pf))
+                << "f32 n=" << n << " t=" << t << " o=" << o;
+          }
+      }
 }
 
 // A sum that lands just below FLT_MIN: gradual underflow would round it up to FLT_MIN, but the
@@ -83,7 +87,8 @@ TEST(Matmul, FlushesTinySumsLikeTheInstruction) {
   const float below = -1.5f * 0x1p-75f, above = -1.25f * 0x1p-75f;  // pair 1's w[1]
   for (float w3 : {below, above}) {
     // pair 0 leaves 2^-126 + 2^-149; pair 1 adds w3 * 2^-74 first.
-    const std::vector<float> wf = {0x1p-75f, 0x1p-63f, 0.f, w3}, xf = {0x1p-74f, 0x1p-63f, 0.f, 0x1p-74f};
+    const std::vector<float> wf = {0x1p-75f, 0x1p-63f, 0.f, w3},
+                             xf = {0x1p-74f, 0x1p-63f, 0.f, 0x1p-74f};
     std::vector<uint16_t> wb, xb;
     for (float v : wf) wb.push_back(f32_to_bf16(v));
     for (float v : xf) xb.push_back(f32_to_bf16(v));
@@ -104,7 +109,8 @@ TEST(Matmul, FlushesTinySumsLikeTheInstruction) {
       uint32_t wp, xp;
       std::memcpy(&wp, wb.data() + 2 * q, 4);
       std::memcpy(&xp, xb.data() + 2 * q, 4);
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)), (__m512bh)_mm512_set1_epi32(int(xp)));
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)),
+                             (__m512bh)_mm512_set1_epi32(int(xp)));
     }
     EXPECT_EQ(bits(_mm512_cvtss_f32(acc)), bits(expected)) << "vdpbf16ps";
 #endif
@@ -132,7 +138,8 @@ TEST(Matmul, PortablePairStepEqualsVdpbf16ps) {
       uint32_t wp, xp;
       std::memcpy(&wp, w + 2 * q, 4);
       std::memcpy(&xp, x + 2 * q, 4);
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)), (__m512bh)_mm512_set1_epi32(int(xp)));
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(int(wp)),
+                             (__m512bh)_mm512_set1_epi32(int(xp)));
     }
     ASSERT_EQ(bits(portable), bits(_mm512_cvtss_f32(acc))) << "case " << i;
   }
@@ -148,14 +155,16 @@ TEST(Matmul, BatchInvariant) {
   for (int start = 0; start < T; ++start)
     for (int len = 1; start + len <= T; ++len) {
       std::vector<float> part(size_t(len) * O);
-      matmul_rows({D.x.data() + size_t(start) * n, D.xb.data() + size_t(start) * n, len}, D.Wb, part.data(), O, 0, O);
+      matmul_rows({D.x.data() + size_t(start) * n, D.xb.data() + size_t(start) * n, len}, D.Wb,
+                  part.data(), O, 0, O);
       for (int t = 0; t < len; ++t)
         for (int o = 0; o < O; ++o)
           ASSERT_EQ(bits(part[size_t(t) * O + o]), bits(all[size_t(start + t) * O + o]));
     }
   // Row ranges computed separately give the same values as the whole.
   std::vector<float> rows(size_t(T) * O);
-  for (int o = 0; o < O; o += 5) matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, rows.data(), O, o, std::min(O, o + 5));
+  for (int o = 0; o < O; o += 5)
+    matmul_rows({D.x.data(), D.xb.data(), T}, D.Wb, rows.data(), O, o, std::min(O, o + 5));
   EXPECT_EQ(rows, all);
 }
 
@@ -187,7 +196,8 @@ TEST(Matmul, RowIdsEqualAGatheredCopy) {
 TEST(Matmul, ManyEqualsOneAtATime) {
   ThreadPool pool(2);
   for (int T : {1, 9}) {
-    Data a = make(100, 64, T, 11, false), b = make(37, 64, T, 12, false), c = make(200, 64, T, 13, false);
+    Data a = make(100, 64, T, 11, false), b = make(37, 64, T, 12, false),
+         c = make(200, 64, T, 13, false);
     b.x = a.x, b.xb = a.xb, c.x = a.x, c.xb = a.xb;
     std::vector<float> ya(size_t(T) * 100), yb(size_t(T) * 37), yc(size_t(T) * 200);
     const MatmulOut outs[] = {{&a.Wb, ya.data()}, {&b.Wf, yb.data()}, {&c.Wb, yc.data()}};
@@ -223,7 +233,9 @@ TEST(Matmul, RepackOverStaleBytesEqualsAFreshPack) {
   for (uint8_t& b : codes) b = uint8_t(rng());
   for (uint8_t& b : scales) b = uint8_t(120 + rng() % 14);
   std::vector<uint8_t> fp8(size_t(53) * 1030);
-  for (uint8_t& b : fp8) do b = uint8_t(rng()); while (e4m3_is_nan(b));
+  for (uint8_t& b : fp8) do
+      b = uint8_t(rng());
+    while (e4m3_is_nan(b));
   std::vector<float> block_scales(size_t(4) * 9, 0.5f);
   std::vector<uint16_t> bf16(size_t(133) * 70);
   for (uint16_t& v : bf16) v = f32_to_bf16(float(int(rng() % 200) - 100));
@@ -260,7 +272,8 @@ TEST(Matmul, CloseToExactDot) {
   for (int t = 0; t < T; ++t)
     for (int o = 0; o < O; ++o) {
       double exact = 0;
-      for (int i = 0; i < n; ++i) exact += double(bf16_to_f32(D.wb[size_t(o) * n + i])) * D.x[size_t(t) * n + i];
+      for (int i = 0; i < n; ++i)
+        exact += double(bf16_to_f32(D.wb[size_t(o) * n + i])) * D.x[size_t(t) * n + i];
       EXPECT_NEAR(y[size_t(t) * O + o], exact, 1e-4 * std::sqrt(double(n)));
     }
 }

@@ -31,14 +31,16 @@ TEST(Mxfp4, ReferenceLogitsIdenticalToTheDequantizedCheckpoint) {
     ASSERT_EQ(d->weights().layers[0].experts[0].gate.dtype, DType::BF16);
     // Longer than the sliding window, so windowed and full layers differ.
     const std::vector<int> tok = random_tokens(40, q->config().vocab_size, 7);
-    const ReferenceResult a = reference_forward(q->weights(), tok), b = reference_forward(d->weights(), tok);
+    const ReferenceResult a = reference_forward(q->weights(), tok),
+                          b = reference_forward(d->weights(), tok);
     EXPECT_EQ(a.logits, b.logits) << preset;
     EXPECT_EQ(a.routes, b.routes) << preset;
   }
 }
 
 TEST(Mxfp4, EngineIdenticalToTheDequantizedCheckpoint) {
-  expect_identical_runs(test_model("gpt_oss_mxfp4"), test_model("gpt_oss_mxfp4_dequantized"), 31, 24);
+  expect_identical_runs(test_model("gpt_oss_mxfp4"), test_model("gpt_oss_mxfp4_dequantized"), 31,
+                        24);
 }
 
 }  // namespace

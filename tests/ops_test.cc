@@ -28,7 +28,8 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
 TEST(Ops, SiluMulVectorEqualsScalarAndLibm) {
   std::vector<float> g = random_values(1000, 6.f, 1), u = random_values(1000, 1.f, 2);
-  for (float edge : {0.f, -0.f, 1e-30f, -1e-30f, 30.f, -30.f, 87.f, -87.f, 88.f, -88.f, 200.f, -200.f})
+  for (float edge :
+       {0.f, -0.f, 1e-30f, -1e-30f, 30.f, -30.f, 87.f, -87.f, 88.f, -88.f, 200.f, -200.f})
     g.push_back(edge), u.push_back(1.5f);
   const int n = int(g.size());
   std::vector<float> bulk(static_cast<size_t>(n)), one(1);
@@ -36,7 +37,8 @@ TEST(Ops, SiluMulVectorEqualsScalarAndLibm) {
   for (int i = 0; i < n; ++i) {
     silu_mul(&g[size_t(i)], &u[size_t(i)], one.data(), 1);
     ASSERT_TRUE(same_bits(bulk[size_t(i)], one[0])) << "g " << g[size_t(i)];
-    const double want = double(g[size_t(i)]) / (1.0 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)];
+    const double want =
+        double(g[size_t(i)]) / (1.0 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)];
     // Below -87 the sigmoid is cut to 0 (exp_nonpositive), where the true value is under 1e-35.
     ASSERT_NEAR(bulk[size_t(i)], want, 4e-7 * std::fabs(want) + 1e-35) << "g " << g[size_t(i)];
   }
@@ -47,8 +49,10 @@ TEST(Ops, SiluMulVectorEqualsScalarAndLibm) {
 
 TEST(Ops, DotF32EqualsPortableOrder) {
   for (int n : {1, 15, 16, 17, 64, 100, 1024, 1031}) {
-    std::vector<float> a = random_values(n, 1.f, uint32_t(n)), b = random_values(n, 1.f, uint32_t(n + 1));
-    ASSERT_TRUE(same_bits(dot_f32(a.data(), b.data(), n), dot_f32_portable(a.data(), b.data(), n))) << "n " << n;
+    std::vector<float> a = random_values(n, 1.f, uint32_t(n)),
+                       b = random_values(n, 1.f, uint32_t(n + 1));
+    ASSERT_TRUE(same_bits(dot_f32(a.data(), b.data(), n), dot_f32_portable(a.data(), b.data(), n)))
+        << "n " << n;
   }
 }
 
@@ -57,7 +61,8 @@ TEST(Ops, SumF64IsTheFixedLaneOrder) {
     std::vector<float> x = random_values(n, 1.f, uint32_t(n));
     double lanes[8] = {0};
     for (int i = 0; i < n; ++i) lanes[i % 8] += double(x[size_t(i)]);
-    const double want = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    const double want = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+                        ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
     ASSERT_EQ(sum_f64(x.data(), n), want) << "n " << n;
   }
 }
@@ -71,7 +76,8 @@ TEST(Ops, ExpBelowMaxVectorEqualsScalar) {
     exp_below_max(x.data(), int(x.size()), m, d, bulk.data());
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_TRUE(same_bits(bulk[i], exp_nonpositive((x[i] - m) / d))) << i;
-      const double want = std::exp(double((x[i] - m) / d));  // exp's own error, on the same argument
+      const double want =
+          std::exp(double((x[i] - m) / d));  // exp's own error, on the same argument
       ASSERT_NEAR(bulk[i], want, 3e-7 * want + 1e-37);
     }
   }
@@ -81,7 +87,8 @@ TEST(Ops, RmsNormMatchesTheFormulaForEveryWeightDtype) {
   const int n = 1000;
   std::vector<float> x = random_values(n, 2.f, 4), wf = random_values(n, 1.f, 5);
   std::vector<uint16_t> wb(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) wb[size_t(i)] = f32_to_bf16(wf[size_t(i)]), wf[size_t(i)] = bf16_to_f32(wb[size_t(i)]);
+  for (int i = 0; i < n; ++i)
+    wb[size_t(i)] = f32_to_bf16(wf[size_t(i)]), wf[size_t(i)] = bf16_to_f32(wb[size_t(i)]);
   TensorView f32_view, bf16_view;
   f32_view.dtype = DType::F32, f32_view.shape = {n}, f32_view.data = wf.data();
   bf16_view.dtype = DType::BF16, bf16_view.shape = {n}, bf16_view.data = wb.data();
@@ -93,7 +100,8 @@ TEST(Ops, RmsNormMatchesTheFormulaForEveryWeightDtype) {
   const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(same_bits(a[size_t(i)], b[size_t(i)]));
-    ASSERT_NEAR(a[size_t(i)], x[size_t(i)] * inv * wf[size_t(i)], 1e-5 * std::fabs(x[size_t(i)] * inv * wf[size_t(i)]) + 1e-30);
+    ASSERT_NEAR(a[size_t(i)], x[size_t(i)] * inv * wf[size_t(i)],
+                1e-5 * std::fabs(x[size_t(i)] * inv * wf[size_t(i)]) + 1e-30);
   }
 }
 

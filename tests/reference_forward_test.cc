@@ -145,7 +145,8 @@ class Naive {
     }
     for (auto& e : fs::directory_iterator(dir))
       if (e.path().extension() == ".safetensors") {
-        for (const r3::TensorToWrite& t : r3::read_safetensors(e.path().string())) w_[t.name] = r3::view_of(t).to_f32();
+        for (const r3::TensorToWrite& t : r3::read_safetensors(e.path().string()))
+          w_[t.name] = r3::view_of(t).to_f32();
       }
   }
 
@@ -197,7 +198,8 @@ class Naive {
         for (int i = 0; i < S; ++i)
           for (int j = 0; j < S; ++j) {
             double d = 0;
-            for (int t = 0; t < hd_; ++t) d += Q[size_t(i)][size_t(hq * hd_ + t)] * Kt[size_t(j)][size_t(hk * hd_ + t)];
+            for (int t = 0; t < hd_; ++t)
+              d += Q[size_t(i)][size_t(hq * hd_ + t)] * Kt[size_t(j)][size_t(hk * hd_ + t)];
             // GPT-OSS sliding layers: keys j > i - sliding_window only.
             const bool seen = j <= i && !(gpt_oss_ && sliding_[size_t(l)] && j <= i - window_);
             A[size_t(i)][size_t(j)] = seen ? d / std::sqrt(double(hd_)) : -INFINITY;
@@ -215,7 +217,8 @@ class Naive {
         for (int i = 0; i < S; ++i)
           for (int t = 0; t < hd_; ++t) {
             double acc = 0;
-            for (int j = 0; j < S; ++j) acc += A[size_t(i)][size_t(j)] * Vt[size_t(j)][size_t(hk * hd_ + t)];
+            for (int j = 0; j < S; ++j)
+              acc += A[size_t(i)][size_t(j)] * Vt[size_t(j)][size_t(hk * hd_ + t)];
             O[size_t(i)][size_t(hq * hd_ + t)] = acc;
           }
       }
@@ -225,18 +228,21 @@ class Naive {
 
       h = rmsnorm_rows(X, w(P + "post_attention_layernorm.weight"), H_);
       if (!moe_[size_t(l)]) {
-        add(X, mlp(h, P + "mlp.gate_proj.weight", P + "mlp.up_proj.weight", P + "mlp.down_proj.weight"));
+        add(X, mlp(h, P + "mlp.gate_proj.weight", P + "mlp.up_proj.weight",
+                   P + "mlp.down_proj.weight"));
         continue;
       }
-      const std::string R = mixtral_ ? P + "block_sparse_moe.gate.weight"
-                                     : gpt_oss_ ? P + "mlp.router.weight" : P + "mlp.gate.weight";
+      const std::string R = mixtral_   ? P + "block_sparse_moe.gate.weight"
+                            : gpt_oss_ ? P + "mlp.router.weight"
+                                       : P + "mlp.gate.weight";
       Mat logits = linear(h, R);
       if (gpt_oss_) add_bias(logits, P + "mlp.router.bias");
       Mat moe_out = zeros(S, H_);
       for (int s = 0; s < S; ++s) {
         std::vector<double> p = logits[size_t(s)];
         softmax(p);
-        for (int e = 0; e < E_; ++e) out.probs[(size_t(s) * Lm + col) * E_ + e] = float(p[size_t(e)]);
+        for (int e = 0; e < E_; ++e)
+          out.probs[(size_t(s) * Lm + col) * E_ + e] = float(p[size_t(e)]);
         std::vector<int> ids(static_cast<size_t>(E_));
         std::iota(ids.begin(), ids.end(), 0);
         std::sort(ids.begin(), ids.end(), [&](int a, int b) {
@@ -256,22 +262,27 @@ class Naive {
           const int e = ids[size_t(k)];
           out.routes[(size_t(s) * Lm + col) * K_ + k] = int16_t(e);
           const std::vector<double> y = gpt_oss_expert(hs[0], P, e);
-          for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += chosen_logits[size_t(k)] * y[size_t(i)];
+          for (int i = 0; i < H_; ++i)
+            moe_out[size_t(s)][size_t(i)] += chosen_logits[size_t(k)] * y[size_t(i)];
         }
         for (int k = 0; k < K_ && !gpt_oss_; ++k) {
           const int e = ids[size_t(k)];
           out.routes[(size_t(s) * Lm + col) * K_ + k] = int16_t(e);
           const double gw = renorm_ ? p[size_t(e)] / total : p[size_t(e)];
-          const std::string X3 = mixtral_ ? P + "block_sparse_moe.experts." + std::to_string(e) + "."
-                                          : P + "mlp.experts." + std::to_string(e) + ".";
+          const std::string X3 = mixtral_
+                                     ? P + "block_sparse_moe.experts." + std::to_string(e) + "."
+                                     : P + "mlp.experts." + std::to_string(e) + ".";
           Mat y = mixtral_ ? mlp(hs, X3 + "w1.weight", X3 + "w3.weight", X3 + "w2.weight")
-                           : mlp(hs, X3 + "gate_proj.weight", X3 + "up_proj.weight", X3 + "down_proj.weight");
+                           : mlp(hs, X3 + "gate_proj.weight", X3 + "up_proj.weight",
+                                 X3 + "down_proj.weight");
           for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += gw * y[0][size_t(i)];
         }
         if (shared_) {  // Qwen2-MoE: + sigmoid(shared_expert_gate . h) * shared_expert(h)
-          const double g = 1.0 / (1.0 + std::exp(-linear(hs, P + "mlp.shared_expert_gate.weight")[0][0]));
-          Mat y = mlp(hs, P + "mlp.shared_expert.gate_proj.weight", P + "mlp.shared_expert.up_proj.weight",
-                      P + "mlp.shared_expert.down_proj.weight");
+          const double g =
+              1.0 / (1.0 + std::exp(-linear(hs, P + "mlp.shared_expert_gate.weight")[0][0]));
+          Mat y =
+              mlp(hs, P + "mlp.shared_expert.gate_proj.weight",
+                  P + "mlp.shared_expert.up_proj.weight", P + "mlp.shared_expert.down_proj.weight");
           for (int i = 0; i < H_; ++i) moe_out[size_t(s)][size_t(i)] += g * y[0][size_t(i)];
         }
       }
@@ -310,7 +321,8 @@ class Naive {
   // h @ gate_up_proj[e] + bias ([E, H, 2I], inputs first), gate = [::2], up = [1::2], gate
   // clamped above and up both ways at swiglu_limit, (up + 1) * gate * sigmoid(1.702 gate), then
   // @ down_proj[e] ([E, I, H]) + bias.
-  std::vector<double> gpt_oss_expert(const std::vector<double>& h, const std::string& P, int e) const {
+  std::vector<double> gpt_oss_expert(const std::vector<double>& h, const std::string& P,
+                                     int e) const {
     const auto& gu = w(P + "mlp.experts.gate_up_proj");
     const auto& gub = w(P + "mlp.experts.gate_up_proj_bias");
     const auto& dn = w(P + "mlp.experts.down_proj");
@@ -341,10 +353,12 @@ class Naive {
       for (size_t i = 0; i < row.size(); ++i) row[i] += b[i];
   }
 
-  Mat mlp(const Mat& h, const std::string& gate, const std::string& up, const std::string& down) const {
+  Mat mlp(const Mat& h, const std::string& gate, const std::string& up,
+          const std::string& down) const {
     Mat g = linear(h, gate), u = linear(h, up);
     for (size_t s = 0; s < g.size(); ++s)
-      for (size_t i = 0; i < g[s].size(); ++i) g[s][i] = g[s][i] / (1 + std::exp(-g[s][i])) * u[s][i];
+      for (size_t i = 0; i < g[s].size(); ++i)
+        g[s][i] = g[s][i] / (1 + std::exp(-g[s][i])) * u[s][i];
     return linear(g, down);
   }
 
@@ -388,7 +402,8 @@ class Naive {
   std::string arch_;
   int H_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, layers_ = 0, E_ = 0, K_ = 0;
   double eps_ = 0, theta_ = 0;
-  bool mixtral_ = false, renorm_ = false, tied_ = false, qwen2_ = false, shared_ = false, gpt_oss_ = false;
+  bool mixtral_ = false, renorm_ = false, tied_ = false, qwen2_ = false, shared_ = false,
+       gpt_oss_ = false;
   int window_ = 0;
   double limit_ = 7.0;
   std::vector<bool> sliding_;
@@ -455,13 +470,23 @@ const Case kCases[] = {
     {"mixtral_tiny_f32", "mixtral", "tiny", DType::F32, json::object(), 48},
     // Tied embeddings (no lm_head.weight), per-head q/k norm, norm_topk_prob true.
     {"qwen3_tiny_bf16", "qwen3_moe", "tiny", DType::BF16, json::object(), 48},
-    {"qwen3_tiny_f32_no_norm_topk", "qwen3_moe", "tiny", DType::F32, {{"norm_topk_prob", false}}, 48},
+    {"qwen3_tiny_f32_no_norm_topk",
+     "qwen3_moe",
+     "tiny",
+     DType::F32,
+     {{"norm_topk_prob", false}},
+     48},
     // Dense layer 0 (mlp_only_layers [0]), GQA 8 / 4, top-8 of 32 experts, two shards.
     {"qwen3_small_bf16_dense_layer", "qwen3_moe", "small", DType::BF16, json::object(), 40},
     // q/k/v biases, a shared expert behind its sigmoid gate, no renormalisation.
     {"qwen2_tiny_bf16", "qwen2_moe", "tiny", DType::BF16, json::object(), 48},
     // Dense layer 0, renormalised top-8 of 32, f32 weights.
-    {"qwen2_small_f32_dense_layer_norm_topk", "qwen2_moe", "small", DType::F32, {{"norm_topk_prob", true}}, 40},
+    {"qwen2_small_f32_dense_layer_norm_topk",
+     "qwen2_moe",
+     "small",
+     DType::F32,
+     {{"norm_topk_prob", true}},
+     40},
     // clip_qkv 8 (does not bind) and 0.5 (binds); whole-projection q/k norm; no renormalisation.
     {"olmoe_tiny_bf16_clip8", "olmoe", "tiny", DType::BF16, json::object(), 48},
     {"olmoe_tiny_f32_clip_half", "olmoe", "tiny", DType::F32, {{"clip_qkv", 0.5}}, 48},
@@ -470,7 +495,12 @@ const Case kCases[] = {
     // Sinks, sliding window 8 on even layers (the sequence slides past it), q/k/v/o biases,
     // biased top-k-then-softmax router, fused biased experts with the clamped SwiGLU.
     {"gpt_oss_tiny_bf16", "gpt_oss", "tiny", DType::BF16, json::object(), 40},
-    {"gpt_oss_tiny_f32_window3_limit1", "gpt_oss", "tiny", DType::F32, {{"sliding_window", 3}, {"swiglu_limit", 1.0}}, 40},
+    {"gpt_oss_tiny_f32_window3_limit1",
+     "gpt_oss",
+     "tiny",
+     DType::F32,
+     {{"sliding_window", 3}, {"swiglu_limit", 1.0}},
+     40},
 };
 
 INSTANTIATE_TEST_SUITE_P(Reference, ReferenceVsNaive, ::testing::ValuesIn(kCases),
@@ -481,9 +511,11 @@ INSTANTIATE_TEST_SUITE_P(Reference, ReferenceVsNaive, ::testing::ValuesIn(kCases
 TEST(ReferenceForward, ConfigVariantsChangeTheOutput) {
   auto tok = make_tokens(24, 512, 3);
   auto run = [&](const char* arch, json patch) {
-    return r3::reference_forward(models().weights(models().dir(arch, "tiny", DType::F32, patch)), tok);
+    return r3::reference_forward(models().weights(models().dir(arch, "tiny", DType::F32, patch)),
+                                 tok);
   };
-  auto q_norm = run("qwen3_moe", json::object()), q_raw = run("qwen3_moe", {{"norm_topk_prob", false}});
+  auto q_norm = run("qwen3_moe", json::object()),
+       q_raw = run("qwen3_moe", {{"norm_topk_prob", false}});
   EXPECT_GT(max_abs_diff(q_norm.logits, q_raw.logits), 1e-3) << "norm_topk_prob has no effect";
   auto o_clip8 = run("olmoe", json::object()), o_clip = run("olmoe", {{"clip_qkv", 0.5}});
   auto o_none = run("olmoe", {{"clip_qkv", nullptr}});
@@ -495,7 +527,9 @@ TEST(ReferenceForward, ConfigVariantsChangeTheOutput) {
 // 2. The routes contract: [S, L_moe, K], valid distinct ids, descending router order.
 
 TEST(ReferenceForward, RoutesShapeAndRouterOrder) {
-  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
+  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"},
+                              {"qwen3_moe", "tiny"},
+                              {"olmoe", "tiny"},
                               {"qwen3_moe", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
@@ -503,7 +537,8 @@ TEST(ReferenceForward, RoutesShapeAndRouterOrder) {
     const int S = 20;
     ReferenceResult r = r3::reference_forward(w, make_tokens(S, cfg.vocab_size, 5));
     const int L = cfg.num_moe_layers(), K = cfg.top_k, E = cfg.num_experts;
-    EXPECT_EQ(L, std::string(preset) == "small" && std::string(arch) == "qwen3_moe" ? 3 : cfg.num_layers);
+    EXPECT_EQ(
+        L, std::string(preset) == "small" && std::string(arch) == "qwen3_moe" ? 3 : cfg.num_layers);
     ASSERT_EQ(r.seq_len, S);
     ASSERT_EQ(r.vocab, cfg.vocab_size);
     ASSERT_EQ(r.num_moe_layers, L);
@@ -549,7 +584,8 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
   fs::copy_file(src / "config.json", dst / "config.json", fs::copy_options::overwrite_existing);
   {
     std::vector<r3::TensorToWrite> out;
-    for (const r3::TensorToWrite& stored : r3::read_safetensors((src / "model.safetensors").string())) {
+    for (const r3::TensorToWrite& stored :
+         r3::read_safetensors((src / "model.safetensors").string())) {
       const std::string& name = stored.name;
       const r3::TensorView t = r3::view_of(stored);
       ASSERT_EQ(t.dtype, DType::F32);
@@ -583,7 +619,8 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
       EXPECT_EQ(l1[0], 2);
     }
   }
-  EXPECT_GT(tied_group_chosen, 0) << "the tied experts were never in the top-k: the test is vacuous";
+  EXPECT_GT(tied_group_chosen, 0)
+      << "the tied experts were never in the top-k: the test is vacuous";
   expect_matches_naive(r, Naive(dst.string()).forward(tok));
 }
 
@@ -591,10 +628,17 @@ TEST(ReferenceForward, RouterTiesGoToTheLowerExpertId) {
 // 3. Replay.
 
 TEST(ReferenceForward, ReplayOfOwnRoutesIsBitIdentical) {
-  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
-                              {"qwen3_moe", "small"}, {"qwen2_moe", "tiny"}, {"glm4_moe", "tiny"},
-                              {"glm4_moe", "small"}, {"deepseek_v3", "tiny"}, {"deepseek_v3", "small"},
-                              {"gpt_oss", "tiny"}, {"gpt_oss", "small"}}) {
+  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"},
+                              {"qwen3_moe", "tiny"},
+                              {"olmoe", "tiny"},
+                              {"qwen3_moe", "small"},
+                              {"qwen2_moe", "tiny"},
+                              {"glm4_moe", "tiny"},
+                              {"glm4_moe", "small"},
+                              {"deepseek_v3", "tiny"},
+                              {"deepseek_v3", "small"},
+                              {"gpt_oss", "tiny"},
+                              {"gpt_oss", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
     auto tok = make_tokens(24, w.config.vocab_size, 9);
@@ -619,7 +663,8 @@ TEST(ReferenceForward, SelectionBiasNeverEntersAGateWeight) {
   for (auto& L : shifted.layers) {
     if (L.router_bias.empty()) continue;
     std::vector<float> b(static_cast<size_t>(w.config.num_experts));
-    for (size_t e = 0; e < b.size(); ++e) b[e] = L.router_bias.at(int64_t(e)) + (e % 3 == 0 ? 0.3f : -0.2f);
+    for (size_t e = 0; e < b.size(); ++e)
+      b[e] = L.router_bias.at(int64_t(e)) + (e % 3 == 0 ? 0.3f : -0.2f);
     biases.push_back(std::move(b));
     L.router_bias.data = biases.back().data();
     L.router_bias.dtype = DType::F32;
@@ -652,7 +697,8 @@ std::vector<int16_t> least_likely(const ReferenceResult& r, int rows) {
       const float* pr = &r.router_probs[(size_t(p) * L + l) * E];
       std::vector<int> ids(static_cast<size_t>(E));
       std::iota(ids.begin(), ids.end(), 0);
-      std::sort(ids.begin(), ids.end(), [&](int a, int b) { return pr[a] != pr[b] ? pr[a] < pr[b] : a < b; });
+      std::sort(ids.begin(), ids.end(),
+                [&](int a, int b) { return pr[a] != pr[b] ? pr[a] < pr[b] : a < b; });
       ids.resize(size_t(K));
       std::sort(ids.rbegin(), ids.rend());
       for (int k = 0; k < K; ++k) out[(size_t(p) * L + l) * K + k] = int16_t(ids[size_t(k)]);
@@ -663,7 +709,10 @@ std::vector<int16_t> least_likely(const ReferenceResult& r, int rows) {
 TEST(ReferenceForward, ReplayOfOtherExpertsIsForcedAndMatchesNaive) {
   // Mixtral renormalises, OLMoE does not, Qwen3 small has a dense layer and norm_topk_prob,
   // GPT-OSS weighs with a softmax over the forced ids' biased logits.
-  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"olmoe", "tiny"}, {"qwen3_moe", "small"}, {"gpt_oss", "tiny"}}) {
+  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"},
+                              {"olmoe", "tiny"},
+                              {"qwen3_moe", "small"},
+                              {"gpt_oss", "tiny"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     std::string dir = models().dir(arch, preset, DType::BF16);
     const auto& w = models().weights(dir);
@@ -676,18 +725,21 @@ TEST(ReferenceForward, ReplayOfOtherExpertsIsForcedAndMatchesNaive) {
     auto forced = least_likely(own, S);
     ReferenceResult rep = r3::reference_forward(w, tok, forced.data(), S);
     EXPECT_EQ(rep.routes, forced) << "reported routes must be the forced ones, in forced order";
-    EXPECT_GT(max_abs_diff(rep.logits, own.logits), 1e-2) << "forcing other experts changed nothing";
+    EXPECT_GT(max_abs_diff(rep.logits, own.logits), 1e-2)
+        << "forcing other experts changed nothing";
     expect_matches_naive(rep, naive.forward(tok, forced));
 
     // Only the first half forced: later rows route by the (now different) own router.
     const int half = S / 2;
-    std::vector<int16_t> first(forced.begin(), forced.begin() + ptrdiff_t(half) * own.num_moe_layers * own.top_k);
+    std::vector<int16_t> first(forced.begin(),
+                               forced.begin() + ptrdiff_t(half) * own.num_moe_layers * own.top_k);
     // The buffer still holds S forced rows; those past replay_rows must be ignored.
     ReferenceResult part = r3::reference_forward(w, tok, forced.data(), half);
     EXPECT_TRUE(std::equal(first.begin(), first.end(), part.routes.begin()));
     for (int p = half; p < S; ++p)
       for (int l = 0; l < part.num_moe_layers; ++l)
-        EXPECT_TRUE(is_own_top_k(part, p, l)) << "row past replay_rows was replayed: position " << p;
+        EXPECT_TRUE(is_own_top_k(part, p, l))
+            << "row past replay_rows was replayed: position " << p;
     expect_matches_naive(part, naive.forward(tok, first));
   }
 }
@@ -710,7 +762,8 @@ TEST(ReferenceForward, AllMinusOneRowsUseTheOwnRouter) {
   const int K = own.top_k;
   for (int p = 0; p < S; ++p)
     for (int l = 0; l < own.num_moe_layers; ++l)
-      if ((p + l) % 2) std::fill_n(mixed.begin() + ptrdiff_t((p * own.num_moe_layers + l) * K), K, int16_t(-1));
+      if ((p + l) % 2)
+        std::fill_n(mixed.begin() + ptrdiff_t((p * own.num_moe_layers + l) * K), K, int16_t(-1));
   ReferenceResult b = r3::reference_forward(w, tok, mixed.data(), S);
   EXPECT_TRUE(bitwise_equal(own.logits, b.logits));
   EXPECT_EQ(own.routes, b.routes);
@@ -760,8 +813,11 @@ TEST(ReferenceForward, MalformedReplayRowsThrowNamingPositionAndLayer) {
 // 4. The presets' routers are not degenerate: choices vary across tokens and across layers.
 
 TEST(ReferenceForward, RouterChoicesVaryAcrossTokensAndLayers) {
-  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"}, {"qwen3_moe", "tiny"}, {"olmoe", "tiny"},
-                              {"qwen3_moe", "small"}, {"olmoe", "small"}}) {
+  for (auto [arch, preset] : {std::pair{"mixtral", "tiny"},
+                              {"qwen3_moe", "tiny"},
+                              {"olmoe", "tiny"},
+                              {"qwen3_moe", "small"},
+                              {"olmoe", "small"}}) {
     SCOPED_TRACE(std::string(arch) + "/" + preset);
     const auto& w = models().weights(models().dir(arch, preset, DType::BF16));
     const int S = 32;
@@ -781,7 +837,8 @@ TEST(ReferenceForward, RouterChoicesVaryAcrossTokensAndLayers) {
         top1 += r.router_probs[(size_t(p) * L + l) * E + r.routes[(size_t(p) * L + l) * K]];
       }
       EXPECT_GE(sets.size(), size_t(S / 4)) << "layer " << l << ": few distinct top-k sets";
-      EXPECT_GE(used.size(), size_t(std::min(E, S * K) / 2)) << "layer " << l << ": few experts used";
+      EXPECT_GE(used.size(), size_t(std::min(E, S * K) / 2))
+          << "layer " << l << ": few experts used";
       // Neither saturated (one expert takes everything) nor flat (uniform scores).
       EXPECT_LT(top1 / S, 0.9) << "layer " << l;
       EXPECT_GT(top1 / S, 1.5 / E) << "layer " << l;

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -18,11 +18,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fuzz/request_target.h"
 #include "server/api_error.h"
 #include "server/generate_api.h"
 #include "server/json_fields.h"
 #include "server/openai_api.h"
-#include "fuzz/request_target.h"
 
 namespace r3 {
 namespace {
@@ -66,24 +66,121 @@ std::vector<std::string> seed_corpus() {
   return seeds;
 }
 
-const std::vector<std::string> kKeys = {
-    "prompt", "input_ids", "prompt_token_ids", "sampling_params", "max_tokens", "max_new_tokens", "temperature",
-    "top_p", "top_k", "seed", "sampling_seed", "stop", "stop_token_ids", "ignore_eos", "logprobs",
-    "return_logprob", "return_token_ids", "return_routed_experts", "routed_experts_start", "request_id", "rid", "n",
-    "best_of", "stream", "echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "min_new_tokens", "regex", "json_schema", "text"};
+const std::vector<std::string> kKeys = {"prompt",
+                                        "input_ids",
+                                        "prompt_token_ids",
+                                        "sampling_params",
+                                        "max_tokens",
+                                        "max_new_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "seed",
+                                        "sampling_seed",
+                                        "stop",
+                                        "stop_token_ids",
+                                        "ignore_eos",
+                                        "logprobs",
+                                        "return_logprob",
+                                        "return_token_ids",
+                                        "return_routed_experts",
+                                        "routed_experts_start",
+                                        "request_id",
+                                        "rid",
+                                        "n",
+                                        "best_of",
+                                        "stream",
+                                        "echo",
+                                        "suffix",
+                                        "logit_bias",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "repetition_penalty",
+                                        "min_new_tokens",
+                                        "regex",
+                                        "json_schema",
+                                        "text"};
 
 // Values of every JSON type, at and past the parsers' range limits, and odd strings.
-const std::vector<std::string> kFragments = {
-    "0", "1", "-1", "256", "257", "2147483647", "2147483648", "-2147483648", "-2147483649",
-    "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
-    "18446744073709551615", "18446744073709551616", "99999999999999999999999999999", "1e308", "-1e308", "1e309",
-    "1e-400", "0.5", "-0", "-0.0", "1.0", "3.4e38", "3.5e38", "true", "false", "null", "[]", "{}", "[[]]", "[{}]",
-    "[null]", "[1,[2]]", "[[1],2]", "[[1],[]]", "[\"a\"]", "[\"a\",1]", "[1.5]", "[true]", "\"\"", "\"x\"",
-    "\"\\u0000\"", "\"\\ud800\"", "\"\\udc00\\ud800\"", "\"\\ud83d\\ude00\"", "\"\xc3\xa9\"", "\"\xff\xfe\"",
-    "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xc0\x80\"", "\"\\\"", "\"\\x\"", "\xef\xbb\xbf", "{\"a\":1}",
-    "{\"max_new_tokens\":1}", "[[1,2],[3]]", "[-1,2147483648]", ",", ":", "[", "]", "{", "}", "\"", "\\", "/*",
-    "NaN", "Infinity", "0x10", "01", ".5", "1.", "+1", "1e", "\t", "\n", " "};
+const std::vector<std::string> kFragments = {"0",
+                                             "1",
+                                             "-1",
+                                             "256",
+                                             "257",
+                                             "2147483647",
+                                             "2147483648",
+                                             "-2147483648",
+                                             "-2147483649",
+                                             "9223372036854775807",
+                                             "9223372036854775808",
+                                             "-9223372036854775808",
+                                             "-9223372036854775809",
+                                             "18446744073709551615",
+                                             "18446744073709551616",
+                                             "99999999999999999999999999999",
+                                             "1e308",
+                                             "-1e308",
+                                             "1e309",
+                                             "1e-400",
+                                             "0.5",
+                                             "-0",
+                                             "-0.0",
+                                             "1.0",
+                                             "3.4e38",
+                                             "3.5e38",
+                                             "true",
+                                             "false",
+                                             "null",
+                                             "[]",
+                                             "{}",
+                                             "[[]]",
+                                             "[{}]",
+                                             "[null]",
+                                             "[1,[2]]",
+                                             "[[1],2]",
+                                             "[[1],[]]",
+                                             "[\"a\"]",
+                                             "[\"a\",1]",
+                                             "[1.5]",
+                                             "[true]",
+                                             "\"\"",
+                                             "\"x\"",
+                                             "\"\\u0000\"",
+                                             "\"\\ud800\"",
+                                             "\"\\udc00\\ud800\"",
+                                             "\"\\ud83d\\ude00\"",
+                                             "\"\xc3\xa9\"",
+                                             "\"\xff\xfe\"",
+                                             "\"\xed\xa0\x80\"",
+                                             "\"\xf4\x90\x80\x80\"",
+                                             "\"\xc0\x80\"",
+                                             "\"\\\"",
+                                             "\"\\x\"",
+                                             "\xef\xbb\xbf",
+                                             "{\"a\":1}",
+                                             "{\"max_new_tokens\":1}",
+                                             "[[1,2],[3]]",
+                                             "[-1,2147483648]",
+                                             ",",
+                                             ":",
+                                             "[",
+                                             "]",
+                                             "{",
+                                             "}",
+                                             "\"",
+                                             "\\",
+                                             "/*",
+                                             "NaN",
+                                             "Infinity",
+                                             "0x10",
+                                             "01",
+                                             ".5",
+                                             "1.",
+                                             "+1",
+                                             "1e",
+                                             "\t",
+                                             "\n",
+                                             " "};
 
 std::string nested(size_t depth, bool objects, bool closed) {
   std::string s;
@@ -108,22 +205,30 @@ class Mutator {
  private:
   uint64_t below(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
   template <typename T>
-  const T& pick(const std::vector<T>& v) { return v[below(v.size())]; }
+  const T& pick(const std::vector<T>& v) {
+    return v[below(v.size())];
+  }
   size_t pos(const std::string& s) { return below(s.size() + 1); }
 
   std::string random_value() {
     switch (below(6)) {
-      case 0: return nested(1 + below(300), below(2), below(4) != 0);
+      case 0:
+        return nested(1 + below(300), below(2), below(4) != 0);
       case 1: {  // a long list of ids, or a list of lists
         std::string s = "[";
         const size_t n = 1 + below(200);
         const bool lists = below(2);
-        for (size_t i = 0; i < n; ++i) s += (i ? "," : "") + (lists ? "[" + std::to_string(below(5)) + "]" : std::to_string(below(100)));
+        for (size_t i = 0; i < n; ++i)
+          s += (i ? "," : "") +
+               (lists ? "[" + std::to_string(below(5)) + "]" : std::to_string(below(100)));
         return s + "]";
       }
-      case 2: return std::to_string(int64_t(rng_()));
-      case 3: return std::to_string(rng_()) + std::string(below(30), '9');
-      default: return pick(kFragments);
+      case 2:
+        return std::to_string(int64_t(rng_()));
+      case 3:
+        return std::to_string(rng_()) + std::string(below(30), '9');
+      default:
+        return pick(kFragments);
     }
   }
 
@@ -169,22 +274,26 @@ class Mutator {
         if (at == std::string::npos) return s;
         return s.insert(at + 1, "\"" + pick(kKeys) + "\":" + random_value() + ",");
       }
-      case 8: {  // structured: a known field set to an arbitrary value, top level or in sampling_params
+      case 8: {  // structured: a known field set to an arbitrary value, top level or in
+                 // sampling_params
         json j = json::parse(s, nullptr, false);
         if (!j.is_object()) return s;
         json v = json::parse(random_value(), nullptr, false);
         if (v.is_discarded()) v = pick(kKeys);
-        json& target = below(3) == 0 && j.contains("sampling_params") && j["sampling_params"].is_object()
-                           ? j["sampling_params"]
-                           : j;
-        if (below(5) == 0) target.erase(pick(kKeys));
-        else target[pick(kKeys)] = v;
+        json& target =
+            below(3) == 0 && j.contains("sampling_params") && j["sampling_params"].is_object()
+                ? j["sampling_params"]
+                : j;
+        if (below(5) == 0)
+          target.erase(pick(kKeys));
+        else
+          target[pick(kKeys)] = v;
         return j.dump();
       }
       default: {  // unicode: a valid or invalid UTF-8 sequence, or an escape
-        static const std::vector<std::string> u = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xff",
-                                                   "\xc3",     "\xed\xa0\x80", "\\u00e9",          "\\ud800",
-                                                   "\\uDFFF",  "\\u0000",      "\x00",             "\xef\xbb\xbf"};
+        static const std::vector<std::string> u = {
+            "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xff",    "\xc3", "\xed\xa0\x80",
+            "\\u00e9",  "\\ud800",      "\\uDFFF",          "\\u0000", "\x00", "\xef\xbb\xbf"};
         return s.insert(pos(s), pick(u));
       }
     }
@@ -197,7 +306,8 @@ class Mutator {
 std::string printable(const std::string& s) {
   std::string o;
   for (unsigned char c : s.substr(0, 400)) {
-    if (c >= 0x20 && c < 0x7f) o += char(c);
+    if (c >= 0x20 && c < 0x7f)
+      o += char(c);
     else {
       char b[8];
       std::snprintf(b, sizeof b, "\\x%02x", c);
@@ -247,12 +357,14 @@ TEST(RequestFuzz, DeepNesting) {
   EXPECT_TRUE(survives(std::string(kDepth, '{')));
   EXPECT_TRUE(survives(nested(kDepth, false, true)));
   EXPECT_TRUE(survives(nested(kDepth, true, true)));
-  for (const char* key : {"prompt", "input_ids", "prompt_token_ids", "stop_token_ids", "logit_bias", "stop",
-                          "sampling_params", "rid"}) {
-    EXPECT_TRUE(survives("{\"" + std::string(key) + "\":" + nested(kDepth, false, true) + "}")) << key;
-    EXPECT_TRUE(survives("{\"" + std::string(key) + "\":" + nested(kDepth, true, true) + "}")) << key;
-    EXPECT_TRUE(survives("{\"input_ids\":[1],\"sampling_params\":{\"" + std::string(key) + "\":" +
-                         nested(kDepth, false, true) + "}}"))
+  for (const char* key : {"prompt", "input_ids", "prompt_token_ids", "stop_token_ids", "logit_bias",
+                          "stop", "sampling_params", "rid"}) {
+    EXPECT_TRUE(survives("{\"" + std::string(key) + "\":" + nested(kDepth, false, true) + "}"))
+        << key;
+    EXPECT_TRUE(survives("{\"" + std::string(key) + "\":" + nested(kDepth, true, true) + "}"))
+        << key;
+    EXPECT_TRUE(survives("{\"input_ids\":[1],\"sampling_params\":{\"" + std::string(key) +
+                         "\":" + nested(kDepth, false, true) + "}}"))
         << key;
   }
 }
@@ -291,8 +403,8 @@ std::string id_lists(size_t count, const std::string& one) {
 TEST(RequestFuzz, ExpansionIsBounded) {
   const auto seeds = [] { return uint64_t(1); };
   const std::string stops = id_lists(1000, "0");
-  const json amp = server::parse_body(R"({"n":256,"prompt":)" + id_lists(480, "[0]") + R"(,"stop_token_ids":)" +
-                                      stops + "}");
+  const json amp = server::parse_body(R"({"n":256,"prompt":)" + id_lists(480, "[0]") +
+                                      R"(,"stop_token_ids":)" + stops + "}");
   try {
     server::parse_completion_request(amp, seeds);
     ADD_FAILURE() << "an expanding /v1/completions body was accepted";

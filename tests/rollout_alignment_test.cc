@@ -76,9 +76,11 @@ TEST_P(RolloutAlignmentTiny, ReplayUsesExactlyTheEngineExpertSets) {
   const std::string model = test_model(GetParam());
   for (Filler filler : {Filler::MinusOne, Filler::Arange}) {
     for (bool repair : {true, false}) {
-      SCOPED_TRACE(std::string(filler == Filler::Arange ? "arange" : "minus_one") + (repair ? " repair" : " no repair"));
+      SCOPED_TRACE(std::string(filler == Filler::Arange ? "arange" : "minus_one") +
+                   (repair ? " repair" : " no repair"));
       const auto rollouts = rollouts_for(model, 3, 3, 11);
-      RolloutAlignmentResult r = run_rollout_alignment(config_for(model), rollouts, options(repair, filler));
+      RolloutAlignmentResult r =
+          run_rollout_alignment(config_for(model), rollouts, options(repair, filler));
       ASSERT_EQ(r.dropped_rollouts, 0);
       ASSERT_EQ(r.traces.size(), rollouts.size());
       int real_rows = 0;
@@ -90,7 +92,8 @@ TEST_P(RolloutAlignmentTiny, ReplayUsesExactlyTheEngineExpertSets) {
           for (int l = 0; l < t.routes.layers; ++l) {
             const auto used = expert_set(t.trainer_routes_with, p, l);
             if (t.real_route[size_t(p)]) {
-              ASSERT_EQ(used, expert_set(t.routes, p, l)) << "rollout " << t.index << " position " << p << " layer " << l;
+              ASSERT_EQ(used, expert_set(t.routes, p, l))
+                  << "rollout " << t.index << " position " << p << " layer " << l;
             } else if (filler == Filler::Arange) {
               std::set<int16_t> arange;
               for (int j = 0; j < t.routes.k; ++j) arange.insert(int16_t(j));
@@ -129,8 +132,10 @@ TEST_P(RolloutAlignmentTiny, StagedRoutesEqualSoloRunOfFullSequence) {
   Engine solo(testing::solo_config(model));
   for (Filler filler : {Filler::MinusOne, Filler::Arange}) {
     for (bool repair : {true, false}) {
-      SCOPED_TRACE(std::string(filler == Filler::Arange ? "arange" : "minus_one") + (repair ? " repair" : " no repair"));
-      RolloutAlignmentResult r = run_rollout_alignment(config_for(model), rollouts, options(repair, filler));
+      SCOPED_TRACE(std::string(filler == Filler::Arange ? "arange" : "minus_one") +
+                   (repair ? " repair" : " no repair"));
+      RolloutAlignmentResult r =
+          run_rollout_alignment(config_for(model), rollouts, options(repair, filler));
       ASSERT_EQ(r.dropped_rollouts, 0);
       for (const auto& t : r.traces) {
         const int S = int(t.tokens.size());
@@ -149,11 +154,15 @@ TEST_P(RolloutAlignmentTiny, StagedRoutesEqualSoloRunOfFullSequence) {
           if (!repair || i + 1 == t.call_lens.size()) filler_pos.insert(t.call_lens[i] - 1);
         for (int p = 0; p < S; ++p) {
           const bool is_filler = filler_pos.count(p) > 0;
-          EXPECT_EQ(t.real_route[size_t(p)], !is_filler) << "rollout " << t.index << " position " << p;
+          EXPECT_EQ(t.real_route[size_t(p)], !is_filler)
+              << "rollout " << t.index << " position " << p;
           for (int l = 0; l < s.layers; ++l)
             for (int j = 0; j < s.k; ++j) {
-              const int16_t want = !is_filler ? s.at(p, l, j) : filler == Filler::Arange ? int16_t(j) : int16_t(-1);
-              ASSERT_EQ(t.routes.at(p, l, j), want) << "rollout " << t.index << " position " << p << " layer " << l;
+              const int16_t want = !is_filler                 ? s.at(p, l, j)
+                                   : filler == Filler::Arange ? int16_t(j)
+                                                              : int16_t(-1);
+              ASSERT_EQ(t.routes.at(p, l, j), want)
+                  << "rollout " << t.index << " position " << p << " layer " << l;
             }
         }
       }
@@ -197,16 +206,17 @@ INSTANTIATE_TEST_SUITE_P(RolloutAlignment, RolloutAlignmentTiny, ::testing::Valu
 
 TEST(RolloutAlignmentJson, HasExactlyTheIssueKeys) {
   const std::string model = test_model("olmoe");
-  RolloutAlignmentResult r =
-      run_rollout_alignment(config_for(model), rollouts_for(model, 2, 2, 3), options(true, Filler::MinusOne, 4));
+  RolloutAlignmentResult r = run_rollout_alignment(config_for(model), rollouts_for(model, 2, 2, 3),
+                                                   options(true, Filler::MinusOne, 4));
   const json j = to_json(r);
-  std::set<std::string> top, inner_want = {"router_disagreement_pairs", "router_disagreement_tokens",
-                                           "mean_differing_layers",     "k3_kl",
-                                           "extreme_token_fraction",    "mean_abs_dlogprob",
-                                           "max_abs_dlogprob"};
+  std::set<std::string> top,
+      inner_want = {"router_disagreement_pairs", "router_disagreement_tokens",
+                    "mean_differing_layers",     "k3_kl",
+                    "extreme_token_fraction",    "mean_abs_dlogprob",
+                    "max_abs_dlogprob"};
   for (auto it = j.begin(); it != j.end(); ++it) top.insert(it.key());
-  EXPECT_EQ(top, (std::set<std::string>{"tokens", "repaired_boundary_rows", "filler_rows", "without_replay",
-                                        "with_replay"}));
+  EXPECT_EQ(top, (std::set<std::string>{"tokens", "repaired_boundary_rows", "filler_rows",
+                                        "without_replay", "with_replay"}));
   for (const char* side : {"without_replay", "with_replay"}) {
     std::set<std::string> inner;
     for (auto it = j[side].begin(); it != j[side].end(); ++it) {
@@ -221,8 +231,8 @@ TEST(RolloutAlignmentJson, HasExactlyTheIssueKeys) {
   EXPECT_EQ(j["with_replay"]["router_disagreement_pairs"].get<double>(), 0.0);
   EXPECT_EQ(j["without_replay"]["k3_kl"].get<double>(), r.without_replay.k3_kl);
   const std::string table = format_alignment_table(r);
-  for (const char* k : {"router_disagreement_pairs", "k3_kl", "max_abs_dlogprob", "without replay", "with replay",
-                        "repaired_boundary_rows", "filler_rows"})
+  for (const char* k : {"router_disagreement_pairs", "k3_kl", "max_abs_dlogprob", "without replay",
+                        "with replay", "repaired_boundary_rows", "filler_rows"})
     EXPECT_NE(table.find(k), std::string::npos) << k;
 }
 
@@ -244,12 +254,17 @@ TEST(RolloutAlignmentInput, ParsesJsonlAndNamesBadLines) {
     }
     return std::string();
   };
-  EXPECT_NE(error_of("{\"prompt_token_ids\":[1]}\n{\"prompt\":[1]}\n").find("f.jsonl:2: unknown key \"prompt\""),
+  EXPECT_NE(error_of("{\"prompt_token_ids\":[1]}\n{\"prompt\":[1]}\n")
+                .find("f.jsonl:2: unknown key \"prompt\""),
             std::string::npos);
-  EXPECT_NE(error_of("{\"prompt_token_ids\":[]}\n").find("f.jsonl:1: prompt_token_ids is empty"), std::string::npos);
-  EXPECT_NE(error_of("{\"prompt_token_ids\":[1],\"turns\":[[]]}").find("turns[0] is empty"), std::string::npos);
-  EXPECT_NE(error_of("{\"prompt_token_ids\":[1,\"a\"]}").find("prompt_token_ids[1]"), std::string::npos);
-  EXPECT_NE(error_of("{\"prompt_token_ids\":[-1]}").find("not a valid token id"), std::string::npos);
+  EXPECT_NE(error_of("{\"prompt_token_ids\":[]}\n").find("f.jsonl:1: prompt_token_ids is empty"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"prompt_token_ids\":[1],\"turns\":[[]]}").find("turns[0] is empty"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"prompt_token_ids\":[1,\"a\"]}").find("prompt_token_ids[1]"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"prompt_token_ids\":[-1]}").find("not a valid token id"),
+            std::string::npos);
   EXPECT_NE(error_of("{nope").find("f.jsonl:1: malformed JSON"), std::string::npos);
   EXPECT_NE(error_of("{}").find("missing \"prompt_token_ids\""), std::string::npos);
 }
@@ -302,10 +317,11 @@ TEST_P(RolloutAlignmentSmall, ReplayLowersRouterDisagreementAndK3) {
   EXPECT_LT(r.with_replay.router_disagreement_tokens, r.without_replay.router_disagreement_tokens);
   EXPECT_EQ(r.with_replay.router_disagreement_pairs, 0.0);
   EXPECT_LT(r.with_replay.k3_kl, r.without_replay.k3_kl);
-  std::printf("[ %s small ] k3 %.3e -> %.3e, router pairs %.4f -> %.4f, mean |dlogprob| %.3e -> %.3e\n",
-              GetParam().c_str(), r.without_replay.k3_kl, r.with_replay.k3_kl,
-              r.without_replay.router_disagreement_pairs, r.with_replay.router_disagreement_pairs,
-              r.without_replay.mean_abs_dlogprob, r.with_replay.mean_abs_dlogprob);
+  std::printf(
+      "[ %s small ] k3 %.3e -> %.3e, router pairs %.4f -> %.4f, mean |dlogprob| %.3e -> %.3e\n",
+      GetParam().c_str(), r.without_replay.k3_kl, r.with_replay.k3_kl,
+      r.without_replay.router_disagreement_pairs, r.with_replay.router_disagreement_pairs,
+      r.without_replay.mean_abs_dlogprob, r.with_replay.mean_abs_dlogprob);
 }
 
 INSTANTIATE_TEST_SUITE_P(RolloutAlignment, RolloutAlignmentSmall, ::testing::ValuesIn(kArchs),
@@ -314,12 +330,14 @@ INSTANTIATE_TEST_SUITE_P(RolloutAlignment, RolloutAlignmentSmall, ::testing::Val
 // The CLI end to end on a tiny model: table on stdout, JSON and SVG files.
 TEST(RolloutAlignmentCli, AlignWritesTableJsonAndPlot) {
   const std::string model = test_model("olmoe");
-  const auto dir = std::filesystem::temp_directory_path() / ("r3_align_cli_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("r3_align_cli_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string js = (dir / "a.json").string(), svg = (dir / "a.svg").string(), out = (dir / "out.txt").string();
+  const std::string js = (dir / "a.json").string(), svg = (dir / "a.svg").string(),
+                    out = (dir / "out.txt").string();
   const std::string cmd = std::string(R3_BINARY) + " align --model " + model +
-                          " --num-prompts 2 --turns 2 --max-tokens 4 --threads 2 --json " + js + " --plot " +
-                          svg + " > " + out + " 2>&1";
+                          " --num-prompts 2 --turns 2 --max-tokens 4 --threads 2 --json " + js +
+                          " --plot " + svg + " > " + out + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream jf(js);
   const json j = json::parse(jf);
@@ -332,8 +350,8 @@ TEST(RolloutAlignmentCli, AlignWritesTableJsonAndPlot) {
   EXPECT_NE(svg_text.str().find("<svg"), std::string::npos);
   EXPECT_NE(out_text.str().find("router_disagreement_pairs"), std::string::npos) << out_text.str();
   // Both sources of rollouts at once is an error.
-  const std::string bad = std::string(R3_BINARY) + " align --model " + model + " --num-prompts 2 --input x.jsonl > " +
-                          out + " 2>&1";
+  const std::string bad = std::string(R3_BINARY) + " align --model " + model +
+                          " --num-prompts 2 --input x.jsonl > " + out + " 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
   std::filesystem::remove_all(dir);
 }

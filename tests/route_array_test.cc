@@ -26,7 +26,8 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
     f();
   } catch (const Error& e) {
     std::string msg = e.what();
-    for (auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+    for (auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
     return;
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected r3::Error, got another exception: " << e.what();
@@ -37,9 +38,8 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
 
 std::string tmp_path(const std::string& tag) {
   static std::atomic<int> counter{0};
-  return (fs::temp_directory_path() /
-          ("r3_route_array_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-           "_" + tag))
+  return (fs::temp_directory_path() / ("r3_route_array_test_" + std::to_string(::getpid()) + "_" +
+                                       std::to_string(counter++) + "_" + tag))
       .string();
 }
 
@@ -91,9 +91,13 @@ std::string npy_bytes(const std::string& dict, const std::string& data, int majo
 // ------------------------------------------------------------------------------- base64
 
 TEST(RouteArrayBase64, Rfc4648Vectors) {
-  const std::pair<std::string, std::string> v[] = {
-      {"", ""},          {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::pair<std::string, std::string> v[] = {{"", ""},
+                                                   {"f", "Zg=="},
+                                                   {"fo", "Zm8="},
+                                                   {"foo", "Zm9v"},
+                                                   {"foob", "Zm9vYg=="},
+                                                   {"fooba", "Zm9vYmE="},
+                                                   {"foobar", "Zm9vYmFy"}};
   for (auto& [plain, enc] : v) {
     EXPECT_EQ(base64_encode(plain.data(), plain.size()), enc);
     auto d = base64_decode(enc);
@@ -122,7 +126,8 @@ TEST(RouteArrayBase64, RejectsBadLength) {
 }
 
 TEST(RouteArrayBase64, RejectsBadCharacters) {
-  expect_error([] { base64_decode("Zm9v!mFy"); }, {"base64", "invalid character", "'!'", "offset 4"});
+  expect_error([] { base64_decode("Zm9v!mFy"); },
+               {"base64", "invalid character", "'!'", "offset 4"});
   expect_error([] { base64_decode("Zm9-YmFy"); }, {"invalid character", "'-'"});  // base64url
   expect_error([] { base64_decode("Zm9_YmFy"); }, {"invalid character", "'_'"});
   expect_error([] { base64_decode("Zm9v\nmFy"); }, {"invalid character", "0x0a"});
@@ -193,7 +198,13 @@ TEST(RouteArrayJson, RejectsNonObject) {
 
 TEST(RouteArrayJson, RejectsBadShape) {
   json good = routes_to_json(sample(2, 2, 2));
-  expect_error([&] { json j = good; j.erase("shape"); routes_from_json(j); }, {"\"shape\"", "missing"});
+  expect_error(
+      [&] {
+        json j = good;
+        j.erase("shape");
+        routes_from_json(j);
+      },
+      {"\"shape\"", "missing"});
   for (json bad : {json(4), json::array({2, 2}), json::array({2, 2, 2, 1}), json::array({2, -1, 2}),
                    json::array({2, 2.5, 2}), json::array({2, "2", 2}), json::array({2, nullptr, 2}),
                    json::array({2, 2, 3000000000LL})}) {
@@ -205,7 +216,13 @@ TEST(RouteArrayJson, RejectsBadShape) {
 
 TEST(RouteArrayJson, RejectsBadDtype) {
   json good = routes_to_json(sample(2, 2, 2));
-  expect_error([&] { json j = good; j.erase("dtype"); routes_from_json(j); }, {"\"dtype\"", "missing"});
+  expect_error(
+      [&] {
+        json j = good;
+        j.erase("dtype");
+        routes_from_json(j);
+      },
+      {"\"dtype\"", "missing"});
   for (json bad : {json("int32"), json("uint16"), json("<i2"), json(16)}) {
     json j = good;
     j["dtype"] = bad;
@@ -228,8 +245,9 @@ TEST(RouteArrayWidth, NarrowestTypeByExpertCountRoundTrips) {
     const char* descr;
   };
   std::mt19937 rng(512);
-  for (const Case& c : {Case{128, false, "int8", "|i1"}, Case{128, true, "int8", "|i1"}, Case{256, false, "uint8", "|u1"},
-                        Case{256, true, "int16", "<i2"}, Case{512, false, "int16", "<i2"}, Case{0, false, "int8", "|i1"}}) {
+  for (const Case& c : {Case{128, false, "int8", "|i1"}, Case{128, true, "int8", "|i1"},
+                        Case{256, false, "uint8", "|u1"}, Case{256, true, "int16", "<i2"},
+                        Case{512, false, "int16", "<i2"}, Case{0, false, "int8", "|i1"}}) {
     for (int k : {10, 22}) {
       RouteArray a(7, 3, k);
       a.num_experts = c.experts;
@@ -250,20 +268,65 @@ TEST(RouteArrayWidth, NarrowestTypeByExpertCountRoundTrips) {
 
 TEST(RouteArrayJson, RejectsBadData) {
   json good = routes_to_json(sample(2, 2, 2));  // 16 bytes
-  expect_error([&] { json j = good; j.erase("data"); routes_from_json(j); }, {"\"data\"", "missing"});
-  expect_error([&] { json j = good; j["data"] = 5; routes_from_json(j); }, {"\"data\"", "base64"});
-  expect_error([&] { json j = good; j["data"] = json::array({1}); routes_from_json(j); }, {"\"data\"", "base64"});
-  expect_error([&] { json j = good; j["data"] = "!!!!"; routes_from_json(j); }, {"\"data\"", "invalid character"});
-  expect_error([&] { json j = good; j["data"] = "AAA"; routes_from_json(j); }, {"\"data\"", "multiple of 4"});
+  expect_error(
+      [&] {
+        json j = good;
+        j.erase("data");
+        routes_from_json(j);
+      },
+      {"\"data\"", "missing"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = 5;
+        routes_from_json(j);
+      },
+      {"\"data\"", "base64"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = json::array({1});
+        routes_from_json(j);
+      },
+      {"\"data\"", "base64"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = "!!!!";
+        routes_from_json(j);
+      },
+      {"\"data\"", "invalid character"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = "AAA";
+        routes_from_json(j);
+      },
+      {"\"data\"", "multiple of 4"});
   // Byte count must be R*L*K*2: one byte short, one element short, one element too many.
   std::vector<uint8_t> b(15, 0);
-  expect_error([&] { json j = good; j["data"] = base64_encode(b.data(), 15); routes_from_json(j); },
-               {"\"data\"", "15 bytes", "needs 16"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = base64_encode(b.data(), 15);
+        routes_from_json(j);
+      },
+      {"\"data\"", "15 bytes", "needs 16"});
   b.resize(18);
-  expect_error([&] { json j = good; j["data"] = base64_encode(b.data(), 14); routes_from_json(j); },
-               {"\"data\"", "14 bytes", "needs 16"});
-  expect_error([&] { json j = good; j["data"] = base64_encode(b.data(), 18); routes_from_json(j); },
-               {"\"data\"", "18 bytes", "needs 16"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = base64_encode(b.data(), 14);
+        routes_from_json(j);
+      },
+      {"\"data\"", "14 bytes", "needs 16"});
+  expect_error(
+      [&] {
+        json j = good;
+        j["data"] = base64_encode(b.data(), 18);
+        routes_from_json(j);
+      },
+      {"\"data\"", "18 bytes", "needs 16"});
 }
 
 TEST(RouteArrayJson, RejectsHugeShapeWithoutAllocating) {
@@ -335,7 +398,8 @@ TEST(RouteArrayNpy, HeaderFormat) {
   EXPECT_EQ(header.back(), '\n');
   EXPECT_EQ(header.find_first_not_of(' ', header.find('}') + 1), hlen - 1);
   ASSERT_EQ(s.size(), 10 + hlen + 12);
-  EXPECT_EQ(s.substr(10 + hlen), std::string("\xff\xff\x01\x00\x02\x00\x03\x00\x02\x01\x00\x80", 12));
+  EXPECT_EQ(s.substr(10 + hlen),
+            std::string("\xff\xff\x01\x00\x02\x00\x03\x00\x02\x01\x00\x80", 12));
 }
 
 TEST(RouteArrayNpy, HeaderMultipleOf64ForManySizes) {
@@ -354,7 +418,9 @@ TEST(RouteArrayNpy, ReadsInt8AndInt32) {
   // int8: numpy writes '|i1'; accept '<i1' too.
   std::string d8 = std::string("\xff\x00\x05\x7f\x80\x01", 6);
   for (std::string descr : {"|i1", "<i1"}) {
-    write_bytes(f.path, npy_bytes("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (1, 3, 2), }", d8));
+    write_bytes(
+        f.path,
+        npy_bytes("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (1, 3, 2), }", d8));
     RouteArray r = read_npy(f.path);
     EXPECT_EQ(r.rows, 1);
     EXPECT_EQ(r.layers, 3);
@@ -365,7 +431,8 @@ TEST(RouteArrayNpy, ReadsInt8AndInt32) {
   for (int32_t v : {-1, 7, 32767, -32768}) {
     for (int i = 0; i < 4; ++i) d32.push_back(char((uint32_t(v) >> (8 * i)) & 0xff));
   }
-  write_bytes(f.path, npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 1, 2), }", d32));
+  write_bytes(f.path,
+              npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 1, 2), }", d32));
   RouteArray r = read_npy(f.path);
   EXPECT_EQ(r.data, (std::vector<int16_t>{-1, 7, 32767, -32768}));
 }
@@ -374,7 +441,9 @@ TEST(RouteArrayNpy, ReadsOtherHeaderSpellings) {
   TmpFile f("spell.npy");
   std::string d = std::string("\x01\x00\x02\x00", 4);
   // Keys in another order, double quotes, no trailing comma, version 2.0 header.
-  write_bytes(f.path, npy_bytes("{\"shape\": (1,1,2), \"fortran_order\": False, \"descr\": \"<i2\"}", d, 2));
+  write_bytes(
+      f.path,
+      npy_bytes("{\"shape\": (1,1,2), \"fortran_order\": False, \"descr\": \"<i2\"}", d, 2));
   RouteArray r = read_npy(f.path);
   EXPECT_EQ(r.data, (std::vector<int16_t>{1, 2}));
 }
@@ -382,7 +451,8 @@ TEST(RouteArrayNpy, ReadsOtherHeaderSpellings) {
 TEST(RouteArrayNpy, RejectsInt32OutOfRange) {
   TmpFile f("big.npy");
   std::string d32("\x00\x80\x00\x00", 4);  // 32768
-  write_bytes(f.path, npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (1, 1, 1), }", d32));
+  write_bytes(f.path,
+              npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (1, 1, 1), }", d32));
   expect_error([&] { read_npy(f.path); }, {f.path, "32768", "int16"});
 }
 
@@ -399,7 +469,8 @@ TEST(RouteArrayNpy, RejectsBadMagicAndVersion) {
   expect_error([&] { read_npy(f.path); }, {f.path, "magic"});
   write_bytes(f.path, "");
   expect_error([&] { read_npy(f.path); }, {f.path});
-  std::string s = npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (1, 1, 1), }", "\0\0");
+  std::string s =
+      npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (1, 1, 1), }", "\0\0");
   s[6] = 9;
   write_bytes(f.path, s);
   expect_error([&] { read_npy(f.path); }, {f.path, "version 9"});
@@ -417,7 +488,8 @@ TEST(RouteArrayNpy, RejectsHeaderPastEnd) {
 TEST(RouteArrayNpy, RejectsUnsupportedDtype) {
   TmpFile f("dtype.npy");
   for (std::string descr : {"<f4", ">i2", "<i8", "<u2", "|b1"}) {
-    write_bytes(f.path, npy_bytes("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (1, 1, 1), }",
+    write_bytes(f.path, npy_bytes("{'descr': '" + descr +
+                                      "', 'fortran_order': False, 'shape': (1, 1, 1), }",
                                   std::string(8, '\0')));
     expect_error([&] { read_npy(f.path); }, {f.path, descr, "not supported"});
   }
@@ -425,17 +497,21 @@ TEST(RouteArrayNpy, RejectsUnsupportedDtype) {
 
 TEST(RouteArrayNpy, RejectsFortranOrder) {
   TmpFile f("fortran.npy");
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': True, 'shape': (1, 2, 1), }", std::string(4, '\0')));
+  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': True, 'shape': (1, 2, 1), }",
+                                std::string(4, '\0')));
   expect_error([&] { read_npy(f.path); }, {f.path, "Fortran"});
 }
 
 TEST(RouteArrayNpy, RejectsWrongRank) {
   TmpFile f("rank.npy");
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (2, 2), }", std::string(8, '\0')));
+  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (2, 2), }",
+                                std::string(8, '\0')));
   expect_error([&] { read_npy(f.path); }, {f.path, "rank 2"});
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (1, 1, 1, 2), }", std::string(4, '\0')));
+  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (1, 1, 1, 2), }",
+                                std::string(4, '\0')));
   expect_error([&] { read_npy(f.path); }, {f.path, "rank 4"});
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (), }", std::string(2, '\0')));
+  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (), }",
+                                std::string(2, '\0')));
   expect_error([&] { read_npy(f.path); }, {f.path, "rank 0"});
 }
 
@@ -455,7 +531,7 @@ TEST(RouteArrayNpy, RejectsMalformedHeaders) {
   const std::string d(2, '\0');
   for (std::string dict : {
            "['descr', '<i2']",
-           "{'descr': '<i2', 'fortran_order': False}",                            // no shape
+           "{'descr': '<i2', 'fortran_order': False}",                              // no shape
            "{'descr': '<i2', 'fortran_order': False, 'shape': (1, 1, 1), 'x': 1}",  // extra key
            "{'descr': '<i2', 'fortran_order': Maybe, 'shape': (1, 1, 1), }",
            "{'descr': '<i2', 'fortran_order': False, 'shape': (1, -1, 1), }",
@@ -472,9 +548,13 @@ TEST(RouteArrayNpy, RejectsMalformedHeaders) {
 
 TEST(RouteArrayNpy, RejectsHugeShape) {
   TmpFile f("huge.npy");
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (2000000000, 2000000000, 2000000000), }", ""));
+  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (2000000000, "
+                                "2000000000, 2000000000), }",
+                                ""));
   expect_error([&] { read_npy(f.path); }, {f.path});
-  write_bytes(f.path, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (3000000000, 1, 1), }", ""));
+  write_bytes(
+      f.path,
+      npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (3000000000, 1, 1), }", ""));
   expect_error([&] { read_npy(f.path); }, {f.path, "too large"});
 }
 

@@ -23,11 +23,12 @@ struct Routed {
   std::vector<float> weights;
 };
 
-Routed route(const RouterSpec& spec, std::vector<float> logits, const std::vector<float>& bias, int K) {
+Routed route(const RouterSpec& spec, std::vector<float> logits, const std::vector<float>& bias,
+             int K) {
   Routed r{std::vector<int16_t>(size_t(K)), std::vector<float>(size_t(K))};
   std::vector<float> scratch;
-  route_token(spec, logits.data(), bias.empty() ? nullptr : bias.data(), int(logits.size()), K, r.ids.data(),
-              r.weights.data(), scratch);
+  route_token(spec, logits.data(), bias.empty() ? nullptr : bias.data(), int(logits.size()), K,
+              r.ids.data(), r.weights.data(), scratch);
   return r;
 }
 

@@ -35,11 +35,15 @@ TEST(Sampling, KeyedBySeedAndPositionOnly) {
   std::vector<int> o;
   SamplingParams p;
   p.seed = 42;
-  for (int pos = 0; pos < 50; ++pos) EXPECT_EQ(sample_token(l.data(), 4, p, pos, s, o).token, sample_token(l.data(), 4, p, pos, s, o).token);
+  for (int pos = 0; pos < 50; ++pos)
+    EXPECT_EQ(sample_token(l.data(), 4, p, pos, s, o).token,
+              sample_token(l.data(), 4, p, pos, s, o).token);
   int differ = 0;
   SamplingParams q = p;
   q.seed = 43;
-  for (int pos = 0; pos < 50; ++pos) differ += sample_token(l.data(), 4, p, pos, s, o).token != sample_token(l.data(), 4, q, pos, s, o).token;
+  for (int pos = 0; pos < 50; ++pos)
+    differ += sample_token(l.data(), 4, p, pos, s, o).token !=
+              sample_token(l.data(), 4, q, pos, s, o).token;
   EXPECT_GT(differ, 10);
 }
 
@@ -97,7 +101,8 @@ TEST(Sampling, LargeVocabularyLogprobsAndTemperature) {
     ++count[x.token];
     ASSERT_NEAR(x.logprob, double(l[size_t(x.token)]) - std::log(z), 1e-5);
   }
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(double(count[100 + 200 * i]) / N, std::sqrt(probs[size_t(i)]) / zt, 0.015);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(double(count[100 + 200 * i]) / N, std::sqrt(probs[size_t(i)]) / zt, 0.015);
 }
 
 TEST(Sampling, ValidateNamesTheParameter) {

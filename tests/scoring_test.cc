@@ -39,7 +39,8 @@ TEST(Scoring, PromptLogprobsEqualTheGeneratedTokensLogprobs) {
       EXPECT_EQ(o.top_logprobs[i].n, 5);
       EXPECT_EQ(o.top_logprobs[i].ids[0], o.token_ids[i]);
       EXPECT_EQ(o.top_logprobs[i].logprobs[0], o.logprobs[i]);
-      for (int j = 1; j < 5; ++j) EXPECT_LE(o.top_logprobs[i].logprobs[j], o.top_logprobs[i].logprobs[j - 1]);
+      for (int j = 1; j < 5; ++j)
+        EXPECT_LE(o.top_logprobs[i].logprobs[j], o.top_logprobs[i].logprobs[j - 1]);
     }
     std::vector<int> seq = a;
     seq.insert(seq.end(), o.token_ids.begin(), o.token_ids.end());
@@ -65,7 +66,8 @@ TEST(Scoring, PromptLogprobsEqualTheGeneratedTokensLogprobs) {
         EXPECT_TRUE(std::isnan(sc.prompt_logprobs[0]));
         for (size_t i = 0; i < 12; ++i) {
           EXPECT_EQ(sc.prompt_logprobs[a.size() + i], o.logprobs[i]) << i;
-          for (int j = 0; j < 5; ++j) EXPECT_EQ(sc.prompt_top_logprobs[a.size() + i].ids[j], o.top_logprobs[i].ids[j]);
+          for (int j = 0; j < 5; ++j)
+            EXPECT_EQ(sc.prompt_top_logprobs[a.size() + i].ids[j], o.top_logprobs[i].ids[j]);
         }
         // Routes of a prefill-only request: its S-1 rows, equal to the generating run's.
         ASSERT_TRUE(sc.routed_experts);

@@ -3,12 +3,12 @@
 // bit for bit with the same request run alone through an Engine (the solo run).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <fstream>
-#include <sys/stat.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <fstream>
 
 #include <chrono>
 #include <memory>
@@ -23,14 +23,14 @@
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
-#include "routes/route_array.h"
-#include "routes/route_envelope.h"
-#include "routes/route_formats.h"
-#include "staging/staging.h"
 #include "model/config.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
+#include "routes/route_array.h"
+#include "routes/route_envelope.h"
+#include "routes/route_formats.h"
 #include "server/server.h"
+#include "staging/staging.h"
 #include "test_models.h"
 
 namespace r3 {
@@ -43,7 +43,8 @@ using testing::test_model;
 EngineConfig server_engine_config(const std::string& model) {
   EngineConfig c;
   c.model = model;
-  c.num_kv_blocks = 128;  // 2048 tokens, under the model's 4096: "does not fit the KV pool" is testable
+  c.num_kv_blocks =
+      128;  // 2048 tokens, under the model's 4096: "does not fit the KV pool" is testable
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = 64;  // chunked prefill and batching happen
   c.threads = 1;
@@ -103,7 +104,8 @@ class ServerTest : public ::testing::Test {
     const std::string probe = json{{"input_ids", {1, 99999}}, {"rid", rid}}.dump();
     for (int i = 0; i < 5000; ++i) {
       auto res = cli.Post("/generate", probe, "application/json");
-      if (res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid") return true;
+      if (res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid")
+        return true;
     }
     return false;
   }
@@ -122,7 +124,8 @@ std::vector<int> ids_of(const json& j) { return j.get<std::vector<int>>(); }
 // way each peer's clients decode them (slime: base64 -> int32 -> [rows, num_layers, K]; vLLM:
 // np.load of the base64 .npy parts; NeMo-RL: the envelope). The test model's config gives the
 // layer layout.
-std::optional<RouteArray> decode_routes(const json& obj, size_t prompt_len, const std::string& model) {
+std::optional<RouteArray> decode_routes(const json& obj, size_t prompt_len,
+                                        const std::string& model) {
   if (!obj.contains("routed_experts") || obj["routed_experts"].is_null()) return std::nullopt;
   const ModelConfig c = load_config(model + "/config.json");
   const std::string fmt = obj.value("routed_experts_format", "r3");
@@ -131,7 +134,8 @@ std::optional<RouteArray> decode_routes(const json& obj, size_t prompt_len, cons
   if (fmt == "r3") {
     r = routes_from_json(obj["routed_experts"]);
   } else if (fmt == "sglang") {
-    r = decode_sglang_routes(obj["routed_experts"].get<std::string>(), c.num_layers, c.top_k, c.moe_layers(), start);
+    r = decode_sglang_routes(obj["routed_experts"].get<std::string>(), c.num_layers, c.top_k,
+                             c.moe_layers(), start);
   } else if (fmt == "nrlre1") {
     r = decode_envelope(obj["routed_experts"].get<std::string>());
     r.start = start;
@@ -160,9 +164,11 @@ RequestOutput from_choice(const json& c, const std::vector<int>& prompt) {
   o.prompt_token_ids = prompt;
   o.token_ids = ids_of(c["token_ids"]);
   if (c["logprobs"].is_object())
-    for (const auto& v : c["logprobs"]["token_logprobs"]) o.logprobs.push_back(float(v.get<double>()));
+    for (const auto& v : c["logprobs"]["token_logprobs"])
+      o.logprobs.push_back(float(v.get<double>()));
   o.finish_reason = c["finish_reason"].get<std::string>();
-  o.routed_experts = decode_routes(c, prompt.size(), test_model("olmoe"));  // every model here has its layout
+  o.routed_experts =
+      decode_routes(c, prompt.size(), test_model("olmoe"));  // every model here has its layout
   return o;
 }
 
@@ -171,7 +177,8 @@ RequestOutput from_generate(const json& r, const std::vector<int>& prompt) {
   RequestOutput o;
   o.prompt_token_ids = prompt;
   o.token_ids = ids_of(r["output_ids"]);
-  for (const auto& v : r["meta_info"]["output_token_logprobs"]) o.logprobs.push_back(float(v[0].get<double>()));
+  for (const auto& v : r["meta_info"]["output_token_logprobs"])
+    o.logprobs.push_back(float(v[0].get<double>()));
   o.finish_reason = r["meta_info"]["finish_reason"]["type"].get<std::string>();
   o.routed_experts = decode_routes(r["meta_info"], prompt.size(), test_model("olmoe"));
   return o;
@@ -200,7 +207,8 @@ std::vector<json> sse_events(const std::string& body, bool* done) {
 // The rows of a reply's or a streamed chunk's routes, in order, whatever the format (a streamed
 // vllm chunk carries its prompt part only when it has prompt rows).
 RouteArray chunk_routes(const json& obj) {
-  if (obj.value("routed_experts_format", "r3") != "vllm") return *decode_routes(obj, 0, test_model("olmoe"));
+  if (obj.value("routed_experts_format", "r3") != "vllm")
+    return *decode_routes(obj, 0, test_model("olmoe"));
   RouteArray r;
   for (const char* k : {"prompt_routed_experts", "routed_experts"}) {
     if (!obj.contains(k)) continue;
@@ -247,7 +255,8 @@ TEST_F(ServerTest, HealthAndModels) {
 TEST_F(ServerTest, GenerateEqualsSoloRun) {
   const std::vector<int> prompt = prompt_of(70, 1);  // longer than one 64-token step: chunked
   json body = {{"input_ids", prompt},
-               {"sampling_params", {{"max_new_tokens", 12}, {"temperature", 1.0}, {"top_p", 0.9}, {"seed", 42}}},
+               {"sampling_params",
+                {{"max_new_tokens", 12}, {"temperature", 1.0}, {"top_p", 0.9}, {"seed", 42}}},
                {"return_routed_experts", true}};
   json r = post("/generate", body);
   SamplingParams p;
@@ -263,15 +272,18 @@ TEST_F(ServerTest, GenerateEqualsSoloRun) {
   EXPECT_EQ(r["text"], "");
   // SGLang's format by default: base64 of int32 [S-1, num_hidden_layers, K].
   EXPECT_EQ(r["meta_info"]["routed_experts_format"], "sglang");
-  const std::vector<uint8_t> raw = base64_decode(r["meta_info"]["routed_experts"].get<std::string>());
-  EXPECT_EQ(raw.size(), (prompt.size() + r["output_ids"].size() - 1) * 2 * 2 * 4);  // 2 layers, K = 2
+  const std::vector<uint8_t> raw =
+      base64_decode(r["meta_info"]["routed_experts"].get<std::string>());
+  EXPECT_EQ(raw.size(),
+            (prompt.size() + r["output_ids"].size() - 1) * 2 * 2 * 4);  // 2 layers, K = 2
 
   // Delta start: only rows [N, S-1).
   body["routed_experts_start"] = 50;
   p.routed_experts_start = 50;
   r = post("/generate", body);
   expect_matches_solo(from_generate(r, prompt), s, false, p, "/generate delta");
-  EXPECT_EQ(decode_routes(r["meta_info"], prompt.size(), *model_)->rows, int(prompt.size() + r["output_ids"].size()) - 1 - 50);
+  EXPECT_EQ(decode_routes(r["meta_info"], prompt.size(), *model_)->rows,
+            int(prompt.size() + r["output_ids"].size()) - 1 - 50);
   EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], 50);
   // SGLang's name for the same delta, and null for options a client leaves unset.
   body.erase("routed_experts_start");
@@ -301,9 +313,9 @@ TEST_F(ServerTest, GenerateEqualsSoloRun) {
 
 TEST_F(ServerTest, CompletionsEqualSoloRuns) {
   const std::vector<std::vector<int>> prompts = {prompt_of(20, 4), prompt_of(33, 5)};
-  json body = {{"model", *model_},  {"prompt", prompts},          {"n", 2},
-               {"max_tokens", 10},  {"temperature", 1.0},         {"seed", 7},
-               {"logprobs", 1},     {"return_routed_experts", true}};
+  json body = {
+      {"model", *model_},   {"prompt", prompts}, {"n", 2},        {"max_tokens", 10},
+      {"temperature", 1.0}, {"seed", 7},         {"logprobs", 1}, {"return_routed_experts", true}};
   json r = post("/v1/completions", body);
   ASSERT_EQ(r["choices"].size(), 4u);
   EXPECT_EQ(r["object"], "text_completion");
@@ -326,7 +338,8 @@ TEST_F(ServerTest, CompletionsEqualSoloRuns) {
   EXPECT_NE(r["choices"][0]["token_ids"], r["choices"][1]["token_ids"]);
 
   // Without logprobs and routes, neither is returned.
-  json plain = post("/v1/completions", {{"prompt", prompts[0]}, {"max_tokens", 3}, {"ignore_eos", true}});
+  json plain =
+      post("/v1/completions", {{"prompt", prompts[0]}, {"max_tokens", 3}, {"ignore_eos", true}});
   EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
   EXPECT_FALSE(plain["choices"][0].contains("routed_experts"));
   EXPECT_EQ(plain["choices"][0]["token_ids"].size(), 3u);
@@ -334,9 +347,11 @@ TEST_F(ServerTest, CompletionsEqualSoloRuns) {
 
 TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
   const std::vector<std::vector<int>> prompts = {prompt_of(12, 6), prompt_of(40, 7)};
-  json body = {{"prompt", prompts},     {"max_tokens", 40},      {"temperature", 0.8},
-               {"seed", 11},            {"stream", true},        {"logprobs", true},
-               {"ignore_eos", true},    {"return_routed_experts", true}, {"routed_experts_start", 5}};
+  json body = {{"prompt", prompts},        {"max_tokens", 40},
+               {"temperature", 0.8},       {"seed", 11},
+               {"stream", true},           {"logprobs", true},
+               {"ignore_eos", true},       {"return_routed_experts", true},
+               {"routed_experts_start", 5}};
   auto cli = server_->client();
   auto res = cli.Post("/v1/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
@@ -346,8 +361,8 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
   std::vector<json> events = sse_events(res->body, &done);
   EXPECT_TRUE(done) << "no data: [DONE]";
   ASSERT_GE(events.size(), 3u);
-  std::vector<json> merged(2, json{{"token_ids", json::array()},
-                                   {"logprobs", {{"token_logprobs", json::array()}}}});
+  std::vector<json> merged(
+      2, json{{"token_ids", json::array()}, {"logprobs", {{"token_logprobs", json::array()}}}});
   std::vector<RouteArray> rows(2);  // each chunk's route rows, concatenated
   int finishes = 0;
   for (size_t e = 0; e + 1 < events.size(); ++e) {
@@ -355,7 +370,8 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
     const json& c = events[e]["choices"][0];
     json& m = merged[c["index"].get<size_t>()];
     for (const auto& t : c["token_ids"]) m["token_ids"].push_back(t);
-    for (const auto& l : c["logprobs"]["token_logprobs"]) m["logprobs"]["token_logprobs"].push_back(l);
+    for (const auto& l : c["logprobs"]["token_logprobs"])
+      m["logprobs"]["token_logprobs"].push_back(l);
     if (c.contains("routed_experts")) append_rows(rows[c["index"].get<size_t>()], chunk_routes(c));
     if (!c["finish_reason"].is_null()) {
       ++finishes;
@@ -407,12 +423,16 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
     const int start = std::uniform_int_distribution<int>(0, P)(rng);
     const std::vector<int> prompt = prompt_of(P, 100 + trial);
     const int max_tokens = std::uniform_int_distribution<int>(1, 48)(rng);
-    SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt + " P " + std::to_string(P) + " start " +
-                 std::to_string(start) + " max_tokens " + std::to_string(max_tokens));
-    json body = {{"prompt", prompt},          {"max_tokens", max_tokens},
-                 {"temperature", 0.9},        {"seed", trial},
-                 {"ignore_eos", true},        {"return_routed_experts", true},
-                 {"routed_experts_start", start}, {"routed_experts_format", fmt}};
+    SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt + " P " + std::to_string(P) +
+                 " start " + std::to_string(start) + " max_tokens " + std::to_string(max_tokens));
+    json body = {{"prompt", prompt},
+                 {"max_tokens", max_tokens},
+                 {"temperature", 0.9},
+                 {"seed", trial},
+                 {"ignore_eos", true},
+                 {"return_routed_experts", true},
+                 {"routed_experts_start", start},
+                 {"routed_experts_format", fmt}};
     const json whole = post("/v1/completions", body)["choices"][0];
     body["stream"] = true;
     RouteArray rows;
@@ -427,7 +447,8 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
         }
         // Rows come with their tokens: after a chunk, those of every position but the newest.
         if (c["finish_reason"].is_null()) {
-          EXPECT_EQ(start + rows.rows, std::max(start, P + int(tokens.size()) - 1)) << "after " << tokens.size() << " tokens";
+          EXPECT_EQ(start + rows.rows, std::max(start, P + int(tokens.size()) - 1))
+              << "after " << tokens.size() << " tokens";
         }
       }
     EXPECT_EQ(tokens, whole["token_ids"]);
@@ -437,8 +458,14 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
     EXPECT_GE(with_rows, 1);
 
     json g = {{"input_ids", prompt},
-              {"sampling_params", {{"max_new_tokens", max_tokens}, {"temperature", 0.9}, {"seed", trial}, {"ignore_eos", true}}},
-              {"return_routed_experts", true}, {"routed_experts_start_len", start}, {"routed_experts_format", fmt}};
+              {"sampling_params",
+               {{"max_new_tokens", max_tokens},
+                {"temperature", 0.9},
+                {"seed", trial},
+                {"ignore_eos", true}}},
+              {"return_routed_experts", true},
+              {"routed_experts_start_len", start},
+              {"routed_experts_format", fmt}};
     const json reply = post("/generate", g);
     g["stream"] = true;
     const std::vector<json> events = stream("/generate", g);
@@ -455,7 +482,8 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
     }
     const json& last = events.back();
     EXPECT_EQ(last["output_ids"], reply["output_ids"]);
-    EXPECT_EQ(last["meta_info"]["output_token_logprobs"], reply["meta_info"]["output_token_logprobs"]);
+    EXPECT_EQ(last["meta_info"]["output_token_logprobs"],
+              reply["meta_info"]["output_token_logprobs"]);
     EXPECT_EQ(last["meta_info"]["finish_reason"], reply["meta_info"]["finish_reason"]);
     EXPECT_EQ(chunk_routes(last["meta_info"]).data, chunk_routes(reply["meta_info"]).data);
   }
@@ -467,11 +495,16 @@ TEST_F(ServerTest, StreamedRouteRowsConcatenateToTheNonStreamedRoutes) {
 TEST_F(ServerTest, VllmsPromptStartIsTheRouteCut) {
   const std::vector<int> p = prompt_of(30, 9);
   auto body = [&](const char* key, int start) {
-    return json{{"prompt", p}, {"max_tokens", 5}, {"seed", 3}, {"return_routed_experts", true}, {key, start}};
+    return json{{"prompt", p},
+                {"max_tokens", 5},
+                {"seed", 3},
+                {"return_routed_experts", true},
+                {key, start}};
   };
   for (int start : {0, 17, 30}) {
     const json a = post("/v1/completions", body("routed_experts_start", start))["choices"][0];
-    const json b = post("/v1/completions", body("routed_experts_prompt_start", start))["choices"][0];
+    const json b =
+        post("/v1/completions", body("routed_experts_prompt_start", start))["choices"][0];
     EXPECT_EQ(a["prompt_routed_experts"], b["prompt_routed_experts"]) << start;
     EXPECT_EQ(a["routed_experts"], b["routed_experts"]) << start;
     EXPECT_EQ(chunk_routes(b).rows, 30 + 4 - start) << start;
@@ -491,9 +524,12 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
     ts.emplace_back([&, c] {
       auto cli = server_->client();
       for (int k = 0; k < kEach; ++k) {
-        json body = {{"prompt", prompt_of(5 + 7 * c + k, 100 + c)}, {"max_tokens", 6 + k},
-                     {"seed", c * 10 + k},                          {"return_routed_experts", true},
-                     {"logprobs", true},                            {"stream", k == 1}};
+        json body = {{"prompt", prompt_of(5 + 7 * c + k, 100 + c)},
+                     {"max_tokens", 6 + k},
+                     {"seed", c * 10 + k},
+                     {"return_routed_experts", true},
+                     {"logprobs", true},
+                     {"stream", k == 1}};
         auto res = cli.Post("/v1/completions", body.dump(), "application/json");
         replies[size_t(c)].push_back(res && res->status == 200 ? json(res->body) : json());
       }
@@ -511,7 +547,8 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
         for (const json& ev : sse_events(raw.get<std::string>(), &done))
           for (const json& ch : ev["choices"]) {
             for (const auto& t : ch["token_ids"]) choice["token_ids"].push_back(t);
-            for (const auto& l : ch["logprobs"]["token_logprobs"]) choice["logprobs"]["token_logprobs"].push_back(l);
+            for (const auto& l : ch["logprobs"]["token_logprobs"])
+              choice["logprobs"]["token_logprobs"].push_back(l);
             if (ch.contains("routed_experts")) append_rows(rows, chunk_routes(ch));
             if (!ch["finish_reason"].is_null()) choice["finish_reason"] = ch["finish_reason"];
           }
@@ -529,7 +566,8 @@ TEST_F(ServerTest, ConcurrentClientsEqualSoloRuns) {
         rows.moe_layers = load_config(*model_ + "/config.json").moe_layers();
         got.routed_experts = rows;
       }
-      expect_matches_solo(got, solo(prompt, p), false, p, "client " + std::to_string(c) + " request " + std::to_string(k));
+      expect_matches_solo(got, solo(prompt, p), false, p,
+                          "client " + std::to_string(c) + " request " + std::to_string(k));
     }
 }
 
@@ -554,11 +592,15 @@ TEST_F(ServerTest, AbortByRid) {
   // /v1/completions under the client's request_id; a non-streamed call answers with what it had.
   json c;
   std::thread t2([&] {
-    c = post("/v1/completions", {{"prompt", prompt_of(8, 10)}, {"request_id", "cmpl-mine"}, {"n", 2},
-                                 {"max_tokens", 2000}, {"ignore_eos", true}});
+    c = post("/v1/completions", {{"prompt", prompt_of(8, 10)},
+                                 {"request_id", "cmpl-mine"},
+                                 {"n", 2},
+                                 {"max_tokens", 2000},
+                                 {"ignore_eos", true}});
   });
   int n = 0;
-  for (int i = 0; i < 20000 && !n; ++i) n = post("/abort", {{"request_id", "cmpl-mine"}})["aborted"].get<int>();
+  for (int i = 0; i < 20000 && !n; ++i)
+    n = post("/abort", {{"request_id", "cmpl-mine"}})["aborted"].get<int>();
   t2.join();
   EXPECT_EQ(n, 2);
   EXPECT_EQ(c["id"], "cmpl-mine");
@@ -586,10 +628,12 @@ TEST(ServerAbortResume, EveryAbortPathResumesExactlyAsTheUninterruptedCall) {
     const std::vector<int> prompt = prompt_of(14, 21);
     const int budget = 2000;  // the abort lands long before the end
     auto call = [&](const std::vector<int>& ids, int max_new, int start, const char* rid) {
-      json b = {{"input_ids", ids},
-                {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}}},
-                {"return_routed_experts", true},
-                {"routed_experts_start_len", start}};
+      json b = {
+          {"input_ids", ids},
+          {"sampling_params",
+           {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", 5}, {"ignore_eos", true}}},
+          {"return_routed_experts", true},
+          {"routed_experts_start_len", start}};
       if (rid) b["rid"] = rid;
       return post("/generate", b);
     };
@@ -598,7 +642,8 @@ TEST(ServerAbortResume, EveryAbortPathResumesExactlyAsTheUninterruptedCall) {
     // In flight once a second call under its rid is refused (probed with ids the engine refuses).
     bool in_flight = false;
     for (int i = 0; i < 5000 && !in_flight; ++i) {
-      auto res = server.client().Post("/generate", json{{"input_ids", {1, 99999}}, {"rid", "resume-me"}}.dump(),
+      auto res = server.client().Post("/generate",
+                                      json{{"input_ids", {1, 99999}}, {"rid", "resume-me"}}.dump(),
                                       "application/json");
       in_flight = res && res->status == 400 && json::parse(res->body)["error"]["param"] == "rid";
     }
@@ -608,12 +653,14 @@ TEST(ServerAbortResume, EveryAbortPathResumesExactlyAsTheUninterruptedCall) {
     } else if (how == "pause_abort") {
       post("/pause_generation", {{"mode", "abort"}});
     } else {
-      const json u = post("/update_weights_from_disk", {{"model_path", model}, {"abort_all_requests", true}});
+      const json u =
+          post("/update_weights_from_disk", {{"model_path", model}, {"abort_all_requests", true}});
       EXPECT_EQ(u["success"], true) << u.dump();
     }
     t.join();
     if (how == "pause_abort") post("/continue_generation", json::object());
-    ASSERT_EQ(partial["meta_info"]["finish_reason"]["type"], "abort") << "finished before the abort";
+    ASSERT_EQ(partial["meta_info"]["finish_reason"]["type"], "abort")
+        << "finished before the abort";
     const std::vector<int> got = ids_of(partial["output_ids"]);
     ASSERT_LT(int(got.size()), budget);
     const RouteArray first = chunk_routes(partial["meta_info"]);
@@ -629,7 +676,8 @@ TEST(ServerAbortResume, EveryAbortPathResumesExactlyAsTheUninterruptedCall) {
     EXPECT_EQ(logprobs, whole["meta_info"]["output_token_logprobs"]);
     RouteArray rows = first;
     append_rows(rows, chunk_routes(rest["meta_info"]));
-    EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data) << "cut after " << got.size() << " tokens";
+    EXPECT_EQ(rows.data, chunk_routes(whole["meta_info"]).data)
+        << "cut after " << got.size() << " tokens";
   }
 }
 
@@ -653,10 +701,15 @@ TEST_F(ServerTest, StreamDisconnectAbortsRequest) {
   addr.sin_port = htons(uint16_t(server_->port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string body =
-      json{{"prompt", prompt_of(10, 12)}, {"max_tokens", 2000}, {"ignore_eos", true}, {"stream", true}}.dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body = json{
+      {"prompt", prompt_of(10, 12)},
+      {"max_tokens", 2000},
+      {"ignore_eos", true},
+      {"stream", true}}.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(write(fd, req.data(), req.size()), ssize_t(req.size()));
   std::string got;
   char buf[4096];
@@ -678,7 +731,8 @@ TEST_F(ServerTest, StreamDisconnectAbortsRequest) {
 }
 
 TEST_F(ServerTest, Metrics) {
-  post("/generate", {{"input_ids", prompt_of(6, 13)}, {"sampling_params", {{"max_new_tokens", 3}}},
+  post("/generate", {{"input_ids", prompt_of(6, 13)},
+                     {"sampling_params", {{"max_new_tokens", 3}}},
                      {"return_routed_experts", true}});
   auto cli = server_->client();
   auto res = cli.Get("/metrics");
@@ -686,15 +740,17 @@ TEST_F(ServerTest, Metrics) {
   ASSERT_EQ(res->status, 200);
   EXPECT_NE(res->get_header_value("Content-Type").find("text/plain"), std::string::npos);
   for (const char* name :
-       {"r3_requests_finished_total ", "r3_generation_tokens_total ", "r3_prompt_tokens_total ", "r3_steps_total ",
-        "r3_prefix_cache_hit_rate ", "r3_preemptions_total ", "r3_route_bytes_returned_total ",
-        "r3_capture_ring_waits_total ", "r3_routed_experts_gaps_total 0\n", "r3_step_latency_seconds_count ",
-        "r3_step_latency_seconds_bucket{le=\"+Inf\"} ", "r3_expert_load_tokens_total{layer=\"1\",expert=\"7\"} ",
+       {"r3_requests_finished_total ", "r3_generation_tokens_total ", "r3_prompt_tokens_total ",
+        "r3_steps_total ", "r3_prefix_cache_hit_rate ", "r3_preemptions_total ",
+        "r3_route_bytes_returned_total ", "r3_capture_ring_waits_total ",
+        "r3_routed_experts_gaps_total 0\n", "r3_step_latency_seconds_count ",
+        "r3_step_latency_seconds_bucket{le=\"+Inf\"} ",
+        "r3_expert_load_tokens_total{layer=\"1\",expert=\"7\"} ",
         "r3_http_responses_total{endpoint=\"/generate\",code=\"200\"} ",
         "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n",
         // Hybrids' recurrent state: none on this model.
-        "r3_recurrent_state_bytes_per_request 0\n", "r3_state_snapshots_total 0\n", "r3_state_snapshot_bytes 0\n",
-        "r3_state_snapshot_restores_total 0\n"})
+        "r3_recurrent_state_bytes_per_request 0\n", "r3_state_snapshots_total 0\n",
+        "r3_state_snapshot_bytes 0\n", "r3_state_snapshot_restores_total 0\n"})
     EXPECT_NE(res->body.find(name), std::string::npos) << name;
   EXPECT_EQ(res->body.find("r3_route_bytes_returned_total 0\n"), std::string::npos);
 }
@@ -727,7 +783,8 @@ TEST_F(ServerTest, TheReadmesEndpointTableIsWhatIsServed) {
     if (line.rfind("| `", 0) != 0) continue;
     const std::string cell = line.substr(2, line.find(" | ", 2) - 2);
     std::vector<std::string> methods;
-    for (size_t at = cell.find('`'); at != std::string::npos; at = cell.find('`', cell.find('`', at + 1) + 1)) {
+    for (size_t at = cell.find('`'); at != std::string::npos;
+         at = cell.find('`', cell.find('`', at + 1) + 1)) {
       std::string item = cell.substr(at + 1, cell.find('`', at + 1) - at - 1);
       if (item[0] != '/') {
         const std::string list = item.substr(0, item.find(' '));
@@ -760,7 +817,8 @@ TEST_F(ServerTest, TheReadmesAccessCapAndControlListsAreWhatIsServed) {
     EXPECT_NE(from, std::string::npos) << start;
     if (from == std::string::npos) return items;
     const size_t end = text.find(". ", from);
-    for (size_t at = text.find('`', from); at < end; at = text.find('`', text.find('`', at + 1) + 1)) {
+    for (size_t at = text.find('`', from); at < end;
+         at = text.find('`', text.find('`', at + 1) + 1)) {
       const std::string item = text.substr(at + 1, text.find('`', at + 1) - at - 1);
       if (item.rfind("GET /", 0) == 0 || item.rfind("POST /", 0) == 0) items.insert(item);
     }
@@ -821,17 +879,22 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/v1/completions", R"({"prompt": [1, 2], "stop_token_ids": [9999]})", 400, "stop_token_ids"},
       {"/v1/completions", R"({"prompt": [1, 2], "logprobs": 21})", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": [1, 2], "echo": true})", 400, "echo"},
-      {"/v1/completions", R"({"prompt": [1, 2], "return_routed_experts": 1})", 400, "return_routed_experts"},
-      {"/v1/completions", R"({"prompt": [1, 2], "routed_experts_start": 3})", 400, "routed_experts_start"},
+      {"/v1/completions", R"({"prompt": [1, 2], "return_routed_experts": 1})", 400,
+       "return_routed_experts"},
+      {"/v1/completions", R"({"prompt": [1, 2], "routed_experts_start": 3})", 400,
+       "routed_experts_start"},
       {"/v1/completions", R"({"prompt": [1, 2], "max_tokens": 3, "return_routed_experts": true,
-                              "routed_experts_start": 9})", 400, "routed_experts_start"},
+                              "routed_experts_start": 9})",
+       400, "routed_experts_start"},
       {"/generate", R"({"text": "hi"})", 400, "text"},
       {"/generate", R"({"sampling_params": {}})", 400, "input_ids"},
       {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}})", 400,
        "sampling_params.max_new_tokens"},
-      {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5000}})", 400, "input_ids"},
+      {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5000}})", 400,
+       "input_ids"},
       {"/generate", R"({"input_ids": [1, 2], "sampling_params": []})", 400, "sampling_params"},
-      {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"stop": "x"}})", 400, "sampling_params.stop"},
+      {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"stop": "x"}})", 400,
+       "sampling_params.stop"},
       {"/generate", R"({"input_ids": [1, 2], "rid": {"a": 1}})", 400, "rid"},
       {"/update_weights", R"({})", 400, "model_path"},
       {"/update_weights", R"({"model_path": "/no/such/dir", "bogus": 1})", 400, "bogus"},
@@ -840,11 +903,14 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/generate", R"({"input_ids": [1], "lora_path": "adapter"})", 400, "lora_path"},
       {"/generate", R"({"input_ids": [1], "sampling_params": {"custom_params": {"a": 1}}})", 400,
        "sampling_params.custom_params"},
-      {"/generate", R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", 400, "sampling_params.min_p"},
+      {"/generate", R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", 400,
+       "sampling_params.min_p"},
       {"/generate", R"({"input_ids": [1], "top_logprobs_num": 21})", 400, "top_logprobs_num"},
       {"/generate", R"({"input_ids": [1], "logprob_start_len": -2})", 400, "logprob_start_len"},
-      {"/generate", R"({"input_ids": [1], "return_routed_experts": true, "routed_experts_start_len": 0,
-                       "routed_experts_start": 0})", 400, "routed_experts_start"},
+      {"/generate",
+       R"({"input_ids": [1], "return_routed_experts": true, "routed_experts_start_len": 0,
+                       "routed_experts_start": 0})",
+       400, "routed_experts_start"},
       {"/v1/completions", R"({"prompt": [1], "prompt_logprobs": 21})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"prompt": [1], "guided_json": {}})", 400, "guided_json"},
       {"/no_such_endpoint", R"({})", 404, ""},
@@ -860,15 +926,19 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
     EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << res->body;
     EXPECT_TRUE(e["type"].is_string()) << res->body;
     ASSERT_TRUE(e.contains("param")) << res->body;
-    if (c.param.empty()) EXPECT_TRUE(e["param"].is_null()) << c.body << " -> " << res->body;
-    else EXPECT_EQ(e["param"], c.param) << c.body << " -> " << res->body;
+    if (c.param.empty())
+      EXPECT_TRUE(e["param"].is_null()) << c.body << " -> " << res->body;
+    else
+      EXPECT_EQ(e["param"], c.param) << c.body << " -> " << res->body;
   }
   auto t = cli.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
   ASSERT_TRUE(t);
   EXPECT_EQ(json::parse(t->body)["error"]["message"],
-            "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); send token ids");
+            "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); "
+            "send token ids");
   // Still serving.
-  json ok = post("/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 2}, {"ignore_eos", true}});
+  json ok =
+      post("/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 2}, {"ignore_eos", true}});
   EXPECT_EQ(ok["choices"][0]["token_ids"].size(), 2u);
   auto h = cli.Get("/health");
   ASSERT_TRUE(h);
@@ -897,10 +967,12 @@ TEST(ServerRestricted, ApiKeyNoCaptureAndBodyLimit) {
   auto no = cli.Post("/v1/completions", body, "application/json");
   ASSERT_TRUE(no);
   EXPECT_EQ(no->status, 401);
-  auto wrong = cli.Post("/v1/completions", {{"Authorization", "Bearer nope"}}, body, "application/json");
+  auto wrong =
+      cli.Post("/v1/completions", {{"Authorization", "Bearer nope"}}, body, "application/json");
   ASSERT_TRUE(wrong);
   EXPECT_EQ(wrong->status, 401);
-  auto gen = cli.Post("/generate", {{"Authorization", "Bearer sekret2"}}, R"({"input_ids": [1]})", "application/json");
+  auto gen = cli.Post("/generate", {{"Authorization", "Bearer sekret2"}}, R"({"input_ids": [1]})",
+                      "application/json");
   ASSERT_TRUE(gen);
   EXPECT_EQ(gen->status, 401);
 
@@ -913,7 +985,8 @@ TEST(ServerRestricted, ApiKeyNoCaptureAndBodyLimit) {
   EXPECT_EQ(models->status, 200);
 
   // Routes asked of an engine started without capture: a 400, not an empty answer.
-  auto routes = cli.Post("/v1/completions", R"({"prompt": [5, 6], "return_routed_experts": true})", "application/json");
+  auto routes = cli.Post("/v1/completions", R"({"prompt": [5, 6], "return_routed_experts": true})",
+                         "application/json");
   ASSERT_TRUE(routes);
   EXPECT_EQ(routes->status, 400);
   EXPECT_EQ(json::parse(routes->body)["error"]["param"], "return_routed_experts");
@@ -923,7 +996,8 @@ TEST(ServerRestricted, ApiKeyNoCaptureAndBodyLimit) {
   auto big = cli.Post("/v1/completions", huge.dump(), "application/json");
   ASSERT_TRUE(big);
   EXPECT_EQ(big->status, 413);
-  EXPECT_EQ(json::parse(big->body, nullptr, false)["error"]["type"], "request_too_large") << big->body;
+  EXPECT_EQ(json::parse(big->body, nullptr, false)["error"]["type"], "request_too_large")
+      << big->body;
 
   auto again = cli.Post("/v1/completions", body, "application/json");
   ASSERT_TRUE(again);
@@ -932,7 +1006,8 @@ TEST(ServerRestricted, ApiKeyNoCaptureAndBodyLimit) {
 
 // Raw HTTP over a loopback socket: what the client wrote, and everything the server answered
 // until it closed the connection or `stop_at` appeared.
-std::string raw_exchange(int port, const std::string& request, const std::string& stop_at = "\r\n\r\n{") {
+std::string raw_exchange(int port, const std::string& request,
+                         const std::string& stop_at = "\r\n\r\n{") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -968,10 +1043,12 @@ TEST(ServerBounds, ChunkedBodiesAreCappedAndAuthComesFirst) {
   o.api_key = "k";
   Running s(server_engine_config(test_model("olmoe")), o);
   std::string chunks;
-  for (int i = 0; i < 64; ++i) chunks += "400\r\n" + std::string(1024, ' ') + "\r\n";  // 64 KiB of spaces
+  for (int i = 0; i < 64; ++i)
+    chunks += "400\r\n" + std::string(1024, ' ') + "\r\n";  // 64 KiB of spaces
   chunks += "0\r\n\r\n";
-  const std::string head = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           "Transfer-Encoding: chunked\r\n";
+  const std::string head =
+      "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n";
   const std::string big = raw_exchange(s.port, head + "Authorization: Bearer k\r\n\r\n" + chunks);
   EXPECT_NE(big.find(" 413 "), std::string::npos) << big.substr(0, 200);
   EXPECT_NE(big.find("request_too_large"), std::string::npos) << big.substr(0, 400);
@@ -981,8 +1058,9 @@ TEST(ServerBounds, ChunkedBodiesAreCappedAndAuthComesFirst) {
   const std::string body = R"({"input_ids":[5,6],"sampling_params":{"max_new_tokens":2}})";
   char len[16];
   std::snprintf(len, sizeof len, "%zx", body.size());
-  const std::string ok = raw_exchange(s.port, head + "Authorization: Bearer k\r\n\r\n" + std::string(len) + "\r\n" +
-                                                  body + "\r\n0\r\n\r\n");
+  const std::string ok =
+      raw_exchange(s.port, head + "Authorization: Bearer k\r\n\r\n" + std::string(len) + "\r\n" +
+                               body + "\r\n0\r\n\r\n");
   EXPECT_NE(ok.find(" 200 "), std::string::npos) << ok.substr(0, 300);
   auto cli = s.client();
   auto h = cli.Get("/health");
@@ -994,7 +1072,8 @@ TEST(ServerBounds, ChunkedBodiesAreCappedAndAuthComesFirst) {
 TEST(ServerBounds, DeeplyNestedJsonIsRefused) {
   Running s(server_engine_config(test_model("olmoe")));
   auto cli = s.client();
-  const std::string deep = "{\"input_ids\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const std::string deep =
+      "{\"input_ids\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
   auto r = cli.Post("/generate", deep, "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
@@ -1008,8 +1087,10 @@ struct BackgroundGenerate {
   BackgroundGenerate(const Running& s, int n, int salt) {
     t = std::thread([this, &s, n, salt] {
       auto cli = s.client();
-      auto r = cli.Post("/generate", json{{"input_ids", prompt_of(8, salt)},
-                                          {"sampling_params", {{"max_new_tokens", n}, {"ignore_eos", true}}}}.dump(),
+      auto r = cli.Post("/generate",
+                        json{{"input_ids", prompt_of(8, salt)},
+                             {"sampling_params", {{"max_new_tokens", n}, {"ignore_eos", true}}}}
+                            .dump(),
                         "application/json");
       if (r) result = json::parse(r->body, nullptr, false);
     });
@@ -1046,8 +1127,10 @@ TEST(ServerBounds, GracefulShutdownDrainsInFlightRequests) {
     auto h = ctl.Get("/health");
     unhealthy = unhealthy || (h && h->status == 503);
     auto cli = s.client();
-    auto g = cli.Post("/generate", R"({"input_ids":[5,6],"sampling_params":{"max_new_tokens":1}})", "application/json");
-    refused = refused || (g && g->status == 503 && g->body.find("shutting down") != std::string::npos);
+    auto g = cli.Post("/generate", R"({"input_ids":[5,6],"sampling_params":{"max_new_tokens":1}})",
+                      "application/json");
+    refused =
+        refused || (g && g->status == 503 && g->body.find("shutting down") != std::string::npos);
   }
   const json& finished = a.reply();
   stopper.join();
@@ -1103,7 +1186,8 @@ TEST(ServerBounds, ControlPortAnswersWhileSlowClientsHoldEveryConnection) {
   auto m = ctl.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("r3_requests_running"), std::string::npos);
-  EXPECT_FALSE(ctl.Get("/v1/models") && ctl.Get("/v1/models")->status == 200);  // control serves control only
+  EXPECT_FALSE(ctl.Get("/v1/models") &&
+               ctl.Get("/v1/models")->status == 200);  // control serves control only
   // The main port gets its threads back once the slow clients time out.
   httplib::Client main_cli("127.0.0.1", port);
   main_cli.set_read_timeout(10, 0);
@@ -1124,8 +1208,10 @@ TEST(ServerBounds, HealthReportsAStalledEngineStep) {
   std::atomic<bool> done{false};
   std::thread gen([&] {
     auto cli = s.client();
-    cli.Post("/generate", json{{"input_ids", prompt_of(8, 4)},
-                               {"sampling_params", {{"max_new_tokens", 1000}, {"ignore_eos", true}}}}.dump(),
+    cli.Post("/generate",
+             json{{"input_ids", prompt_of(8, 4)},
+                  {"sampling_params", {{"max_new_tokens", 1000}, {"ignore_eos", true}}}}
+                 .dump(),
              "application/json");
     done = true;
   });
@@ -1149,7 +1235,9 @@ TEST(ServerBounds, HealthReportsAStalledEngineStep) {
 // A refit from a path that would block (a FIFO shard) is refused at once; generation goes on.
 TEST(ServerRefit, BlockingPathIsRefusedWithoutStallingGeneration) {
   Running s(server_engine_config(test_model("olmoe")));
-  const std::string dir = (std::filesystem::temp_directory_path() / ("r3_fifo_refit_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("r3_fifo_refit_" + std::to_string(getpid())))
+          .string();
   std::filesystem::remove_all(dir);
   std::filesystem::copy(test_model("olmoe"), dir, std::filesystem::copy_options::recursive);
   const std::string shard = dir + "/model.safetensors";
@@ -1163,8 +1251,10 @@ TEST(ServerRefit, BlockingPathIsRefusedWithoutStallingGeneration) {
   EXPECT_EQ(json::parse(r->body)["success"], false);
   EXPECT_NE(r->body.find("not a regular file"), std::string::npos) << r->body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  auto g = cli.Post("/generate", json{{"input_ids", prompt_of(5, 2)}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump(),
-                    "application/json");
+  auto g = cli.Post(
+      "/generate",
+      json{{"input_ids", prompt_of(5, 2)}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump(),
+      "application/json");
   ASSERT_TRUE(g);
   EXPECT_EQ(g->status, 200);
   EXPECT_EQ(json::parse(g->body)["meta_info"]["weight_version"], "0");
@@ -1212,8 +1302,8 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
 
   ASSERT_EQ(cli.Post("/pause_generation", "{}", "application/json")->status, 200);  // mode abort
   ASSERT_EQ(cli.Post("/flush_cache", "", "text/plain")->status, 200);
-  auto u = cli.Post("/update_weights_from_disk", json{{"model_path", m1}, {"weight_version", "v7"}}.dump(),
-                    "application/json");
+  auto u = cli.Post("/update_weights_from_disk",
+                    json{{"model_path", m1}, {"weight_version", "v7"}}.dump(), "application/json");
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 200) << u->body;
   json uj = json::parse(u->body);
@@ -1223,9 +1313,10 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
   ASSERT_EQ(cli.Post("/continue_generation", "{}", "application/json")->status, 200);
   EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "v7");
 
-  json req = {{"input_ids", prompt_of(12, 5)},
-              {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.0}, {"ignore_eos", true}}},
-              {"return_routed_experts", true}};
+  json req = {
+      {"input_ids", prompt_of(12, 5)},
+      {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.0}, {"ignore_eos", true}}},
+      {"return_routed_experts", true}};
   auto g = cli.Post("/generate", req.dump(), "application/json");
   ASSERT_TRUE(g);
   ASSERT_EQ(g->status, 200);
@@ -1237,7 +1328,8 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
   const RequestOutput want = solo.generate({prompt_of(12, 5)}, {p})[0];
   EXPECT_EQ(gj["output_ids"].get<std::vector<int>>(), want.token_ids);
   // A failed refit keeps the old weights and label: 400 {"success": false}.
-  auto f = cli.Post("/update_weights_from_disk", json{{"model_path", "/no/such"}, {"weight_version", "v8"}}.dump(),
+  auto f = cli.Post("/update_weights_from_disk",
+                    json{{"model_path", "/no/such"}, {"weight_version", "v8"}}.dump(),
                     "application/json");
   ASSERT_TRUE(f);
   EXPECT_EQ(f->status, 400);
@@ -1247,7 +1339,8 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
   ASSERT_TRUE(v);
   EXPECT_EQ(json::parse(v->body)["new_version"], "v9");
   EXPECT_EQ(json::parse(cli.Get("/weight_version")->body)["weight_version"], "v9");
-  EXPECT_NE(cli.Get("/metrics")->body.find("r3_weight_version_info{weight_version=\"v9\"} 1"), std::string::npos);
+  EXPECT_NE(cli.Get("/metrics")->body.find("r3_weight_version_info{weight_version=\"v9\"} 1"),
+            std::string::npos);
   json loads = json::parse(cli.Get("/v1/loads")->body);
   EXPECT_EQ(loads["loads"][0]["num_running_reqs"], 0);
   EXPECT_EQ(loads["loads"][0]["num_waiting_reqs"], 0);
@@ -1268,9 +1361,11 @@ TEST(ServerControl, PauseModesWithARequestInFlight) {
     json reply;
     std::thread t([&] {
       auto c = s.client();
-      auto r = c.Post("/generate", json{{"input_ids", prompt_of(8, 3)},
-                                        {"sampling_params", {{"max_new_tokens", 1500}, {"temperature", 0.0},
-                                                             {"ignore_eos", true}}}}.dump(),
+      auto r = c.Post("/generate",
+                      json{{"input_ids", prompt_of(8, 3)},
+                           {"sampling_params",
+                            {{"max_new_tokens", 1500}, {"temperature", 0.0}, {"ignore_eos", true}}}}
+                          .dump(),
                       "application/json");
       if (r) reply = json::parse(r->body, nullptr, false);
     });
@@ -1280,7 +1375,9 @@ TEST(ServerControl, PauseModesWithARequestInFlight) {
       if (m && m->body.find("\nr3_requests_running 1") != std::string::npos) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    ASSERT_EQ(cli.Post("/pause_generation", json{{"mode", mode}}.dump(), "application/json")->status, 200);
+    ASSERT_EQ(
+        cli.Post("/pause_generation", json{{"mode", mode}}.dump(), "application/json")->status,
+        200);
     json l = json::parse(cli.Get("/v1/loads")->body)["loads"][0];
     auto f = cli.Get("/flush_cache");
     ASSERT_TRUE(f);
@@ -1289,8 +1386,10 @@ TEST(ServerControl, PauseModesWithARequestInFlight) {
       EXPECT_EQ(f->status, 200);
     } else {
       EXPECT_EQ(f->status, 400) << f->body;  // the request still holds or awaits its KV
-      if (std::string(mode) == "retract") EXPECT_EQ(l["num_waiting_reqs"], 1);
-      else EXPECT_EQ(l["num_running_reqs"], 1);
+      if (std::string(mode) == "retract")
+        EXPECT_EQ(l["num_waiting_reqs"], 1);
+      else
+        EXPECT_EQ(l["num_running_reqs"], 1);
     }
     // Paused: health_generate cannot get a token (its request waits), so it answers 503 fast here.
     ASSERT_EQ(cli.Post("/continue_generation", "{}", "application/json")->status, 200);
@@ -1324,8 +1423,14 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
     const std::string fmt = formats[trial % 4];
     SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt);
     json g = {{"input_ids", prompt_of(P, 200 + trial)},
-              {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.9}, {"seed", trial}, {"ignore_eos", true}}},
-              {"return_routed_experts", true}, {"routed_experts_start_len", start}, {"routed_experts_format", fmt}};
+              {"sampling_params",
+               {{"max_new_tokens", max_new},
+                {"temperature", 0.9},
+                {"seed", trial},
+                {"ignore_eos", true}}},
+              {"return_routed_experts", true},
+              {"routed_experts_start_len", start},
+              {"routed_experts_format", fmt}};
     auto cli = s.client();
     auto whole_res = cli.Post("/generate", g.dump(), "application/json");
     ASSERT_TRUE(whole_res && whole_res->status == 200);
@@ -1345,14 +1450,16 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
       for (const auto& x : ev["meta_info"]["weight_versions"]) versions.push_back(x);
       EXPECT_EQ(ev["meta_info"]["completion_tokens"], ids.size());
       if (!ev["meta_info"]["routed_experts"].is_null()) {
-        EXPECT_EQ(ev["meta_info"]["routed_experts_start_len"], next_row);  // each chunk's rows follow the last's
+        EXPECT_EQ(ev["meta_info"]["routed_experts_start_len"],
+                  next_row);  // each chunk's rows follow the last's
         const RouteArray part = chunk_routes(ev["meta_info"]);
         next_row += part.rows;
         append_rows(rows, part);
       }
       // Rows come with their tokens: after a chunk, those of every position but the newest.
       if (ev["meta_info"]["finish_reason"].is_null()) {
-        EXPECT_EQ(next_row, std::max(start, P + int(ids.size()) - 1)) << "after " << ids.size() << " tokens";
+        EXPECT_EQ(next_row, std::max(start, P + int(ids.size()) - 1))
+            << "after " << ids.size() << " tokens";
       }
     }
     EXPECT_EQ(ids, whole["output_ids"]);
@@ -1370,23 +1477,33 @@ TEST(ServerIncremental, StreamedGenerateChunksConcatenateToTheReply) {
 TEST(ServerWideRoutes, FiveHundredTwelveExpertsRoundTripInEveryFormat) {
   // Qwen3-MoE at top-10 and top-22, and the hybrid Qwen3.5-397B's routing (512 experts, top-10,
   // every layer MoE, DeltaNet layers between the attention ones).
-  for (const auto& [arch, k] : std::vector<std::pair<std::string, int>>{{"qwen3_moe", 10}, {"qwen3_moe", 22},
-                                                                        {"qwen3_5_moe_text", 10}}) {
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("r3_512x" + std::to_string(k) + "_" + arch + "_" + std::to_string(getpid()))).string();
-    make_model({.arch = arch, .preset = "tiny", .seed = 3, .out = dir,
+  for (const auto& [arch, k] : std::vector<std::pair<std::string, int>>{
+           {"qwen3_moe", 10}, {"qwen3_moe", 22}, {"qwen3_5_moe_text", 10}}) {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() /
+         ("r3_512x" + std::to_string(k) + "_" + arch + "_" + std::to_string(getpid())))
+            .string();
+    make_model({.arch = arch,
+                .preset = "tiny",
+                .seed = 3,
+                .out = dir,
                 .config_patch = json{{"num_experts", 512}, {"num_experts_per_tok", k}}.dump()});
     const std::vector<int> prompt = prompt_of(20, k);
     SamplingParams p = testing::greedy(8);
-    const RouteArray want = *Engine(testing::solo_config(dir)).generate({prompt}, {p})[0].routed_experts;
+    const RouteArray want =
+        *Engine(testing::solo_config(dir)).generate({prompt}, {p})[0].routed_experts;
     ASSERT_EQ(want.k, k);
-    EXPECT_GT(*std::max_element(want.data.begin(), want.data.end()), 255);  // ids a uint8 would wrap
+    EXPECT_GT(*std::max_element(want.data.begin(), want.data.end()),
+              255);  // ids a uint8 would wrap
     {
       Running s(server_engine_config(dir));
       for (const char* fmt : {"r3", "sglang", "vllm", "nrlre1"}) {
         SCOPED_TRACE(arch + " " + fmt + " top-" + std::to_string(k));
-        const json g = {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}},
-                        {"return_routed_experts", true}, {"routed_experts_format", fmt}};
+        const json g = {
+            {"input_ids", prompt},
+            {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}}},
+            {"return_routed_experts", true},
+            {"routed_experts_format", fmt}};
         auto res = s.client().Post("/generate", g.dump(), "application/json");
         ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "");
         const json meta = json::parse(res->body)["meta_info"];
@@ -1408,12 +1525,15 @@ TEST(ServerWideRoutes, FiveHundredTwelveExpertsRoundTripInEveryFormat) {
 TEST(ServerControl, AbortsWhilePausedAreAnswered) {
   Running s(server_engine_config(test_model("olmoe", "small")));
   auto cli = s.client();
-  ASSERT_EQ(cli.Post("/pause_generation", R"({"mode":"in_place"})", "application/json")->status, 200);
+  ASSERT_EQ(cli.Post("/pause_generation", R"({"mode":"in_place"})", "application/json")->status,
+            200);
   json reply;
   std::thread t([&] {
     auto c = s.client();
-    auto r = c.Post("/generate", R"({"input_ids":[3,4,5],"sampling_params":{"max_new_tokens":5},"rid":"queued"})",
-                    "application/json");
+    auto r =
+        c.Post("/generate",
+               R"({"input_ids":[3,4,5],"sampling_params":{"max_new_tokens":5},"rid":"queued"})",
+               "application/json");
     if (r) reply = json::parse(r->body, nullptr, false);
   });
   for (int i = 0; i < 500; ++i) {
@@ -1447,8 +1567,9 @@ TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
   c.num_kv_blocks = 4096;  // a KV cache large enough to see
   Running s(c);
   auto cli = s.client();
-  json req = {{"input_ids", prompt_of(10, 8)},
-              {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}}};
+  json req = {
+      {"input_ids", prompt_of(10, 8)},
+      {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}}};
   const json before = json::parse(cli.Post("/generate", req.dump(), "application/json")->body);
   const long rss0 = rss();
   auto r = cli.Post("/release_memory_occupation", "{}", "application/json");
@@ -1462,11 +1583,14 @@ TEST(ServerControl, ReleaseAndResumeMemoryOccupation) {
   auto bad = cli.Post("/resume_memory_occupation", R"({"tags":["gpu_magic"]})", "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
-  ASSERT_EQ(cli.Post("/resume_memory_occupation", R"({"tags":["kv_cache","weights"]})", "application/json")->status,
+  ASSERT_EQ(cli.Post("/resume_memory_occupation", R"({"tags":["kv_cache","weights"]})",
+                     "application/json")
+                ->status,
             200);
   const json after = json::parse(cli.Post("/generate", req.dump(), "application/json")->body);
   EXPECT_EQ(after["output_ids"], before["output_ids"]);
-  EXPECT_EQ(after["meta_info"]["output_token_logprobs"], before["meta_info"]["output_token_logprobs"]);
+  EXPECT_EQ(after["meta_info"]["output_token_logprobs"],
+            before["meta_info"]["output_token_logprobs"]);
 }
 
 // The four wire formats carry the same routes on both endpoints, on a model with a dense first
@@ -1484,18 +1608,28 @@ TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
   const int start = 3;
   for (const char* fmt : {"r3", "sglang", "vllm", "nrlre1"}) {
     SCOPED_TRACE(fmt);
-    json g = json::parse(cli.Post("/generate",
-                                  json{{"input_ids", prompt},
-                                       {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}},
-                                       {"return_routed_experts", true},
-                                       {"routed_experts_start_len", start},
-                                       {"routed_experts_format", fmt}}.dump(),
-                                  "application/json")->body);
+    json g = json::parse(
+        cli.Post("/generate",
+                 json{{"input_ids", prompt},
+                      {"sampling_params",
+                       {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}},
+                      {"return_routed_experts", true},
+                      {"routed_experts_start_len", start},
+                      {"routed_experts_format", fmt}}
+                     .dump(),
+                 "application/json")
+            ->body);
     json cmp = json::parse(cli.Post("/v1/completions",
-                                    json{{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true},
-                                         {"return_routed_experts", true}, {"routed_experts_start", start},
-                                         {"routed_experts_format", fmt}}.dump(),
-                                    "application/json")->body);
+                                    json{{"prompt", prompt},
+                                         {"max_tokens", 5},
+                                         {"temperature", 0.0},
+                                         {"ignore_eos", true},
+                                         {"return_routed_experts", true},
+                                         {"routed_experts_start", start},
+                                         {"routed_experts_format", fmt}}
+                                        .dump(),
+                                    "application/json")
+                               ->body);
     json choice = cmp["choices"][0];
     choice["routed_experts_start_len"] = start;
     for (const json* obj : {&g["meta_info"], &choice}) {
@@ -1509,17 +1643,20 @@ TEST(ServerRoutes, AllFourFormatsCarryTheSameRoutes) {
           ASSERT_EQ(got->row(r)[i], want.routed_experts->row(r + start)[i]) << "row " << r;
     }
     if (std::string(fmt) == "sglang") {
-      const std::vector<uint8_t> raw = base64_decode(g["meta_info"]["routed_experts"].get<std::string>());
+      const std::vector<uint8_t> raw =
+          base64_decode(g["meta_info"]["routed_experts"].get<std::string>());
       const size_t row = size_t(c.num_layers) * size_t(c.top_k) * 4;
       ASSERT_EQ(raw.size(), size_t(int(prompt.size()) + 5 - 1 - start) * row);
       for (size_t r = 0; r * row < raw.size(); ++r)
-        for (size_t b = 0; b < size_t(c.top_k) * 4; ++b) ASSERT_EQ(raw[r * row + b], 0) << "dense layer 0, row " << r;
+        for (size_t b = 0; b < size_t(c.top_k) * 4; ++b)
+          ASSERT_EQ(raw[r * row + b], 0) << "dense layer 0, row " << r;
     }
     if (std::string(fmt) == "vllm") {
       EXPECT_EQ(cmp["prompt_routed_experts"], cmp["choices"][0]["prompt_routed_experts"]);
     }
   }
-  auto bad = cli.Post("/generate", R"({"input_ids":[1],"routed_experts_format":"protobuf"})", "application/json");
+  auto bad = cli.Post("/generate", R"({"input_ids":[1],"routed_experts_format":"protobuf"})",
+                      "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["error"]["param"], "routed_experts_format");
@@ -1536,8 +1673,10 @@ TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   auto cli = s.client();
   std::vector<TensorToWrite> halves[2];
   size_t i = 0;
-  for (TensorToWrite& t : read_safetensors(m1 + "/model.safetensors")) halves[i++ % 2].push_back(std::move(t));
-  const std::string dir = (std::filesystem::temp_directory_path() / ("r3_wsync_" + std::to_string(getpid()))).string();
+  for (TensorToWrite& t : read_safetensors(m1 + "/model.safetensors"))
+    halves[i++ % 2].push_back(std::move(t));
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("r3_wsync_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   std::string bodies[2];
   for (int h = 0; h < 2; ++h) {
@@ -1549,7 +1688,8 @@ TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["success"], false);
-  auto r1 = cli.Post("/update_weights_from_tensor?finished=false", bodies[0], "application/octet-stream");
+  auto r1 =
+      cli.Post("/update_weights_from_tensor?finished=false", bodies[0], "application/octet-stream");
   ASSERT_TRUE(r1);
   ASSERT_EQ(r1->status, 200) << r1->body;
   EXPECT_EQ(json::parse(r1->body)["weight_version"], "0");  // staged only
@@ -1560,12 +1700,17 @@ TEST(ServerRefit, UpdateWeightsFromTensorInBuckets) {
   EXPECT_EQ(json::parse(r2->body)["num_tensors"], halves[0].size() + halves[1].size());
   EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "step-1");
   const std::vector<int> prompt = prompt_of(9, 4);
-  json g = json::parse(cli.Post("/generate", json{{"input_ids", prompt},
-                                                  {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0.0},
-                                                                       {"ignore_eos", true}}}}.dump(),
-                                "application/json")->body);
+  json g = json::parse(
+      cli.Post("/generate",
+               json{{"input_ids", prompt},
+                    {"sampling_params",
+                     {{"max_new_tokens", 5}, {"temperature", 0.0}, {"ignore_eos", true}}}}
+                   .dump(),
+               "application/json")
+          ->body);
   Engine solo1(testing::solo_config(m1));
-  EXPECT_EQ(g["output_ids"].get<std::vector<int>>(), solo1.generate({prompt}, {testing::greedy(5, false)})[0].token_ids);
+  EXPECT_EQ(g["output_ids"].get<std::vector<int>>(),
+            solo1.generate({prompt}, {testing::greedy(5, false)})[0].token_ids);
   std::filesystem::remove_all(dir);
 }
 
@@ -1577,29 +1722,40 @@ TEST(ServerScoring, ArealScoringCall) {
   Running s(server_engine_config(model));
   auto cli = s.client();
   const std::vector<int> a = prompt_of(9, 3);
-  json gen = json::parse(cli.Post("/generate", json{{"input_ids", a},
-                                                    {"sampling_params", {{"max_new_tokens", 10}, {"temperature", 0.0},
-                                                                         {"ignore_eos", true}}},
-                                                    {"top_logprobs_num", 3}}.dump(),
-                                  "application/json")->body);
+  json gen = json::parse(
+      cli.Post("/generate",
+               json{{"input_ids", a},
+                    {"sampling_params",
+                     {{"max_new_tokens", 10}, {"temperature", 0.0}, {"ignore_eos", true}}},
+                    {"top_logprobs_num", 3}}
+                   .dump(),
+               "application/json")
+          ->body);
   std::vector<int> seq = a;
   for (auto& t : gen["output_ids"]) seq.push_back(t.get<int>());
   ASSERT_EQ(gen["meta_info"]["output_top_logprobs"].size(), 10u);
-  EXPECT_EQ(gen["meta_info"]["output_top_logprobs"][0][0][1], gen["output_ids"][0]);  // greedy = best
+  EXPECT_EQ(gen["meta_info"]["output_top_logprobs"][0][0][1],
+            gen["output_ids"][0]);  // greedy = best
   for (int max_new : {1, 0}) {
     SCOPED_TRACE(max_new);
-    json sc = json::parse(cli.Post("/generate", json{{"input_ids", seq},
-                                                     {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.0}}},
-                                                     {"return_logprob", true},
-                                                     {"logprob_start_len", 0},
-                                                     {"return_routed_experts", true}}.dump(),
-                                   "application/json")->body);
+    json sc = json::parse(
+        cli.Post("/generate",
+                 json{{"input_ids", seq},
+                      {"sampling_params", {{"max_new_tokens", max_new}, {"temperature", 0.0}}},
+                      {"return_logprob", true},
+                      {"logprob_start_len", 0},
+                      {"return_routed_experts", true}}
+                     .dump(),
+                 "application/json")
+            ->body);
     const json& in = sc["meta_info"]["input_token_logprobs"];
     ASSERT_EQ(in.size(), seq.size()) << sc.dump().substr(0, 400);
     EXPECT_TRUE(in[0][0].is_null());
     for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(in[i][1], seq[i]);
     for (size_t i = 0; i < 10; ++i)
-      EXPECT_EQ(in[a.size() + i][0].get<double>(), gen["meta_info"]["output_token_logprobs"][i][0].get<double>()) << i;
+      EXPECT_EQ(in[a.size() + i][0].get<double>(),
+                gen["meta_info"]["output_token_logprobs"][i][0].get<double>())
+          << i;
     EXPECT_EQ(sc["output_ids"].size(), size_t(max_new));
     const std::optional<RouteArray> routes = decode_routes(sc["meta_info"], seq.size(), model);
     ASSERT_TRUE(routes);
@@ -1613,24 +1769,36 @@ TEST(ServerScoring, CompletionsLogprobsAndPromptLogprobs) {
   Running s(server_engine_config(test_model("olmoe")));
   auto cli = s.client();
   const std::vector<int> a = prompt_of(7, 5);
-  json g = json::parse(cli.Post("/v1/completions", json{{"prompt", a}, {"max_tokens", 6}, {"temperature", 0.0},
-                                                       {"ignore_eos", true}, {"logprobs", 3}}.dump(),
-                                "application/json")->body);
+  json g = json::parse(cli.Post("/v1/completions",
+                                json{{"prompt", a},
+                                     {"max_tokens", 6},
+                                     {"temperature", 0.0},
+                                     {"ignore_eos", true},
+                                     {"logprobs", 3}}
+                                    .dump(),
+                                "application/json")
+                           ->body);
   const json& lp = g["choices"][0]["logprobs"];
   ASSERT_EQ(lp["top_logprobs"].size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
     EXPECT_EQ(lp["top_logprobs"][i].size(), 3u);
-    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);  // greedy: best
+    EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()],
+              lp["token_logprobs"][i]);  // greedy: best
   }
   std::vector<int> seq = a;
   for (auto& t : g["choices"][0]["token_ids"]) seq.push_back(t.get<int>());
-  json sc = json::parse(cli.Post("/v1/completions", json{{"prompt", seq}, {"max_tokens", 0}, {"prompt_logprobs", 0}}.dump(),
-                                 "application/json")->body);
+  json sc =
+      json::parse(cli.Post("/v1/completions",
+                           json{{"prompt", seq}, {"max_tokens", 0}, {"prompt_logprobs", 0}}.dump(),
+                           "application/json")
+                      ->body);
   const json& pl = sc["choices"][0]["prompt_logprobs"];
   ASSERT_EQ(pl.size(), seq.size()) << sc.dump().substr(0, 300);
   EXPECT_TRUE(pl[0].is_null());
   for (size_t i = 0; i < 6; ++i)
-    EXPECT_EQ(pl[a.size() + i][std::to_string(seq[a.size() + i])]["logprob"], lp["token_logprobs"][i]) << i;
+    EXPECT_EQ(pl[a.size() + i][std::to_string(seq[a.size() + i])]["logprob"],
+              lp["token_logprobs"][i])
+        << i;
 }
 
 // slime's multi-turn rollout: each turn sends the whole conversation with routed_experts_start_len
@@ -1645,23 +1813,29 @@ TEST(ServerRoutes, MultiTurnWithRoutedExpertsStartLen) {
   std::vector<int16_t> held;  // rows [0, held_rows) of MoE layers, as slime keeps them
   int held_rows = 0;
   for (int turn = 0; turn < 3; ++turn) {
-    json r = json::parse(cli.Post("/generate", json{{"input_ids", tokens},
-                                                   {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.0},
-                                                                        {"ignore_eos", true}}},
-                                                   {"return_routed_experts", true},
-                                                   {"routed_experts_start_len", held_rows}}.dump(),
-                                  "application/json")->body);
+    json r = json::parse(
+        cli.Post("/generate",
+                 json{{"input_ids", tokens},
+                      {"sampling_params",
+                       {{"max_new_tokens", 6}, {"temperature", 0.0}, {"ignore_eos", true}}},
+                      {"return_routed_experts", true},
+                      {"routed_experts_start_len", held_rows}}
+                     .dump(),
+                 "application/json")
+            ->body);
     EXPECT_EQ(r["meta_info"]["routed_experts_start_len"], held_rows);
     if (turn > 0) {
       EXPECT_GT(r["meta_info"]["cached_tokens"].get<int>(), 0);
     }
-    const RouteArray part = decode_sglang_routes(r["meta_info"]["routed_experts"].get<std::string>(), c.num_layers,
-                                                 c.top_k, c.moe_layers(), held_rows);
+    const RouteArray part =
+        decode_sglang_routes(r["meta_info"]["routed_experts"].get<std::string>(), c.num_layers,
+                             c.top_k, c.moe_layers(), held_rows);
     for (auto& t : r["output_ids"]) tokens.push_back(t.get<int>());
     ASSERT_EQ(part.rows, int(tokens.size()) - 1 - held_rows);
     held.insert(held.end(), part.data.begin(), part.data.end());
     held_rows = int(tokens.size()) - 1;
-    for (int k = 0; k < 5; ++k) tokens.push_back(3 + (turn * 31 + k * 7) % 400);  // the next user turn
+    for (int k = 0; k < 5; ++k)
+      tokens.push_back(3 + (turn * 31 + k * 7) % 400);  // the next user turn
   }
   tokens.resize(size_t(held_rows) + 1);  // the conversation the routes cover
   Engine solo(testing::solo_config(model));
@@ -1671,7 +1845,8 @@ TEST(ServerRoutes, MultiTurnWithRoutedExpertsStartLen) {
   const size_t row = size_t(want.routed_experts->layers * want.routed_experts->k);
   ASSERT_EQ(held.size(), size_t(held_rows) * row);
   for (int r = 0; r < held_rows; ++r)
-    for (size_t j = 0; j < row; ++j) ASSERT_EQ(held[size_t(r) * row + j], want.routed_experts->row(r)[j]) << "row " << r;
+    for (size_t j = 0; j < row; ++j)
+      ASSERT_EQ(held[size_t(r) * row + j], want.routed_experts->row(r)[j]) << "row " << r;
 }
 
 // Refit over HTTP: the version goes up and replies equal a solo run on the new weights.
@@ -1687,7 +1862,8 @@ TEST(ServerRefit, UpdateWeightsFromDisk) {
   ASSERT_TRUE(r0);
   ASSERT_EQ(r0->status, 200);
 
-  auto u = cli.Post("/update_weights", json{{"model_path", m1}, {"flush_cache", true}}.dump(), "application/json");
+  auto u = cli.Post("/update_weights", json{{"model_path", m1}, {"flush_cache", true}}.dump(),
+                    "application/json");
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 200) << u->body;
   EXPECT_EQ(json::parse(u->body)["weight_version"], "1");  // the counter, without a label
@@ -1703,11 +1879,12 @@ TEST(ServerRefit, UpdateWeightsFromDisk) {
   p.seed = 3;
   p.return_routed_experts = true;
   Engine solo1(testing::solo_config(m1));
-  expect_matches_solo(from_generate(j1, prompt), solo1.generate({prompt}, {p})[0], false, p, "after refit");
+  expect_matches_solo(from_generate(j1, prompt), solo1.generate({prompt}, {p})[0], false, p,
+                      "after refit");
 
   // A checkpoint of another architecture is refused and the old weights keep serving.
-  auto bad = cli.Post("/update_weights_from_disk", json{{"model_path", test_model("mixtral")}}.dump(),
-                      "application/json");
+  auto bad = cli.Post("/update_weights_from_disk",
+                      json{{"model_path", test_model("mixtral")}}.dump(), "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400) << bad->body;
   auto r2 = cli.Post("/generate", req.dump(), "application/json");
@@ -1738,10 +1915,12 @@ TEST(ServerRefit, TensorBodiesAreCheckedBeforeTheirDataArrives) {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     std::string body(8, '\0');
-    for (int i = 0; i < 8; ++i) body[size_t(i)] = char((uint64_t(header_json.size()) >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      body[size_t(i)] = char((uint64_t(header_json.size()) >> (8 * i)) & 0xff);
     body += header_json + std::string(20000, '\x01');  // the start of the data, far from all of it
-    const std::string head = "POST /update_weights_from_tensor HTTP/1.1\r\nHost: x\r\n"
-                             "Content-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n";
+    const std::string head =
+        "POST /update_weights_from_tensor HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n";
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
     EXPECT_EQ(send(fd, body.data(), body.size(), MSG_NOSIGNAL), ssize_t(body.size()));
@@ -1749,16 +1928,19 @@ TEST(ServerRefit, TensorBodiesAreCheckedBeforeTheirDataArrives) {
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     std::string got;
     char buf[4096];
-    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));  // until the server closes
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;)
+      got.append(buf, size_t(n));  // until the server closes
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
     close(fd);
     return got;
   };
-  std::string got = reply_to(R"({"model.nope.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})");
+  std::string got =
+      reply_to(R"({"model.nope.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})");
   EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
   EXPECT_NE(got.find("\"success\":false"), std::string::npos) << got;
   EXPECT_NE(got.find("model.nope.weight"), std::string::npos) << got;
-  got = reply_to(R"({"model.norm.weight": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}})");
+  got =
+      reply_to(R"({"model.norm.weight": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}})");
   EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
   EXPECT_NE(got.find("the served model's is"), std::string::npos) << got;
   // The server still serves, at the old weights.

@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <nlohmann/json.hpp>
 #include <atomic>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -64,7 +64,8 @@ std::vector<json> sse_events(const std::string& body) {
     if (end == std::string::npos) end = body.size();
     const std::string ev = body.substr(pos, end - pos);
     pos = end + 2;
-    if (ev.rfind("data: ", 0) == 0 && ev != "data: [DONE]") out.push_back(json::parse(ev.substr(6)));
+    if (ev.rfind("data: ", 0) == 0 && ev != "data: [DONE]")
+      out.push_back(json::parse(ev.substr(6)));
   }
   return out;
 }
@@ -86,7 +87,11 @@ TEST(ServerText, TextPromptsStopStringsAndStreamsAgree) {
   for (int trial = 0; trial < 12; ++trial) {
     SCOPED_TRACE(trial);
     const std::string prompt = "the rain and the " + std::to_string(trial);
-    json body = {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 1.0}, {"seed", trial}, {"ignore_eos", true}};
+    json body = {{"prompt", prompt},
+                 {"max_tokens", 20},
+                 {"temperature", 1.0},
+                 {"seed", trial},
+                 {"ignore_eos", true}};
     const json full = s.post("/v1/completions", body);
     const json& c0 = full["choices"][0];
     const std::string text = c0["text"];
@@ -110,13 +115,18 @@ TEST(ServerText, TextPromptsStopStringsAndStreamsAgree) {
     // Streamed: the deltas concatenate to the same text.
     body["stream"] = true;
     json last;
-    EXPECT_EQ(streamed_text(s.post("/v1/completions", body).get<std::string>(), &last), c1["text"].get<std::string>());
+    EXPECT_EQ(streamed_text(s.post("/v1/completions", body).get<std::string>(), &last),
+              c1["text"].get<std::string>());
     EXPECT_EQ(last["stop_reason"], stop);
     // SGLang: no_stop_trim keeps the stop string; matched names it.
     const json g = s.post("/generate", {{"text", prompt},
                                         {"sampling_params",
-                                         {{"max_new_tokens", 20}, {"temperature", 1.0}, {"seed", trial},
-                                          {"ignore_eos", true}, {"stop", json::array({stop})}, {"no_stop_trim", true}}}});
+                                         {{"max_new_tokens", 20},
+                                          {"temperature", 1.0},
+                                          {"seed", trial},
+                                          {"ignore_eos", true},
+                                          {"stop", json::array({stop})},
+                                          {"no_stop_trim", true}}}});
     EXPECT_EQ(g["text"], text.substr(0, text.find(stop) + stop.size()));
     EXPECT_EQ(g["meta_info"]["finish_reason"]["matched"], stop);
     ++stopped;
@@ -126,7 +136,8 @@ TEST(ServerText, TextPromptsStopStringsAndStreamsAgree) {
 
 TEST(ServerText, TokenizeDetokenizeAndTokenTexts) {
   TextServer s;
-  const json t = s.post("/tokenize", {{"prompt", "the sand<|im_end|>"}, {"return_token_strs", true}});
+  const json t =
+      s.post("/tokenize", {{"prompt", "the sand<|im_end|>"}, {"return_token_strs", true}});
   const std::vector<int32_t> ids = s.tok->encode("the sand<|im_end|>", true);
   EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), ids);
   EXPECT_EQ(t["count"], ids.size());
@@ -136,19 +147,24 @@ TEST(ServerText, TokenizeDetokenizeAndTokenTexts) {
   EXPECT_EQ(s.post("/detokenize", {{"tokens", {100000}}}, 400)["error"]["param"], "tokens");
   EXPECT_EQ(s.post("/tokenize", {{"prompt", 5}}, 400)["error"]["param"], "prompt");
   // Token texts in logprobs: vLLM's tokens and SGLang's triples.
-  const json c = s.post("/v1/completions", {{"prompt", "the"}, {"max_tokens", 4}, {"logprobs", 2}, {"ignore_eos", true}});
+  const json c =
+      s.post("/v1/completions",
+             {{"prompt", "the"}, {"max_tokens", 4}, {"logprobs", 2}, {"ignore_eos", true}});
   const json& lp = c["choices"][0]["logprobs"];
   std::string joined;
   for (const json& x : lp["tokens"]) joined += x.get<std::string>();
   const std::vector<int32_t> out = c["choices"][0]["token_ids"];
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_EQ(lp["tokens"][i], s.tok->decode(std::vector<int32_t>{out[i]}, false, false));
-  const json g = s.post("/generate", {{"input_ids", {5, 6}}, {"return_text_in_logprobs", true},
-                                      {"sampling_params", {{"max_new_tokens", 3}, {"ignore_eos", true}}}});
+  const json g =
+      s.post("/generate", {{"input_ids", {5, 6}},
+                           {"return_text_in_logprobs", true},
+                           {"sampling_params", {{"max_new_tokens", 3}, {"ignore_eos", true}}}});
   for (const json& tr : g["meta_info"]["output_token_logprobs"])
     EXPECT_EQ(tr[2], s.tok->decode(std::vector<int32_t>{tr[1].get<int32_t>()}, false, false));
   // Both prompt forms at once is refused by name.
-  EXPECT_EQ(s.post("/generate", {{"input_ids", {5}}, {"text", "x"}}, 400)["error"]["param"], "text");
+  EXPECT_EQ(s.post("/generate", {{"input_ids", {5}}, {"text", "x"}}, 400)["error"]["param"],
+            "text");
 }
 
 std::string streamed_chat(const std::string& body, json* last_choice, bool* role_first) {
@@ -168,18 +184,28 @@ std::string streamed_chat(const std::string& body, json* last_choice, bool* role
 
 TEST(ServerText, ChatCompletionsRenderTheTemplateAndStreamTheSameText) {
   TextServer s;
-  const json messages = {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "the sand and"}}};
-  json body = {{"messages", messages}, {"max_tokens", 16}, {"temperature", 1.0}, {"seed", 3}, {"ignore_eos", true},
-               {"logprobs", true}, {"top_logprobs", 2}, {"return_routed_experts", true}, {"n", 2}};
+  const json messages = {{{"role", "system"}, {"content", "be brief"}},
+                         {{"role", "user"}, {"content", "the sand and"}}};
+  json body = {{"messages", messages},
+               {"max_tokens", 16},
+               {"temperature", 1.0},
+               {"seed", 3},
+               {"ignore_eos", true},
+               {"logprobs", true},
+               {"top_logprobs", 2},
+               {"return_routed_experts", true},
+               {"n", 2}};
   const json r = s.post("/v1/chat/completions", body);
   EXPECT_EQ(r["object"], "chat.completion");
-  const std::string prompt = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe sand and<|im_end|>\n"
-                             "<|im_start|>assistant\n";
+  const std::string prompt =
+      "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe sand and<|im_end|>\n"
+      "<|im_start|>assistant\n";
   EXPECT_EQ(r["prompt_token_ids"].get<std::vector<int32_t>>(), s.tok->encode(prompt, false));
   ASSERT_EQ(r["choices"].size(), 2u);
   for (const json& c : r["choices"]) {
     EXPECT_EQ(c["message"]["role"], "assistant");
-    EXPECT_EQ(c["message"]["content"], s.tok->decode(c["token_ids"].get<std::vector<int32_t>>(), true, false));
+    EXPECT_EQ(c["message"]["content"],
+              s.tok->decode(c["token_ids"].get<std::vector<int32_t>>(), true, false));
     EXPECT_EQ(c["logprobs"]["content"].size(), c["token_ids"].size());
     EXPECT_EQ(c["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
     EXPECT_TRUE(c.contains("routed_experts")) << c.dump();
@@ -194,47 +220,62 @@ TEST(ServerText, ChatCompletionsRenderTheTemplateAndStreamTheSameText) {
   body["stream"] = true;
   json last;
   bool role_first = false;
-  EXPECT_EQ(streamed_chat(s.post("/v1/chat/completions", body).get<std::string>(), &last, &role_first),
-            once["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(
+      streamed_chat(s.post("/v1/chat/completions", body).get<std::string>(), &last, &role_first),
+      once["choices"][0]["message"]["content"].get<std::string>());
   EXPECT_TRUE(role_first);
   EXPECT_EQ(last["finish_reason"], once["choices"][0]["finish_reason"]);
   // A template given per request, with chat_template_kwargs.
-  const json k = s.post("/v1/chat/completions",
-                        {{"messages", messages}, {"max_tokens", 1},
-                         {"chat_template", "{{ messages[-1]['content'] }}{% if enable_thinking %}!{% endif %}"},
-                         {"chat_template_kwargs", {{"enable_thinking", true}}}});
-  EXPECT_EQ(k["prompt_token_ids"].get<std::vector<int32_t>>(), s.tok->encode("the sand and!", false));
+  const json k = s.post(
+      "/v1/chat/completions",
+      {{"messages", messages},
+       {"max_tokens", 1},
+       {"chat_template", "{{ messages[-1]['content'] }}{% if enable_thinking %}!{% endif %}"},
+       {"chat_template_kwargs", {{"enable_thinking", true}}}});
+  EXPECT_EQ(k["prompt_token_ids"].get<std::vector<int32_t>>(),
+            s.tok->encode("the sand and!", false));
   // Refused by name: tool parsing r3 does not do, a template error, no messages.
-  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"tool_choice", "required"}}, 400)["error"]["param"],
+  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"tool_choice", "required"}},
+                   400)["error"]["param"],
             "tool_choice");
-  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"chat_template", "{{ raise_exception('no') }}"}},
+  EXPECT_EQ(s.post("/v1/chat/completions",
+                   {{"messages", messages}, {"chat_template", "{{ raise_exception('no') }}"}},
                    400)["error"]["param"],
             "messages");
-  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", json::array()}}, 400)["error"]["param"], "messages");
+  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", json::array()}}, 400)["error"]["param"],
+            "messages");
   // Image parts (text only is served), while text parts pass.
-  const json image = {{{"role", "user"},
-                       {"content", {{{"type", "text"}, {"text", "what is"}},
-                                    {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AA=="}}}}}}}};
+  const json image = {
+      {{"role", "user"},
+       {"content",
+        {{{"type", "text"}, {"text", "what is"}},
+         {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AA=="}}}}}}}};
   const json refused = s.post("/v1/chat/completions", {{"messages", image}}, 400)["error"];
   EXPECT_EQ(refused["param"], "messages");
-  EXPECT_NE(refused["message"].get<std::string>().find("\"image_url\""), std::string::npos) << refused.dump();
-  const json text_parts = {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "the sand"}}}}}};
-  s.post("/v1/chat/completions",
-         {{"messages", text_parts}, {"max_tokens", 1}, {"chat_template", "{{ messages[0]['content'][0]['text'] }}"}});
+  EXPECT_NE(refused["message"].get<std::string>().find("\"image_url\""), std::string::npos)
+      << refused.dump();
+  const json text_parts = {
+      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "the sand"}}}}}};
+  s.post("/v1/chat/completions", {{"messages", text_parts},
+                                  {"max_tokens", 1},
+                                  {"chat_template", "{{ messages[0]['content'][0]['text'] }}"}});
 }
 
 TEST(ServerText, RequestTemplatesAreRefusedUnlessTrusted) {
   TextServer s(false);
   const json messages = {{{"role", "user"}, {"content", "the sand and"}}};
-  const std::string vllm_words = "Chat template is passed with request, but --trust-request-chat-template is not set.";
-  for (const json& body : {json{{"messages", messages}, {"chat_template", "{{ 'x' }}"}},
-                           json{{"messages", messages}, {"chat_template_kwargs", {{"chat_template", "{{ 'x' }}"}}}}}) {
+  const std::string vllm_words =
+      "Chat template is passed with request, but --trust-request-chat-template is not set.";
+  for (const json& body :
+       {json{{"messages", messages}, {"chat_template", "{{ 'x' }}"}},
+        json{{"messages", messages}, {"chat_template_kwargs", {{"chat_template", "{{ 'x' }}"}}}}}) {
     const json e = s.post("/v1/chat/completions", body, 400)["error"];
     EXPECT_NE(e["message"].get<std::string>().find(vllm_words), std::string::npos) << e.dump();
     EXPECT_EQ(e["param"], "chat_template");
   }
   // The model's own template still serves.
-  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}})["object"], "chat.completion");
+  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}})["object"],
+            "chat.completion");
 }
 
 // Issue 48's reproductions through the server: each hostile request template is a 400 naming the
@@ -242,7 +283,10 @@ TEST(ServerText, RequestTemplatesAreRefusedUnlessTrusted) {
 // to a solo run and the server stays healthy.
 TEST(ServerText, HostileTemplatesAre400sAndTheServerKeepsServing) {
   TextServer s;
-  const json solo_body = {{"prompt", "the sand and"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 11},
+  const json solo_body = {{"prompt", "the sand and"},
+                          {"max_tokens", 8},
+                          {"temperature", 1.0},
+                          {"seed", 11},
                           {"ignore_eos", true}};
   const json solo = s.post("/v1/completions", solo_body)["choices"][0]["token_ids"];
   std::atomic<bool> done{false};
@@ -271,15 +315,21 @@ TEST(ServerText, HostileTemplatesAre400sAndTheServerKeepsServing) {
   const json messages = {{{"role", "user"}, {"content", "hi"}}};
   for (const std::string& t : hostile) {
     const auto t0 = std::chrono::steady_clock::now();
-    const json e = s.post("/v1/chat/completions", {{"messages", messages}, {"chat_template", t}}, 400)["error"];
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0) << t.substr(0, 60);
-    EXPECT_NE(e["message"].get<std::string>().find("chat template line 1"), std::string::npos) << e.dump();
+    const json e = s.post("/v1/chat/completions", {{"messages", messages}, {"chat_template", t}},
+                          400)["error"];
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0)
+        << t.substr(0, 60);
+    EXPECT_NE(e["message"].get<std::string>().find("chat template line 1"), std::string::npos)
+        << e.dump();
   }
   // A cyclic value printed as Python prints it, and the server still renders good templates.
-  EXPECT_EQ(s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1},
-                                            {"chat_template", "{% set l = [1] %}{{ l.append(l) }}{{ l }}"}})
-                ["prompt_token_ids"].get<std::vector<int32_t>>(),
-            s.tok->encode("None[1, [...]]", false));
+  EXPECT_EQ(
+      s.post("/v1/chat/completions",
+             {{"messages", messages},
+              {"max_tokens", 1},
+              {"chat_template", "{% set l = [1] %}{{ l.append(l) }}{{ l }}"}})["prompt_token_ids"]
+          .get<std::vector<int32_t>>(),
+      s.tok->encode("None[1, [...]]", false));
   done = true;
   background.join();
   EXPECT_GT(checked.load(), 0);
@@ -287,13 +337,17 @@ TEST(ServerText, HostileTemplatesAre400sAndTheServerKeepsServing) {
   // A tools list too long for the context by its bytes alone is refused before encoding.
   json tools = json::array();
   for (int i = 0; i < 20000; ++i)
-    tools.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}, {"description", std::string(80, 'd')}}}});
+    tools.push_back(
+        {{"type", "function"},
+         {"function", {{"name", "f" + std::to_string(i)}, {"description", std::string(80, 'd')}}}});
   const auto t0 = std::chrono::steady_clock::now();
   const json big = s.post("/v1/chat/completions",
-                          {{"messages", messages}, {"tools", tools},
+                          {{"messages", messages},
+                           {"tools", tools},
                            {"chat_template", "{{ tools | tojson }}{{ messages[-1]['content'] }}"}},
                           400)["error"];
-  EXPECT_NE(big["message"].get<std::string>().find("tokens: more than the"), std::string::npos) << big.dump();
+  EXPECT_NE(big["message"].get<std::string>().find("tokens: more than the"), std::string::npos)
+      << big.dump();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   httplib::Client cli("127.0.0.1", s.port);
   auto h = cli.Get("/health");
@@ -317,8 +371,9 @@ TEST(ServerText, TokenizingStopsWhenItsClientLeaves) {
   std::string text;
   for (int i = 0; i < 3'000'000; ++i) text += "ing";
   const std::string body = json{{"prompt", text}}.dump();
-  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
   // What the encode costs when its client stays (the reference the bound below is set against).
   const auto t0 = std::chrono::steady_clock::now();
   const double whole = [&] {

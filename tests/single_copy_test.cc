@@ -76,7 +76,8 @@ std::vector<TensorToWrite> all_tensors(const std::string& dir) {
 std::vector<TensorToWrite> unit_bucket(const std::vector<TensorToWrite>& all, int unit) {
   std::vector<TensorToWrite> bucket;
   for (const TensorToWrite& t : all)
-    if (unit == 0 ? t.name.rfind("model.layers.", 0) != 0 : t.name.rfind(layer_prefix(unit - 1), 0) == 0)
+    if (unit == 0 ? t.name.rfind("model.layers.", 0) != 0
+                  : t.name.rfind(layer_prefix(unit - 1), 0) == 0)
       bucket.push_back(t);
   return bucket;
 }
@@ -115,19 +116,24 @@ TEST(SingleCopy, PeakResidentMemoryIsTheWeightsOnce) {
     }
     const uint64_t all_bytes = bytes_of(all);
     const uint64_t refit_peak = status_kb("VmHWM:") * 1024;
-    return std::to_string(stored) + " " + std::to_string(held) + " " + std::to_string(loaded_peak - base) + " " +
-           std::to_string(loaded_now - base) + " " + std::to_string(refit_peak - base) + " " +
-           std::to_string(all_bytes) + " " + std::to_string(largest_bucket) + " " +
-           std::to_string(ck->config().num_layers) + " " + std::to_string(disk_refit_peak - base);
+    return std::to_string(stored) + " " + std::to_string(held) + " " +
+           std::to_string(loaded_peak - base) + " " + std::to_string(loaded_now - base) + " " +
+           std::to_string(refit_peak - base) + " " + std::to_string(all_bytes) + " " +
+           std::to_string(largest_bucket) + " " + std::to_string(ck->config().num_layers) + " " +
+           std::to_string(disk_refit_peak - base);
   });
   ASSERT_EQ(got.find("error"), std::string::npos) << got;
   std::istringstream in(got);
-  double stored = 0, held = 0, load_peak = 0, loaded = 0, refit_peak = 0, all_bytes = 0, layer = 0, layers = 0,
-         disk_peak = 0;
-  in >> stored >> held >> load_peak >> loaded >> refit_peak >> all_bytes >> layer >> layers >> disk_peak;
-  std::printf("[ single copy ] stored %.1f MB, held %.1f MB, resident after load +%.1f MB, load peak +%.1f MB, "
-              "largest layer %.1f MB, disk refit peak +%.1f MB, tensor refit peak +%.1f MB\n",
-              stored / 1e6, held / 1e6, loaded / 1e6, load_peak / 1e6, layer / 1e6, disk_peak / 1e6, refit_peak / 1e6);
+  double stored = 0, held = 0, load_peak = 0, loaded = 0, refit_peak = 0, all_bytes = 0, layer = 0,
+         layers = 0, disk_peak = 0;
+  in >> stored >> held >> load_peak >> loaded >> refit_peak >> all_bytes >> layer >> layers >>
+      disk_peak;
+  std::printf(
+      "[ single copy ] stored %.1f MB, held %.1f MB, resident after load +%.1f MB, load peak +%.1f "
+      "MB, "
+      "largest layer %.1f MB, disk refit peak +%.1f MB, tensor refit peak +%.1f MB\n",
+      stored / 1e6, held / 1e6, loaded / 1e6, load_peak / 1e6, layer / 1e6, disk_peak / 1e6,
+      refit_peak / 1e6);
   EXPECT_LE(held, 1.02 * stored);
   const double huge_pages = (layers + 2) * 2.0 * (1 << 20), slack = 4e6;  // threads, allocator
   EXPECT_LE(loaded, held + huge_pages + slack);
@@ -160,15 +166,17 @@ TEST(SingleCopy, ARefitInBucketsHoldsAboutOneBucket) {
     e.commit_staged_weights(true);
     const uint64_t all_bytes = bytes_of(all);
     const uint64_t peak = status_kb("VmHWM:") * 1024;
-    return std::to_string(peak - resident) + " " + std::to_string(largest_bucket) +
-           " " + std::to_string(all_bytes) + " " + std::to_string(layers);
+    return std::to_string(peak - resident) + " " + std::to_string(largest_bucket) + " " +
+           std::to_string(all_bytes) + " " + std::to_string(layers);
   });
   ASSERT_EQ(got.find("error"), std::string::npos) << got;
   std::istringstream in(got);
   double grew = 0, bucket = 0, all_bytes = 0, layers = 0;
   in >> grew >> bucket >> all_bytes >> layers;
-  std::printf("[ single copy ] refit in %d buckets of at most %.1f MB (%.1f MB in all): peak +%.1f MB over the engine\n",
-              int(layers) + 1, bucket / 1e6, all_bytes / 1e6, grew / 1e6);
+  std::printf(
+      "[ single copy ] refit in %d buckets of at most %.1f MB (%.1f MB in all): peak +%.1f MB over "
+      "the engine\n",
+      int(layers) + 1, bucket / 1e6, all_bytes / 1e6, grew / 1e6);
   EXPECT_LE(grew, 2 * bucket + 4e6) << "the buckets were kept rather than packed as they came";
 }
 
@@ -183,7 +191,8 @@ TEST(SingleCopy, FilesRewrittenAfterTheLoadChangeNothingServed) {
   Engine e(testing::small_config(dir));
   const RequestOutput before = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
   // Rewrite the file in place with another seed's weights, then truncate it.
-  const std::vector<TensorToWrite> other = read_safetensors(test_model("olmoe", "tiny", 7) + "/model.safetensors");
+  const std::vector<TensorToWrite> other =
+      read_safetensors(test_model("olmoe", "tiny", 7) + "/model.safetensors");
   write_safetensors(dir + "/model.safetensors", other);
   const RequestOutput rewritten = e.generate({{3, 4, 5, 6}}, {greedy(6)})[0];
   EXPECT_EQ(rewritten.token_ids, before.token_ids);
@@ -195,13 +204,16 @@ TEST(SingleCopy, FilesRewrittenAfterTheLoadChangeNothingServed) {
     e.resume_memory(true, true);
     FAIL() << "a resume read a changed file";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("model.safetensors: changed since it was read"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("model.safetensors: changed since it was read"),
+              std::string::npos)
+        << err.what();
   }
   EXPECT_THROW(e.generate({{3, 4, 5, 6}}, {greedy(6)}), Error);  // still released, and says so
   write_safetensors(dir + "/model.safetensors", other);
   e.update_weights(dir, true);  // a refit from disk serves the new files
   Engine want(testing::small_config(test_model("olmoe", "tiny", 7)));
-  EXPECT_EQ(e.generate({{3, 4, 5, 6}}, {greedy(6)})[0].logprobs, want.generate({{3, 4, 5, 6}}, {greedy(6)})[0].logprobs);
+  EXPECT_EQ(e.generate({{3, 4, 5, 6}}, {greedy(6)})[0].logprobs,
+            want.generate({{3, 4, 5, 6}}, {greedy(6)})[0].logprobs);
   fs::remove_all(fs::path(dir).parent_path());
 }
 
@@ -246,7 +258,8 @@ TEST(SingleCopy, ARefitFailingMidwayIsNeverTakenForAGoodOne) {
   for (const auto& f : fs::directory_iterator(dir))
     if (f.path().extension() == ".safetensors") {
       for (TensorToWrite& t : read_safetensors(f.path().string())) {
-        const bool late = t.name.rfind("model.layers.2.", 0) == 0 || t.name.rfind("model.layers.3.", 0) == 0;
+        const bool late =
+            t.name.rfind("model.layers.2.", 0) == 0 || t.name.rfind("model.layers.3.", 0) == 0;
         index += std::string(first.size() + second.size() ? ", " : "") + "\"" + t.name + "\": \"" +
                  (late ? "b.safetensors" : "a.safetensors") + "\"";
         (late ? second : first).push_back(std::move(t));

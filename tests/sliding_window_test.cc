@@ -63,16 +63,20 @@ TEST(SlidingWindow, BlocksAreFreedAsTheWindowSlidesAndRoutesStayComplete) {
     auto ck = Checkpoint::open(model);
     std::vector<int> seq = out.prompt_token_ids;
     seq.insert(seq.end(), out.token_ids.begin(), out.token_ids.end());
-    const ReferenceResult ref = reference_forward(ck->weights(), seq, out.routed_experts->data.data(), out.routed_experts->rows);
+    const ReferenceResult ref = reference_forward(
+        ck->weights(), seq, out.routed_experts->data.data(), out.routed_experts->rows);
     double worst = 0;
     for (size_t g = 0; g < out.token_ids.size(); ++g) {
-      const std::vector<float> lp = log_softmax(ref.logits.data() + (prompt.size() + g - 1) * size_t(mc.vocab_size), mc.vocab_size);
+      const std::vector<float> lp = log_softmax(
+          ref.logits.data() + (prompt.size() + g - 1) * size_t(mc.vocab_size), mc.vocab_size);
       worst = std::max(worst, double(std::abs(lp[size_t(out.token_ids[g])] - out.logprobs[g])));
     }
     EXPECT_LT(worst, 0.05);
-    std::printf("[ window %d, block %d, chunk %d ] sliding-layer blocks held at most %d (bound %d) of the %d a full "
-                "layer holds; max |dlogprob| vs reference %.4f\n",
-                W, bs, chunk, peak, bound, full_peak, worst);
+    std::printf(
+        "[ window %d, block %d, chunk %d ] sliding-layer blocks held at most %d (bound %d) of the "
+        "%d a full "
+        "layer holds; max |dlogprob| vs reference %.4f\n",
+        W, bs, chunk, peak, bound, full_peak, worst);
   }
 }
 
@@ -99,12 +103,16 @@ TEST(SlidingWindow, KvMemoryOfA4kTokenRequest) {
   for (const LayerConfig& l : mc.layers) sliding += l.attention.sliding_window > 0;
   const int W = mc.layers[0].attention.sliding_window, bs = cfg.block_size;
   EXPECT_LE(peak, (W - 1 + bs - 1) / bs + 512 / bs + 2);
-  const double per_block = double(bs) * double(mc.kv_cache_width()) * 2 / (1 << 20);  // MiB per layer, bf16
-  const double held = per_block * (double(full_peak) * (mc.num_layers - sliding) + double(peak) * sliding);
+  const double per_block =
+      double(bs) * double(mc.kv_cache_width()) * 2 / (1 << 20);  // MiB per layer, bf16
+  const double held =
+      per_block * (double(full_peak) * (mc.num_layers - sliding) + double(peak) * sliding);
   const double full_attention = per_block * double(full_peak) * mc.num_layers;
-  std::printf("[ 4k-token request, window %d ] KV held %.2f MiB (full layers %d blocks, sliding layers %d blocks) "
-              "against %.2f MiB with every layer full: %.2fx\n",
-              W, held, full_peak, peak, full_attention, full_attention / held);
+  std::printf(
+      "[ 4k-token request, window %d ] KV held %.2f MiB (full layers %d blocks, sliding layers %d "
+      "blocks) "
+      "against %.2f MiB with every layer full: %.2fx\n",
+      W, held, full_peak, peak, full_attention, full_attention / held);
   EXPECT_LT(held, 0.6 * full_attention);
 }
 

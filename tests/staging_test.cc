@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "staging/alignment.h"
 #include "routes/route_envelope.h"
+#include "staging/alignment.h"
 #include "staging/staging.h"
 
 namespace r3 {
@@ -62,7 +62,9 @@ bool row_is_minus_one(const RouteArray& a, int row) {
   return true;
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 // Runs `f`, expects an r3::Error, returns its message.
 template <class F>
@@ -110,7 +112,8 @@ TEST(StagingTwoCall, ShapesAndRowsBothFillersNoRepair) {
     EXPECT_TRUE(row_is_filler(c2.rows, 16, f));
 
     AssembleReport rep;
-    RouteArray all = assemble_rollout({c1, c2}, {}, /*repair_boundaries=*/true, &rep);  // no replies: no repair
+    RouteArray all =
+        assemble_rollout({c1, c2}, {}, /*repair_boundaries=*/true, &rep);  // no replies: no repair
     ASSERT_EQ(all.rows, 24);
     EXPECT_EQ(all.layers, 2);
     EXPECT_EQ(all.k, 6);
@@ -184,7 +187,8 @@ TEST(StagingTwoCall, StrictWrongRowCountThrowsNamingCallAndRows) {
     EXPECT_TRUE(contains(msg, "found 22")) << msg;
     // Routes missing altogether (an empty reply).
     msg = error_of([&] { stage_call(RouteArray(), 7, 24, f, StagePolicy::Strict, kE, 2); });
-    EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "expected 23 rows") && contains(msg, "found 0"))
+    EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "expected 23 rows") &&
+                contains(msg, "found 0"))
         << msg;
   }
 }
@@ -250,7 +254,8 @@ TEST(StagingCall, BadRowsStrictThrowLenientMinusOne) {
     SCOPED_TRACE(c.name);
     RouteArray r = engine_reply(24, 0);
     c.spoil(r);
-    std::string msg = error_of([&] { stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 5); });
+    std::string msg =
+        error_of([&] { stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 5); });
     EXPECT_TRUE(contains(msg, "call 5")) << msg;
     EXPECT_TRUE(contains(msg, "position 10")) << msg;
     EXPECT_TRUE(contains(msg, c.what)) << msg;
@@ -280,8 +285,10 @@ TEST(StagingCall, AllMinusOneEngineRowFailsStrictDropsLenient) {
   RouteArray r = engine_reply(24, 0);
   for (int l = 0; l < kL; ++l)
     for (int j = 0; j < kK; ++j) r.at(12, l, j) = -1;
-  std::string msg = error_of([&] { stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, kE, 2); });
-  EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "position 12") && contains(msg, "all -1")) << msg;
+  std::string msg =
+      error_of([&] { stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, kE, 2); });
+  EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "position 12") && contains(msg, "all -1"))
+      << msg;
   StagedCall s = stage_call(r, 7, 24, Filler::Arange, StagePolicy::Lenient, kE, 2);
   EXPECT_FALSE(s.ok);
   for (int p = 7; p < 24; ++p) EXPECT_TRUE(row_is_minus_one(s.rows, p - 7)) << p;
@@ -311,8 +318,10 @@ TEST(StagingTwoCall, BoundaryRepairedDespiteABadRowElsewhereInTheNextCall) {
 
 TEST(StagingCall, DeltaStartAfterPrevLenIsMissingRows) {
   RouteArray r = engine_reply(24, 9);  // positions 7, 8 have no route
-  std::string msg = error_of([&] { stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2); });
-  EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "expected 16 rows") && contains(msg, "found 14"))
+  std::string msg =
+      error_of([&] { stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2); });
+  EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "expected 16 rows") &&
+              contains(msg, "found 14"))
       << msg;
   StagedCall s = stage_call(r, 7, 24, Filler::MinusOne, StagePolicy::Lenient, kE, 2);
   EXPECT_FALSE(s.ok);
@@ -324,7 +333,8 @@ TEST(StagingCall, ShapeAndArgumentErrors) {
   RouteArray bad = r;
   bad.data.pop_back();  // data does not match the shape
   EXPECT_THROW(stage_call(bad, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2), Error);
-  EXPECT_THROW(stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, /*num_experts=*/4, 2), Error);  // K > E
+  EXPECT_THROW(stage_call(r, 7, 24, Filler::Arange, StagePolicy::Strict, /*num_experts=*/4, 2),
+               Error);  // K > E
   bad = r;
   bad.start = 30;
   EXPECT_THROW(stage_call(bad, 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2), Error);
@@ -345,14 +355,17 @@ TEST(StagingCall, PrevLenEqualToTKeepsNothing) {
 }
 
 TEST(StagingAssemble, NonContiguousCallsThrowNamingTheCall) {
-  StagedCall c1 = stage_call(engine_reply(7, 0), 0, 7, Filler::MinusOne, StagePolicy::Strict, kE, 1);
-  StagedCall c2 = stage_call(engine_reply(24, 0), 8, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2);
+  StagedCall c1 =
+      stage_call(engine_reply(7, 0), 0, 7, Filler::MinusOne, StagePolicy::Strict, kE, 1);
+  StagedCall c2 =
+      stage_call(engine_reply(24, 0), 8, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2);
   std::string msg = error_of([&] { assemble_rollout({c1, c2}, {}, false); });
   EXPECT_TRUE(contains(msg, "call 2") && contains(msg, "expected rows from position 7") &&
               contains(msg, "found rows from 8"))
       << msg;
   // Replies for repair must be one per call.
-  StagedCall c2ok = stage_call(engine_reply(24, 0), 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2);
+  StagedCall c2ok =
+      stage_call(engine_reply(24, 0), 7, 24, Filler::MinusOne, StagePolicy::Strict, kE, 2);
   EXPECT_THROW(assemble_rollout({c1, c2ok}, {engine_reply(7, 0)}, true), Error);
   EXPECT_EQ(assemble_rollout({}, {}, true).rows, 0);
 }
@@ -397,7 +410,8 @@ TEST(StagingRandom, MultiTurnRolloutsMatchGroundTruth) {
       int N = std::vector<int>{0, std::max(0, prev - 1), prev}[uni(0, 2)];
       RouteArray r(Tt - 1 - N, L, K);
       r.start = N;
-      std::copy(gt.begin() + size_t(N) * L * K, gt.begin() + size_t(Tt - 1) * L * K, r.data.begin());
+      std::copy(gt.begin() + size_t(N) * L * K, gt.begin() + size_t(Tt - 1) * L * K,
+                r.data.begin());
       calls.push_back(stage_call(r, prev, Tt, f, StagePolicy::Strict, E, t));
       ASSERT_EQ(calls.back().rows.rows, Tt - prev);
       replies.push_back(r);
@@ -441,8 +455,9 @@ TEST(StagingRandom, MultiTurnRolloutsMatchGroundTruth) {
 // of position p >= P-1 the version of token p+1, the filler row the last token's.
 TEST(StagingVersions, EachRowTakesTheVersionOfTheStepThatComputedIt) {
   EXPECT_EQ(row_versions({1, 1, 2}, 3, 8), (std::vector<uint64_t>{1, 1, 1, 2, 2}));
-  EXPECT_EQ(row_versions({4, 5, 6}, 0, 4), (std::vector<uint64_t>{4, 5, 6, 6}));  // a one-token prompt
-  EXPECT_TRUE(row_versions({}, 0, 5).empty());                                 // nothing generated: unknown
+  EXPECT_EQ(row_versions({4, 5, 6}, 0, 4),
+            (std::vector<uint64_t>{4, 5, 6, 6}));  // a one-token prompt
+  EXPECT_TRUE(row_versions({}, 0, 5).empty());     // nothing generated: unknown
   EXPECT_THROW(row_versions({1, 1}, 0, 1), Error);
   EXPECT_EQ(parse_version_policy("drop_call"), VersionPolicy::DropCall);
   EXPECT_THROW(parse_version_policy("newest"), Error);
@@ -485,7 +500,8 @@ TEST(StagingVersions, RolloutsAcrossRefitsFollowTheVersionPolicy) {
     std::vector<uint64_t> want;
     for (const StagedCall& c : calls) want.insert(want.end(), c.versions.begin(), c.versions.end());
     for (size_t t = 1; t < calls.size(); ++t)  // a repaired boundary row: the next call's prefill
-      if (replies[t].start <= calls[t].prev_len - 1) want[size_t(calls[t].prev_len - 1)] = calls[t].versions.front();
+      if (replies[t].start <= calls[t].prev_len - 1)
+        want[size_t(calls[t].prev_len - 1)] = calls[t].versions.front();
     EXPECT_EQ(keep.versions, want) << "iter " << iter;
     const uint64_t newest = *std::max_element(want.begin(), want.end());
     const bool differ = *std::min_element(want.begin(), want.end()) != newest;
@@ -501,7 +517,8 @@ TEST(StagingVersions, RolloutsAcrossRefitsFollowTheVersionPolicy) {
       expect_dropped += stale;
       for (int p = c.prev_len; p < c.total_len; ++p)
         for (int i = 0; i < kL * kK; ++i)
-          ASSERT_EQ(d.row(p)[i], stale ? int16_t(-1) : kept.row(p)[i]) << "iter " << iter << " pos " << p;
+          ASSERT_EQ(d.row(p)[i], stale ? int16_t(-1) : kept.row(p)[i])
+              << "iter " << iter << " pos " << p;
     }
     EXPECT_EQ(drop.version_dropped_calls, expect_dropped);
     dropped += expect_dropped;
@@ -511,8 +528,12 @@ TEST(StagingVersions, RolloutsAcrossRefitsFollowTheVersionPolicy) {
         assemble_rollout(calls, replies, true, nullptr, VersionPolicy::Fail);
         ADD_FAILURE() << "iter " << iter << ": fail did not throw on mixed versions";
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("span weight versions " + std::to_string(*std::min_element(want.begin(), want.end())) +
-                                             " to " + std::to_string(newest)), std::string::npos) << e.what();
+        EXPECT_NE(
+            std::string(e.what()).find("span weight versions " +
+                                       std::to_string(*std::min_element(want.begin(), want.end())) +
+                                       " to " + std::to_string(newest)),
+            std::string::npos)
+            << e.what();
       }
     } else {
       EXPECT_NO_THROW(assemble_rollout(calls, replies, true, nullptr, VersionPolicy::Fail));
@@ -521,7 +542,8 @@ TEST(StagingVersions, RolloutsAcrossRefitsFollowTheVersionPolicy) {
   EXPECT_GT(mixed, 40);  // the sampling exercised both cases
   EXPECT_GT(dropped, 20);
   // Without every call's versions, keep reports none and the other policies refuse.
-  std::vector<StagedCall> unknown = {stage_call(engine_reply(6, 0), 0, 6, Filler::MinusOne, StagePolicy::Strict, kE)};
+  std::vector<StagedCall> unknown = {
+      stage_call(engine_reply(6, 0), 0, 6, Filler::MinusOne, StagePolicy::Strict, kE)};
   AssembleReport rep;
   assemble_rollout(unknown, {}, false, &rep, VersionPolicy::Keep);
   EXPECT_TRUE(rep.versions.empty());
@@ -594,7 +616,10 @@ TEST(EnvelopeCodec, ExactBytesOfTinyArrays) {
 }
 
 TEST(EnvelopeCodec, NarrowestDtypeAndRoundTrip) {
-  struct Case { int16_t max_id; const char* dtype; };
+  struct Case {
+    int16_t max_id;
+    const char* dtype;
+  };
   for (Case c : {Case{127, "int8"}, Case{128, "int16"}, Case{8, "int8"}, Case{255, "int16"},
                  Case{32767, "int16"}}) {
     SCOPED_TRACE(c.max_id);
@@ -652,14 +677,14 @@ TEST(EnvelopeCodec, RejectsMalformed) {
   const std::vector<std::string> bad = {
       "",
       "nrlre1",
-      "nrlre1:int8:3x2x2",                        // 3 fields
-      "nrlre1:int8:3x2x2:" + payload + ":x",      // 5 fields
-      "nrlre2:int8:3x2x2:" + payload,             // magic
+      "nrlre1:int8:3x2x2",                    // 3 fields
+      "nrlre1:int8:3x2x2:" + payload + ":x",  // 5 fields
+      "nrlre2:int8:3x2x2:" + payload,         // magic
       "NRLRE1:int8:3x2x2:" + payload,
-      "nrlre1:uint8:3x2x2:" + payload,            // dtype
+      "nrlre1:uint8:3x2x2:" + payload,  // dtype
       "nrlre1:int64:3x2x2:" + payload,
       "nrlre1::3x2x2:" + payload,
-      "nrlre1:int8:3x2:" + payload,               // shape
+      "nrlre1:int8:3x2:" + payload,  // shape
       "nrlre1:int8:3x2x2x1:" + payload,
       "nrlre1:int8:3x2x:" + payload,
       "nrlre1:int8:ax2x2:" + payload,
@@ -669,16 +694,16 @@ TEST(EnvelopeCodec, RejectsMalformed) {
       "nrlre1:int8:3 x2x2:" + payload,
       "nrlre1:int8:99999999999x2x2:" + payload,
       "nrlre1:int8:2147483647x2147483647x2147483647:" + payload,
-      "nrlre1:int8:4x2x2:" + payload,             // byte count vs shape
+      "nrlre1:int8:4x2x2:" + payload,  // byte count vs shape
       "nrlre1:int8:2x2x2:" + payload,
       "nrlre1:int16:3x2x2:" + payload,
       "nrlre1:int8:3x2x2:" + payload.substr(0, payload.size() - 4),
       "nrlre1:int8:3x2x2:" + payload + "AAAA",
-      "nrlre1:int8:3x2x2:!!!!!!!!!!!!!!!!",       // base64
+      "nrlre1:int8:3x2x2:!!!!!!!!!!!!!!!!",  // base64
       "nrlre1:int8:3x2x2:" + payload.substr(1),
-      "nrlre1:int8:1x1x2:/g==",                   // wrong length for 2 bytes
-      "nrlre1:int8:1x1x1:/g==",                   // id -2 (0xfe)
-      "nrlre1:int16:1x1x1:AIA=",                  // id -32768
+      "nrlre1:int8:1x1x2:/g==",   // wrong length for 2 bytes
+      "nrlre1:int8:1x1x1:/g==",   // id -2 (0xfe)
+      "nrlre1:int16:1x1x1:AIA=",  // id -32768
   };
   for (const std::string& s : bad) {
     SCOPED_TRACE(s);
@@ -792,7 +817,8 @@ TEST(AlignmentCompute, RejectsMismatchedInputs) {
   EXPECT_THROW(compute_alignment(c.eng, RouteArray(4, 2, 3), c.lp_eng, c.lp_trn), Error);
   EXPECT_THROW(compute_alignment(c.eng, RouteArray(3, 2, 2), c.lp_eng, c.lp_trn), Error);
   EXPECT_THROW(compute_alignment(c.eng, c.trn, c.lp_eng, std::vector<float>{-1, -2, -3}), Error);
-  EXPECT_THROW(compute_alignment(RouteArray(3, 2, 2), RouteArray(3, 2, 2), c.lp_eng, c.lp_trn), Error);
+  EXPECT_THROW(compute_alignment(RouteArray(3, 2, 2), RouteArray(3, 2, 2), c.lp_eng, c.lp_trn),
+               Error);
   std::vector<float> nan_lp = c.lp_trn;
   nan_lp[2] = std::nanf("");
   EXPECT_THROW(compute_alignment(c.eng, c.trn, c.lp_eng, nan_lp), Error);
@@ -805,8 +831,8 @@ TEST(AlignmentCompute, JsonKeysExactly) {
   std::set<std::string> keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys.insert(it.key());
   EXPECT_EQ(keys, (std::set<std::string>{"tokens", "router_disagreement_pairs",
-                                         "router_disagreement_tokens", "mean_differing_layers", "k3_kl",
-                                         "extreme_token_fraction", "mean_abs_dlogprob",
+                                         "router_disagreement_tokens", "mean_differing_layers",
+                                         "k3_kl", "extreme_token_fraction", "mean_abs_dlogprob",
                                          "max_abs_dlogprob"}));
   EXPECT_EQ(j["tokens"].get<int>(), 4);
   EXPECT_DOUBLE_EQ(j["router_disagreement_pairs"].get<double>(), 0.5);
@@ -859,7 +885,6 @@ TEST(AlignmentSvg, EmptyAndDegenerateInputs) {
   EXPECT_TRUE(contains(svg, "with replay (n=1"));
   EXPECT_FALSE(contains(svg, "mean nan") || contains(svg, "mean inf"));
 }
-
 
 // The spread filler: forced ids, distinct within a layer, in range, and varying with the position
 // and the layer, so padding rows do not all land on one expert.

@@ -84,8 +84,9 @@ TEST_P(SteadyState, StepAllocatesOnlyItsOutputs) {
   EXPECT_EQ(outputs, uint64_t(steps * R));
   const uint64_t published = e.stats().published_blocks - published0;
   EXPECT_GT(published, 0u);
-  EXPECT_LE(step_allocs, output_allocs + published + 2 * uint64_t(steps)) << step_allocs << " allocations in " << steps << " steps, "
-                                        << output_allocs << " of them for the outputs";
+  EXPECT_LE(step_allocs, output_allocs + published + 2 * uint64_t(steps))
+      << step_allocs << " allocations in " << steps << " steps, " << output_allocs
+      << " of them for the outputs";
 }
 
 INSTANTIATE_TEST_SUITE_P(Engine, SteadyState, ::testing::Values(false, true),

@@ -42,7 +42,9 @@ TEST(TensorView, FirstNonFiniteMatchesReadingEachElement) {
     const int planted = std::uniform_int_distribution<int>(0, 3)(rng);
     for (int k = 0; k < planted; ++k) {
       const int64_t at = std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
-      const uint32_t exp = dtype == DType::F32 ? 0x7f800000u : dtype == DType::BF16 ? 0x7f80u : 0x7c00u;
+      const uint32_t exp = dtype == DType::F32    ? 0x7f800000u
+                           : dtype == DType::BF16 ? 0x7f80u
+                                                  : 0x7c00u;
       uint32_t bits = exp | (rng() % 2 ? (1u << (width * 8 - 1)) : 0u);
       const uint32_t mantissa = (exp & (~exp + 1)) - 1;  // the bits below the exponent's lowest
       if (rng() % 2) bits |= 1u + uint32_t(rng()) % mantissa;  // a NaN (else an infinity)
@@ -52,7 +54,8 @@ TEST(TensorView, FirstNonFiniteMatchesReadingEachElement) {
     t.dtype = dtype;
     t.shape = {n};
     t.data = bytes.data();
-    ASSERT_EQ(first_non_finite(t), naive_first_non_finite(bytes, dtype)) << "trial " << trial << " n " << n;
+    ASSERT_EQ(first_non_finite(t), naive_first_non_finite(bytes, dtype))
+        << "trial " << trial << " n " << n;
   }
 }
 

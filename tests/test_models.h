@@ -12,9 +12,9 @@
 namespace r3::testing {
 
 // Every architecture r3 implements, for tests that run on each.
-inline const std::vector<std::string> kAllArchs = {"mixtral",     "qwen3_moe", "olmoe",      "qwen2_moe",
-                                                   "glm4_moe",    "deepseek_v3", "gpt_oss",  "qwen3_next",
-                                                   "qwen3_5_moe"};
+inline const std::vector<std::string> kAllArchs = {"mixtral",   "qwen3_moe",  "olmoe",
+                                                   "qwen2_moe", "glm4_moe",   "deepseek_v3",
+                                                   "gpt_oss",   "qwen3_next", "qwen3_5_moe"};
 
 // Hybrids (Gated DeltaNet layers with a recurrent state): the engine runs them without prefix
 // caching (no state snapshots yet), so tests of prefix hits expect none there.
@@ -29,11 +29,13 @@ inline bool is_hybrid(const std::string& arch) {
 inline std::string test_model(const std::string& arch, const std::string& preset = "tiny",
                               uint64_t seed = 0, DType dtype = DType::BF16) {
   static std::map<std::string, std::string> made;
-  const std::string key = arch + "_" + preset + "_" + std::to_string(seed) + "_" + dtype_name(dtype);
+  const std::string key =
+      arch + "_" + preset + "_" + std::to_string(seed) + "_" + dtype_name(dtype);
   auto it = made.find(key);
   if (it != made.end()) return it->second;
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("r3_models_" + std::to_string(getpid())) / key).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("r3_models_" + std::to_string(getpid())) / key)
+          .string();
   MakeModelOptions o;
   o.arch = arch;
   for (const char* quant : {"_mxfp4_dequantized", "_mxfp4", "_fp8_dequantized", "_fp8"}) {
@@ -56,9 +58,11 @@ inline std::string test_model(const std::string& arch, const std::string& preset
 
 // A copy of the checkpoint in `src` that a test may damage, under a folder of this process's
 // named by `suite`; the folder's earlier copy of the same name is replaced.
-inline std::string copy_test_model(const std::string& src, const std::string& suite, const std::string& name) {
+inline std::string copy_test_model(const std::string& src, const std::string& suite,
+                                   const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dst = fs::temp_directory_path() / (suite + "_" + std::to_string(::getpid())) / name;
+  const fs::path dst =
+      fs::temp_directory_path() / (suite + "_" + std::to_string(::getpid())) / name;
   fs::remove_all(dst);
   fs::create_directories(dst.parent_path());
   fs::copy(src, dst, fs::copy_options::recursive);

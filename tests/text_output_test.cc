@@ -63,7 +63,8 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
       const std::vector<std::string_view> chars = text::utf8_chars(full.text);
       if (chars.size() < 4) continue;
       const size_t first = std::uniform_int_distribution<size_t>(1, chars.size() - 2)(rng);
-      const size_t len = std::uniform_int_distribution<size_t>(1, std::min<size_t>(5, chars.size() - first))(rng);
+      const size_t len =
+          std::uniform_int_distribution<size_t>(1, std::min<size_t>(5, chars.size() - first))(rng);
       std::string stop;
       for (size_t k = first; k < first + len; ++k) stop += chars[k];
       const size_t at = full.text.find(stop);
@@ -78,7 +79,8 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
         while (e.has_unfinished())
           for (RequestOutput& o : e.step()) {
             if (o.request_id != id) continue;
-            EXPECT_EQ(o.text.compare(0, last.size(), last), 0) << "the text shrank: " << last << " -> " << o.text;
+            EXPECT_EQ(o.text.compare(0, last.size(), last), 0)
+                << "the text shrank: " << last << " -> " << o.text;
             last = o.text;
             if (!o.finished) {
               EXPECT_EQ(o.text.find(stop), std::string::npos);
@@ -91,12 +93,14 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
         EXPECT_EQ(done.text, full.text.substr(0, include ? at + stop.size() : at));
         // Tokens: a prefix of the unstopped run, ending with the token that completed the match.
         ASSERT_LE(done.token_ids.size(), full.token_ids.size());
-        EXPECT_TRUE(std::equal(done.token_ids.begin(), done.token_ids.end(), full.token_ids.begin()));
+        EXPECT_TRUE(
+            std::equal(done.token_ids.begin(), done.token_ids.end(), full.token_ids.begin()));
         const std::string upto = tok->decode(done.token_ids, true, false);
         // What a stream had seen one token earlier: the bytes up to the last complete character.
-        const std::string raw =
-            tok->decode_raw(std::span<const int32_t>(done.token_ids.data(), done.token_ids.size() - 1), true);
-        const std::string before = text::utf8_lossy(std::string_view(raw).substr(0, text::utf8_stable_prefix(raw)));
+        const std::string raw = tok->decode_raw(
+            std::span<const int32_t>(done.token_ids.data(), done.token_ids.size() - 1), true);
+        const std::string before =
+            text::utf8_lossy(std::string_view(raw).substr(0, text::utf8_stable_prefix(raw)));
         EXPECT_NE(upto.find(stop), std::string::npos);
         EXPECT_EQ(before.find(stop), std::string::npos);
         EXPECT_EQ(done.logprobs.size(), done.token_ids.size());
@@ -105,7 +109,8 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
         // The routes are the unstopped run's rows for those tokens.
         const RouteArray& fr = *full.routed_experts;
         const size_t row = size_t(fr.layers) * size_t(fr.k);
-        EXPECT_TRUE(std::equal(done.routed_experts->data.begin(), done.routed_experts->data.end(), fr.data.begin()));
+        EXPECT_TRUE(std::equal(done.routed_experts->data.begin(), done.routed_experts->data.end(),
+                               fr.data.begin()));
         EXPECT_EQ(done.routed_experts->data.size(), size_t(done.routed_experts->rows) * row);
         ++stopped;
       }

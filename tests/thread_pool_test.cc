@@ -42,12 +42,14 @@ TEST(ThreadPool, LookAheadComesBeforeItsItemOnTheSameThread) {
       std::vector<std::thread::id> ahead_by(static_cast<size_t>(n));
       std::atomic<int> misordered{0}, other_thread{0}, late{0};
       std::mutex mu;
-      std::map<std::thread::id, int64_t> last_ahead;  // per thread: the item it looked ahead to last
+      std::map<std::thread::id, int64_t>
+          last_ahead;  // per thread: the item it looked ahead to last
       pool.parallel_for_each(
           n,
           [&](int64_t i) {
             runs[size_t(i)].fetch_add(1);
-            if (aheads[size_t(i)].load() == 1 && ahead_by[size_t(i)] != std::this_thread::get_id()) ++other_thread;
+            if (aheads[size_t(i)].load() == 1 && ahead_by[size_t(i)] != std::this_thread::get_id())
+              ++other_thread;
             // The look-ahead to a thread's next item comes before this one runs: only a thread's
             // last item finds its own look-ahead the latest.
             std::lock_guard<std::mutex> lock(mu);

@@ -56,7 +56,8 @@ TEST_P(TokenizerOracle, EncodesAndDecodesExactlyAsTheOracle) {
     const std::string rt = tok->decode(got);
     if (got == exp && rt != want["roundtrip"][i].get<std::string>()) {
       ++bad;
-      ADD_FAILURE() << GetParam() << " decodes string " << i << " back differently: " << json(rt).dump() << " vs "
+      ADD_FAILURE() << GetParam() << " decodes string " << i
+                    << " back differently: " << json(rt).dump() << " vs "
                     << want["roundtrip"][i].dump();
     }
   }
@@ -67,18 +68,24 @@ TEST_P(TokenizerOracle, EncodesAndDecodesExactlyAsTheOracle) {
       const std::string exp = want[skip ? "decoded_skip" : "decoded"][i];
       if (got != exp) {
         ++bad;
-        ADD_FAILURE() << GetParam() << " decodes " << json(ids).dump() << (skip ? " (skipping specials)" : "")
-                      << " differently:\n  r3:     " << json(got).dump() << "\n  oracle: " << json(exp).dump();
+        ADD_FAILURE() << GetParam() << " decodes " << json(ids).dump()
+                      << (skip ? " (skipping specials)" : "")
+                      << " differently:\n  r3:     " << json(got).dump()
+                      << "\n  oracle: " << json(exp).dump();
       }
     }
   }
   EXPECT_EQ(bad, 0u);
   EXPECT_GE(corpus.size() - left_out, 10000u) << "too few strings compared";
-  std::printf("[ %s ] %zu strings compared, %zu with code points unassigned in PCRE2's Unicode left out; %zu id "
-              "sequences decoded\n", GetParam().c_str(), corpus.size() - left_out, left_out, want["ids"].size());
+  std::printf(
+      "[ %s ] %zu strings compared, %zu with code points unassigned in PCRE2's Unicode left out; "
+      "%zu id "
+      "sequences decoded\n",
+      GetParam().c_str(), corpus.size() - left_out, left_out, want["ids"].size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Released, TokenizerOracle, ::testing::Values("qwen3", "deepseek_v3", "gptoss", "llama3"));
+INSTANTIATE_TEST_SUITE_P(Released, TokenizerOracle,
+                         ::testing::Values("qwen3", "deepseek_v3", "gptoss", "llama3"));
 
 }  // namespace
 }  // namespace r3::text

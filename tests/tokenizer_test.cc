@@ -31,10 +31,10 @@ TEST(Regex, LongWhitespaceRunsMatchWhole) {
 
 TEST(Utf8, LossyDecodeReplacesEachMaximalSubpart) {
   EXPECT_EQ(utf8_lossy("ok"), "ok");
-  EXPECT_EQ(utf8_lossy("a\xF0\x9F\x98"), "a" + kFffd);             // a cut 4-byte sequence: one
-  EXPECT_EQ(utf8_lossy("\xC0\x80"), kFffd + kFffd);                // overlong: each byte
-  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), kFffd + kFffd + kFffd);    // a surrogate: each byte
-  EXPECT_EQ(utf8_lossy("\xE2\x82x"), kFffd + "x");                 // cut 3-byte sequence, then text
+  EXPECT_EQ(utf8_lossy("a\xF0\x9F\x98"), "a" + kFffd);           // a cut 4-byte sequence: one
+  EXPECT_EQ(utf8_lossy("\xC0\x80"), kFffd + kFffd);              // overlong: each byte
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), kFffd + kFffd + kFffd);  // a surrogate: each byte
+  EXPECT_EQ(utf8_lossy("\xE2\x82x"), kFffd + "x");               // cut 3-byte sequence, then text
   EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), kFffd + kFffd + kFffd + kFffd);  // above U+10FFFF
   EXPECT_EQ(utf8_lossy("\xE2\x82\xAC"), "\xE2\x82\xAC");
 }
@@ -42,25 +42,45 @@ TEST(Utf8, LossyDecodeReplacesEachMaximalSubpart) {
 TEST(Utf8, StablePrefixHoldsBackOnlyACharacterMoreBytesCanComplete) {
   EXPECT_EQ(utf8_stable_prefix("ab\xF0\x9F"), 2u);
   EXPECT_EQ(utf8_stable_prefix("ab\xF0\x9F\x98\x80"), 6u);
-  EXPECT_EQ(utf8_stable_prefix("ab\x80"), 3u);      // can never become valid: shown (as U+FFFD)
+  EXPECT_EQ(utf8_stable_prefix("ab\x80"), 3u);  // can never become valid: shown (as U+FFFD)
   EXPECT_EQ(utf8_stable_prefix("ab\xC3"), 2u);
-  EXPECT_EQ(utf8_stable_prefix("ab\xC0"), 3u);      // never a valid lead byte
+  EXPECT_EQ(utf8_stable_prefix("ab\xC0"), 3u);  // never a valid lead byte
   EXPECT_EQ(utf8_stable_prefix(""), 0u);
 }
 
 // A Llama-2-style file: the normalizer turns spaces into "▁" and prepends one, BPE with byte
 // fallback and fused unknowns, a decoder chain undoing it, a BOS template.
 json llama2_style() {
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\xE2\x96\x81", 3}, {"h", 4}, {"e", 5}, {"l", 6},
-                {"o", 7},     {"w", 8},   {"r", 9},    {"d", 10},          {"he", 11}, {"ll", 12}, {"hell", 13},
-                {"hello", 14}, {"\xE2\x96\x81hello", 15}, {"<0xC3>", 16}, {"<0xA9>", 17}, {"wo", 18}};
+  json vocab = {{"<unk>", 0},   {"<s>", 1},     {"</s>", 2},   {"\xE2\x96\x81", 3},
+                {"h", 4},       {"e", 5},       {"l", 6},      {"o", 7},
+                {"w", 8},       {"r", 9},       {"d", 10},     {"he", 11},
+                {"ll", 12},     {"hell", 13},   {"hello", 14}, {"\xE2\x96\x81hello", 15},
+                {"<0xC3>", 16}, {"<0xA9>", 17}, {"wo", 18}};
   return {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"added_tokens",
-       {{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"single_word", false}},
-        {{"id", 1}, {"content", "<s>"}, {"special", true}, {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"single_word", false}},
-        {{"id", 2}, {"content", "</s>"}, {"special", true}, {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"single_word", false}}}},
+       {{{"id", 0},
+         {"content", "<unk>"},
+         {"special", true},
+         {"lstrip", false},
+         {"rstrip", false},
+         {"normalized", false},
+         {"single_word", false}},
+        {{"id", 1},
+         {"content", "<s>"},
+         {"special", true},
+         {"lstrip", false},
+         {"rstrip", false},
+         {"normalized", false},
+         {"single_word", false}},
+        {{"id", 2},
+         {"content", "</s>"},
+         {"special", true},
+         {"lstrip", false},
+         {"rstrip", false},
+         {"normalized", false},
+         {"single_word", false}}}},
       {"normalizer",
        {{"type", "Sequence"},
         {"normalizers",
@@ -69,7 +89,9 @@ json llama2_style() {
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
       {"decoder",
        {{"type", "Sequence"},
@@ -79,7 +101,11 @@ json llama2_style() {
           {{"type", "Fuse"}},
           {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
         {"vocab", vocab},
         {"merges", {"h e", "l l", "he ll", "hell o", "\xE2\x96\x81 hello", "w o"}}}}};
 }
@@ -127,7 +153,8 @@ TEST(Tokenizer, EncodingStopsWhenItsRequestIsCancelled) {
       t->encode(text);
       ADD_FAILURE() << "not cancelled";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("tokenizing was cancelled"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("tokenizing was cancelled"), std::string::npos)
+          << e.what();
     }
   }
   EXPECT_EQ(t->encode("hello").size(), 1u);  // a short text finishes before any poll
@@ -135,17 +162,27 @@ TEST(Tokenizer, EncodingStopsWhenItsRequestIsCancelled) {
 
 TEST(Tokenizer, AddedTokensHonourStripAndSingleWord) {
   json j = llama2_style();
-  j["added_tokens"].push_back({{"id", 19}, {"content", "<x>"}, {"special", false}, {"lstrip", true}, {"rstrip", true},
-                               {"normalized", false}, {"single_word", false}});
-  j["added_tokens"].push_back({{"id", 20}, {"content", "wo"}, {"special", false}, {"lstrip", false}, {"rstrip", false},
-                               {"normalized", false}, {"single_word", true}});
+  j["added_tokens"].push_back({{"id", 19},
+                               {"content", "<x>"},
+                               {"special", false},
+                               {"lstrip", true},
+                               {"rstrip", true},
+                               {"normalized", false},
+                               {"single_word", false}});
+  j["added_tokens"].push_back({{"id", 20},
+                               {"content", "wo"},
+                               {"special", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"single_word", true}});
   auto t = make(j);
   using V = std::vector<int32_t>;
   // The spaces around <x> are absorbed into it; "hello" before and after is its own section.
   EXPECT_EQ(t->encode("hello  <x>  hello"), (V{15, 19, 15}));
-  EXPECT_EQ(t->encode("wo"), (V{20}));           // a whole word
+  EXPECT_EQ(t->encode("wo"), (V{20}));               // a whole word
   EXPECT_EQ(t->encode("hello wo"), (V{15, 3, 20}));  // bounded by a space (kept: no lstrip)
-  EXPECT_EQ(t->encode("wor"), (V{3, 18, 9}));     // inside a word: not the added token
+  EXPECT_EQ(t->encode("wor"), (V{3, 18, 9}));        // inside a word: not the added token
 }
 
 TEST(Tokenizer, UnsupportedFeaturesAreRefusedByName) {
@@ -182,7 +219,8 @@ TEST(Tokenizer, UnsupportedFeaturesAreRefusedByName) {
   j["model"]["merges"].push_back("q z");
   refused(j, "merge 6");
   j = llama2_style();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   refused(j, "(unclosed");
   EXPECT_THROW(Tokenizer::from_json("{not json", "", "<test>"), Error);
   EXPECT_THROW(make(llama2_style(), R"({"bos_token": "<nope>"})"), Error);

@@ -22,7 +22,8 @@ std::vector<uint16_t> random_words(size_t n, uint64_t seed) {
 struct Shape {
   int64_t rows, cols;
 };
-const Shape kShapes[] = {{32, 32}, {64, 96}, {33, 32}, {32, 35}, {70, 45}, {5, 3}, {1, 64}, {96, 1}, {128, 130}};
+const Shape kShapes[] = {{32, 32}, {64, 96}, {33, 32}, {32, 35},  {70, 45},
+                         {5, 3},   {1, 64},  {96, 1},  {128, 130}};
 
 TEST(U64Words, TransposeEqualsTheElementLoop) {
   uint64_t seed = 1;
@@ -32,7 +33,8 @@ TEST(U64Words, TransposeEqualsTheElementLoop) {
     const std::vector<uint16_t> src = random_words(size_t(s.rows * ld_src), seed++);
     std::vector<uint16_t> got = random_words(size_t(s.cols * ld_dst), seed++), want = got;
     for (int64_t r = 0; r < s.rows; ++r)
-      for (int64_t c = 0; c < s.cols; ++c) want[size_t(c * ld_dst + r)] = src[size_t(r * ld_src + c)];
+      for (int64_t c = 0; c < s.cols; ++c)
+        want[size_t(c * ld_dst + r)] = src[size_t(r * ld_src + c)];
     transpose_u16(src.data(), ld_src, s.rows, s.cols, got.data(), ld_dst);
     EXPECT_EQ(got, want);
   }
@@ -59,7 +61,8 @@ TEST(U64Words, PairTransposeSplitsEvenAndOddColumns) {
 }
 
 TEST(U64Words, FourByFourTransposeMovesEachWord) {
-  const uint64_t s[4] = {0x0003000200010000ull, 0x0013001200110010ull, 0x0023002200210020ull, 0x0033003200310030ull};
+  const uint64_t s[4] = {0x0003000200010000ull, 0x0013001200110010ull, 0x0023002200210020ull,
+                         0x0033003200310030ull};
   uint64_t t[4];
   transpose_u16_4x4(s, t);  // word j of row i is 0x00ij
   EXPECT_EQ(t[0], 0x0030002000100000ull);

@@ -28,11 +28,14 @@ struct Reference {
     return nullptr;
   }
   void push_back(Request* r) {
-    if (auto* q = find(r->group)) q->push_back(r);
-    else turns.push_back({r->group, {r}});
+    if (auto* q = find(r->group))
+      q->push_back(r);
+    else
+      turns.push_back({r->group, {r}});
   }
   void push_front(Request* r) {
-    auto it = std::find_if(turns.begin(), turns.end(), [&](auto& t) { return t.first == r->group; });
+    auto it =
+        std::find_if(turns.begin(), turns.end(), [&](auto& t) { return t.first == r->group; });
     if (it == turns.end()) {
       turns.push_front({r->group, {r}});
       return;
@@ -79,8 +82,10 @@ TEST(WaitingQueue, MatchesTheReferenceUnderRandomOperations) {
         r->id = all.size();
         r->group = rng() % 2 ? rng() % 4 : 1000 + r->id;
         const bool preempted = rng() % 8 == 0;
-        if (preempted) q.push_front(r), ref.push_front(r);
-        else q.push_back(r), ref.push_back(r);
+        if (preempted)
+          q.push_front(r), ref.push_front(r);
+        else
+          q.push_back(r), ref.push_back(r);
         waiting.push_back(r);
       } else if (kind < 8) {  // admit the front
         ASSERT_EQ(q.front(), ref.front()) << "seed " << seed << " op " << op;
@@ -108,15 +113,18 @@ TEST(WaitingQueue, ASmallRequestIsNotQueuedBehindAHugeSubmission) {
   c.max_num_seqs = 2;
   Engine e(c);
   std::vector<uint64_t> big;
-  for (int i = 0; i < 200; ++i) big.push_back(e.add_request({3, 4, 5, i % 40 + 6}, testing::greedy(3), 1));
+  for (int i = 0; i < 200; ++i)
+    big.push_back(e.add_request({3, 4, 5, i % 40 + 6}, testing::greedy(3), 1));
   const uint64_t small = e.add_request({3, 9, 5}, testing::greedy(3));
   size_t big_done_before = 0;
   std::optional<RequestOutput> got;
   while (!got) {
     for (RequestOutput& o : e.step())
       if (o.finished) {
-        if (o.request_id == small) got = std::move(o);
-        else ++big_done_before;
+        if (o.request_id == small)
+          got = std::move(o);
+        else
+          ++big_done_before;
       }
   }
   EXPECT_LE(big_done_before, 4u);  // FIFO would have served all 200 first

@@ -55,7 +55,8 @@ TEST(WeightSync, BucketsApplyInPlaceAndEqualAFreshEngine) {
       e.generate({{3, 4, 5, 6}}, {greedy(6)});
       ADD_FAILURE() << "a request ran on a half-applied refit";
     } catch (const Error& err) {
-      EXPECT_NE(std::string(err.what()).find("refit in buckets is under way"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("refit in buckets is under way"), std::string::npos)
+          << err.what();
     }
     EXPECT_EQ(e.weight_version(), 0u);
     e.stage_weights(b3);
@@ -162,7 +163,8 @@ TEST(WeightSync, ARefusedBucketChangesNothing) {
   {
     // qwen3_moe tiny ties its embeddings; store lm_head too, equal to the embedding.
     const std::string src = test_model("qwen3_moe", "tiny");
-    const std::string tied = (fs::temp_directory_path() / ("r3_tied_" + std::to_string(getpid()))).string();
+    const std::string tied =
+        (fs::temp_directory_path() / ("r3_tied_" + std::to_string(getpid()))).string();
     fs::remove_all(tied);
     fs::create_directories(tied);
     fs::copy_file(fs::path(src) / "config.json", fs::path(tied) / "config.json");
@@ -183,7 +185,8 @@ TEST(WeightSync, ARefusedBucketChangesNothing) {
       t.commit_staged_weights(true);
       ADD_FAILURE() << "accepted";
     } catch (const Error& err) {
-      EXPECT_NE(std::string(err.what()).find("tie_word_embeddings"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("tie_word_embeddings"), std::string::npos)
+          << err.what();
     }
     EXPECT_EQ(t.weight_version(), 0u);
     EXPECT_EQ(t.generate({{3, 4, 5}}, {greedy(4)})[0].logprobs, t_before.logprobs);
@@ -213,14 +216,17 @@ TEST(WeightSync, UnsentTensorsKeepTheirValues) {
   ASSERT_EQ(one.size(), 1u);
   e.stage_weights(one);
   e.commit_staged_weights(true);
-  const std::string dir = (fs::temp_directory_path() / ("r3_weight_sync_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("r3_weight_sync_" + std::to_string(getpid()))).string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(fs::path(a) / "config.json", fs::path(dir) / "config.json");
   write_safetensors(dir + "/model.safetensors", mixed);
   Engine want(config_for(dir));
-  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids, want.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids);
-  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs, want.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs);
+  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids,
+            want.generate({{7, 8, 9}}, {greedy(6)})[0].token_ids);
+  EXPECT_EQ(e.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs,
+            want.generate({{7, 8, 9}}, {greedy(6)})[0].logprobs);
   fs::remove_all(dir);
 }
 
@@ -234,7 +240,8 @@ std::vector<float> all_values(const ModelWeights& w) {
   };
   for (const TensorView* t : {&w.embed, &w.final_norm, &w.lm_head}) add(*t);
   for (const LayerWeights& L : w.layers) {
-    for (const TensorView* t : {&L.input_norm, &L.post_norm, &L.q, &L.k, &L.v, &L.o, &L.router, &L.q_norm, &L.k_norm})
+    for (const TensorView* t :
+         {&L.input_norm, &L.post_norm, &L.q, &L.k, &L.v, &L.o, &L.router, &L.q_norm, &L.k_norm})
       add(*t);
     for (const ExpertWeights& e : L.experts)
       for (const TensorView* t : {&e.gate, &e.up, &e.down}) add(*t);
@@ -265,7 +272,8 @@ TEST(WeightSync, AnUpdateRepacksInPlaceAndHandsBackTheSentBytes) {
   EXPECT_EQ(ck->kept_bytes(), kept);  // the replaced small tensors went back
   EXPECT_EQ(all_values(ck->weights()), all_values(Checkpoint::open(b)->weights()));
   EXPECT_NE(all_values(ck->weights()), all_values(Checkpoint::open(a)->weights()));
-  EXPECT_THROW(ck->stored_tensors(), Error);  // updated in memory: its stored bytes are kept nowhere
+  EXPECT_THROW(ck->stored_tensors(),
+               Error);  // updated in memory: its stored bytes are kept nowhere
 }
 
 }  // namespace
@@ -285,7 +293,8 @@ TensorToWrite with_element(TensorToWrite t, size_t element, uint32_t bits) {
 // Issue 48: a NaN or an infinity in refit weights (from tensors or from disk) is refused naming
 // the tensor and the element, before anything changes; the old weights keep serving.
 TEST(WeightSync, NonFiniteWeightsAreRefused) {
-  const std::string a = testing::test_model("olmoe", "tiny", 0), b = testing::test_model("olmoe", "tiny", 7);
+  const std::string a = testing::test_model("olmoe", "tiny", 0),
+                    b = testing::test_model("olmoe", "tiny", 7);
   Engine e(testing::small_config(a));
   const RequestOutput before = e.generate({{3, 4, 5}}, {testing::greedy(5)})[0];
   std::vector<TensorToWrite> good = tensors_of(b);
@@ -301,14 +310,17 @@ TEST(WeightSync, NonFiniteWeightsAreRefused) {
       } catch (const Error& err) {
         const std::string what = err.what();
         EXPECT_NE(what.find(good[head].name), std::string::npos) << what;
-        EXPECT_NE(what.find("non-finite value (NaN or infinity) at element " + std::to_string(element)), std::string::npos)
+        EXPECT_NE(
+            what.find("non-finite value (NaN or infinity) at element " + std::to_string(element)),
+            std::string::npos)
             << what;
       }
     }
   }
   EXPECT_EQ(e.staged_weight_tensors(), 0u);
   // From disk: a copy of b with one router row NaN.
-  const std::string dir = (fs::temp_directory_path() / ("r3_nan_refit_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("r3_nan_refit_" + std::to_string(getpid()))).string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(fs::path(b) / "config.json", fs::path(dir) / "config.json");
@@ -323,8 +335,10 @@ TEST(WeightSync, NonFiniteWeightsAreRefused) {
     e.update_weights(dir, false);
     ADD_FAILURE() << "accepted";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("model.layers.0.mlp.gate.weight"), std::string::npos) << err.what();
-    EXPECT_NE(std::string(err.what()).find("failed after the served weights began to change"), std::string::npos)
+    EXPECT_NE(std::string(err.what()).find("model.layers.0.mlp.gate.weight"), std::string::npos)
+        << err.what();
+    EXPECT_NE(std::string(err.what()).find("failed after the served weights began to change"),
+              std::string::npos)
         << err.what();
   }
   EXPECT_EQ(e.weight_version(), 0u);
@@ -333,7 +347,8 @@ TEST(WeightSync, NonFiniteWeightsAreRefused) {
     e.generate({{3, 4, 5}}, {testing::greedy(5)});
     ADD_FAILURE() << "served a mix of two weight sets";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("the refit from " + dir + " failed"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("the refit from " + dir + " failed"), std::string::npos)
+        << err.what();
   }
   // A bucket that does not send every weight leaves the mix refused; a good refit serves again.
   e.stage_weights({good[head]});
@@ -351,7 +366,8 @@ TEST(WeightSync, NonFiniteWeightsAreRefused) {
 // the refit keeps the cache (flush false): the repeated prompt equals a fresh engine's run on the
 // new weights, and every token carries the new version.
 TEST(WeightSync, PrefixHitsNeverCrossAWeightVersion) {
-  const std::string a = testing::test_model("olmoe", "tiny", 0), b = testing::test_model("olmoe", "tiny", 7);
+  const std::string a = testing::test_model("olmoe", "tiny", 0),
+                    b = testing::test_model("olmoe", "tiny", 7);
   EngineConfig c = testing::small_config(a);
   c.enable_prefix_caching = true;
   Engine e(c);

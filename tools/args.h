@@ -14,7 +14,8 @@ class Args {
     std::string name, help, dflt;
     bool is_bool = false;
   };
-  Args(std::string verb, std::string summary) : verb_(std::move(verb)), summary_(std::move(summary)) {}
+  Args(std::string verb, std::string summary)
+      : verb_(std::move(verb)), summary_(std::move(summary)) {}
   Args& opt(const std::string& name, const std::string& dflt, const std::string& help);
   Args& flag(const std::string& name, bool dflt, const std::string& help);
   // Returns false when --help was asked (help is printed).

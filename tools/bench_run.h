@@ -71,7 +71,7 @@ Timing run_entry(Engine& e, const Entry& en, bool ask_routes, uint64_t run);
 // The same entry on two engines, one step each in turn until both have finished; each run's
 // time is the sum of its own steps. Both take the same prompts (their prefix caches are
 // separate), so the two runs do the same work.
-std::pair<Timing, Timing> run_entries_paired(Engine& a, bool a_asks_routes, Engine& b, bool b_asks_routes,
-                                             const Entry& en, uint64_t run);
+std::pair<Timing, Timing> run_entries_paired(Engine& a, bool a_asks_routes, Engine& b,
+                                             bool b_asks_routes, const Entry& en, uint64_t run);
 
 }  // namespace r3::cli

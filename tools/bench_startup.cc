@@ -23,7 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-
 // Reads every safetensors file of the checkpoint once, in 16 MiB pieces into one buffer: the
 // floor for a start-up that must see every byte. Returns {seconds, bytes}.
 std::pair<double, uint64_t> read_files_once(const std::string& dir) {
@@ -33,7 +32,8 @@ std::pair<double, uint64_t> read_files_once(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".safetensors") continue;
     std::ifstream in(e.path(), std::ios::binary);
-    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) bytes += uint64_t(in.gcount());
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+      bytes += uint64_t(in.gcount());
   }
   return {seconds_since(t0), bytes};
 }
@@ -41,7 +41,8 @@ std::pair<double, uint64_t> read_files_once(const std::string& dir) {
 // Maps `bytes` of fresh memory and writes one byte a page: what the kernel's page clearing costs.
 double first_touch(uint64_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw Error("r3 bench startup: cannot map " + std::to_string(bytes) + " bytes");
+  if (p == MAP_FAILED)
+    throw Error("r3 bench startup: cannot map " + std::to_string(bytes) + " bytes");
   const long page = sysconf(_SC_PAGESIZE);
   const auto t0 = Clock::now();
   for (uint64_t at = 0; at < bytes; at += uint64_t(page)) static_cast<volatile char*>(p)[at] = 1;
@@ -127,15 +128,22 @@ nlohmann::json bench_startup(const EngineConfig& cfg, int reps) {
     best.kv_bytes = f.kv_bytes;
     touch_s = std::min(touch_s, first_touch(uint64_t(f.peak_mb * 1024 * 1024)));
   }
-  const double ckpt_mb = double(best.checkpoint_bytes) / double(1 << 20), kv_mb = double(best.kv_bytes) / double(1 << 20);
-  std::printf("startup        first token %.2f s (checkpoint %.2f s: read %.2f s, packed %.2f s; KV pool + runner "
-              "%.2f s)\n", best.first_token_s, best.open_s, best.read_s, best.pack_s, best.build_s);
-  std::printf("  files once   %.2f GB from the page cache in %.2f s: first token = %.1fx that read\n",
-              double(file_bytes) / 1e9, read_s, best.first_token_s / read_s);
-  std::printf("  first touch  %.0f MB (the peak resident) in %.2f s: first token = %.2fx (read + first touch)\n",
-              best.peak_mb, touch_s, best.first_token_s / (read_s + touch_s));
-  std::printf("  peak RSS     %.0f MB = %.2fx (checkpoint %.0f MB + KV pool %.0f MB)\n", best.peak_mb,
-              best.peak_mb / (ckpt_mb + kv_mb), ckpt_mb, kv_mb);
+  const double ckpt_mb = double(best.checkpoint_bytes) / double(1 << 20),
+               kv_mb = double(best.kv_bytes) / double(1 << 20);
+  std::printf(
+      "startup        first token %.2f s (checkpoint %.2f s: read %.2f s, packed %.2f s; KV pool + "
+      "runner "
+      "%.2f s)\n",
+      best.first_token_s, best.open_s, best.read_s, best.pack_s, best.build_s);
+  std::printf(
+      "  files once   %.2f GB from the page cache in %.2f s: first token = %.1fx that read\n",
+      double(file_bytes) / 1e9, read_s, best.first_token_s / read_s);
+  std::printf(
+      "  first touch  %.0f MB (the peak resident) in %.2f s: first token = %.2fx (read + first "
+      "touch)\n",
+      best.peak_mb, touch_s, best.first_token_s / (read_s + touch_s));
+  std::printf("  peak RSS     %.0f MB = %.2fx (checkpoint %.0f MB + KV pool %.0f MB)\n",
+              best.peak_mb, best.peak_mb / (ckpt_mb + kv_mb), ckpt_mb, kv_mb);
   return {{"name", "startup"},
           {"first_token_s", best.first_token_s},
           {"open_s", best.open_s},

@@ -16,24 +16,25 @@
 namespace r3::cli {
 
 int cmd_align(int argc, char** argv) {
-  Args a("align",
-         "Runs multi-turn rollouts on the engine with routes, stages every call (filler row +\n"
-         "[prev_len:] cut, turn-boundary repair), then runs the trainer forward (fp32 reference)\n"
-         "over each rollout without and with replay of the staged routes, and reports the\n"
-         "train/inference mismatch both ways.\n"
-         "\n"
-         "Rollouts: --input FILE, one JSON object per line,\n"
-         "  {\"prompt_token_ids\":[...], \"turns\":[[user tokens of turn 2], [... turn 3], ...]}\n"
-         "(\"turns\" optional), or --num-prompts N seeded random ones with --turns turns each.\n"
-         "Turn t's prompt = every token so far + its user tokens; each turn samples --max-tokens\n"
-         "tokens (seed of rollout i, turn t derived from --seed); turns after the first ask for\n"
-         "routes from prev_len - 1 so boundary repair has the real route of the previous turn's\n"
-         "last token.\n"
-         "\n"
-         "Scored: logprob metrics (k3_kl, extreme_token_fraction, |dlogprob|) over the generated\n"
-         "tokens, engine logprob vs log_softmax of the trainer logits; router metrics over every\n"
-         "position whose staged row holds a real engine route (filler and -1 rows left out), engine\n"
-         "expert sets vs the experts the trainer forward used.");
+  Args a(
+      "align",
+      "Runs multi-turn rollouts on the engine with routes, stages every call (filler row +\n"
+      "[prev_len:] cut, turn-boundary repair), then runs the trainer forward (fp32 reference)\n"
+      "over each rollout without and with replay of the staged routes, and reports the\n"
+      "train/inference mismatch both ways.\n"
+      "\n"
+      "Rollouts: --input FILE, one JSON object per line,\n"
+      "  {\"prompt_token_ids\":[...], \"turns\":[[user tokens of turn 2], [... turn 3], ...]}\n"
+      "(\"turns\" optional), or --num-prompts N seeded random ones with --turns turns each.\n"
+      "Turn t's prompt = every token so far + its user tokens; each turn samples --max-tokens\n"
+      "tokens (seed of rollout i, turn t derived from --seed); turns after the first ask for\n"
+      "routes from prev_len - 1 so boundary repair has the real route of the previous turn's\n"
+      "last token.\n"
+      "\n"
+      "Scored: logprob metrics (k3_kl, extreme_token_fraction, |dlogprob|) over the generated\n"
+      "tokens, engine logprob vs log_softmax of the trainer logits; router metrics over every\n"
+      "position whose staged row holds a real engine route (filler and -1 rows left out), engine\n"
+      "expert sets vs the experts the trainer forward used.");
   add_engine_flags(a);
   a.opt("input", "", "rollouts JSONL (see above); or use --num-prompts")
       .opt("num-prompts", "0", "seeded random rollouts instead of --input")
@@ -43,9 +44,13 @@ int cmd_align(int argc, char** argv) {
       .opt("top-p", "1", "engine nucleus sampling")
       .opt("top-k", "0", "engine top-k sampling (0 = off)")
       .flag("ignore-eos", true, "keep generating past eos, so every turn has --max-tokens tokens")
-      .opt("filler", "minus_one", "filler row of each call's last token: minus_one | arange | spread")
-      .opt("policy", "strict", "bad or missing routes: strict (drop the rollout) | lenient (drop the call's routes: -1 rows)")
-      .flag("repair-boundaries", true, "overwrite a turn's last filler row with the next call's real route")
+      .opt("filler", "minus_one",
+           "filler row of each call's last token: minus_one | arange | spread")
+      .opt("policy", "strict",
+           "bad or missing routes: strict (drop the rollout) | lenient (drop the call's routes: -1 "
+           "rows)")
+      .flag("repair-boundaries", true,
+            "overwrite a turn's last filler row with the next call's real route")
       .opt("seed", "0", "seed of the random rollouts and of the sampling")
       .opt("trainer-threads", "0", "threads for the trainer forwards (0 = all cores)")
       .opt("json", "", "write the report as JSON here (- = stdout, the table then goes to stderr)")
@@ -58,7 +63,8 @@ int cmd_align(int argc, char** argv) {
     throw Error("r3 align: give exactly one of --input FILE and --num-prompts N");
   if (num_prompts < 0) throw Error("r3 align: --num-prompts must be positive");
   if (have_input && a.given("turns"))
-    throw Error("r3 align: --turns applies to --num-prompts; with --input each line's \"turns\" sets them");
+    throw Error(
+        "r3 align: --turns applies to --num-prompts; with --input each line's \"turns\" sets them");
   if (a.given("enable-return-routed-experts") && !a.on("enable-return-routed-experts"))
     throw Error("r3 align: needs routes; --no-enable-return-routed-experts cannot be used");
 
@@ -75,9 +81,12 @@ int cmd_align(int argc, char** argv) {
   opt.keep_traces = false;
   const std::string filler = a.str("filler"), policy = a.str("policy");
   opt.filler = parse_filler(filler);
-  if (policy == "strict") opt.policy = StagePolicy::Strict;
-  else if (policy == "lenient") opt.policy = StagePolicy::Lenient;
-  else throw Error("r3 align: --policy must be strict or lenient, got \"" + policy + "\"");
+  if (policy == "strict")
+    opt.policy = StagePolicy::Strict;
+  else if (policy == "lenient")
+    opt.policy = StagePolicy::Lenient;
+  else
+    throw Error("r3 align: --policy must be strict or lenient, got \"" + policy + "\"");
 
   EngineConfig cfg = engine_config_from(a);
   cfg.enable_return_routed_experts = true;
@@ -108,8 +117,9 @@ int cmd_align(int argc, char** argv) {
   FILE* table = json_path == "-" ? stderr : stdout;
   std::fprintf(table, "r3 align: %s, %zu rollouts", cfg.model.c_str(), rollouts.size());
   if (turns_shown) std::fprintf(table, " x %d turns", turns_shown);
-  std::fprintf(table, ", %d tokens per turn, filler %s, policy %s, boundary repair %s\n\n", opt.max_tokens,
-               filler.c_str(), policy.c_str(), opt.repair_boundaries ? "on" : "off");
+  std::fprintf(table, ", %d tokens per turn, filler %s, policy %s, boundary repair %s\n\n",
+               opt.max_tokens, filler.c_str(), policy.c_str(),
+               opt.repair_boundaries ? "on" : "off");
   std::fputs(format_alignment_table(r).c_str(), table);
   std::fflush(table);
 

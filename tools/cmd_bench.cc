@@ -9,17 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "args.h"
-#include "bench_startup.h"
 #include "bench_run.h"
+#include "bench_startup.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/resident_memory.h"
@@ -90,15 +90,27 @@ json bench_weight_sync(const EngineConfig& cfg, const kernels::MachineLimits& m,
   const double rss1 = resident_mb();
   e.resume_memory(true, true);
   const double rss2 = resident_mb();
-  std::printf("weight_sync    %.2f GB of weights; one pass at the read bandwidth %.3f s\n", bytes / 1e9, one_pass);
-  std::printf("  from disk    %.3f s  (%.2f GB/s, %.1fx one pass)\n", disk, bytes / disk / 1e9, disk / one_pass);
-  std::printf("  in memory    %.3f s  (%.2f GB/s, %.1fx one pass)\n", memory, bytes / memory / 1e9, memory / one_pass);
-  std::printf("  RSS          %.0f MB -> %.0f MB after release_memory (kv_cache, weights) -> %.0f MB after resume\n",
-              rss0, rss1, rss2);
-  return {{"name", "weight_sync"},          {"weight_bytes", bytes},       {"disk_s", disk},
-          {"memory_s", memory},             {"one_pass_s", one_pass},      {"disk_over_one_pass", disk / one_pass},
-          {"memory_over_one_pass", memory / one_pass}, {"rss_mb_before_release", rss0},
-          {"rss_mb_released", rss1},        {"rss_mb_resumed", rss2},      {"machine_read_gb_per_s", m.read_gb_per_s}};
+  std::printf("weight_sync    %.2f GB of weights; one pass at the read bandwidth %.3f s\n",
+              bytes / 1e9, one_pass);
+  std::printf("  from disk    %.3f s  (%.2f GB/s, %.1fx one pass)\n", disk, bytes / disk / 1e9,
+              disk / one_pass);
+  std::printf("  in memory    %.3f s  (%.2f GB/s, %.1fx one pass)\n", memory, bytes / memory / 1e9,
+              memory / one_pass);
+  std::printf(
+      "  RSS          %.0f MB -> %.0f MB after release_memory (kv_cache, weights) -> %.0f MB after "
+      "resume\n",
+      rss0, rss1, rss2);
+  return {{"name", "weight_sync"},
+          {"weight_bytes", bytes},
+          {"disk_s", disk},
+          {"memory_s", memory},
+          {"one_pass_s", one_pass},
+          {"disk_over_one_pass", disk / one_pass},
+          {"memory_over_one_pass", memory / one_pass},
+          {"rss_mb_before_release", rss0},
+          {"rss_mb_released", rss1},
+          {"rss_mb_resumed", rss2},
+          {"machine_read_gb_per_s", m.read_gb_per_s}};
 }
 
 // Expert parallelism: an entry on the --expert-parallel ranks against one process running every
@@ -113,12 +125,14 @@ struct ExpertParallelRow {
   double one_mb = 0;
 };
 
-ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& en, int reps, uint64_t& run) {
+ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& en, int reps,
+                                          uint64_t& run) {
   ExpertParallelRow row;
   row.en = en;
   EngineConfig one = cfg;
   one.expert_parallel = 1;
-  one.threads = (cfg.threads > 0 ? cfg.threads : int(std::thread::hardware_concurrency())) * cfg.expert_parallel;
+  one.threads = (cfg.threads > 0 ? cfg.threads : int(std::thread::hardware_concurrency())) *
+                cfg.expert_parallel;
   row.one_threads = one.threads;
   Engine ep(cfg);
   run_entry(ep, en, true, run++);  // warm-up: pages in the weights and the KV it uses
@@ -138,19 +152,24 @@ ExpertParallelRow compare_expert_parallel(const EngineConfig& cfg, const Entry& 
   return row;
 }
 
-void print_expert_parallel(const std::vector<ExpertParallelRow>& rows, int ranks, int threads, json& results) {
-  std::printf("expert parallelism: %d ranks x %d threads against 1 process x %d threads, routes on in both\n", ranks,
-              threads, rows.empty() ? 0 : rows[0].one_threads);
-  std::printf("%-16s %26s %26s %8s  %s\n", "entry", "tok/s 1 process [min-max]", "tok/s ranks [min-max]", "ratio",
+void print_expert_parallel(const std::vector<ExpertParallelRow>& rows, int ranks, int threads,
+                           json& results) {
+  std::printf(
+      "expert parallelism: %d ranks x %d threads against 1 process x %d threads, routes on in "
+      "both\n",
+      ranks, threads, rows.empty() ? 0 : rows[0].one_threads);
+  std::printf("%-16s %26s %26s %8s  %s\n", "entry", "tok/s 1 process [min-max]",
+              "tok/s ranks [min-max]", "ratio",
               "resident MB: each rank's (engine alone) | the one process's engine");
   for (const ExpertParallelRow& r : rows) {
     char one[64], many[64];
     std::snprintf(one, sizeof one, "%.1f [%.1f-%.1f]", r.one.median, r.one.min, r.one.max);
     std::snprintf(many, sizeof many, "%.1f [%.1f-%.1f]", r.ranks.median, r.ranks.min, r.ranks.max);
     std::string mb;
-    for (size_t i = 0; i < r.rank_mb.size(); ++i) mb += (i ? ", " : "") + std::to_string(int(r.rank_mb[i]));
-    std::printf("%-16s %26s %26s %8.3f  %s | %.0f\n", r.en.name.c_str(), one, many, r.ranks.median / r.one.median,
-                mb.c_str(), r.one_mb);
+    for (size_t i = 0; i < r.rank_mb.size(); ++i)
+      mb += (i ? ", " : "") + std::to_string(int(r.rank_mb[i]));
+    std::printf("%-16s %26s %26s %8.3f  %s | %.0f\n", r.en.name.c_str(), one, many,
+                r.ranks.median / r.one.median, mb.c_str(), r.one_mb);
     results.push_back({{"name", r.en.name},
                        {"expert_parallel", ranks},
                        {"threads_per_rank", threads},
@@ -168,46 +187,62 @@ void print_expert_parallel(const std::vector<ExpertParallelRow>& rows, int ranks
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Args a("bench",
-         "Runs the benchmark suite (decode_b1, decode_b8, decode_b32, prefill_2k, mixed_rollout; decode_b32_ctx8k and\n"
-         "rollout_long on request) with routes off\n"
-         "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
-         "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
-         "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
-         "pass over the weights at the measured read bandwidth, and the RSS that\n"
-         "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset bench --out DIR.\n"
-         "With --expert-parallel N (under mpirun -np N --bind-to none) each entry runs on the N ranks and on one\n"
-         "process with every rank's threads, routes on, side by side, with each rank's resident memory.");
+  Args a(
+      "bench",
+      "Runs the benchmark suite (decode_b1, decode_b8, decode_b32, prefill_2k, mixed_rollout; "
+      "decode_b32_ctx8k and\n"
+      "rollout_long on request) with routes off\n"
+      "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
+      "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
+      "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
+      "pass over the weights at the measured read bandwidth, and the RSS that\n"
+      "release_memory_occupation gives back. Use a bench-preset model: r3 make-model --preset "
+      "bench --out DIR.\n"
+      "With --expert-parallel N (under mpirun -np N --bind-to none) each entry runs on the N ranks "
+      "and on one\n"
+      "process with every rank's threads, routes on, side by side, with each rank's resident "
+      "memory.");
   add_engine_flags(a);
   a.opt("suite", "decode_b1,decode_b8,decode_b32,prefill_2k,mixed_rollout,weight_sync",
-        "entries to run (also: decode_b32_ctx8k, rollout_long, startup: start to first token of a fresh engine\n"
-        "against reading the files once and first-touching its peak resident bytes, and that peak against the\n"
+        "entries to run (also: decode_b32_ctx8k, rollout_long, startup: start to first token of a "
+        "fresh engine\n"
+        "against reading the files once and first-touching its peak resident bytes, and that peak "
+        "against the\n"
         "checkpoint + KV pool)")
       .opt("reps", "3",
            "repetitions per mode, alternating between two builds of the engine pair unless "
            "--sequential-engines or --paired-steps (median and spread reported)")
       .opt("decode-tokens", "32", "generated tokens per request in decode entries")
-      .opt("batch-sizes", "",
-           "decode entries as batch sizes, e.g. 1,8,32 (decode_b1, decode_b8, decode_b32: that many requests decoding\n"
-           "together); they replace the suite's decode_bN entries, in this order, ahead of the rest")
+      .opt(
+          "batch-sizes", "",
+          "decode entries as batch sizes, e.g. 1,8,32 (decode_b1, decode_b8, decode_b32: that many "
+          "requests decoding\n"
+          "together); they replace the suite's decode_bN entries, in this order, ahead of the rest")
       .opt("prefill-tokens", "2048", "prompt length of prefill_2k")
       .opt("json", "", "write the results as a JSON list here")
       .flag("sequential-engines", false,
-            "build each entry's two engines one at a time (routes-on, then routes-off) instead of side by side: for "
+            "build each entry's two engines one at a time (routes-on, then routes-off) instead of "
+            "side by side: for "
             "long entries whose two KV pools do not fit in memory together (rollout_long)")
       .flag("paired-steps", false,
-            "measure routes on against on-but-unused on two routes-on engines stepped in turn, one step each, so the "
-            "machine's drift over a long entry falls on both alike; then the routes-off engine alone. Holds two KV "
+            "measure routes on against on-but-unused on two routes-on engines stepped in turn, one "
+            "step each, so the "
+            "machine's drift over a long entry falls on both alike; then the routes-off engine "
+            "alone. Holds two KV "
             "pools at once (rollout_long on the bench preset: --kv-cache-mb 6800)");
   if (!a.parse(argc, argv)) return 0;
   EngineConfig base = engine_config_from(a);
   enum class Schedule { SideBySide, Sequential, PairedSteps };
   if (a.on("sequential-engines") && a.on("paired-steps"))
-    throw Error("r3 bench: --sequential-engines and --paired-steps are two ways to schedule the engines; pick one");
+    throw Error(
+        "r3 bench: --sequential-engines and --paired-steps are two ways to schedule the engines; "
+        "pick one");
   if (base.expert_parallel > 1 && (a.on("sequential-engines") || a.on("paired-steps")))
-    throw Error("r3 bench: --expert-parallel compares ranks with one process and takes neither --sequential-engines "
-                "nor --paired-steps");
-  const Schedule schedule = a.on("paired-steps")        ? Schedule::PairedSteps
+    throw Error(
+        "r3 bench: --expert-parallel compares ranks with one process and takes neither "
+        "--sequential-engines "
+        "nor --paired-steps");
+  const Schedule schedule = a.on("paired-steps")         ? Schedule::PairedSteps
                             : a.on("sequential-engines") ? Schedule::Sequential
                                                          : Schedule::SideBySide;
   const int reps = int(a.integer("reps"));
@@ -247,8 +282,11 @@ int cmd_bench(int argc, char** argv) {
     std::stringstream bs(sizes);
     for (std::string n; std::getline(bs, n, ',');) {
       int b = 0;
-      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || (b = std::atoi(n.c_str())) < 1 || b > 4096)
-        throw Error("r3 bench: --batch-sizes takes batch sizes from 1 to 4096 separated by commas, got \"" + sizes + "\"");
+      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos ||
+          (b = std::atoi(n.c_str())) < 1 || b > 4096)
+        throw Error(
+            "r3 bench: --batch-sizes takes batch sizes from 1 to 4096 separated by commas, got \"" +
+            sizes + "\"");
       decode.push_back({"decode_b" + std::to_string(b), b, 16, 0, dec, Entry::Decode});
     }
     suite.erase(std::remove_if(suite.begin(), suite.end(), is_decode_bn), suite.end());
@@ -262,18 +300,23 @@ int cmd_bench(int argc, char** argv) {
   std::vector<kernels::MachineLimits> machine = {kernels::measure_machine(&probe_pool)};
   const kernels::MachineLimits m0 = machine[0];  // a copy: machine grows below
   const kernels::TileChoice& tiles = kernels::tuned_bf16_tiles();
-  std::printf("machine: %s kernels, bf16 peak instruction %s, %d threads (limits measured before the suite and after "
-              "every entry; table below)\n",
-              m0.kernels.c_str(), m0.peak_instruction.c_str(), probe_pool.size());
-  std::printf("bf16 tiles for 2+ tokens: %s (%s", kernels::bf16_tiles_name(tiles.tiles), tiles.source.c_str());
+  std::printf(
+      "machine: %s kernels, bf16 peak instruction %s, %d threads (limits measured before the suite "
+      "and after "
+      "every entry; table below)\n",
+      m0.kernels.c_str(), m0.peak_instruction.c_str(), probe_pool.size());
+  std::printf("bf16 tiles for 2+ tokens: %s (%s", kernels::bf16_tiles_name(tiles.tiles),
+              tiles.source.c_str());
   if (tiles.fma_gflops > 0)
-    std::printf("; one thread, 64 tokens: fma %.0f GFLOP/s, dp %.0f GFLOP/s", tiles.fma_gflops, tiles.dp_gflops);
+    std::printf("; one thread, 64 tokens: fma %.0f GFLOP/s, dp %.0f GFLOP/s", tiles.fma_gflops,
+                tiles.dp_gflops);
   std::printf(")\n");
   const kernels::AttentionChoice& attention = kernels::tuned_decode_attention();
-  std::printf("decode attention loop: %s (%s", kernels::decode_attention_name(attention.loop), attention.source.c_str());
+  std::printf("decode attention loop: %s (%s", kernels::decode_attention_name(attention.loop),
+              attention.source.c_str());
   if (attention.heads_gb_per_s > 0)
-    std::printf("; every thread, scattered bf16 KV: heads %.1f GB/s, per_head %.1f GB/s", attention.heads_gb_per_s,
-                attention.per_head_gb_per_s);
+    std::printf("; every thread, scattered bf16 KV: heads %.1f GB/s, per_head %.1f GB/s",
+                attention.heads_gb_per_s, attention.per_head_gb_per_s);
   std::printf(")\n");
   std::fflush(stdout);
   // Entries adapt to the model: a prompt never runs past the positions it allows (less one
@@ -307,22 +350,30 @@ int cmd_bench(int argc, char** argv) {
     const bool caching = (en.shared_prefix > 0 || en.measure == Entry::Decode) && prefix_caching;
     Entry fitted = en;
     fitted.prompt_len = std::min(en.prompt_len, max_positions - en.max_tokens - 1);
-    while (fitted.prompt_len >= 16 && kv_tokens_needed(fitted, caching, base.block_size) > kv_tokens) --fitted.prompt_len;
+    while (fitted.prompt_len >= 16 &&
+           kv_tokens_needed(fitted, caching, base.block_size) > kv_tokens)
+      --fitted.prompt_len;
     if (fitted.prompt_len < 16) {
-      std::fprintf(stderr, "r3 bench: %s skipped: %d requests of %d generated tokens do not fit the KV pool (%d tokens)\n",
+      std::fprintf(stderr,
+                   "r3 bench: %s skipped: %d requests of %d generated tokens do not fit the KV "
+                   "pool (%d tokens)\n",
                    en.name.c_str(), en.requests, en.max_tokens, kv_tokens);
       continue;
     }
     if (fitted.prompt_len < en.prompt_len) {
-      std::fprintf(stderr, "r3 bench: %s runs %d-token prompts, not %d (the model allows %d positions; the KV pool "
-                   "holds %d tokens)\n", en.name.c_str(), fitted.prompt_len, en.prompt_len, max_positions, kv_tokens);
+      std::fprintf(
+          stderr,
+          "r3 bench: %s runs %d-token prompts, not %d (the model allows %d positions; the KV pool "
+          "holds %d tokens)\n",
+          en.name.c_str(), fitted.prompt_len, en.prompt_len, max_positions, kv_tokens);
       en.prompt_len = fitted.prompt_len;
       en.shared_prefix = std::min(en.shared_prefix, en.prompt_len);
     }
     std::fprintf(stderr, "r3 bench: running %s\n", en.name.c_str());
     EngineConfig cfg = base;
     cfg.max_num_seqs = std::max(cfg.max_num_seqs, en.requests);
-    if (en.measure == Entry::Prefill) cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
+    if (en.measure == Entry::Prefill)
+      cfg.max_num_batched_tokens = std::max(cfg.max_num_batched_tokens, en.prompt_len);
     cfg.enable_prefix_caching = caching;
     EngineConfig cfg_off = cfg;
     cfg_off.enable_return_routed_experts = false;
@@ -331,8 +382,10 @@ int cmd_bench(int argc, char** argv) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, reps, ep_run));
       continue;
     }
-    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet, seconds;
-    std::vector<double> paired_ratios;  // --paired-steps: routes on / on-but-unused of each repetition
+    std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet,
+        seconds;
+    std::vector<double>
+        paired_ratios;  // --paired-steps: routes on / on-but-unused of each repetition
     uint64_t preemptions = 0;
     auto keep_off = [&](const Timing& t) {
       off.push_back(t.tokens_per_s);
@@ -366,8 +419,10 @@ int cmd_bench(int argc, char** argv) {
         run_entry(e_on, warm, true, run++);
         for (int rep = 0; rep < reps; ++rep)
           for (int k = 0; k < 2; ++k)
-            if ((rep + k) % 2 == 0) keep_unused(run_entry(e_on, en, false, run++));
-            else keep_on(run_entry(e_on, en, true, run++));
+            if ((rep + k) % 2 == 0)
+              keep_unused(run_entry(e_on, en, false, run++));
+            else
+              keep_on(run_entry(e_on, en, true, run++));
       }
     } else if (schedule == Schedule::PairedSteps) {
       // Two routes-on engines stepped in turn, one asking for routes and one not; the engine
@@ -401,24 +456,43 @@ int cmd_bench(int argc, char** argv) {
     const int pair_builds = schedule == Schedule::SideBySide ? std::min(2, reps) : 0;
     for (int build = 0; build < pair_builds; ++build) {
       std::optional<Engine> e_off, e_on;
-      if (build == 0) e_off.emplace(cfg_off), e_on.emplace(cfg);
-      else e_on.emplace(cfg), e_off.emplace(cfg_off);
+      if (build == 0)
+        e_off.emplace(cfg_off), e_on.emplace(cfg);
+      else
+        e_on.emplace(cfg), e_off.emplace(cfg_off);
       run_entry(*e_off, en, false, run++);  // warm-ups (page in the weights)
       run_entry(*e_on, en, true, run++);
       for (int rep = build; rep < reps; rep += 2)
         for (int k = 0; k < 3; ++k) switch ((rep + k) % 3) {
-            case 0: keep_off(run_entry(*e_off, en, false, run++)); break;
-            case 1: keep_unused(run_entry(*e_on, en, false, run++)); break;
-            default: keep_on(run_entry(*e_on, en, true, run++)); break;
+            case 0:
+              keep_off(run_entry(*e_off, en, false, run++));
+              break;
+            case 1:
+              keep_unused(run_entry(*e_on, en, false, run++));
+              break;
+            default:
+              keep_on(run_entry(*e_on, en, true, run++));
+              break;
           }
     }
     if (preemptions > 0)
-      std::fprintf(stderr, "r3 bench: %s: %llu preemptions in the timed runs (the KV pool is short of the entry's "
-                   "%lld tokens): its figures include recomputation\n", en.name.c_str(),
-                   static_cast<unsigned long long>(preemptions),
-                   static_cast<long long>(kv_tokens_needed(en, caching, base.block_size)));
-    Row row{en,           spread_of(off), spread_of(unused),       spread_of(on),         spread_of(gb),
-            spread_of(gflops), spread_of(kv), spread_of(attention_kv), spread_of(route_work), 0, preemptions,
+      std::fprintf(
+          stderr,
+          "r3 bench: %s: %llu preemptions in the timed runs (the KV pool is short of the entry's "
+          "%lld tokens): its figures include recomputation\n",
+          en.name.c_str(), static_cast<unsigned long long>(preemptions),
+          static_cast<long long>(kv_tokens_needed(en, caching, base.block_size)));
+    Row row{en,
+            spread_of(off),
+            spread_of(unused),
+            spread_of(on),
+            spread_of(gb),
+            spread_of(gflops),
+            spread_of(kv),
+            spread_of(attention_kv),
+            spread_of(route_work),
+            0,
+            preemptions,
             paired_ratios};
     row.deltanet = spread_of(deltanet);
     row.seconds = spread_of(seconds);
@@ -428,9 +502,13 @@ int cmd_bench(int argc, char** argv) {
   }
   if (base.expert_parallel > 1) {
     json results = json::array();
-    print_expert_parallel(ep_rows, base.expert_parallel, base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()),
-                          results);
-    if (weight_sync) std::fprintf(stderr, "r3 bench: weight_sync skipped: refit is not supported with expert parallelism\n");
+    print_expert_parallel(
+        ep_rows, base.expert_parallel,
+        base.threads > 0 ? base.threads : int(std::thread::hardware_concurrency()), results);
+    if (weight_sync)
+      std::fprintf(
+          stderr,
+          "r3 bench: weight_sync skipped: refit is not supported with expert parallelism\n");
     if (!a.str("json").empty()) {
       std::ofstream out(a.str("json"));
       if (!out) throw Error(a.str("json") + ": cannot open for writing");
@@ -440,18 +518,25 @@ int cmd_bench(int argc, char** argv) {
   }
   // The limits: median and spread over every measurement of this run.
   std::vector<double> reads, peaks, fmas;
-  for (const auto& mm : machine) reads.push_back(mm.read_gb_per_s), peaks.push_back(mm.peak_gflops), fmas.push_back(mm.fma_peak_gflops);
+  for (const auto& mm : machine)
+    reads.push_back(mm.read_gb_per_s), peaks.push_back(mm.peak_gflops),
+        fmas.push_back(mm.fma_peak_gflops);
   const Spread read = spread_of(reads), peak = spread_of(peaks), fma = spread_of(fmas);
-  std::printf("limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s [%.0f-%.0f], "
-              "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
-              machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median, fma.min, fma.max);
-  std::printf("%-16s %12s %20s %12s %8s %10s %10s %8s %8s %8s %9s %8s %10s %8s %8s\n", "entry", "tok/s opt-off",
-              "routes off [min-max]", "routes on", "ratio", "route work", "weight GB/s", "of read", "KV GB/s", "of read",
-              "attn KV", "of read", "GFLOP/s", "of bf16", "of fma");
+  std::printf(
+      "limits over %zu measurements: streaming read %.1f GB/s [%.1f-%.1f], bf16 peak %.0f GFLOP/s "
+      "[%.0f-%.0f], "
+      "fp32 fma peak %.0f GFLOP/s [%.0f-%.0f]; fractions below are of the medians\n",
+      machine.size(), read.median, read.min, read.max, peak.median, peak.min, peak.max, fma.median,
+      fma.min, fma.max);
+  std::printf("%-16s %12s %20s %12s %8s %10s %10s %8s %8s %8s %9s %8s %10s %8s %8s\n", "entry",
+              "tok/s opt-off", "routes off [min-max]", "routes on", "ratio", "route work",
+              "weight GB/s", "of read", "KV GB/s", "of read", "attn KV", "of read", "GFLOP/s",
+              "of bf16", "of fma");
   json results = json::array();
   for (const Row& r : rows) {
     char off_range[48];
-    std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min, r.unused.max);
+    std::snprintf(off_range, sizeof off_range, "%.1f [%.1f-%.1f]", r.unused.median, r.unused.min,
+                  r.unused.max);
     char route_work[24];
     std::snprintf(route_work, sizeof route_work, "%.3f%%", 100 * r.route_work.median);
     // Attention's own KV rate only for decode: a prefill chunk's queries share each load of K and
@@ -462,10 +547,12 @@ int cmd_bench(int argc, char** argv) {
       std::snprintf(attention_kv, sizeof attention_kv, "%.2f", r.attention_kv.median);
       attention_kv_fraction = fraction(r.attention_kv.median, read.median);
     }
-    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %9s %8s %10.1f %8s %8s\n", r.en.name.c_str(),
-                r.off.median, off_range, r.on.median, r.ratio, route_work, r.gb.median,
-                fraction(r.gb.median, read.median).c_str(), r.kv.median, fraction(r.kv.median, read.median).c_str(),
-                attention_kv, attention_kv_fraction.c_str(), r.gflops.median, fraction(r.gflops.median, peak.median).c_str(),
+    std::printf("%-16s %12.1f %20s %12.1f %8.3f %10s %10.2f %8s %8.2f %8s %9s %8s %10.1f %8s %8s\n",
+                r.en.name.c_str(), r.off.median, off_range, r.on.median, r.ratio, route_work,
+                r.gb.median, fraction(r.gb.median, read.median).c_str(), r.kv.median,
+                fraction(r.kv.median, read.median).c_str(), attention_kv,
+                attention_kv_fraction.c_str(), r.gflops.median,
+                fraction(r.gflops.median, peak.median).c_str(),
                 fraction(r.gflops.median, fma.median).c_str());
     json j = {{"name", r.en.name},
               {"prompt_len", r.en.prompt_len},
@@ -493,8 +580,8 @@ int cmd_bench(int argc, char** argv) {
     if (model_is_hybrid) {
       j["deltanet_fraction"] = r.deltanet.median;
       j["recurrent_state_bytes_per_request"] = recurrent_state_bytes;
-      std::printf("%-16s Gated DeltaNet blocks (projections included): %.1f%% of the timed span\n", r.en.name.c_str(),
-                  100 * r.deltanet.median);
+      std::printf("%-16s Gated DeltaNet blocks (projections included): %.1f%% of the timed span\n",
+                  r.en.name.c_str(), 100 * r.deltanet.median);
     }
     if (r.en.measure == Entry::Decode) {
       j["weight_bandwidth_fraction"] = std::min(1.0, r.gb.median / read.median);
@@ -512,12 +599,16 @@ int cmd_bench(int argc, char** argv) {
   // A prefix hit's prefill against the same prompt's without one, both measured in this run.
   for (const Row& hit : rows)
     for (const Row& cold : rows)
-      if (hit.en.measure == Entry::Prefill && cold.en.measure == Entry::Prefill && hit.en.shared_prefix > 0 &&
-          cold.en.shared_prefix == 0 && hit.en.prompt_len == cold.en.prompt_len && cold.seconds.median > 0)
-        std::printf("%s: a %d-token prompt with %d tokens cached prefills in %.4f s, %.1f%% of the %.4f s of %s "
-                    "(routes off, medians)\n", hit.en.name.c_str(), hit.en.prompt_len, hit.en.shared_prefix,
-                    hit.seconds.median, 100 * hit.seconds.median / cold.seconds.median, cold.seconds.median,
-                    cold.en.name.c_str());
+      if (hit.en.measure == Entry::Prefill && cold.en.measure == Entry::Prefill &&
+          hit.en.shared_prefix > 0 && cold.en.shared_prefix == 0 &&
+          hit.en.prompt_len == cold.en.prompt_len && cold.seconds.median > 0)
+        std::printf(
+            "%s: a %d-token prompt with %d tokens cached prefills in %.4f s, %.1f%% of the %.4f s "
+            "of %s "
+            "(routes off, medians)\n",
+            hit.en.name.c_str(), hit.en.prompt_len, hit.en.shared_prefix, hit.seconds.median,
+            100 * hit.seconds.median / cold.seconds.median, cold.seconds.median,
+            cold.en.name.c_str());
   std::fflush(stdout);
   kernels::MachineLimits m = m0;
   m.read_gb_per_s = read.median;

@@ -6,9 +6,9 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <random>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 
 #include "args.h"
 #include "commands.h"
@@ -22,15 +22,20 @@ namespace r3::cli {
 using json = nlohmann::json;
 
 int cmd_generate(int argc, char** argv) {
-  Args a("generate",
-         "Runs every prompt of a JSONL file through the engine and writes one JSON line per prompt,\n"
-         "in input order. Input lines: {\"prompt_token_ids\":[...] or \"prompt\":\"text\", \"max_tokens\":N,\n"
-         "\"temperature\":T, \"top_p\":P, \"top_k\":K, \"seed\":S, \"stop_token_ids\":[...], \"stop\":[...],\n"
-         "\"ignore_eos\":B, \"return_routed_experts\":true, \"routed_experts_start\":N}; a line without a\n"
-         "seed gets a random one. Text needs a tokenizer (the checkpoint's tokenizer.json or --tokenizer).\n"
-         "Route capture is on when a line asks for routes. Output lines: index, prompt_token_ids,\n"
-         "token_ids, text, logprobs, finish_reason, stop_reason, weight_versions, routed_experts,\n"
-         "num_cached_tokens, num_preemptions.");
+  Args a(
+      "generate",
+      "Runs every prompt of a JSONL file through the engine and writes one JSON line per prompt,\n"
+      "in input order. Input lines: {\"prompt_token_ids\":[...] or \"prompt\":\"text\", "
+      "\"max_tokens\":N,\n"
+      "\"temperature\":T, \"top_p\":P, \"top_k\":K, \"seed\":S, \"stop_token_ids\":[...], "
+      "\"stop\":[...],\n"
+      "\"ignore_eos\":B, \"return_routed_experts\":true, \"routed_experts_start\":N}; a line "
+      "without a\n"
+      "seed gets a random one. Text needs a tokenizer (the checkpoint's tokenizer.json or "
+      "--tokenizer).\n"
+      "Route capture is on when a line asks for routes. Output lines: index, prompt_token_ids,\n"
+      "token_ids, text, logprobs, finish_reason, stop_reason, weight_versions, routed_experts,\n"
+      "num_cached_tokens, num_preemptions.");
   add_engine_flags(a);
   a.opt("input", "", "prompts, one JSON object per line (required)")
       .opt("output", "-", "output JSONL file (- = stdout)")
@@ -70,7 +75,10 @@ int cmd_generate(int argc, char** argv) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     try {
       if (!reqs[i].prompt_text.empty()) {
-        if (!engine.tokenizer()) throw Error("a text prompt needs a tokenizer (the checkpoint has no tokenizer.json; pass --tokenizer DIR)");
+        if (!engine.tokenizer())
+          throw Error(
+              "a text prompt needs a tokenizer (the checkpoint has no tokenizer.json; pass "
+              "--tokenizer DIR)");
         const std::vector<int32_t> ids = engine.tokenizer()->encode(reqs[i].prompt_text, true);
         reqs[i].prompt.assign(ids.begin(), ids.end());
       }
@@ -92,9 +100,10 @@ int cmd_generate(int argc, char** argv) {
     if (bar) {
       double s = seconds_since(t0);
       auto st = engine.stats();
-      std::fprintf(stderr, "\r[%-30s] %zu/%zu requests, %.1f tok/s generated",
-                   std::string(size_t(30 * finished / std::max<size_t>(1, reqs.size())), '#').c_str(), finished,
-                   reqs.size(), s > 0 ? double(st.generated_tokens) / s : 0.0);
+      std::fprintf(
+          stderr, "\r[%-30s] %zu/%zu requests, %.1f tok/s generated",
+          std::string(size_t(30 * finished / std::max<size_t>(1, reqs.size())), '#').c_str(),
+          finished, reqs.size(), s > 0 ? double(st.generated_tokens) / s : 0.0);
     }
   }
   if (bar) std::fprintf(stderr, "\n");

@@ -26,14 +26,18 @@ int cmd_tokenize(int argc, char** argv) {
          "--tokenizer, a checkpoint directory or a tokenizer's own), or decodes ids.\n"
          "  r3 tokenize --tokenizer DIR --text 'Hello'         prints the ids as JSON\n"
          "  r3 tokenize --tokenizer DIR --decode '[9707, 0]'    prints the text\n"
-         "  r3 tokenize --tokenizer DIR --bench CORPUS.json     encode throughput over a JSON list of strings");
+         "  r3 tokenize --tokenizer DIR --bench CORPUS.json     encode throughput over a JSON list "
+         "of strings");
   a.opt("tokenizer", "", "directory with tokenizer.json")
-      .opt("text", "", "text to encode (default: standard input, when neither --decode nor --bench is given)")
+      .opt("text", "",
+           "text to encode (default: standard input, when neither --decode nor --bench is given)")
       .opt("decode", "", "a JSON list of ids to decode")
       .opt("bench", "", "a JSON list of strings: encode them all (best of --reps) and print MB/s")
       .opt("reps", "3", "repetitions of --bench")
-      .opt("bench-chat", "", "a JSON list of {\"source\", \"context\"} (tests/tokenizers/chat_oracle.py writes one): time\n"
-                             "rendering each with r3's chat-template renderer, and encoding the result")
+      .opt("bench-chat", "",
+           "a JSON list of {\"source\", \"context\"} (tests/tokenizers/chat_oracle.py writes one): "
+           "time\n"
+           "rendering each with r3's chat-template renderer, and encoding the result")
       .flag("add-special-tokens", false, "apply the post-processor's template (e.g. a BOS)")
       .flag("skip-special-tokens", false, "decode: leave special tokens out");
   if (!a.parse(argc, argv)) return 0;
@@ -44,7 +48,8 @@ int cmd_tokenize(int argc, char** argv) {
     std::map<std::string, std::unique_ptr<text::jinja::Template>> compiled;
     double parse_s = 0, render_s = 0, encode_s = 0;
     size_t rendered = 0, bytes = 0;
-    const auto tok = a.str("tokenizer").empty() ? nullptr : text::Tokenizer::load(a.str("tokenizer"));
+    const auto tok =
+        a.str("tokenizer").empty() ? nullptr : text::Tokenizer::load(a.str("tokenizer"));
     for (const auto& c : cases) {
       const std::string src = c["source"];
       auto t0 = std::chrono::steady_clock::now();
@@ -66,12 +71,18 @@ int cmd_tokenize(int argc, char** argv) {
       ++rendered;
       bytes += out.size();
     }
-    std::printf("%s\n", json{{"templates", compiled.size()}, {"renderings", rendered}, {"rendered_bytes", bytes},
-                             {"parse_us_per_template", parse_s / double(std::max<size_t>(1, compiled.size())) * 1e6},
-                             {"render_us_per_conversation", render_s / double(std::max<size_t>(1, rendered)) * 1e6},
-                             {"encode_us_per_conversation", tok ? json(encode_s / double(std::max<size_t>(1, rendered)) * 1e6) : json(nullptr)}}
-                            .dump()
-                            .c_str());
+    std::printf(
+        "%s\n",
+        json{
+            {"templates", compiled.size()},
+            {"renderings", rendered},
+            {"rendered_bytes", bytes},
+            {"parse_us_per_template", parse_s / double(std::max<size_t>(1, compiled.size())) * 1e6},
+            {"render_us_per_conversation", render_s / double(std::max<size_t>(1, rendered)) * 1e6},
+            {"encode_us_per_conversation",
+             tok ? json(encode_s / double(std::max<size_t>(1, rendered)) * 1e6) : json(nullptr)}}
+            .dump()
+            .c_str());
     return 0;
   }
   if (a.str("tokenizer").empty()) throw Error("tokenize: --tokenizer DIR is required");
@@ -86,7 +97,8 @@ int cmd_tokenize(int argc, char** argv) {
     if (!ids.is_array()) throw Error("tokenize: --decode is not a JSON list of ids");
     std::vector<int32_t> v;
     for (const json& id : ids) {
-      if (!id.is_number_integer()) throw Error("tokenize: --decode holds a non-integer id " + id.dump());
+      if (!id.is_number_integer())
+        throw Error("tokenize: --decode holds a non-integer id " + id.dump());
       v.push_back(id.get<int32_t>());
     }
     std::printf("%s\n", tok->decode(v, a.on("skip-special-tokens")).c_str());
@@ -106,12 +118,18 @@ int cmd_tokenize(int argc, char** argv) {
       for (const std::string& s : texts) tokens += tok->encode(s).size();
       best = std::min(best, seconds_since(t0));
     }
-    std::printf("%s\n", json{{"strings", texts.size()}, {"bytes", bytes}, {"tokens", tokens}, {"seconds", best},
-                             {"mb_per_s", double(bytes) / best / 1e6}}.dump().c_str());
+    std::printf("%s\n", json{{"strings", texts.size()},
+                             {"bytes", bytes},
+                             {"tokens", tokens},
+                             {"seconds", best},
+                             {"mb_per_s", double(bytes) / best / 1e6}}
+                            .dump()
+                            .c_str());
     return 0;
   }
   std::string text = a.str("text");
-  if (!a.given("text")) text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  if (!a.given("text"))
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   std::printf("%s\n", json(tok->encode(text, a.on("add-special-tokens"))).dump().c_str());
   return 0;
 }

@@ -8,16 +8,19 @@ namespace r3::cli {
 
 void add_engine_flags(Args& a) {
   a.opt("model", "", "checkpoint directory (config.json + safetensors)")
-      .opt("tokenizer", "", "directory with tokenizer.json (default: the checkpoint's own, when it has one)")
+      .opt("tokenizer", "",
+           "directory with tokenizer.json (default: the checkpoint's own, when it has one)")
       .opt("max-num-seqs", "32", "requests in flight at once")
       .opt("max-num-batched-tokens", "512", "token budget of one step (prefill is chunked to fit)")
       .opt("block-size", "16", "tokens per KV block")
       .opt("num-kv-blocks", "0", "KV blocks in the pool (0 = as many as fit in --kv-cache-mb)")
       .opt("kv-cache-mb", "1024", "KV memory when --num-kv-blocks is 0")
-      .opt("kv-cache-dtype", "auto", "KV cache element: auto (fp32 for an fp32 checkpoint, else bf16), bf16 or fp32")
+      .opt("kv-cache-dtype", "auto",
+           "KV cache element: auto (fp32 for an fp32 checkpoint, else bf16), bf16 or fp32")
       .flag("enable-prefix-caching", true, "reuse cached KV blocks of shared prompt prefixes")
       .opt("max-state-snapshots", "-1",
-           "hybrids (Gated DeltaNet): recurrent-state snapshots kept for prefix hits, each the state of one request "
+           "hybrids (Gated DeltaNet): recurrent-state snapshots kept for prefix hits, each the "
+           "state of one request "
            "(-1 = 2 x --max-num-seqs, 0 = none: no prefix hits)")
       .flag("overlap-scheduler", false, "plan step N+1 while step N computes")
       .opt("decode-buckets", "", "pad pure-decode steps to these sizes, e.g. 1,2,4,8,16,32")
@@ -26,8 +29,11 @@ void add_engine_flags(Args& a) {
             "capture routes so requests can ask for them (asking an engine without it is an error)")
       .opt("eplb-redundant-experts", "0", "physical replicas of the most loaded experts per layer")
       .opt("expert-parallel", "1",
-           "ranks sharing the experts: run under mpirun -np N (docs/EXPERT_PARALLEL.md); 1 = one process")
-      .opt("expert-timeout-s", "30", "expert parallelism: a rank silent this long fails the engine (requests end with errors)");
+           "ranks sharing the experts: run under mpirun -np N (docs/EXPERT_PARALLEL.md); 1 = one "
+           "process")
+      .opt("expert-timeout-s", "30",
+           "expert parallelism: a rank silent this long fails the engine (requests end with "
+           "errors)");
 }
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
@@ -42,7 +48,8 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
       if (used != item.size() || v <= 0) throw 0;
       out.push_back(v);
     } catch (...) {
-      throw Error("--" + flag + " expects positive integers separated by commas, got \"" + s + "\"");
+      throw Error("--" + flag + " expects positive integers separated by commas, got \"" + s +
+                  "\"");
     }
   }
   return out;

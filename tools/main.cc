@@ -23,10 +23,14 @@ struct Verb {
 const Verb kVerbs[] = {
     {"make-model", r3::cli::cmd_make_model, "write a seeded random MoE checkpoint (HF layout)"},
     {"generate", r3::cli::cmd_generate, "generate from a JSONL file of prompts, with routes"},
-    {"serve", r3::cli::cmd_serve, "HTTP server: OpenAI-style /v1/completions, SGLang-style /generate"},
-    {"bench", r3::cli::cmd_bench, "benchmark suite: tokens/s, bandwidth and FLOP/s, routes on vs off"},
-    {"align", r3::cli::cmd_align, "multi-turn rollouts -> staging -> replay: train/inference mismatch"},
-    {"tokenize", r3::cli::cmd_tokenize, "encode text / decode ids with a Hugging Face tokenizer.json"},
+    {"serve", r3::cli::cmd_serve,
+     "HTTP server: OpenAI-style /v1/completions, SGLang-style /generate"},
+    {"bench", r3::cli::cmd_bench,
+     "benchmark suite: tokens/s, bandwidth and FLOP/s, routes on vs off"},
+    {"align", r3::cli::cmd_align,
+     "multi-turn rollouts -> staging -> replay: train/inference mismatch"},
+    {"tokenize", r3::cli::cmd_tokenize,
+     "encode text / decode ids with a Hugging Face tokenizer.json"},
 };
 
 void usage() {
@@ -56,14 +60,19 @@ int main(int argc, char** argv) {
   // Expert parallelism: rank 0 runs the verb below; the other ranks compute for it until it exits.
   const int ep = expert_parallel_flag(argc, argv), launched = launched_ranks();
   if (launched > 1 && ep <= 1) {
-    std::fprintf(stderr, "error: started by mpirun with %d ranks: pass --expert-parallel %d (without it every rank "
-                 "would run the whole command)\n", launched, launched);
+    std::fprintf(
+        stderr,
+        "error: started by mpirun with %d ranks: pass --expert-parallel %d (without it every rank "
+        "would run the whole command)\n",
+        launched, launched);
     return 2;
   }
 #ifndef R3_HAVE_MPI
   if (ep > 1) {
-    std::fprintf(stderr, "error: --expert-parallel needs MPI, and this r3 was built without it (scripts/setup.sh "
-                 "installs Open MPI; then rebuild)\n");
+    std::fprintf(
+        stderr,
+        "error: --expert-parallel needs MPI, and this r3 was built without it (scripts/setup.sh "
+        "installs Open MPI; then rebuild)\n");
     return 2;
   }
 #else
@@ -78,14 +87,17 @@ int main(int argc, char** argv) {
     if (group->ranks() != ep) {
       group->dissolve();
       if (group->rank() == 0)
-        std::fprintf(stderr, "error: --expert-parallel %d but mpirun started %d ranks (mpirun -np %d r3 ...)\n", ep,
-                     group->ranks(), ep);
+        std::fprintf(
+            stderr,
+            "error: --expert-parallel %d but mpirun started %d ranks (mpirun -np %d r3 ...)\n", ep,
+            group->ranks(), ep);
       return 2;
     }
     if (group->rank() != 0) return group->serve();
     r3::MpiExpertGroup* g = group.get();
-    r3::set_expert_exchange_opener(
-        [g](int ranks, double timeout_s, const std::string& config) { return g->open(ranks, timeout_s, config); });
+    r3::set_expert_exchange_opener([g](int ranks, double timeout_s, const std::string& config) {
+      return g->open(ranks, timeout_s, config);
+    });
   }
 #endif
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {

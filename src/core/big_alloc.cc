@@ -9,7 +9,9 @@
 namespace r3 {
 namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
-size_t rounded_to_huge_pages(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+size_t rounded_to_huge_pages(size_t bytes) {
+  return (bytes + kHugePage - 1) / kHugePage * kHugePage;
+}
 }  // namespace
 
 void* big_alloc(size_t bytes, bool zeroed) {
@@ -21,7 +23,8 @@ void* big_alloc(size_t bytes, bool zeroed) {
   // Anonymous pages straight from the kernel: zero-filled on first touch, so nothing is written
   // (or committed) here. One huge page more than asked, then the unaligned ends unmapped.
   const size_t rounded = rounded_to_huge_pages(bytes);
-  void* raw = mmap(nullptr, rounded + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw = mmap(nullptr, rounded + kHugePage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
@@ -35,8 +38,10 @@ void* big_alloc(size_t bytes, bool zeroed) {
 
 void big_free(void* p, size_t bytes) {
   if (!p) return;
-  if (bytes < kHugePage) ::operator delete(p, std::align_val_t(64));
-  else munmap(p, rounded_to_huge_pages(bytes));
+  if (bytes < kHugePage)
+    ::operator delete(p, std::align_val_t(64));
+  else
+    munmap(p, rounded_to_huge_pages(bytes));
 }
 
 }  // namespace r3

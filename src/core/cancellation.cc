@@ -17,11 +17,14 @@ CancellationScope::CancellationScope(std::function<bool()> cancelled)
 
 CancellationScope::~CancellationScope() { innermost = previous_; }
 
-bool cancellation_requested() { return innermost && innermost->cancelled_ && innermost->cancelled_(); }
+bool cancellation_requested() {
+  return innermost && innermost->cancelled_ && innermost->cancelled_();
+}
 
 void throw_if_cancelled(std::string_view what) {
   if (cancellation_requested())
-    throw Error(std::string(what) + " was cancelled: the request's client left or the server is stopping");
+    throw Error(std::string(what) +
+                " was cancelled: the request's client left or the server is stopping");
 }
 
 }  // namespace r3

@@ -23,16 +23,24 @@ inline size_t dtype_size(DType t) {
 }
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::U8: return "U8";
-    case DType::MXFP4: return "MXFP4";
-    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::U8:
+      return "U8";
+    case DType::MXFP4:
+      return "MXFP4";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
-inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+inline bool is_float_dtype(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
+}
 
 // MXFP4: the e2m1 values of the 16 nibbles, and one element as fp32 (exact: ldexp of a value
 // with two significant bits).
@@ -89,7 +97,8 @@ inline uint8_t f32_to_e4m3(float x) {
     for (int b = 0; b < 0x7f; ++b) v[size_t(b)] = e4m3_to_f32(uint8_t(b));
     return v;
   }();
-  const int lo = int(std::upper_bound(values.begin(), values.end(), a) - values.begin()) - 1;  // last <= a
+  const int lo =
+      int(std::upper_bound(values.begin(), values.end(), a) - values.begin()) - 1;  // last <= a
   if (lo < 0x7e) {
     const float below = a - values[size_t(lo)], above = values[size_t(lo + 1)] - a;
     if (above < below || (above == below && (lo & 1))) return uint8_t(sign | (lo + 1));
@@ -128,7 +137,10 @@ inline float f16_to_f32(uint16_t h) {
       u = sign;
     } else {  // subnormal: renormalise
       int e = -1;
-      do { man <<= 1; ++e; } while (!(man & 0x400u));
+      do {
+        man <<= 1;
+        ++e;
+      } while (!(man & 0x400u));
       u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
     }
   } else if (exp == 31) {

@@ -13,7 +13,8 @@
 
 namespace r3 {
 
-RegularFile::RegularFile(const std::string& path, uint64_t max_bytes, const char* what) : path_(path) {
+RegularFile::RegularFile(const std::string& path, uint64_t max_bytes, const char* what)
+    : path_(path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
   fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd_ < 0) throw Error(path + ": cannot open " + what + " (" + std::strerror(errno) + ")");
@@ -56,7 +57,8 @@ const uint8_t* RegularFile::read_direct(uint64_t offset, size_t n, uint8_t* dst,
   while (at < want) {
     if (std::chrono::steady_clock::now() > deadline)
       throw Error(path_ + ": reading took longer than the time limit (a stalled file system?)");
-    const size_t ask = size_t(std::min<uint64_t>(kChunk, (want - at + kDirectAlign - 1) / kDirectAlign * kDirectAlign));
+    const size_t ask = size_t(
+        std::min<uint64_t>(kChunk, (want - at + kDirectAlign - 1) / kDirectAlign * kDirectAlign));
     const ssize_t got = ::pread(fd, dst + (at - begin), ask, off_t(at));
     if (got < 0) {
       if (errno == EINTR) continue;
@@ -78,7 +80,8 @@ bool RegularFile::mostly_cached(uint64_t offset, uint64_t n) const {
   struct {
     uint64_t cache, dirty, writeback, evicted, recently_evicted;
   } stat{};
-  return ::syscall(kCachestat, fd_, &range, &stat, 0) == 0 && stat.cache * uint64_t(sysconf(_SC_PAGESIZE)) * 2 >= n;
+  return ::syscall(kCachestat, fd_, &range, &stat, 0) == 0 &&
+         stat.cache * uint64_t(sysconf(_SC_PAGESIZE)) * 2 >= n;
 }
 
 void RegularFile::dont_need(uint64_t offset, uint64_t n) const {

@@ -15,7 +15,9 @@ inline constexpr int kPanelRows = 16;
 
 // Weights the engine repacks into panels: bf16, MXFP4 and block-scaled FP8 (the quantized ones
 // stay quantized in their panels and are decoded inside the matmul).
-inline bool packable(DType t) { return t == DType::BF16 || t == DType::MXFP4 || t == DType::F8_E4M3; }
+inline bool packable(DType t) {
+  return t == DType::BF16 || t == DType::MXFP4 || t == DType::F8_E4M3;
+}
 // An MXFP4 panel is groups of 16 pair rows (the 16 rows' 32-input block) followed by the rows'
 // scales of that block (16 bytes): 272 bytes per group, one sequential stream per panel, so the
 // scales arrive with their weights. The group's codes are 4 lines of 64 bytes, line m for pair
@@ -39,7 +41,9 @@ inline size_t mxfp4_panel_bytes(const TensorView& W) {
 // block rows a multiple of 16, block columns of 4, as every released FP8 checkpoint (128 x 128).
 // Other block shapes are packed as the bf16 panel of their decoded values: the same bits, twice
 // the bytes.
-inline bool fp8_native(const TensorView& W) { return W.block_rows % kPanelRows == 0 && W.block_cols % 4 == 0; }
+inline bool fp8_native(const TensorView& W) {
+  return W.block_rows % kPanelRows == 0 && W.block_cols % 4 == 0;
+}
 // A native FP8 panel: the codes of pair rows q and q + 1 (q even) as one 64-byte line, then one
 // fp32 scale per column block, padded to a whole line. Byte 16l + 8h + j of the line holds word
 // 8l + j of pair row q + h, where word 2r + i of a pair row is row r's code of input 2q + i: a
@@ -50,7 +54,9 @@ inline constexpr size_t fp8_code_byte(int64_t q, int r, int i) {
   return size_t(q / 2) * 64 + size_t(w / 8) * 16 + size_t(q % 2) * 8 + size_t(w % 8);
 }
 // Where a native FP8 panel's block scales start: after its code lines.
-inline size_t fp8_scales_offset(const TensorView& W) { return size_t((W.shape[1] / 2 + 1) / 2) * 64; }
+inline size_t fp8_scales_offset(const TensorView& W) {
+  return size_t((W.shape[1] / 2 + 1) / 2) * 64;
+}
 inline size_t fp8_panel_bytes(const TensorView& W) {
   const size_t col_blocks = size_t((W.shape[1] + W.block_cols - 1) / W.block_cols);
   return fp8_scales_offset(W) + (col_blocks * 4 + 63) / 64 * 64;
@@ -63,7 +69,6 @@ inline size_t packed_panel_bytes(const TensorView& W) {
   if (W.dtype == DType::F8_E4M3 && fp8_native(W)) return fp8_panel_bytes(W);
   return size_t(W.shape[1] / 2) * 64;
 }
-
 
 // Element (o, i) of a weight W [O, I] from its packed panels (W.packed), as the kernels decode
 // it: bf16 as stored; MXFP4 and native FP8 from the codes and scales their panels hold; FP8 of

@@ -10,7 +10,9 @@ struct ScopedNanoseconds {
   Counter& ns;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~ScopedNanoseconds() {
-    ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count());
   }
 };
 template <typename Counter>

@@ -16,10 +16,14 @@ int64_t TensorView::numel() const {
 float TensorView::at(int64_t i) const {
   if (!data && packed) return packed_element(*this, i / shape[1], i % shape[1]);
   switch (dtype) {
-    case DType::F32: return static_cast<const float*>(data)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::U8: return float(static_cast<const uint8_t*>(data)[i]);
+    case DType::F32:
+      return static_cast<const float*>(data)[i];
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::U8:
+      return float(static_cast<const uint8_t*>(data)[i]);
     case DType::MXFP4: {
       const uint8_t byte = static_cast<const uint8_t*>(data)[i / 2];
       return mxfp4_value(i % 2 ? byte >> 4 : byte & 15, scales[i / 32]);
@@ -48,7 +52,9 @@ std::string TensorView::shape_str() const {
 
 namespace {
 // The high bit of each lane of x that is zero (the classic borrow test), for 16- or 32-bit lanes.
-inline uint64_t zero_lanes(uint64_t x, uint64_t ones, uint64_t highs) { return (x - ones) & ~x & highs; }
+inline uint64_t zero_lanes(uint64_t x, uint64_t ones, uint64_t highs) {
+  return (x - ones) & ~x & highs;
+}
 }  // namespace
 
 // Blocks of 64 words with no branch inside (the compiler vectorises the OR of each block's
@@ -60,8 +66,11 @@ int64_t first_non_finite(const TensorView& t) {
   if (!b || !is_float_dtype(t.dtype)) return -1;
   const int64_t n = t.numel();
   const size_t width = dtype_size(t.dtype);
-  const uint64_t lane_mask = t.dtype == DType::F32 ? 0x7f800000ull : t.dtype == DType::BF16 ? 0x7f80ull : 0x7c00ull;
-  const uint64_t mask = width == 4 ? lane_mask | lane_mask << 32 : lane_mask * 0x0001000100010001ull;
+  const uint64_t lane_mask = t.dtype == DType::F32    ? 0x7f800000ull
+                             : t.dtype == DType::BF16 ? 0x7f80ull
+                                                      : 0x7c00ull;
+  const uint64_t mask =
+      width == 4 ? lane_mask | lane_mask << 32 : lane_mask * 0x0001000100010001ull;
   const uint64_t ones = width == 4 ? 0x0000000100000001ull : 0x0001000100010001ull;
   const uint64_t highs = width == 4 ? 0x8000000080000000ull : 0x8000800080008000ull;
   auto bad = [&](int64_t i) {
@@ -79,10 +88,13 @@ int64_t first_non_finite(const TensorView& t) {
   for (int64_t k = 0; k < blocks; ++k) {
     const uint8_t* p = b + size_t(k) * kBlockWords * 8;
     uint64_t any = 0;
-    for (int64_t w = 0; w < kBlockWords; ++w)  // a zero lane of (x & mask) ^ mask: exponent all ones
+    for (int64_t w = 0; w < kBlockWords;
+         ++w)  // a zero lane of (x & mask) ^ mask: exponent all ones
       any |= zero_lanes((load_u64(p + w * 8) & mask) ^ mask, ones, highs);
     if (any)
-      if (const int64_t i = search(k * kBlockWords * per_word, (k + 1) * kBlockWords * per_word); i >= 0) return i;
+      if (const int64_t i = search(k * kBlockWords * per_word, (k + 1) * kBlockWords * per_word);
+          i >= 0)
+        return i;
   }
   return search(blocks * kBlockWords * per_word, n);
 }

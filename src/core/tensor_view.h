@@ -21,8 +21,8 @@ struct TensorView {
   // MXFP4 [O, I]: data holds the blocks [O, I/2] bytes, scales [O, I/32] bytes.
   const uint8_t* scales = nullptr;
   // F8_E4M3 [O, I] block-scaled: element (o, i) is its e4m3 value times (an fp32 product)
-  // scale_inv[o / block_rows][i / block_cols], scale_inv [ceil(O / block_rows), ceil(I / block_cols)].
-  // Null for the stored tensor itself (a weight_scale_inv sibling holds the scales).
+  // scale_inv[o / block_rows][i / block_cols], scale_inv [ceil(O / block_rows), ceil(I /
+  // block_cols)]. Null for the stored tensor itself (a weight_scale_inv sibling holds the scales).
   const float* scale_inv = nullptr;
   int block_rows = 0, block_cols = 0;
 

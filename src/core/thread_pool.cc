@@ -56,21 +56,25 @@ void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn)
   run_chunk(fn, n, 0, size());
   // Spin, then yield: when the machine is oversubscribed a descheduled worker needs the core.
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < kSpins) cpu_relax();
-    else std::this_thread::yield();
+    if (spins < kSpins)
+      cpu_relax();
+    else
+      std::this_thread::yield();
   }
 }
 
 void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn) {
   std::atomic<int64_t> next{0};
   auto grab = [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
       fn(i);
   };
   parallel_for(size(), grab);
 }
 
-void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn, FunctionRef<void(int64_t)> ahead) {
+void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn,
+                                   FunctionRef<void(int64_t)> ahead) {
   std::atomic<int64_t> next{0};
   auto grab = [&](int64_t, int64_t) {
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;) {

@@ -22,8 +22,10 @@ template <typename R, typename... A>
 class FunctionRef<R(A...)> {
  public:
   template <typename F>
-  FunctionRef(F&& f) : obj_(const_cast<void*>(static_cast<const void*>(&f))),
-                       call_([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(a...); }) {}
+  FunctionRef(F&& f)
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* o, A... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(a...);
+        }) {}
   R operator()(A... a) const { return call_(obj_, a...); }
 
  private:
@@ -48,7 +50,8 @@ class ThreadPool {
   // The same, each thread claiming its next item before it runs the current one and calling
   // ahead(next) first: the next item's data (its weights) can start on its way from memory, so
   // an item does not begin on cold misses.
-  void parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn, FunctionRef<void(int64_t)> ahead);
+  void parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn,
+                         FunctionRef<void(int64_t)> ahead);
 
  private:
   void worker_loop(int index);

@@ -17,15 +17,19 @@ inline void store_u64(void* p, uint64_t v) { std::memcpy(p, &v, 8); }
 
 // The low and the high 32-bit halves of a and b: (a.lo, b.lo) and (a.hi, b.hi).
 inline uint64_t low_halves(uint64_t a, uint64_t b) { return (a & 0xFFFFFFFFull) | b << 32; }
-inline uint64_t high_halves(uint64_t a, uint64_t b) { return a >> 32 | (b & 0xFFFFFFFF00000000ull); }
+inline uint64_t high_halves(uint64_t a, uint64_t b) {
+  return a >> 32 | (b & 0xFFFFFFFF00000000ull);
+}
 
 // The 4x4 transpose of 16-bit words: s[i] holds row i's words 0..3 (word j at bits 16j), t[j]
 // gets column j (row i's word j at bits 16i).
 inline void transpose_u16_4x4(const uint64_t s[4], uint64_t t[4]) {
   constexpr uint64_t kEven = 0x0000FFFF0000FFFFull;
   // a: rows 0 and 1's words 0 and 2 interleaved, b: their words 1 and 3; d, e: rows 2 and 3's.
-  const uint64_t a = (s[0] & kEven) | (s[1] & kEven) << 16, b = (s[0] >> 16 & kEven) | (s[1] & ~kEven);
-  const uint64_t d = (s[2] & kEven) | (s[3] & kEven) << 16, e = (s[2] >> 16 & kEven) | (s[3] & ~kEven);
+  const uint64_t a = (s[0] & kEven) | (s[1] & kEven) << 16,
+                 b = (s[0] >> 16 & kEven) | (s[1] & ~kEven);
+  const uint64_t d = (s[2] & kEven) | (s[3] & kEven) << 16,
+                 e = (s[2] >> 16 & kEven) | (s[3] & ~kEven);
   t[0] = low_halves(a, d);
   t[1] = low_halves(b, e);
   t[2] = high_halves(a, d);
@@ -48,8 +52,8 @@ inline uint64_t odd_u16(uint64_t a, uint64_t b) { return even_u16(a >> 16, b >> 
 constexpr int64_t kTransposeRows = 32;  // source rows per tile: a 64-byte line of each output row
 
 // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols.
-inline void transpose_u16(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, uint16_t* dst,
-                          int64_t ld_dst) {
+inline void transpose_u16(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols,
+                          uint16_t* dst, int64_t ld_dst) {
   constexpr int64_t kR = kTransposeRows, kC = 32;  // a tile: 32 source lines in, 32 lines out
   const int64_t rows_t = rows / kR * kR, cols_t = cols / kC * kC;
   alignas(64) uint16_t tile[kR][kC];
@@ -68,14 +72,15 @@ inline void transpose_u16(const uint16_t* src, int64_t ld_src, int64_t rows, int
         }
     }
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = r < rows_t ? cols_t : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+    for (int64_t c = r < rows_t ? cols_t : 0; c < cols; ++c)
+      dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
 // The same for a source whose columns hold interleaved pairs, split while transposed:
 // even[c * ld_dst + r] = src[r * ld_src + 2c] and odd[c * ld_dst + r] = src[r * ld_src + 2c + 1],
 // for r < rows, c < pairs.
-inline void transpose_u16_pairs(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t pairs, uint16_t* even,
-                                uint16_t* odd, int64_t ld_dst) {
+inline void transpose_u16_pairs(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t pairs,
+                                uint16_t* even, uint16_t* odd, int64_t ld_dst) {
   constexpr int64_t kR = kTransposeRows, kC = 16;  // a tile: 32 source lines in, 2 x 16 lines out
   const int64_t rows_t = rows / kR * kR, pairs_t = pairs / kC * kC;
   alignas(64) uint16_t tile[kR][2 * kC];

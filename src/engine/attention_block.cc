@@ -19,7 +19,8 @@ using kernels::rms_norm;
 // (head, group); a group is up to kMaxGroup consecutive tokens of one request, which share each
 // load of K and V.
 template <typename KvT>
-void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out, KvCache<KvT>& cache) {
+void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, float* out,
+                            KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads;
   const int qd = nh * hd;
@@ -33,7 +34,8 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
   for (int t = 0; t < T;) {
     const int seq = plan.tokens[size_t(t)].seq;
     int n = 1;
-    while (seq >= 0 && n < kernels::kMaxGroup && t + n < T && plan.tokens[size_t(t + n)].seq == seq) ++n;
+    while (seq >= 0 && n < kernels::kMaxGroup && t + n < T && plan.tokens[size_t(t + n)].seq == seq)
+      ++n;
     attn_groups_.push_back({t, n});
     single_tokens = single_tokens && n == 1;
     t += n;
@@ -62,8 +64,12 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
       pos[k] = plan.tokens[size_t(g.first + k)].position;
     }
     const PlannedSeq& seq = plan.seqs[size_t(first.seq)];
-    kernels::PagedHead<KvT> kv{k, v, windowed ? plan.window_table(seq) : plan.block_table(seq), block_size_,
-                               int64_t(kv_dim_), int64_t(head / group) * hd};
+    kernels::PagedHead<KvT> kv{k,
+                               v,
+                               windowed ? plan.window_table(seq) : plan.block_table(seq),
+                               block_size_,
+                               int64_t(kv_dim_),
+                               int64_t(head / group) * hd};
     kv.window = spec.sliding_window;
     if (spec.sinks) kv.has_sink = true, kv.sink = sinks.at(head);
     kernels::attend_group(qs, pos, g.count, hd, scale, kv, scores.data(), stride, os);
@@ -96,26 +102,34 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
         return;
       }
       thread_local std::vector<float> scores;
-      if (scores.size() < size_t(h1 - h0) * size_t(stride)) scores.resize(size_t(h1 - h0) * size_t(stride));
+      if (scores.size() < size_t(h1 - h0) * size_t(stride))
+        scores.resize(size_t(h1 - h0) * size_t(stride));
       const PlannedSeq& seq = plan.seqs[size_t(token.seq)];
-      kernels::PagedHead<KvT> kv{k, v, windowed ? plan.window_table(seq) : plan.block_table(seq), block_size_,
-                                 int64_t(kv_dim_), 0};
+      kernels::PagedHead<KvT> kv{k,
+                                 v,
+                                 windowed ? plan.window_table(seq) : plan.block_table(seq),
+                                 block_size_,
+                                 int64_t(kv_dim_),
+                                 0};
       kv.window = spec.sliding_window;
       if (loop == kernels::DecodeAttention::Heads) {
-        kernels::attend_heads(q + size_t(g.first) * qd, h0, h1, group, hd, token.position, scale, kv,
-                              spec.sinks ? sink_logits_.data() : nullptr, scores.data(), stride, o);
+        kernels::attend_heads(q + size_t(g.first) * qd, h0, h1, group, hd, token.position, scale,
+                              kv, spec.sinks ? sink_logits_.data() : nullptr, scores.data(), stride,
+                              o);
         return;
       }
-      for (int h = h0; h < h1; ++h) {  // the same bits, one head at a time (kernels/attention_choice.h)
+      for (int h = h0; h < h1;
+           ++h) {  // the same bits, one head at a time (kernels/attention_choice.h)
         kv.head_offset = int64_t(h / group) * hd;
         kv.has_sink = spec.sinks;
         if (spec.sinks) kv.sink = sink_logits_[size_t(h)];
-        kernels::attend(q + size_t(g.first) * qd + size_t(h) * hd, hd, token.position, scale, kv, scores.data(),
-                        o + size_t(h) * hd);
+        kernels::attend(q + size_t(g.first) * qd + size_t(h) * hd, hd, token.position, scale, kv,
+                        scores.data(), o + size_t(h) * hd);
       }
     });
   } else {
-    pool_->parallel_for_each(int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });
+    pool_->parallel_for_each(
+        int64_t(G) * nh, [&](int64_t i) { attend_head(int(i / G), attn_groups_[size_t(i % G)]); });
   }
 }
 
@@ -123,14 +137,16 @@ void ModelRunner::attention(const StepPlan& plan, int layer, const float* q, flo
 // token, the token's K and V into its cache slot, then attention over the paged cache. attn_ gets
 // [T, heads x head_dim].
 template <typename KvT>
-void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T, KvCache<KvT>& cache) {
+void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights& L, int T,
+                                KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, qd = nh * hd, kvd = nkv * hd;
   const float eps = c.rms_norm_eps;
   const AttentionSpec& a = c.layers[size_t(l)].attention;
   const Activations hx{h_.data(), hb_.data(), T};
   // With an output gate, q_proj's rows are per head [query, gate]: into qg_, then split.
-  const kernels::MatmulOut qkv[] = {{&L.q, a.output_gate ? qg_.data() : q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
+  const kernels::MatmulOut qkv[] = {
+      {&L.q, a.output_gate ? qg_.data() : q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}};
   kernels::matmul_many(hx, qkv, pool_);
   weight_bytes_ += L.q.nbytes() + L.k.nbytes() + L.v.nbytes() + L.o.nbytes();
   // Per token (both cores): q/k norms, RoPE, and the token's K and V into its cache slot. The
@@ -152,8 +168,10 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
         kernels::add_bias(v, L.v_bias, 0, kvd);
       }
       if (a.qk_norm == QkNorm::PerHead) {
-        for (int hh = 0; hh < nh; ++hh) rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd, norm_offset_);
-        for (int hh = 0; hh < nkv; ++hh) rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd, norm_offset_);
+        for (int hh = 0; hh < nh; ++hh)
+          rms_norm(q + hh * hd, L.q_norm, 0, hd, eps, q + hh * hd, norm_offset_);
+        for (int hh = 0; hh < nkv; ++hh)
+          rms_norm(k + hh * hd, L.k_norm, 0, hd, eps, k + hh * hd, norm_offset_);
       } else if (a.qk_norm == QkNorm::Whole) {
         rms_norm(q, L.q_norm, 0, qd, eps, q);
         rms_norm(k, L.k_norm, 0, kvd, eps, k);
@@ -168,8 +186,10 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
       for (int hh = 0; hh < nh; ++hh) rotate(q + hh * hd, tok.position, a.rope_interleaved);
       for (int hh = 0; hh < nkv; ++hh) rotate(k + hh * hd, tok.position, a.rope_interleaved);
       if (tok.seq < 0) continue;  // padding: never attended to, and its scratch slots repeat
-      if (sliding(l)) cache.write_gqa(cache_layer_[size_t(l)], tok.window_block, tok.slot, k, v, hd);
-      else cache.write_gqa(cache_layer_[size_t(l)], tok.block, tok.slot, k, v, hd);
+      if (sliding(l))
+        cache.write_gqa(cache_layer_[size_t(l)], tok.window_block, tok.slot, k, v, hd);
+      else
+        cache.write_gqa(cache_layer_[size_t(l)], tok.block, tok.slot, k, v, hd);
     }
   });
   {
@@ -178,12 +198,14 @@ void ModelRunner::gqa_attention(const StepPlan& plan, int l, const LayerWeights&
   }
   if (a.output_gate)  // Qwen3NextAttention: the output times sigmoid(gate), before o_proj
     pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
-      for (int64_t i = t0 * qd; i < t1 * qd; ++i) attn_[size_t(i)] *= 1.f / (1.f + std::exp(-attn_gate_[size_t(i)]));
+      for (int64_t i = t0 * qd; i < t1 * qd; ++i)
+        attn_[size_t(i)] *= 1.f / (1.f + std::exp(-attn_gate_[size_t(i)]));
     });
 }
 
-
-template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<float>&);
-template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<uint16_t>&);
+template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int,
+                                         KvCache<float>&);
+template void ModelRunner::gqa_attention(const StepPlan&, int, const LayerWeights&, int,
+                                         KvCache<uint16_t>&);
 
 }  // namespace r3

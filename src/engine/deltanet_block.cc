@@ -39,15 +39,19 @@ void l2_normalise(float* v, int n) {
 void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, int T) {
   const ModelConfig& c = config();
   const DeltaNetSpec& d = *c.deltanet;
-  const int C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads, dk = d.k_head_dim,
-            dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel, W = K - 1;
+  const int C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads,
+            dk = d.k_head_dim, dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel,
+            W = K - 1;
   const float eps = c.rms_norm_eps;
   ScopedNanoseconds timed{deltanet_ns_};
   const kernels::Activations hx{h_.data(), hb_.data(), T};
-  const kernels::MatmulOut proj[] = {
-      {&L.dn_qkv, dn_mixed_.data()}, {&L.dn_z, dn_z_.data()}, {&L.dn_b, dn_b_.data()}, {&L.dn_a, dn_a_.data()}};
+  const kernels::MatmulOut proj[] = {{&L.dn_qkv, dn_mixed_.data()},
+                                     {&L.dn_z, dn_z_.data()},
+                                     {&L.dn_b, dn_b_.data()},
+                                     {&L.dn_a, dn_a_.data()}};
   kernels::matmul_many(hx, proj, pool_);
-  weight_bytes_ += L.dn_qkv.nbytes() + L.dn_z.nbytes() + L.dn_b.nbytes() + L.dn_a.nbytes() + L.o.nbytes();
+  weight_bytes_ +=
+      L.dn_qkv.nbytes() + L.dn_z.nbytes() + L.dn_b.nbytes() + L.dn_a.nbytes() + L.o.nbytes();
   const int S = int(plan.seqs.size());
   // The small tensors widened to fp32 once per step (they are read per token and channel).
   thread_local std::vector<float> conv_w, norm_w;
@@ -82,7 +86,8 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
         float acc = 0.f;
         for (int j = 0; j < K; ++j) {
           const int at = t - W + j;  // relative to the step's first token of the request
-          const float in = at >= 0 ? dn_mixed_[size_t(s.first_token + at) * C + ch] : window[W + at];
+          const float in =
+              at >= 0 ? dn_mixed_[size_t(s.first_token + at) * C + ch] : window[W + at];
           acc += cw[int64_t(ch) * K + j] * in;
         }
         dn_conv_[size_t(s.first_token + t) * C + ch] = silu(acc);
@@ -152,8 +157,10 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
       const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
       const float* z = &dn_z_[size_t(t) * vd + size_t(hv) * dv];
       for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * nw[j] * silu(z[j]);
-      if (t + 1 - s.first_token == s.snapshot_tokens && s.snapshot_write >= 0)  // the state at the boundary
-        std::copy_n(st, int64_t(dk) * dv, deltanet_snapshot(s.snapshot_write, l) + int64_t(hv) * dk * dv);
+      if (t + 1 - s.first_token == s.snapshot_tokens &&
+          s.snapshot_write >= 0)  // the state at the boundary
+        std::copy_n(st, int64_t(dk) * dv,
+                    deltanet_snapshot(s.snapshot_write, l) + int64_t(hv) * dk * dv);
     }
   });
   // Padding tokens (no request) attend to nothing.

@@ -25,7 +25,8 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& w) {
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "fp32" || name == "float32") return DType::F32;
   // auto: bf16 when the weights are computed as bf16 (bf16, MXFP4 or FP8), fp32 for fp32 weights.
-  if (name == "auto") return w.layers.empty() || w.layers[0].q.dtype == DType::F32 ? DType::F32 : DType::BF16;
+  if (name == "auto")
+    return w.layers.empty() || w.layers[0].q.dtype == DType::F32 ? DType::F32 : DType::BF16;
   throw Error("kv_cache_dtype must be auto, bf16 or fp32, got \"" + name + "\"");
 }
 
@@ -44,38 +45,46 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange)
     : Engine(std::move(cfg), std::move(exchange), nullptr) {}
 
 Engine::Engine(EngineConfig cfg, std::shared_ptr<Checkpoint> shared)
-    : Engine(std::move(cfg), nullptr, shared ? std::move(shared) : throw Error("Engine: the shared checkpoint is null")) {}
+    : Engine(std::move(cfg), nullptr,
+             shared ? std::move(shared) : throw Error("Engine: the shared checkpoint is null")) {}
 
-Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared)
+Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
+               std::shared_ptr<Checkpoint> shared)
     : cfg_(std::move(cfg)), ckpt_(std::move(shared)), exchange_(std::move(exchange)) {
   if (ckpt_ && cfg_.expert_parallel > 1)
-    throw Error("expert_parallel: every rank reads its own experts from the checkpoint directory; a shared checkpoint "
-                "cannot serve them");
+    throw Error(
+        "expert_parallel: every rank reads its own experts from the checkpoint directory; a shared "
+        "checkpoint "
+        "cannot serve them");
   if (cfg_.block_size <= 0) throw Error("block_size must be positive");
   if (cfg_.expert_parallel < 1) throw Error("expert_parallel must be at least 1");
   if (!(cfg_.expert_timeout_s > 0)) throw Error("expert_timeout_s must be positive");
   if (cfg_.expert_parallel > 1 && !exchange_) {
     if (!expert_exchange_opener())
       throw Error("expert_parallel " + std::to_string(cfg_.expert_parallel) +
-                  " needs the r3 command started by MPI: mpirun -np " + std::to_string(cfg_.expert_parallel) +
-                  " r3 <verb> ... --expert-parallel " + std::to_string(cfg_.expert_parallel));
+                  " needs the r3 command started by MPI: mpirun -np " +
+                  std::to_string(cfg_.expert_parallel) + " r3 <verb> ... --expert-parallel " +
+                  std::to_string(cfg_.expert_parallel));
     // The other ranks start building theirs now, alongside this one.
-    exchange_ = expert_exchange_opener()(cfg_.expert_parallel, cfg_.expert_timeout_s, engine_config_to_json(cfg_));
+    exchange_ = expert_exchange_opener()(cfg_.expert_parallel, cfg_.expert_timeout_s,
+                                         engine_config_to_json(cfg_));
   }
   if (cfg_.max_num_seqs <= 0) throw Error("max_num_seqs must be positive");
   if (cfg_.max_num_batched_tokens <= 0) throw Error("max_num_batched_tokens must be positive");
   for (int b : cfg_.decode_buckets)
     if (b <= 0) throw Error("decode_buckets must be positive");
-  kernels::active_kernels();  // a bad R3_KERNELS fails here, before any weight is read
+  kernels::active_kernels();    // a bad R3_KERNELS fails here, before any weight is read
   kernels::tuned_bf16_tiles();  // likewise a bad R3_TILES; timed once per CPU model, then cached
   kernels::tuned_decode_attention();  // and R3_ATTENTION; the same
   // An expert-parallel rank reads only its own experts (the others' stay on disk).
   Checkpoint::HeldExperts held;
   if (exchange_)
     held = [this](const ModelConfig& mc) {
-      return held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts, exchange_->rank(), exchange_->ranks());
+      return held_experts(eplb_for(cfg_, mc), mc.num_moe_layers(), mc.num_experts,
+                          exchange_->rank(), exchange_->ranks());
     };
-  int threads = cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  int threads =
+      cfg_.threads > 0 ? cfg_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   pool_ = std::make_unique<ThreadPool>(threads);
   const auto started = std::chrono::steady_clock::now();
   if (!ckpt_) {
@@ -95,7 +104,8 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   }
   // Gated DeltaNet layers keep a state per request, not per block: a prefix hit restores the
   // state at its end from a snapshot (engine/state_snapshots.h), so hybrids need some.
-  if (cfg_.max_state_snapshots < -1) throw Error("max_state_snapshots must be >= 0 (or -1: 2 x max_num_seqs)");
+  if (cfg_.max_state_snapshots < -1)
+    throw Error("max_state_snapshots must be >= 0 (or -1: 2 x max_num_seqs)");
   if (cfg_.max_state_snapshots < 0) cfg_.max_state_snapshots = 2 * cfg_.max_num_seqs;
   if (!mc.hybrid() || !cfg_.enable_prefix_caching) cfg_.max_state_snapshots = 0;
   const DType kv_dtype = resolve_kv_cache_dtype(cfg_.kv_cache_dtype, ckpt_->weights());
@@ -106,18 +116,23 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   // requests' windows and one step's tokens can hold at once (Scheduler).
   int window = 0, sliding_layers = 0;
   for (const LayerConfig& l : mc.layers)
-    if (l.attention.sliding_window > 0) window = std::max(window, l.attention.sliding_window), ++sliding_layers;
+    if (l.attention.sliding_window > 0)
+      window = std::max(window, l.attention.sliding_window), ++sliding_layers;
   const int kv_layers = mc.num_layers - mc.num_deltanet_layers();  // DeltaNet layers hold no KV
   const int bs = cfg_.block_size, S = cfg_.max_num_seqs;
-  const int64_t window_need = int64_t(S) * ((window - 1 + bs - 1) / bs + 3) + (max_step + bs - 1) / bs;
-  const size_t per_layer_block = size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);  // bytes
+  const int64_t window_need =
+      int64_t(S) * ((window - 1 + bs - 1) / bs + 3) + (max_step + bs - 1) / bs;
+  const size_t per_layer_block =
+      size_t(bs) * size_t(mc.kv_cache_width()) * dtype_size(kv_dtype);  // bytes
   int blocks = cfg_.num_kv_blocks;
   if (blocks <= 0) {
-    const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20), full = size_t(kv_layers - sliding_layers);
+    const size_t budget = size_t(cfg_.kv_cache_mb) * (1u << 20),
+                 full = size_t(kv_layers - sliding_layers);
     // blocks x full layers + min(blocks, window_need) x sliding layers within the budget.
     size_t b = budget / (size_t(kv_layers) * per_layer_block);
     if (sliding_layers && full && b > size_t(window_need))
-      b = (budget - size_t(window_need) * size_t(sliding_layers) * per_layer_block) / (full * per_layer_block);
+      b = (budget - size_t(window_need) * size_t(sliding_layers) * per_layer_block) /
+          (full * per_layer_block);
     blocks = int(std::clamp<size_t>(b, 16, 1 << 16));
   }
   cfg_.num_kv_blocks = blocks;
@@ -127,9 +142,11 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   // holds one scratch block past its blocks.
   const double kv_mb = double(per_layer_block) *
                        (double(blocks + 1) * double(kv_layers - sliding_layers) +
-                        double(window > 0 ? window_blocks + 1 : 0) * double(sliding_layers)) / double(1 << 20);
+                        double(window > 0 ? window_blocks + 1 : 0) * double(sliding_layers)) /
+                       double(1 << 20);
   if (const double machine_mb = physical_memory_mb(); kv_mb > machine_mb)
-    throw Error("the KV cache (" + std::to_string(blocks) + " blocks: " + std::to_string(int64_t(kv_mb)) +
+    throw Error("the KV cache (" + std::to_string(blocks) +
+                " blocks: " + std::to_string(int64_t(kv_mb)) +
                 " MiB) exceeds this machine's memory (" + std::to_string(int64_t(machine_mb)) +
                 " MiB): lower --num-kv-blocks or --kv-cache-mb");
   kv_ = std::make_unique<KvPool>(blocks, cfg_.block_size);
@@ -140,10 +157,11 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   if (exchange_ && exchange_->ranks() > (eplb.enabled() ? eplb.num_physical() : mc.num_experts))
     throw Error("expert_parallel " + std::to_string(exchange_->ranks()) + " exceeds the model's " +
                 std::to_string(mc.num_experts) + " experts (plus EPLB replicas)");
-  runner_ = std::make_unique<ModelRunner>(ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs,
-                                          pool_.get(), kv_dtype, window_blocks, std::move(eplb), exchange_.get(),
-                                          cfg_.max_state_snapshots);
-  if (cfg_.max_state_snapshots > 0) snapshots_ = std::make_unique<StateSnapshots>(cfg_.max_state_snapshots);
+  runner_ = std::make_unique<ModelRunner>(
+      ckpt_, blocks, cfg_.block_size, max_step, cfg_.max_num_seqs, pool_.get(), kv_dtype,
+      window_blocks, std::move(eplb), exchange_.get(), cfg_.max_state_snapshots);
+  if (cfg_.max_state_snapshots > 0)
+    snapshots_ = std::make_unique<StateSnapshots>(cfg_.max_state_snapshots);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
@@ -151,13 +169,15 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   sc.decode_buckets = cfg_.decode_buckets;
   sc.sliding_window = window;
   sc.state_slots = mc.hybrid();
-  scheduler_ = std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
-                                           runner_->window_scratch_block(), snapshots_.get());
+  scheduler_ =
+      std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
+                                  runner_->window_scratch_block(), snapshots_.get());
   if (cfg_.enable_return_routed_experts) {
     assert_capturable(cfg_, mc, max_step);
     capturer_ = std::make_unique<RouteCapturer>(cfg_.overlap_scheduler ? 3 : 1, max_step,
                                                 mc.num_moe_layers(), mc.top_k);
-    routes_ = std::make_unique<RouteManager>(mc.num_moe_layers(), mc.top_k, blocks, cfg_.block_size);
+    routes_ =
+        std::make_unique<RouteManager>(mc.num_moe_layers(), mc.top_k, blocks, cfg_.block_size);
   }
   // Every rank built its engine (or this throws) before a worker thread exists to be joined.
   if (exchange_) exchange_->started(true);
@@ -169,16 +189,19 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::
   startup_.resident_mb = resident_mb();
 }
 
-uint64_t Engine::recurrent_state_bytes_per_request() const { return runner_->recurrent_state_bytes_per_request(); }
+uint64_t Engine::recurrent_state_bytes_per_request() const {
+  return runner_->recurrent_state_bytes_per_request();
+}
 
 std::string StartupReport::line() const {
   char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "weights %.2f GB in %.2f s (read %.2f s, packed %.2f s, checked %.2f s); KV pool %.2f GB "
-                "(committed as written) and runner set up in %.2f s; %.2f s in all; resident %.0f MB",
-                double(checkpoint_bytes) / 1e9, open_seconds, read_seconds, pack_seconds,
-                std::max(0.0, open_seconds - read_seconds - pack_seconds), double(kv_bytes) / 1e9, build_seconds,
-                total_seconds, resident_mb);
+  std::snprintf(
+      buf, sizeof buf,
+      "weights %.2f GB in %.2f s (read %.2f s, packed %.2f s, checked %.2f s); KV pool %.2f GB "
+      "(committed as written) and runner set up in %.2f s; %.2f s in all; resident %.0f MB",
+      double(checkpoint_bytes) / 1e9, open_seconds, read_seconds, pack_seconds,
+      std::max(0.0, open_seconds - read_seconds - pack_seconds), double(kv_bytes) / 1e9,
+      build_seconds, total_seconds, resident_mb);
   return buf;
 }
 
@@ -189,15 +212,18 @@ std::vector<double> Engine::resident_mb_by_rank() const {
 
 void Engine::refuse_under_expert_parallel(const char* what) const {
   if (exchange_)
-    throw Error(std::string(what) + " is not supported with expert parallelism yet: it would have to reach every rank "
+    throw Error(std::string(what) +
+                " is not supported with expert parallelism yet: it would have to reach every rank "
                 "(docs/EXPERT_PARALLEL.md)");
 }
 
 void Engine::refuse_on_shared_checkpoint(const char* what) const {
   // The engine and its model runner are the checkpoint's own two owners; any other holds it too.
   if (ckpt_.use_count() > 2)
-    throw Error(std::string(what) + ": this engine's checkpoint is shared with another engine or caller, and a refit "
-                "from tensors would change it under them; refit from a checkpoint (update_weights) instead");
+    throw Error(std::string(what) +
+                ": this engine's checkpoint is shared with another engine or caller, and a refit "
+                "from tensors would change it under them; refit from a checkpoint (update_weights) "
+                "instead");
 }
 
 Engine::~Engine() {
@@ -278,17 +304,20 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uin
                 std::to_string(mc.max_position_embeddings) + " positions");
   const int64_t blocks = (total + cfg_.block_size - 1) / cfg_.block_size;
   if (blocks > kv_->num_blocks())
-    throw Error("prompt + max_tokens needs " + std::to_string(blocks) + " KV blocks but the pool has " +
-                std::to_string(kv_->num_blocks()));
+    throw Error("prompt + max_tokens needs " + std::to_string(blocks) +
+                " KV blocks but the pool has " + std::to_string(kv_->num_blocks()));
   if (!params.stop.empty() && !tokenizer_)
-    throw Error("stop strings need a tokenizer (the checkpoint has no tokenizer.json; pass one with --tokenizer "
-                "DIR, or use stop_token_ids)");
+    throw Error(
+        "stop strings need a tokenizer (the checkpoint has no tokenizer.json; pass one with "
+        "--tokenizer "
+        "DIR, or use stop_token_ids)");
   if (params.return_routed_experts && !cfg_.enable_return_routed_experts)
-    throw Error("return_routed_experts was requested but the engine was not started with "
-                "enable_return_routed_experts");
+    throw Error(
+        "return_routed_experts was requested but the engine was not started with "
+        "enable_return_routed_experts");
   if (params.prompt_logprobs_start > int64_t(prompt.size()))
-    throw Error("prompt_logprobs_start " + std::to_string(params.prompt_logprobs_start) + " is past the prompt (" +
-                std::to_string(prompt.size()) + " tokens)");
+    throw Error("prompt_logprobs_start " + std::to_string(params.prompt_logprobs_start) +
+                " is past the prompt (" + std::to_string(prompt.size()) + " tokens)");
   if (params.max_tokens == 0 && prompt.size() < 2 && params.return_routed_experts)
     throw Error("max_tokens 0 with a one-token prompt has no route row to return");
   if (params.routed_experts_start > total - 1)
@@ -313,7 +342,8 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uin
   r->block_hashes.reserve(size_t(blocks));
   if (r->params.return_routed_experts) routes_->open(r->id, int(total));
   if (tokenizer_)
-    r->detok = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, r->prompt, r->params.skip_special_tokens);
+    r->detok = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, r->prompt,
+                                                              r->params.skip_special_tokens);
   prompt_tokens_ += r->prompt.size();
   scheduler_->add(r.get());
   uint64_t id = r->id;
@@ -324,7 +354,8 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uin
 bool Engine::abort(uint64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || it->second->status == RequestStatus::Finished) return false;
-  if (aborted_set_.insert(id).second) aborted_.push_back(id);  // O(1): aborting n requests is linear
+  if (aborted_set_.insert(id).second)
+    aborted_.push_back(id);  // O(1): aborting n requests is linear
   return true;
 }
 
@@ -362,7 +393,9 @@ CaptureSlot* Engine::run_forward(int buffer) {
     runner_->forward(plans_[buffer], token_ids_.data(), slot);
     sampler_.finish(plans_[buffer], *runner_, pool_.get(), results_[buffer]);
   } catch (...) {
-    if (slot) capturer_->release(slot);  // a failed step must not keep its slot: the next would wait forever
+    if (slot)
+      capturer_->release(
+          slot);  // a failed step must not keep its slot: the next would wait forever
     throw;
   }
   return slot;
@@ -394,7 +427,8 @@ RequestOutput Engine::make_output(const Request& r) {
   if (r.params.prompt_logprobs_start >= 0 && r.status == RequestStatus::Finished) {
     const size_t from = size_t(r.params.prompt_logprobs_start);
     o.prompt_logprobs.assign(r.prompt_logprobs.begin() + ptrdiff_t(from), r.prompt_logprobs.end());
-    if (!r.prompt_top.empty()) o.prompt_top_logprobs.assign(r.prompt_top.begin() + ptrdiff_t(from), r.prompt_top.end());
+    if (!r.prompt_top.empty())
+      o.prompt_top_logprobs.assign(r.prompt_top.begin() + ptrdiff_t(from), r.prompt_top.end());
   }
   return o;
 }
@@ -449,7 +483,10 @@ void Engine::finish(Request* r, const std::string& reason, std::vector<RequestOu
     o.routed_experts = std::move(routes);
     routes_->close(r->id);
   }
-  if (reason == "abort" || reason == "error") ++aborted_count_; else ++finished_;
+  if (reason == "abort" || reason == "error")
+    ++aborted_count_;
+  else
+    ++finished_;
   out.push_back(std::move(o));
   requests_.erase(r->id);
 }
@@ -466,7 +503,8 @@ void Engine::publish_full_blocks(Request* r, int computed) {
     const uint64_t h = KvPool::chain_hash(parent, block_tokens_.data(), bs);
     kv_->publish(r->blocks[size_t(b)], h, block_tokens_.data());
     // Its sliding-window block, unless already released (a chunk longer than the window).
-    if (window_kv_ && r->window_blocks[size_t(b)] >= 0) window_kv_->publish(r->window_blocks[size_t(b)], h, block_tokens_.data());
+    if (window_kv_ && r->window_blocks[size_t(b)] >= 0)
+      window_kv_->publish(r->window_blocks[size_t(b)], h, block_tokens_.data());
     r->block_hashes.push_back(h);
   }
 }
@@ -520,8 +558,9 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     if (sr.sample.nonfinite) {
       const int pos = s.start_pos + s.num_tokens - 1;
       finish(r, "error", out);
-      out.back().error = "non-finite logits at position " + std::to_string(pos) +
-                         " (NaN or infinite values in the weights or activations); nothing was sampled";
+      out.back().error =
+          "non-finite logits at position " + std::to_string(pos) +
+          " (NaN or infinite values in the weights or activations); nothing was sampled";
       continue;
     }
     --r->pending;
@@ -532,8 +571,8 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     ++generated_tokens_;
     const int tok = sr.sample.token;
     const auto& stops = r->params.stop_token_ids;
-    if ((!r->params.ignore_eos && tok == eos) || std::find(stops.begin(), stops.end(), tok) != stops.end() ||
-        extend_text(r, tok))
+    if ((!r->params.ignore_eos && tok == eos) ||
+        std::find(stops.begin(), stops.end(), tok) != stops.end() || extend_text(r, tok))
       finish(r, "stop", out);
     else if (int(r->output.size()) >= r->params.max_tokens)
       finish(r, "length", out);
@@ -564,7 +603,8 @@ std::vector<RequestOutput> Engine::step() {
   scheduler_->schedule(plans_[buffer], next_iter_, weight_version_);
   const bool has_plan = !plans_[buffer].tokens.empty();
   if (has_plan) ++next_iter_;
-  out.reserve(out.size() + plans_[buffer].seqs.size() + (in_flight_ >= 0 ? plans_[in_flight_].seqs.size() : 0));
+  out.reserve(out.size() + plans_[buffer].seqs.size() +
+              (in_flight_ >= 0 ? plans_[in_flight_].seqs.size() : 0));
   if (!cfg_.overlap_scheduler) {
     if (has_plan) process(buffer, run_forward(buffer), out);
     return out;
@@ -644,8 +684,9 @@ void Engine::update_weights_from_headers(const std::shared_ptr<Checkpoint>& next
   } catch (const std::exception& e) {
     // Some layers are new and the rest old: no silent mix is served. Running requests end
     // (reason abort) and new ones are refused, naming this refit, until a refit succeeds.
-    failed_refit_ = "update_weights: the refit from " + dir + " failed after the served weights began to change (" +
-                    e.what() + "); requests are refused until a refit succeeds";
+    failed_refit_ = "update_weights: the refit from " + dir +
+                    " failed after the served weights began to change (" + e.what() +
+                    "); requests are refused until a refit succeeds";
     runner_->set_weights(ckpt_);
     abort_unfinished();
     forget_bucket_refit();
@@ -663,7 +704,8 @@ void Engine::refuse_model_change(const Checkpoint& next) const {
   // description: a refit may change weights only. A refused refit leaves the old weights serving.
   const std::vector<std::string> diffs = ckpt_->differences(next);
   if (diffs.empty()) return;
-  std::string msg = "update_weights: " + next.dir() + " describes a different model than the one served (";
+  std::string msg =
+      "update_weights: " + next.dir() + " describes a different model than the one served (";
   for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
   throw Error(msg + "); start a new engine for it");
 }
@@ -671,7 +713,8 @@ void Engine::refuse_model_change(const Checkpoint& next) const {
 void Engine::update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush) {
   refuse_under_expert_parallel("update_weights (refit)");
   refuse_model_change(*ckpt);
-  ckpt->refuse_non_finite_values();  // before anything changes: a refused refit leaves the old weights
+  ckpt->refuse_non_finite_values();  // before anything changes: a refused refit leaves the old
+                                     // weights
   drain();
   ckpt_ = ckpt;
   runner_->set_weights(ckpt);
@@ -698,7 +741,8 @@ void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
   std::vector<std::string> ready;
   for (const auto& [name, t] : staged_) {
     bool together = true;
-    for (const std::string& other : ckpt_->sent_together(name)) together = together && staged_.count(other);
+    for (const std::string& other : ckpt_->sent_together(name))
+      together = together && staged_.count(other);
     if (together) ready.push_back(name);
   }
   if (ready.empty()) return;
@@ -718,8 +762,8 @@ void Engine::stage_weights(std::vector<TensorToWrite> tensors) {
   try {
     apply_sent(std::move(bucket));
   } catch (const std::exception& e) {
-    failed_refit_ = "update_weights_from_tensors: a bucket failed while being applied (" + std::string(e.what()) +
-                    "); requests are refused until a refit succeeds";
+    failed_refit_ = "update_weights_from_tensors: a bucket failed while being applied (" +
+                    std::string(e.what()) + "); requests are refused until a refit succeeds";
     forget_bucket_refit();
     throw Error(failed_refit_);
   }
@@ -733,7 +777,8 @@ void Engine::commit_staged_weights(bool flush) {
   staged_.clear();
   // After a failed refit only one that sends every weight makes the served weights one set again.
   bool every_weight = true;
-  for (const std::string& name : ckpt_->used_tensors()) every_weight = every_weight && refit_sent_.count(name);
+  for (const std::string& name : ckpt_->used_tensors())
+    every_weight = every_weight && refit_sent_.count(name);
   const size_t sent = refit_sent_.size();
   const bool mixed = refit_in_place_;
   refit_sent_.clear();  // refused or applied, this set of buckets is done
@@ -744,8 +789,9 @@ void Engine::commit_staged_weights(bool flush) {
     if (!rest.empty()) apply_sent(std::move(rest));
   } catch (const std::exception& e) {
     if (!mixed) throw;  // nothing changed: the old weights serve on
-    failed_refit_ = "update_weights_from_tensors: the last bucket was refused (" + std::string(e.what()) + ") after " +
-                    std::to_string(sent) + " tensors of earlier buckets had changed the served weights; requests "
+    failed_refit_ = "update_weights_from_tensors: the last bucket was refused (" +
+                    std::string(e.what()) + ") after " + std::to_string(sent) +
+                    " tensors of earlier buckets had changed the served weights; requests "
                     "are refused until a refit succeeds";
     throw Error(failed_refit_);
   }
@@ -761,7 +807,8 @@ void Engine::apply_sent(std::vector<TensorToWrite> tensors) {
   Checkpoint::Update update = ckpt_->apply_update(std::move(tensors), pool_.get());
   runner_->set_weights(ckpt_);
   if (freeing_replaced_.valid()) freeing_replaced_.wait();
-  freeing_replaced_ = std::async(std::launch::async, [old = std::move(update.replaced)]() mutable { old.clear(); });
+  freeing_replaced_ =
+      std::async(std::launch::async, [old = std::move(update.replaced)]() mutable { old.clear(); });
 }
 
 void Engine::abort_unfinished() {
@@ -779,8 +826,10 @@ void Engine::forget_bucket_refit() {
 void Engine::refuse_mixed_weights() const {
   if (!failed_refit_.empty()) throw Error(failed_refit_);
   if (refit_in_place_)
-    throw Error("update_weights_from_tensors: a refit in buckets is under way (" + std::to_string(refit_sent_.size()) +
-                " tensors sent, applied in place): requests are refused until its last bucket (finished=true) lands");
+    throw Error("update_weights_from_tensors: a refit in buckets is under way (" +
+                std::to_string(refit_sent_.size()) +
+                " tensors sent, applied in place): requests are refused until its last bucket "
+                "(finished=true) lands");
 }
 
 bool Engine::reset_prefix_cache() {
@@ -798,7 +847,9 @@ int Engine::retract_all() {
 void Engine::release_memory(bool kv_cache, bool weights) {
   refuse_under_expert_parallel("release_memory_occupation");
   if (has_unfinished())
-    throw Error("release_memory_occupation: requests are running or waiting (pause with mode abort, or wait)");
+    throw Error(
+        "release_memory_occupation: requests are running or waiting (pause with mode abort, or "
+        "wait)");
   drain();
   if (kv_cache) {
     runner_->release_kv_cache();
@@ -809,7 +860,8 @@ void Engine::release_memory(bool kv_cache, bool weights) {
     runner_->release_packed_weights();
     ckpt_->release_panels();  // the only copy: resume reads the files again
   }
-  if (freeing_replaced_.valid()) freeing_replaced_.wait();  // the last refit's old storage goes back too
+  if (freeing_replaced_.valid())
+    freeing_replaced_.wait();  // the last refit's old storage goes back too
   // Freed heap pages stay in malloc's arenas unless handed back explicitly.
   malloc_trim(0);
 }
@@ -827,10 +879,12 @@ void Engine::resume_memory(bool kv_cache, bool weights) {
 
 void Engine::rebalance_eplb() {
   refuse_under_expert_parallel("rebalance_eplb");
-  if (cfg_.eplb_redundant_experts <= 0) throw Error("rebalance_eplb: the engine was started without EPLB");
+  if (cfg_.eplb_redundant_experts <= 0)
+    throw Error("rebalance_eplb: the engine was started without EPLB");
   drain();
   const ModelConfig& mc = model_config();
-  runner_->set_eplb(EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts, runner_->expert_load()));
+  runner_->set_eplb(EplbMap(mc.num_moe_layers(), mc.num_experts, cfg_.eplb_redundant_experts,
+                            runner_->expert_load()));
 }
 
 EngineStats Engine::stats() const {
@@ -865,7 +919,8 @@ EngineStats Engine::stats() const {
   s.recurrent_state_bytes_per_request = recurrent_state_bytes_per_request();
   s.state_snapshot_restores = ss.snapshot_restores;
   s.state_snapshot_cut_tokens = ss.snapshot_cut_tokens;
-  if (window_kv_) s.free_window_blocks = window_kv_->num_free(), s.num_window_blocks = window_kv_->num_blocks();
+  if (window_kv_)
+    s.free_window_blocks = window_kv_->num_free(), s.num_window_blocks = window_kv_->num_blocks();
   s.window_blocks_freed = ss.window_blocks_freed;
   s.expert_load = runner_->expert_load();
   s.physical_expert_load = runner_->physical_expert_load();

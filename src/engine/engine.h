@@ -3,9 +3,9 @@
 // thread and the next step is planned (and the previous one committed) while it computes.
 #pragma once
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <future>
-#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,12 +30,12 @@
 namespace r3 {
 
 struct EngineConfig {
-  std::string model;                 // checkpoint directory
+  std::string model;  // checkpoint directory
   // Directory with tokenizer.json (+ tokenizer_config.json): "" = the checkpoint's own, when it
   // has one. With a tokenizer, outputs carry text and requests may use stop strings.
   std::string tokenizer;
   int block_size = 16;
-  int num_kv_blocks = 0;             // 0 = as many as fit in kv_cache_mb
+  int num_kv_blocks = 0;  // 0 = as many as fit in kv_cache_mb
   int kv_cache_mb = 1024;
   // KV cache element: "auto" (bf16 when the checkpoint's attention weights are bf16, else fp32),
   // "bf16" (half the memory of fp32: twice the tokens in kv_cache_mb) or "fp32".
@@ -49,7 +49,7 @@ struct EngineConfig {
   int max_state_snapshots = -1;
   bool overlap_scheduler = false;
   std::vector<int> decode_buckets;
-  int threads = 0;                   // 0 = hardware concurrency
+  int threads = 0;  // 0 = hardware concurrency
   bool enable_return_routed_experts = false;
   int eplb_redundant_experts = 0;
   std::vector<std::vector<uint64_t>> eplb_load;  // optional placement input [L_moe][E]
@@ -82,7 +82,7 @@ struct RequestOutput {
   // [S-1 - start, L_moe, K]; while a stream_routes request runs, only the rows new since its
   // previous output (their first row is .start).
   std::optional<RouteArray> routed_experts;
-  std::string routes_error;                  // set when routes could not be complete
+  std::string routes_error;  // set when routes could not be complete
   // Set when the request failed (finish_reason "error"): no token was sampled from bad values
   // and no routes are returned.
   std::string error;
@@ -128,11 +128,11 @@ DType resolve_kv_cache_dtype(const std::string& name, const ModelWeights& weight
 // What start-up cost, measured as it happened: one line for `r3 serve` and `r3 generate`, and the
 // figures `r3 bench` reports.
 struct StartupReport {
-  double open_seconds = 0;     // open the checkpoint: read, check and pack it (0 when it was shared)
-  double read_seconds = 0;     // of open: waiting for the files' bytes
-  double pack_seconds = 0;     // of open: packing them into panels (their pages' first touch too)
-  double build_seconds = 0;    // the runner, the KV pool and the threads
-  double total_seconds = 0;    // the whole constructor
+  double open_seconds = 0;   // open the checkpoint: read, check and pack it (0 when it was shared)
+  double read_seconds = 0;   // of open: waiting for the files' bytes
+  double pack_seconds = 0;   // of open: packing them into panels (their pages' first touch too)
+  double build_seconds = 0;  // the runner, the KV pool and the threads
+  double total_seconds = 0;  // the whole constructor
   uint64_t checkpoint_bytes = 0;  // the stored tensors
   uint64_t kv_bytes = 0;          // the KV pools (committed as written)
   double resident_mb = 0;         // the process at the end of start-up
@@ -192,7 +192,8 @@ class Engine {
   void update_weights(const std::string& checkpoint_dir, bool flush_prefix_cache);
   // The same from a checkpoint's headers (Checkpoint::headers, read where the time does not
   // stall the engine, e.g. the server's HTTP thread).
-  void update_weights_from_headers(const std::shared_ptr<Checkpoint>& headers, bool flush_prefix_cache);
+  void update_weights_from_headers(const std::shared_ptr<Checkpoint>& headers,
+                                   bool flush_prefix_cache);
   void update_weights(std::shared_ptr<Checkpoint> ckpt, bool flush_prefix_cache);
   uint64_t weight_version() const { return weight_version_; }
   // Why requests are refused after a refit failed midway; empty when the weights are one set.
@@ -233,13 +234,16 @@ class Engine {
   int expert_parallel_ranks() const { return exchange_ ? exchange_->ranks() : 1; }
   // Ranks 1..N-1 of an expert-parallel engine: computes a step rank 0 planned (no sampling, no
   // route capture: rank 0 does both).
-  void compute_step(const StepPlan& plan, const int* token_ids) { runner_->forward(plan, token_ids, nullptr); }
+  void compute_step(const StepPlan& plan, const int* token_ids) {
+    runner_->forward(plan, token_ids, nullptr);
+  }
   // Refit, memory release and rebalancing would have to reach every rank: refused (r3::Error)
   // under expert parallelism. Callers check before reading a new checkpoint.
   void refuse_under_expert_parallel(const char* what) const;
 
  private:
-  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange, std::shared_ptr<Checkpoint> shared);
+  Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
+         std::shared_ptr<Checkpoint> shared);
   // A refit that writes the checkpoint in place: refused (r3::Error) while another owner holds it.
   void refuse_on_shared_checkpoint(const char* what) const;
   // A refit's checkpoint describes the served model (config keys, tensor dtypes), else r3::Error.
@@ -264,7 +268,8 @@ class Engine {
   RequestOutput make_output(const Request& r);
   void publish_full_blocks(Request* r, int computed);
   void worker_loop();
-  // Packs sent tensors into the checkpoint's panels and rebuilds the runner's views (between steps).
+  // Packs sent tensors into the checkpoint's panels and rebuilds the runner's views (between
+  // steps).
   void apply_sent(std::vector<TensorToWrite> tensors);
   void abort_unfinished();     // every unfinished request ends with reason abort
   void forget_bucket_refit();  // a refit from a checkpoint supersedes the buckets under way
@@ -277,11 +282,12 @@ class Engine {
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
-  std::unique_ptr<KvPool> window_kv_;  // the sliding-window layers' blocks (null without such layers)
+  std::unique_ptr<KvPool>
+      window_kv_;  // the sliding-window layers' blocks (null without such layers)
   std::unique_ptr<StateSnapshots> snapshots_;  // hybrids' recurrent-state snapshots (null: none)
-  std::unique_ptr<ExpertExchange> exchange_;  // expert parallelism, or null
+  std::unique_ptr<ExpertExchange> exchange_;   // expert parallelism, or null
   std::unique_ptr<ModelRunner> runner_;
-  StepSampler sampler_;        // placeholders, sampling, scoring: on the thread that runs forwards
+  StepSampler sampler_;         // placeholders, sampling, scoring: on the thread that runs forwards
   std::vector<int> token_ids_;  // the step's token ids, placeholders resolved
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<RouteCapturer> capturer_;
@@ -291,7 +297,7 @@ class Engine {
   std::unordered_set<uint64_t> aborted_set_;
   std::map<std::string, TensorToWrite> staged_;  // sent, waiting for the tensors packed with them
   std::set<std::string> refit_sent_;  // every tensor the buckets of the refit under way sent
-  bool refit_in_place_ = false;       // some of them are applied: the weights are part old, part new
+  bool refit_in_place_ = false;  // some of them are applied: the weights are part old, part new
   // The storage the last commit's tensors replaced, freed on a side thread: handing gigabytes of
   // pages back costs about what copying them would, and generation need not wait for it.
   std::future<void> freeing_replaced_;
@@ -303,7 +309,7 @@ class Engine {
   std::vector<int> block_tokens_;
   uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
   std::string failed_refit_;  // set when a refit failed after the weights began to change
-  uint64_t route_ns_ = 0;  // EngineStats::route_seconds
+  uint64_t route_ns_ = 0;     // EngineStats::route_seconds
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, computed_tokens_ = 0, finished_ = 0,
            aborted_count_ = 0;
   // Forward worker (overlap scheduling).

@@ -24,8 +24,8 @@ inline int first_physical(int rank, int ranks, int num_physical) {
 
 // Whether rank `rank` of `ranks` holds each logical expert (one of its physical replicas) of each
 // MoE layer: [L_moe][E]. Without EPLB the physical experts are the logical ones.
-std::vector<std::vector<bool>> held_experts(const EplbMap& map, int num_moe_layers, int num_experts, int rank,
-                                            int ranks);
+std::vector<std::vector<bool>> held_experts(const EplbMap& map, int num_moe_layers, int num_experts,
+                                            int rank, int ranks);
 
 class ExpertExchange {
  public:
@@ -48,8 +48,8 @@ class ExpertExchange {
 
 // Opens rank 0's side of a new expert-parallel engine (the other ranks build theirs from
 // `config_json`). Set by a front end that runs under MPI (tools/main.cc); null elsewhere.
-using ExpertExchangeOpener = std::function<std::unique_ptr<ExpertExchange>(int ranks, double timeout_s,
-                                                                           const std::string& config_json)>;
+using ExpertExchangeOpener = std::function<std::unique_ptr<ExpertExchange>(
+    int ranks, double timeout_s, const std::string& config_json)>;
 void set_expert_exchange_opener(ExpertExchangeOpener opener);
 const ExpertExchangeOpener& expert_exchange_opener();
 

@@ -23,7 +23,10 @@ class KvCache {
   KvCache(int layers, int blocks, int block_size, int64_t k_width, int64_t v_width)
       : layer_k_(size_t(blocks + 1) * size_t(block_size) * size_t(k_width)),
         layer_v_(size_t(blocks + 1) * size_t(block_size) * size_t(v_width)),
-        layers_(layers), block_size_(block_size), k_width_(k_width), v_width_(v_width) {
+        layers_(layers),
+        block_size_(block_size),
+        k_width_(k_width),
+        v_width_(v_width) {
     restore();
   }
 
@@ -45,7 +48,8 @@ class KvCache {
   }
   // A token's latent row into its block and slot.
   void write_row(int layer, int block, int slot, const float* row) {
-    KvT* r = k_layer(layer) + (size_t(block) * size_t(block_size_) + size_t(slot)) * size_t(k_width_);
+    KvT* r =
+        k_layer(layer) + (size_t(block) * size_t(block_size_) + size_t(slot)) * size_t(k_width_);
     for (int64_t e = 0; e < k_width_; ++e) store(row[e], r + e);
   }
 

@@ -9,7 +9,8 @@ namespace r3 {
 
 KvPool::KvPool(int num_blocks, int block_size)
     : num_blocks_(num_blocks), block_size_(block_size), blocks_(size_t(num_blocks)) {
-  if (num_blocks <= 0 || block_size <= 0) throw Error("KV pool needs positive num_blocks and block_size");
+  if (num_blocks <= 0 || block_size <= 0)
+    throw Error("KV pool needs positive num_blocks and block_size");
   for (int b = 0; b < num_blocks; ++b) {
     push_tail(b);
     blocks_[size_t(b)].tokens.reserve(size_t(block_size));
@@ -19,8 +20,14 @@ KvPool::KvPool(int num_blocks, int block_size)
 
 void KvPool::unlink(int b) {
   Block& k = blocks_[size_t(b)];
-  if (k.prev >= 0) blocks_[size_t(k.prev)].next = k.next; else head_ = k.next;
-  if (k.next >= 0) blocks_[size_t(k.next)].prev = k.prev; else tail_ = k.prev;
+  if (k.prev >= 0)
+    blocks_[size_t(k.prev)].next = k.next;
+  else
+    head_ = k.next;
+  if (k.next >= 0)
+    blocks_[size_t(k.next)].prev = k.prev;
+  else
+    tail_ = k.prev;
   k.prev = k.next = -1;
   k.in_free_list = false;
   --num_free_;
@@ -30,7 +37,10 @@ void KvPool::push_tail(int b) {
   Block& k = blocks_[size_t(b)];
   k.prev = tail_;
   k.next = -1;
-  if (tail_ >= 0) blocks_[size_t(tail_)].next = b; else head_ = b;
+  if (tail_ >= 0)
+    blocks_[size_t(tail_)].next = b;
+  else
+    head_ = b;
   tail_ = b;
   k.in_free_list = true;
   ++num_free_;
@@ -88,7 +98,8 @@ int KvPool::find(uint64_t hash, const int* tokens) const {
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return -1;
   const Block& k = blocks_[size_t(it->second)];
-  return std::equal(tokens, tokens + block_size_, k.tokens.begin()) ? it->second : -1;  // else a collision
+  return std::equal(tokens, tokens + block_size_, k.tokens.begin()) ? it->second
+                                                                    : -1;  // else a collision
 }
 
 uint64_t KvPool::chain_root(uint64_t weight_version) {

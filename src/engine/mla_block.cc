@@ -55,8 +55,9 @@ void ModelRunner::build_mla_heads() {
 
 // Per head h, y_h = W_h x_h for every token: x_h rows are [T][in] at xs + h * T * in, outputs
 // land at y + h * out_stride with row stride ldy. Items are (head, 64-row block) on the pool.
-void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs, const uint16_t* xb,
-                                  int T, int in, float* y, int ldy, int out_stride) {
+void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs,
+                                  const uint16_t* xb, int T, int in, float* y, int ldy,
+                                  int out_stride) {
   const int nh = int(heads.size());
   const int rows = int((key ? heads[0].uk_t : heads[0].uv).shape[0]);
   const int blocks = (rows + 63) / 64;
@@ -64,7 +65,8 @@ void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, c
     const int h = int(i / blocks), b = int(i % blocks);
     const TensorView& W = key ? heads[size_t(h)].uk_t : heads[size_t(h)].uv;
     const Activations x{xs + size_t(h) * T * in, xb + size_t(h) * T * in, T};
-    kernels::matmul_rows(x, W, y + size_t(h) * out_stride, ldy, b * 64, std::min(rows, b * 64 + 64));
+    kernels::matmul_rows(x, W, y + size_t(h) * out_stride, ldy, b * 64,
+                         std::min(rows, b * 64 + 64));
   });
 }
 
@@ -74,7 +76,8 @@ void ModelRunner::per_head_matmul(const std::vector<MlaHead>& heads, bool key, c
 // the cached rows (kernels/attention_latent.h), and the latent output taken to the head's value
 // space (uv). attn_ gets [T, nh x v_head_dim].
 template <typename KvT>
-void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache) {
+void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T,
+                                KvCache<KvT>& cache) {
   const ModelConfig& c = config();
   const MlaSpec& m = *c.mla;
   const int nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, kvr = m.kv_lora_rank,
@@ -118,7 +121,8 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
     }
   });
   // q_lat[t, h, 0:kvr] = uk_t_h q_nope[h, t]
-  per_head_matmul(mla_heads_[size_t(layer)], true, q_nope_.data(), q_nopeb_.data(), T, nope, q_lat_.data(), nh * lw, lw);
+  per_head_matmul(mla_heads_[size_t(layer)], true, q_nope_.data(), q_nopeb_.data(), T, nope,
+                  q_lat_.data(), nh * lw, lw);
   // DeepseekV3Attention: qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2.
   const float scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
   {  // attention over the cache, timed (EngineStats::attention_seconds)
@@ -129,30 +133,35 @@ void ModelRunner::mla_attention(const StepPlan& plan, int layer, const LayerWeig
                                 std::min(nh, (pool_->size() + T - 1) / std::max(1, T)));
     const int per_group = (nh + groups - 1) / groups;
     pool_->parallel_for_each(int64_t(T) * groups, [&](int64_t i) {
-      const int t = int(i / groups), h0 = int(i % groups) * per_group, h1 = std::min(nh, h0 + per_group);
+      const int t = int(i / groups), h0 = int(i % groups) * per_group,
+                h1 = std::min(nh, h0 + per_group);
       const PlannedToken& tok = plan.tokens[size_t(t)];
       const int keys = tok.position + 1;  // the score rows' stride
       thread_local std::vector<float> scores;
-      if (scores.size() < size_t(per_group) * size_t(keys)) scores.resize(size_t(per_group) * size_t(keys));
+      if (scores.size() < size_t(per_group) * size_t(keys))
+        scores.resize(size_t(per_group) * size_t(keys));
       float* o = &o_lat_[size_t(t) * kvr];  // head h's output at o + h * T * kvr
       const size_t o_stride = size_t(T) * size_t(kvr);
       if (tok.seq < 0) {
         for (int h = h0; h < h1; ++h) std::fill(o + h * o_stride, o + h * o_stride + kvr, 0.f);
       } else {
-        const kernels::PagedLatent<KvT> rows{cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]),
-                                             block_size_, lw};
-        kernels::attend_latent_heads(&q_lat_[size_t(t) * nh * lw], h0, h1, kvr, tok.position, scale, rows,
-                                     scores.data(), keys, o, o_stride);
+        const kernels::PagedLatent<KvT> rows{
+            cache.k_layer(layer), plan.block_table(plan.seqs[size_t(tok.seq)]), block_size_, lw};
+        kernels::attend_latent_heads(&q_lat_[size_t(t) * nh * lw], h0, h1, kvr, tok.position, scale,
+                                     rows, scores.data(), keys, o, o_stride);
       }
-      for (int h = h0; h < h1; ++h) round_to_bf16(o + h * o_stride, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
+      for (int h = h0; h < h1; ++h)
+        round_to_bf16(o + h * o_stride, kvr, &o_latb_[(size_t(h) * T + size_t(t)) * kvr]);
     });
   }
   // attn[t, h * vd : (h + 1) * vd] = uv_h o_lat[h, t]
-  per_head_matmul(mla_heads_[size_t(layer)], false, o_lat_.data(), o_latb_.data(), T, kvr, attn_.data(), nh * vd, vd);
+  per_head_matmul(mla_heads_[size_t(layer)], false, o_lat_.data(), o_latb_.data(), T, kvr,
+                  attn_.data(), nh * vd, vd);
 }
 
-
-template void ModelRunner::mla_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<float>&);
-template void ModelRunner::mla_attention(const StepPlan&, int, const LayerWeights&, int, KvCache<uint16_t>&);
+template void ModelRunner::mla_attention(const StepPlan&, int, const LayerWeights&, int,
+                                         KvCache<float>&);
+template void ModelRunner::mla_attention(const StepPlan&, int, const LayerWeights&, int,
+                                         KvCache<uint16_t>&);
 
 }  // namespace r3

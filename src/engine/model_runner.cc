@@ -16,7 +16,8 @@ using kernels::round_to_bf16;
 
 namespace {
 // MLA caches the latent row only (no V); GQA the kv heads' keys and values. `layers` of them.
-AnyKvCache make_kv_cache(const ModelConfig& c, int layers, int blocks, int block_size, DType dtype) {
+AnyKvCache make_kv_cache(const ModelConfig& c, int layers, int blocks, int block_size,
+                         DType dtype) {
   const int64_t k = c.mla ? c.mla->latent_width() : int64_t(c.num_kv_heads) * c.head_dim;
   const int64_t v = c.mla ? 0 : k;
   if (dtype == DType::BF16) return KvCache<uint16_t>(layers, blocks, block_size, k, v);
@@ -36,8 +37,9 @@ int count_full(const ModelConfig& c, int window_blocks) {
 }  // namespace
 
 ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size,
-                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks,
-                         EplbMap eplb, ExpertExchange* exchange, int state_snapshots)
+                         int max_step_tokens, int max_seqs, ThreadPool* pool, DType kv_dtype,
+                         int window_blocks, EplbMap eplb, ExpertExchange* exchange,
+                         int state_snapshots)
     : ckpt_(std::move(ckpt)),
       num_blocks_(num_blocks),
       block_size_(block_size),
@@ -50,10 +52,12 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
       // One RoPE table serves every layer (checked below: they share their rotary dimensions).
       rope_(rope_inv_freq(ckpt_->config(), ckpt_->config().layers[0].attention.rotary_dim),
             float(ckpt_->config().rope_scaling.attention_factor),
-            int(std::min<int64_t>(ckpt_->config().max_position_embeddings, int64_t(num_blocks) * block_size))),
-      kv_(make_kv_cache(ckpt_->config(), count_full(ckpt_->config(), window_blocks), num_blocks, block_size, kv_dtype)),
-      window_kv_(make_kv_cache(ckpt_->config(), count_sliding(ckpt_->config(), window_blocks), window_blocks,
-                               block_size, kv_dtype)),
+            int(std::min<int64_t>(ckpt_->config().max_position_embeddings,
+                                  int64_t(num_blocks) * block_size))),
+      kv_(make_kv_cache(ckpt_->config(), count_full(ckpt_->config(), window_blocks), num_blocks,
+                        block_size, kv_dtype)),
+      window_kv_(make_kv_cache(ckpt_->config(), count_sliding(ckpt_->config(), window_blocks),
+                               window_blocks, block_size, kv_dtype)),
       eplb_(std::move(eplb)),
       exchange_(exchange) {
   const ModelConfig& c = config();
@@ -85,10 +89,12 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
     const DeltaNetSpec& d = *c.deltanet;
     od = std::max(od, size_t(d.value_dim()));
     dn_state_floats_ = size_t(d.state_floats());
-    // One state per running request: max_seqs of them (max_seqs_ bounds only a step's sampled rows).
+    // One state per running request: max_seqs of them (max_seqs_ bounds only a step's sampled
+    // rows).
     dn_state_.assign(size_t(max_seqs) * dn_layers_.size() * dn_state_floats_, 0.f);
     if (state_snapshots > 0)
-      dn_snapshots_ = std::make_unique<BigArray<float>>(size_t(state_snapshots) * dn_layers_.size() * dn_state_floats_);
+      dn_snapshots_ = std::make_unique<BigArray<float>>(size_t(state_snapshots) *
+                                                        dn_layers_.size() * dn_state_floats_);
     dn_mixed_.resize(T * size_t(d.conv_dim()));
     dn_conv_.resize(T * size_t(d.conv_dim()));
     dn_z_.resize(T * size_t(d.value_dim()));
@@ -136,7 +142,10 @@ ModelRunner::ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int b
 }
 
 void ModelRunner::set_eplb(EplbMap map) {
-  if (exchange_) throw Error("a new EPLB placement is not supported with expert parallelism (it would move experts between ranks)");
+  if (exchange_)
+    throw Error(
+        "a new EPLB placement is not supported with expert parallelism (it would move experts "
+        "between ranks)");
   eplb_ = std::move(map);
 }
 
@@ -175,14 +184,17 @@ void ModelRunner::pack_weights() {
   for (TensorView* t : mats)
     if (!t->empty() && kernels::packable(t->dtype)) bf16.push_back(t);
   std::vector<size_t> at = {0};
-  for (const TensorView* t : bf16) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
+  for (const TensorView* t : bf16)
+    at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
   if (!(packed_ && packed_at_ == at)) {
-    packed_ = std::make_unique<BigArray<uint16_t>>(std::max<size_t>(at.back(), 32));  // packing writes every panel byte
+    packed_ = std::make_unique<BigArray<uint16_t>>(
+        std::max<size_t>(at.back(), 32));  // packing writes every panel byte
     packed_at_ = std::move(at);
   }
   pool_->parallel_for_each(int64_t(bf16.size()), [&](int64_t i) {
-    kernels::pack_bf16_panels(*bf16[size_t(i)], packed_->get() + packed_at_[size_t(i)], 0,
-                              (bf16[size_t(i)]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows);
+    kernels::pack_bf16_panels(
+        *bf16[size_t(i)], packed_->get() + packed_at_[size_t(i)], 0,
+        (bf16[size_t(i)]->shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows);
     bf16[size_t(i)]->packed = packed_->get() + packed_at_[size_t(i)];
   });
 }
@@ -222,11 +234,12 @@ void ModelRunner::add_and_norm(const float* add, const TensorView& norm, int T) 
   });
 }
 
-
 void ModelRunner::refuse_if_released() const {
   if (memory_released())
-    throw Error("the engine's memory is released: resume it before generating (weights released after a refit "
-                "from tensors come back with the next refit)");
+    throw Error(
+        "the engine's memory is released: resume it before generating (weights released after a "
+        "refit "
+        "from tensors come back with the next refit)");
 }
 
 void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlot* slot) {
@@ -234,7 +247,9 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
   const ModelConfig& c = config();
   const ModelWeights& W = weights_;
   const int T = int(plan.tokens.size());
-  if (T > max_tokens_) throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " + std::to_string(max_tokens_));
+  if (T > max_tokens_)
+    throw Error("step of " + std::to_string(T) + " tokens exceeds the runner's " +
+                std::to_string(max_tokens_));
   const int num_real = T - plan.num_padding;
   const int H = c.hidden_size;
 
@@ -255,8 +270,10 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
     else
       std::visit(
           [&](auto& cache) {
-            if (c.mla) mla_attention(plan, l, L, T, cache);
-            else gqa_attention(plan, l, L, T, cache);
+            if (c.mla)
+              mla_attention(plan, l, L, T, cache);
+            else
+              gqa_attention(plan, l, L, T, cache);
           },
           sliding(l) ? window_kv_ : kv_);
     const int64_t od = L.o.shape[1];  // attention output width: heads x (head_dim or v_head_dim)
@@ -275,16 +292,17 @@ void ModelRunner::forward(const StepPlan& plan, const int* token_ids, CaptureSlo
       for (int64_t i = t0 * H; i < t1 * H; ++i) x_[size_t(i)] += ffn_[size_t(i)];
     });
   }
-
 }
 
 const float* ModelRunner::logits(const int* token_indices, int n) {
-  if (n > max_seqs_) throw Error("logits: " + std::to_string(n) + " rows exceed the buffer's " + std::to_string(max_seqs_));
+  if (n > max_seqs_)
+    throw Error("logits: " + std::to_string(n) + " rows exceed the buffer's " +
+                std::to_string(max_seqs_));
   const ModelConfig& c = config();
   const int H = c.hidden_size;
   for (int i = 0; i < n; ++i)
-    rms_norm(&x_[size_t(token_indices[i]) * H], weights_.final_norm, 0, H, c.rms_norm_eps, &h_[size_t(i) * H],
-             norm_offset_);
+    rms_norm(&x_[size_t(token_indices[i]) * H], weights_.final_norm, 0, H, c.rms_norm_eps,
+             &h_[size_t(i) * H], norm_offset_);
   round_to_bf16(h_.data(), int64_t(n) * H, hb_.data());
   matmul({h_.data(), hb_.data(), n}, weights_.lm_head, logits_.data(), pool_);
   weight_bytes_ += weights_.lm_head.nbytes();

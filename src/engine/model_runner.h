@@ -38,8 +38,8 @@ class ModelRunner {
   // state_snapshots: recurrent-state snapshots for prefix caching (hybrids; StateSnapshots says
   // which slot holds what), committed as written.
   ModelRunner(std::shared_ptr<Checkpoint> ckpt, int num_blocks, int block_size, int max_step_tokens,
-              int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0, EplbMap eplb = {},
-              ExpertExchange* exchange = nullptr, int state_snapshots = 0);
+              int max_seqs, ThreadPool* pool, DType kv_dtype, int window_blocks = 0,
+              EplbMap eplb = {}, ExpertExchange* exchange = nullptr, int state_snapshots = 0);
 
   const ModelConfig& config() const { return ckpt_->config(); }
   int scratch_block() const { return num_blocks_; }  // one past the pool: padding writes here
@@ -65,7 +65,8 @@ class ModelRunner {
   void restore_kv_cache();
   void release_packed_weights();
   bool memory_released() const {
-    return std::visit([](const auto& cache) { return cache.released(); }, kv_) || packed_released_;  // both caches go together
+    return std::visit([](const auto& cache) { return cache.released(); }, kv_) ||
+           packed_released_;  // both caches go together
   }
   // A new placement (rebalance): refused under expert parallelism, where it would move experts
   // between ranks.
@@ -78,67 +79,81 @@ class ModelRunner {
   uint64_t attention_ns() const { return attention_ns_.load(); }  // EngineStats::attention_seconds
   uint64_t deltanet_ns() const { return deltanet_ns_.load(); }    // EngineStats::deltanet_seconds
   // Bytes of the Gated DeltaNet layers' state: per request (one slot), and all slots.
-  uint64_t recurrent_state_bytes_per_request() const { return dn_layers_.size() * dn_state_floats_ * sizeof(float); }
+  uint64_t recurrent_state_bytes_per_request() const {
+    return dn_layers_.size() * dn_state_floats_ * sizeof(float);
+  }
   uint64_t recurrent_state_bytes() const { return dn_state_.size() * sizeof(float); }
 
  private:
   template <typename KvT>
   void attention(const StepPlan& plan, int layer, const float* q, float* out, KvCache<KvT>& cache);
   // Both read the post-attention norm in h_ / hb_.
-  void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot, int num_real);
+  void moe(const LayerWeights& L, int moe_layer, int T, float* out, CaptureSlot* slot,
+           int num_real);
   void dense_ffn(const ExpertWeights& w, int T, float* out);
   void add_and_norm(const float* add, const TensorView& norm, int T);
   void rotate(float* head, int pos, bool interleaved) const {
-    if (interleaved) rope_.apply_interleaved(head, pos);
-    else rope_.apply(head, pos);
+    if (interleaved)
+      rope_.apply_interleaved(head, pos);
+    else
+      rope_.apply(head, pos);
   }
   // weights_ = the checkpoint's views (packed), and MLA's absorbed heads packed from kv_b.
   void pack_weights();
   // MLA (multi-head latent attention, DeepSeek-V3): the absorbed per-head weights and the block.
   struct MlaHead {
-    TensorView uk_t, uv;  // [kv_lora, nope] (copy of kv_b's key rows, transposed), [v, kv_lora] (view)
+    TensorView uk_t,
+        uv;  // [kv_lora, nope] (copy of kv_b's key rows, transposed), [v, kv_lora] (view)
   };
   void build_mla_heads();
-  void per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs, const uint16_t* xb, int T,
-                       int in, float* y, int ldy, int out_stride);
+  void per_head_matmul(const std::vector<MlaHead>& heads, bool key, const float* xs,
+                       const uint16_t* xb, int T, int in, float* y, int ldy, int out_stride);
   template <typename KvT>
-  void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
+  void mla_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T,
+                     KvCache<KvT>& cache);
   template <typename KvT>
-  void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T, KvCache<KvT>& cache);
+  void gqa_attention(const StepPlan& plan, int layer, const LayerWeights& L, int T,
+                     KvCache<KvT>& cache);
   // Gated DeltaNet (deltanet_block.cc): attn_ gets [T, value_dim], each request's tokens run in
   // order against its state slot (PlannedSeq::state_slot), reset where it starts at position 0.
   void deltanet(const StepPlan& plan, int layer, const LayerWeights& L, int T);
-  float* deltanet_state(int slot, int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
-    return dn_state_.data() + (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+  float* deltanet_state(int slot,
+                        int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
+    return dn_state_.data() +
+           (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
   }
   float* deltanet_snapshot(int snapshot, int layer) {  // laid out as deltanet_state
     return dn_snapshots_->get() +
-           (size_t(snapshot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+           (size_t(snapshot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) *
+               dn_state_floats_;
   }
 
   std::shared_ptr<Checkpoint> ckpt_;
-  ModelWeights weights_;                        // views the kernels read (the checkpoint's panels)
+  ModelWeights weights_;  // views the kernels read (the checkpoint's panels)
   // Storage behind MLA's absorbed heads' TensorView::packed (the rest is the checkpoint's).
   std::unique_ptr<BigArray<uint16_t>> packed_;
   std::vector<size_t> packed_at_;  // [matrix + 1] element offsets into packed_, 64-byte aligned
   bool packed_released_ = false;
-  std::vector<std::vector<MlaHead>> mla_heads_;  // [layer][head]
+  std::vector<std::vector<MlaHead>> mla_heads_;    // [layer][head]
   std::vector<std::vector<uint8_t>> mla_storage_;  // behind each uk_t
   int num_blocks_, block_size_, max_tokens_, max_seqs_;
   int window_blocks_;
   ThreadPool* pool_;
   kernels::Rope rope_;
-  size_t kv_dim_;  // K elements per token and layer: the kv heads' keys, or MLA's latent row
+  size_t kv_dim_;         // K elements per token and layer: the kv heads' keys, or MLA's latent row
   AnyKvCache kv_;         // the full-attention layers (every layer without sliding ones)
   AnyKvCache window_kv_;  // the sliding-window layers, in their own pool (window_blocks_ > 0)
   std::vector<int> cache_layer_;  // layer -> its index in kv_ or window_kv_
-  bool sliding(int layer) const { return window_blocks_ > 0 && config().layers[size_t(layer)].attention.sliding_window > 0; }
+  bool sliding(int layer) const {
+    return window_blocks_ > 0 && config().layers[size_t(layer)].attention.sliding_window > 0;
+  }
   EplbMap eplb_;
   ExpertExchange* exchange_ = nullptr;  // expert parallelism, or null
   // The physical experts [first, last) of num_physical this process computes (all in one process).
   std::pair<int, int> own_physical(int num_physical) const {
     const int rank = exchange_ ? exchange_->rank() : 0, ranks = exchange_ ? exchange_->ranks() : 1;
-    return {first_physical(rank, ranks, num_physical), first_physical(rank + 1, ranks, num_physical)};
+    return {first_physical(rank, ranks, num_physical),
+            first_physical(rank + 1, ranks, num_physical)};
   }
   std::vector<int> moe_layers_;  // decoder layer of each MoE layer (ModelConfig::moe_layers)
   float norm_offset_ = 0.f;      // 1: norms applied as (1 + w) (ModelConfig::zero_centred_norms)
@@ -148,8 +163,10 @@ class ModelRunner {
   size_t dn_state_floats_ = 0;
   std::vector<float> dn_state_;  // [max_num_seqs slots][DeltaNet layers][state_floats]
   std::unique_ptr<BigArray<float>> dn_snapshots_;  // [snapshots][DeltaNet layers][state_floats]
-  std::vector<float> dn_mixed_, dn_conv_, dn_z_, dn_b_, dn_a_;  // [T, C], [T, C], [T, vd], [T, nv] x 2
-  std::vector<float> qg_, attn_gate_;  // output-gated attention: q_proj's [T, 2 qd], the gates [T, qd]
+  std::vector<float> dn_mixed_, dn_conv_, dn_z_, dn_b_,
+      dn_a_;  // [T, C], [T, C], [T, vd], [T, nv] x 2
+  std::vector<float> qg_,
+      attn_gate_;  // output-gated attention: q_proj's [T, 2 qd], the gates [T, qd]
   std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> load_, phys_load_;
   std::atomic<uint64_t> weight_bytes_{0};
   std::atomic<uint64_t> attention_ns_{0};

@@ -30,18 +30,20 @@ struct WorkItem {
 // next item then begins on L2 hits, not on memory misses. Each item writes its own outputs, so
 // who runs it changes no bit.
 template <typename Fn, typename Prefetch>
-void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first, int last, int rows, Fn fn,
-                    Prefetch prefetch) {
+void for_group_rows(ThreadPool* pool, const std::vector<int>& offsets, int first, int last,
+                    int rows, Fn fn, Prefetch prefetch) {
   // thread_local names are not captured by lambdas: hand the workers a plain reference.
   thread_local std::vector<WorkItem> items_storage;
   std::vector<WorkItem>& items = items_storage;
   items.clear();
-  const int block = 256;  // rows per item: long contiguous weight streams per core (64-row items measured ~5% slower)
+  const int block = 256;  // rows per item: long contiguous weight streams per core (64-row items
+                          // measured ~5% slower)
   for (int g = first; g < last; ++g)
     if (offsets[size_t(g + 1)] > offsets[size_t(g)])
       for (int r = 0; r < rows; r += block) items.push_back({g, r, std::min(rows, r + block)});
   pool->parallel_for_each(
-      int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); }, [&](int64_t i) { prefetch(items[size_t(i)]); });
+      int64_t(items.size()), [&](int64_t i) { fn(items[size_t(i)]); },
+      [&](int64_t i) { prefetch(items[size_t(i)]); });
 }
 
 }  // namespace
@@ -70,10 +72,12 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
       // token's expert weights become NaN, so its hidden state and logits are NaN and the
       // request fails on its non-finite logits (its routes are never returned as if valid).
       const bool nan = std::any_of(scores, scores + E, [](float x) { return std::isnan(x); });
-      route_token(c.router, scores, bias, E, K, route_ids_.data() + size_t(t) * K, route_w_.data() + size_t(t) * K,
-                  route_scratch);
-      if (nan) std::fill_n(route_w_.data() + size_t(t) * K, K, std::numeric_limits<float>::quiet_NaN());
-      if (slot) slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K);  // before any remap
+      route_token(c.router, scores, bias, E, K, route_ids_.data() + size_t(t) * K,
+                  route_w_.data() + size_t(t) * K, route_scratch);
+      if (nan)
+        std::fill_n(route_w_.data() + size_t(t) * K, K, std::numeric_limits<float>::quiet_NaN());
+      if (slot)
+        slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K);  // before any remap
     }
   });
   // Logical -> physical, counting sort by physical expert.
@@ -113,39 +117,53 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
     return L.experts[size_t(eplb_.logical_of(moe_layer, p))];
   };
   const ExpertActivation& act = c.layers[size_t(moe_layers_[size_t(moe_layer)])].activation;
-  for_group_rows(pool_, group_offsets_, own_begin, own_end, I, [&](const WorkItem& it) {
-    const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
-    const ExpertWeights& w = weights_of(it.group);
-    const Activations xg{h_.data(), hb_.data(), n, slot_token_.data() + off};  // the group's tokens in place
-    matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
-    matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
-    // Biases and the gating of the rows just computed, while they are in cache.
-    const int len = it.end - it.begin;
-    for (int r = off; r < off + n; ++r) {
-      const size_t at = size_t(r) * I + size_t(it.begin);
-      if (!w.gate_bias.empty()) {
-        kernels::add_bias(gate_.data() + at, w.gate_bias, it.begin, len);
-        kernels::add_bias(up_.data() + at, w.up_bias, it.begin, len);
-      }
-      if (act.clamped)
-        kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len, act.limit, act.alpha);
-      else kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
-      round_to_bf16(act_.data() + at, len, actb_.data() + at);
-    }
-  }, [&](const WorkItem& it) {
-    const ExpertWeights& w = weights_of(it.group);
-    kernels::prefetch_rows_start(w.gate, it.begin, it.end);
-    kernels::prefetch_rows_start(w.up, it.begin, it.end);
-  });
-  for_group_rows(pool_, group_offsets_, own_begin, own_end, H, [&](const WorkItem& it) {
-    const int off = group_offsets_[size_t(it.group)], n = group_offsets_[size_t(it.group + 1)] - off;
-    const ExpertWeights& w = weights_of(it.group);
-    matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, w.down,
-                expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
-    if (!w.down_bias.empty())
-      for (int r = off; r < off + n; ++r)
-        kernels::add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.begin, it.end - it.begin);
-  }, [&](const WorkItem& it) { kernels::prefetch_rows_start(weights_of(it.group).down, it.begin, it.end); });
+  for_group_rows(
+      pool_, group_offsets_, own_begin, own_end, I,
+      [&](const WorkItem& it) {
+        const int off = group_offsets_[size_t(it.group)],
+                  n = group_offsets_[size_t(it.group + 1)] - off;
+        const ExpertWeights& w = weights_of(it.group);
+        const Activations xg{h_.data(), hb_.data(), n,
+                             slot_token_.data() + off};  // the group's tokens in place
+        matmul_rows(xg, w.gate, gate_.data() + size_t(off) * I, I, it.begin, it.end);
+        matmul_rows(xg, w.up, up_.data() + size_t(off) * I, I, it.begin, it.end);
+        // Biases and the gating of the rows just computed, while they are in cache.
+        const int len = it.end - it.begin;
+        for (int r = off; r < off + n; ++r) {
+          const size_t at = size_t(r) * I + size_t(it.begin);
+          if (!w.gate_bias.empty()) {
+            kernels::add_bias(gate_.data() + at, w.gate_bias, it.begin, len);
+            kernels::add_bias(up_.data() + at, w.up_bias, it.begin, len);
+          }
+          if (act.clamped)
+            kernels::clamped_swiglu(gate_.data() + at, up_.data() + at, act_.data() + at, len,
+                                    act.limit, act.alpha);
+          else
+            kernels::silu_mul(gate_.data() + at, up_.data() + at, act_.data() + at, len);
+          round_to_bf16(act_.data() + at, len, actb_.data() + at);
+        }
+      },
+      [&](const WorkItem& it) {
+        const ExpertWeights& w = weights_of(it.group);
+        kernels::prefetch_rows_start(w.gate, it.begin, it.end);
+        kernels::prefetch_rows_start(w.up, it.begin, it.end);
+      });
+  for_group_rows(
+      pool_, group_offsets_, own_begin, own_end, H,
+      [&](const WorkItem& it) {
+        const int off = group_offsets_[size_t(it.group)],
+                  n = group_offsets_[size_t(it.group + 1)] - off;
+        const ExpertWeights& w = weights_of(it.group);
+        matmul_rows({act_.data() + size_t(off) * I, actb_.data() + size_t(off) * I, n}, w.down,
+                    expert_out_.data() + size_t(off) * H, H, it.begin, it.end);
+        if (!w.down_bias.empty())
+          for (int r = off; r < off + n; ++r)
+            kernels::add_bias(expert_out_.data() + size_t(r) * H + it.begin, w.down_bias, it.begin,
+                              it.end - it.begin);
+      },
+      [&](const WorkItem& it) {
+        kernels::prefetch_rows_start(weights_of(it.group).down, it.begin, it.end);
+      });
   if (exchange_) exchange_->gather_expert_rows(expert_out_.data(), group_offsets_.data(), P, H);
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

@@ -57,11 +57,13 @@ void read_sampling_params(const json& j, SamplingParams& p) {
     if (!j["seed"].is_number_integer()) throw Error("\"seed\" must be an integer");
     p.seed = j["seed"].get<uint64_t>();
   }
-  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) p.stop_token_ids = get_ids(j, "stop_token_ids");
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null())
+    p.stop_token_ids = get_ids(j, "stop_token_ids");
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& st = j["stop"];
     p.stop.clear();
-    if (st.is_string()) p.stop.push_back(st.get<std::string>());
+    if (st.is_string())
+      p.stop.push_back(st.get<std::string>());
     else if (st.is_array())
       for (const json& x : st) {
         if (!x.is_string()) throw Error("\"stop\" must be a string or a list of strings");
@@ -70,7 +72,8 @@ void read_sampling_params(const json& j, SamplingParams& p) {
     else
       throw Error("\"stop\" must be a string or a list of strings");
   }
-  p.include_stop_str_in_output = get_bool(j, "include_stop_str_in_output", p.include_stop_str_in_output);
+  p.include_stop_str_in_output =
+      get_bool(j, "include_stop_str_in_output", p.include_stop_str_in_output);
   p.skip_special_tokens = get_bool(j, "skip_special_tokens", p.skip_special_tokens);
   p.ignore_eos = get_bool(j, "ignore_eos", p.ignore_eos);
   if (j.contains("logprobs") && j["logprobs"].is_boolean()) p.logprobs = j["logprobs"].get<bool>();
@@ -85,7 +88,8 @@ ParsedRequest parse_request_json(const json& j) {
     r.prompt_text = j["prompt"].get<std::string>();
     if (r.prompt_text.empty()) throw Error("\"prompt\" is empty");
   } else {
-    if (!j.contains("prompt_token_ids")) throw Error("missing \"prompt_token_ids\" (or a \"prompt\" text)");
+    if (!j.contains("prompt_token_ids"))
+      throw Error("missing \"prompt_token_ids\" (or a \"prompt\" text)");
     r.prompt = get_ids(j, "prompt_token_ids");
   }
   read_sampling_params(j, r.params);

@@ -12,7 +12,8 @@ namespace r3 {
 
 struct ParsedRequest {
   std::vector<int> prompt;
-  std::string prompt_text;  // "prompt" given as text instead of prompt_token_ids (tokenized by the caller)
+  std::string
+      prompt_text;  // "prompt" given as text instead of prompt_token_ids (tokenized by the caller)
   SamplingParams params;
 };
 

@@ -9,8 +9,8 @@
 
 namespace r3 {
 
-void route_token(const RouterSpec& spec, float* logits, const float* bias, int E, int K, int16_t* ids,
-                 float* weights, std::vector<float>& scratch) {
+void route_token(const RouterSpec& spec, float* logits, const float* bias, int E, int K,
+                 int16_t* ids, float* weights, std::vector<float>& scratch) {
   if (spec.scoring == RouterScoring::Softmax) {
     kernels::softmax(logits, E, logits);
     kernels::router_topk(logits, E, K, spec.renormalize, ids, weights);
@@ -38,7 +38,8 @@ void route_token(const RouterSpec& spec, float* logits, const float* bias, int E
         kernels::router_topk(choice + size_t(g) * per, per, 2, false, ids_of.data(), best.data());
         group[size_t(g)] = best[0] + best[1];
       }
-      kernels::router_topk(group.data(), spec.n_group, spec.topk_group, false, ids_of.data(), best.data());
+      kernels::router_topk(group.data(), spec.n_group, spec.topk_group, false, ids_of.data(),
+                           best.data());
       thread_local std::vector<char> keep;
       keep.assign(size_t(spec.n_group), 0);
       for (int k = 0; k < spec.topk_group; ++k) keep[size_t(ids_of[size_t(k)])] = 1;

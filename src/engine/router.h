@@ -24,8 +24,9 @@
 
 namespace r3 {
 
-// logits: [E], replaced by the scores (softmax, sigmoid, or biased logits). bias: [E] or null. scratch: reused.
-void route_token(const RouterSpec& spec, float* logits, const float* bias, int E, int K, int16_t* ids,
-                 float* weights, std::vector<float>& scratch);
+// logits: [E], replaced by the scores (softmax, sigmoid, or biased logits). bias: [E] or null.
+// scratch: reused.
+void route_token(const RouterSpec& spec, float* logits, const float* bias, int E, int K,
+                 int16_t* ids, float* weights, std::vector<float>& scratch);
 
 }  // namespace r3

@@ -22,10 +22,12 @@ void SamplingParams::validate(int vocab_size) const {
       throw Error("stop_token_ids holds " + std::to_string(t) + ", outside the vocabulary [0, " +
                   std::to_string(vocab_size) + ")");
   if (stop.size() > kMaxStopStrings)
-    throw Error("stop holds " + std::to_string(stop.size()) + " strings; at most " + std::to_string(kMaxStopStrings));
+    throw Error("stop holds " + std::to_string(stop.size()) + " strings; at most " +
+                std::to_string(kMaxStopStrings));
   for (const std::string& s : stop)
     if (s.empty() || s.size() > kMaxStopStringBytes)
-      throw Error("stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) + " bytes long");
+      throw Error("stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) +
+                  " bytes long");
   if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
     throw Error("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
@@ -67,8 +69,8 @@ void top_logprobs(const float* logits, int V, float log_z, int k, TopLogprobs& o
 
 namespace {
 
-Sample draw(const float* logits, int V, const SamplerParams& p, int position, std::vector<float>& scratch,
-            std::vector<int>& order, float& log_z_out);
+Sample draw(const float* logits, int V, const SamplerParams& p, int position,
+            std::vector<float>& scratch, std::vector<int>& order, float& log_z_out);
 
 }  // namespace
 
@@ -82,8 +84,8 @@ Sample sample_token(const float* logits, int V, const SamplerParams& p, int posi
 
 namespace {
 
-Sample draw(const float* logits, int V, const SamplerParams& p, int position, std::vector<float>& scratch,
-            std::vector<int>& order, float& log_z_out) {
+Sample draw(const float* logits, int V, const SamplerParams& p, int position,
+            std::vector<float>& scratch, std::vector<int>& order, float& log_z_out) {
   // The reported logprob is the log-softmax of the raw logits.
   const LogitStats st = logit_stats(logits, V, scratch);
   const int argmax = st.argmax;
@@ -97,7 +99,9 @@ Sample draw(const float* logits, int V, const SamplerParams& p, int position, st
   // Candidates: all ids in id order (plain sampling needs no sort), or, with top_k / top_p, the
   // best ones by descending logit with ties to the lower id. Either is a fixed order, so the
   // draw is reproducible. scratch[i] becomes candidate i's weight exp((l - max) / temperature).
-  auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   int keep = V;
   const bool sorted = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f;
   double total = z;

@@ -17,7 +17,7 @@ struct SamplingParams {
   int max_tokens = 16;
   float temperature = 1.0f;  // 0 = greedy
   float top_p = 1.0f;
-  int top_k = 0;             // 0 or -1 = off
+  int top_k = 0;  // 0 or -1 = off
   uint64_t seed = 0;
   std::vector<int> stop_token_ids;
   // Text (an engine with a tokenizer): generation stops when the text contains one of `stop`;
@@ -53,7 +53,7 @@ struct SamplingParams {
 // logits[t] - log_z, the same bits everywhere; log_z is non-finite when a logit is. scratch
 // ends holding the numerators exp(l - max).
 struct LogitStats {
-  int argmax = 0;     // first index of the largest logit
+  int argmax = 0;  // first index of the largest logit
   float max = 0.f;
   double z = 0.0;     // sum of exp(l - max), in a fixed order
   float log_z = 0.f;  // log(z) + max

@@ -6,11 +6,16 @@
 
 namespace r3 {
 
-Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool, int window_scratch,
-                     StateSnapshots* snapshots)
-    : cfg_(std::move(cfg)), pool_(pool), scratch_block_(scratch_block), window_pool_(window_pool),
-      window_scratch_(window_scratch), snapshots_(snapshots) {
-  if (snapshots_ && !cfg_.state_slots) throw Error("scheduler: state snapshots need recurrent state slots");
+Scheduler::Scheduler(SchedulerConfig cfg, KvPool* pool, int scratch_block, KvPool* window_pool,
+                     int window_scratch, StateSnapshots* snapshots)
+    : cfg_(std::move(cfg)),
+      pool_(pool),
+      scratch_block_(scratch_block),
+      window_pool_(window_pool),
+      window_scratch_(window_scratch),
+      snapshots_(snapshots) {
+  if (snapshots_ && !cfg_.state_slots)
+    throw Error("scheduler: state snapshots need recurrent state slots");
   if (cfg_.state_slots && window_pool_)  // a hit would have to end where both are cached
     throw Error("scheduler: recurrent layers beside sliding-window layers are not implemented");
   std::sort(cfg_.decode_buckets.begin(), cfg_.decode_buckets.end());
@@ -53,7 +58,8 @@ bool Scheduler::done_scheduling(const Request& r) {
 int Scheduler::retract_all() {
   // Latest arrival first: each goes to the front of the waiting queue, so the earliest ends first.
   std::vector<Request*> running = running_;
-  std::sort(running.begin(), running.end(), [](Request* a, Request* b) { return a->arrival > b->arrival; });
+  std::sort(running.begin(), running.end(),
+            [](Request* a, Request* b) { return a->arrival > b->arrival; });
   for (Request* r : running) preempt(r);
   return int(running.size());
 }
@@ -77,7 +83,9 @@ bool Scheduler::grow_blocks(Request* r, int upto_tokens) {
   if (window_pool_) {
     // Queries from num_computed on read keys from num_computed - window + 1 on (attention.h).
     const int first_key = r->num_computed - cfg_.sliding_window + 1;
-    for (; r->window_freed < int(r->window_blocks.size()) && (r->window_freed + 1) * bs <= first_key; ++r->window_freed) {
+    for (;
+         r->window_freed < int(r->window_blocks.size()) && (r->window_freed + 1) * bs <= first_key;
+         ++r->window_freed) {
       int& b = r->window_blocks[size_t(r->window_freed)];
       if (b >= 0) window_pool_->release(b), ++stats_.window_blocks_freed;
       b = -1;
@@ -110,7 +118,8 @@ void Scheduler::admit_prefix(Request* r) {
   const int bs = pool_->block_size();
   std::vector<uint64_t> hashes;
   for (size_t i = 0; i < hit.size(); ++i)
-    hashes.push_back(KvPool::chain_hash(i ? hashes.back() : root, toks.data() + i * size_t(bs), bs));
+    hashes.push_back(
+        KvPool::chain_hash(i ? hashes.back() : root, toks.data() + i * size_t(bs), bs));
   // The sliding layers need their blocks of the window before the first token to compute: the
   // hit is cut back to where they are all cached.
   std::vector<int> window(hit.size(), -1);
@@ -118,7 +127,8 @@ void Scheduler::admit_prefix(Request* r) {
     const int n = int(hit.size()), first_key = std::max(0, n * bs - cfg_.sliding_window + 1);
     bool cached = true;
     for (int b = first_key / bs; b < n && cached; ++b)
-      cached = (window[size_t(b)] = window_pool_->find(hashes[size_t(b)], toks.data() + size_t(b) * bs)) >= 0;
+      cached = (window[size_t(b)] =
+                    window_pool_->find(hashes[size_t(b)], toks.data() + size_t(b) * bs)) >= 0;
     if (cached) break;
     hit.pop_back();
     window.assign(hit.size(), -1);
@@ -127,7 +137,8 @@ void Scheduler::admit_prefix(Request* r) {
   // prefix whose end has a snapshot (none without snapshots).
   if (cfg_.state_slots) {
     const size_t found = hit.size();
-    while (!hit.empty() && (!snapshots_ || (r->restore_snapshot = snapshots_->find(hashes[hit.size() - 1])) < 0))
+    while (!hit.empty() &&
+           (!snapshots_ || (r->restore_snapshot = snapshots_->find(hashes[hit.size() - 1])) < 0))
       hit.pop_back();
     stats_.snapshot_cut_tokens += uint64_t(found - hit.size()) * uint64_t(bs);
   }
@@ -166,14 +177,16 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   plan.block_tables.insert(plan.block_tables.end(), r->blocks.begin(), r->blocks.end());
   if (window_pool_) {
     s.window_offset = int(plan.window_tables.size());
-    plan.window_tables.insert(plan.window_tables.end(), r->window_blocks.begin(), r->window_blocks.end());
+    plan.window_tables.insert(plan.window_tables.end(), r->window_blocks.begin(),
+                              r->window_blocks.end());
   }
   s.sampler = r->params;
   s.wants_routes = r->params.return_routed_experts;
   if (!r->first_step_done) {
     s.prefix_hit_tokens = r->prefix_hit_tokens;
     s.hit_offset = int(plan.hit_generations.size());
-    plan.hit_generations.insert(plan.hit_generations.end(), r->hit_generations.begin(), r->hit_generations.end());
+    plan.hit_generations.insert(plan.hit_generations.end(), r->hit_generations.begin(),
+                                r->hit_generations.end());
     r->first_step_done = true;
   }
   const int known = r->num_tokens();
@@ -195,7 +208,8 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     s.score_offset = int(plan.scores.size());
     for (int i = 0; i < n; ++i) {
       const int p = s.start_pos + i + 1;  // this token's logits predict position p
-      if (p >= from && p < P) plan.scores.push_back({int(plan.seqs.size()), s.first_token + i, r->prompt[size_t(p)], p});
+      if (p >= from && p < P)
+        plan.scores.push_back({int(plan.seqs.size()), s.first_token + i, r->prompt[size_t(p)], p});
     }
     s.score_count = int(plan.scores.size()) - s.score_offset;
   }
@@ -259,8 +273,9 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     if (n <= 0) continue;
     while (!grow_blocks(r, r->num_computed + n)) {
       // Out of blocks: preempt the latest arrival (possibly r itself).
-      Request* victim = *std::max_element(running_.begin(), running_.end(),
-                                          [](Request* a, Request* b) { return a->arrival < b->arrival; });
+      Request* victim =
+          *std::max_element(running_.begin(), running_.end(),
+                            [](Request* a, Request* b) { return a->arrival < b->arrival; });
       preempt(victim);
       if (victim == r) break;
     }
@@ -301,7 +316,10 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
       int(plan.tokens.size()) == int(plan.seqs.size())) {
     int want = int(plan.tokens.size());
     for (int b : cfg_.decode_buckets)
-      if (b >= want) { want = b; break; }
+      if (b >= want) {
+        want = b;
+        break;
+      }
     while (int(plan.tokens.size()) < want) {
       PlannedToken t;
       t.seq = -1;

@@ -40,8 +40,8 @@ struct SchedulerConfig {
 };
 
 struct SchedulerStats {
-  uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0,
-           chunked_prefills = 0, padded_tokens = 0, steps = 0;
+  uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0, chunked_prefills = 0,
+           padded_tokens = 0, steps = 0;
   uint64_t window_blocks_freed = 0;  // sliding-window blocks released while their request ran
   uint64_t snapshot_restores = 0;    // prefix hits that restored a recurrent-state snapshot
   uint64_t snapshot_cut_tokens = 0;  // hit tokens given up because no snapshot ended there

@@ -24,7 +24,10 @@ int StateSnapshots::reserve() {
   for (int i = 0; i < capacity(); ++i) {
     const Slot& s = slots_[size_t(i)];
     if (s.pins > 0) continue;
-    if (!s.published) { best = i; break; }  // free: no snapshot is lost
+    if (!s.published) {
+      best = i;
+      break;
+    }  // free: no snapshot is lost
     if (best < 0 || s.last_use < slots_[size_t(best)].last_use) best = i;
   }
   if (best < 0) return -1;

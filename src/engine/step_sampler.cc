@@ -19,13 +19,16 @@ void StepSampler::resolve_tokens(const StepPlan& plan, std::vector<int>& ids) co
       const PlannedSeq& s = plan.seqs[size_t(tok.seq)];
       for (const LastSample& ls : last_)
         if (ls.request_id == s.request_id && ls.epoch == s.epoch) id = ls.token;
-      if (id < 0) throw Error("overlap scheduling: no sampled token for request " + std::to_string(s.request_id));
+      if (id < 0)
+        throw Error("overlap scheduling: no sampled token for request " +
+                    std::to_string(s.request_id));
     }
     ids[t] = id;
   }
 }
 
-void StepSampler::finish(const StepPlan& plan, ModelRunner& runner, ThreadPool* pool, StepResult& result) {
+void StepSampler::finish(const StepPlan& plan, ModelRunner& runner, ThreadPool* pool,
+                         StepResult& result) {
   const int V = runner.config().vocab_size, max_rows = runner.max_logit_rows();
   result.iter = plan.iter;
   result.seqs.resize(plan.seqs.size());
@@ -45,13 +48,15 @@ void StepSampler::finish(const StepPlan& plan, ModelRunner& runner, ThreadPool* 
   if (S > max_rows) throw Error("step samples more sequences than max_num_seqs");
   if (S > 0) {
     const float* logits = runner.logits(rows_.data(), S);
-    // Rows are sampled independently (each from its own seed and position), so all cores share them.
+    // Rows are sampled independently (each from its own seed and position), so all cores share
+    // them.
     pool->parallel_for_each(S, [&](int64_t i) {
       thread_local std::vector<float> scratch;
       thread_local std::vector<int> order;
       const PlannedSeq& ps = plan.seqs[size_t(seqs_[size_t(i)])];
       SeqResult& r = result.seqs[size_t(seqs_[size_t(i)])];
-      r.sample = sample_token(logits + size_t(i) * size_t(V), V, ps.sampler, ps.start_pos + ps.num_tokens, scratch, order);
+      r.sample = sample_token(logits + size_t(i) * size_t(V), V, ps.sampler,
+                              ps.start_pos + ps.num_tokens, scratch, order);
       r.sampled = true;
     });
   }

@@ -12,8 +12,10 @@ void WaitingQueue::push_back(Request* r) {
 
 void WaitingQueue::push_front(Request* r) {
   auto [it, fresh] = groups_.try_emplace(r->group);
-  if (fresh) it->second.turn = turns_.insert(turns_.begin(), r->group);
-  else turns_.splice(turns_.begin(), turns_, it->second.turn);
+  if (fresh)
+    it->second.turn = turns_.insert(turns_.begin(), r->group);
+  else
+    turns_.splice(turns_.begin(), turns_, it->second.turn);
   r->waiting_at = it->second.requests.insert(it->second.requests.begin(), r);
   r->in_waiting = true;
   ++size_;

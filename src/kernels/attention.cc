@@ -24,10 +24,12 @@ inline namespace R3_ISA_NS {
 
 namespace {
 
-// Key j's values: head_dim elements, contiguous; the block's later slots follow at head_dim strides.
+// Key j's values: head_dim elements, contiguous; the block's later slots follow at head_dim
+// strides.
 template <typename KvT>
 inline const KvT* v_row(const PagedHead<KvT>& kv, int j, int hd) {
-  return kv.v_base + (int64_t(kv.block_table[j / kv.block_size]) * kv.kv_dim + kv.head_offset) * kv.block_size +
+  return kv.v_base +
+         (int64_t(kv.block_table[j / kv.block_size]) * kv.kv_dim + kv.head_offset) * kv.block_size +
          int64_t(j % kv.block_size) * hd;
 }
 
@@ -39,7 +41,8 @@ inline const KvT* k_block(const PagedHead<KvT>& kv, int b) {
 // Scores of keys first..pos into s[first..pos], one key at a time (any block size; the vector
 // path's lanes do the same operations).
 template <typename KvT>
-void scores_portable(const float* q, int hd, int first, int pos, float scale, const PagedHead<KvT>& kv, float* s) {
+void scores_portable(const float* q, int hd, int first, int pos, float scale,
+                     const PagedHead<KvT>& kv, float* s) {
   const int bs = kv.block_size, n = pos + 1;
   for (int b = first / bs; b * bs < n; ++b) {
     const KvT* kt = k_block(kv, b);
@@ -105,7 +108,8 @@ float softmax_weights(float* s, int n, const PagedHead<KvT>& kv) {
 // out[d] = fma(w[j], v_j[d], out[d]) for keys [from, to), in key order (the tail of a query
 // whose group shared the keys before `from`).
 template <typename KvT>
-void weighted_values_tail(const float* w, int from, int to, const PagedHead<KvT>& kv, int hd, float* out) {
+void weighted_values_tail(const float* w, int from, int to, const PagedHead<KvT>& kv, int hd,
+                          float* out) {
   for (int j = from; j < to; ++j) {
     const KvT* vj = v_row(kv, j, hd);
     for (int d = 0; d < hd; ++d) out[d] = std::fma(w[j], widen(vj[d]), out[d]);
@@ -124,7 +128,8 @@ inline int ahead_blocks(int block_size) { return std::max(1, 64 / block_size); }
 template <typename KvT>
 inline void prefetch_block(const KvT* p, int hd, int block_size) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (size_t at = 0; at < size_t(hd) * size_t(block_size) * sizeof(KvT); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+  for (size_t at = 0; at < size_t(hd) * size_t(block_size) * sizeof(KvT); at += 64)
+    _mm_prefetch(c + at, _MM_HINT_T0);
 }
 
 // Scores of lane groups [g0, g0 + B) for Q queries (all 16 lanes, also past the last key of a
@@ -132,8 +137,8 @@ inline void prefetch_block(const KvT* p, int hd, int block_size) {
 // independent fma chains (one chain alone waits on fma latency). At each block's first group,
 // prefetches the K block `ahead` further on or, past the last block, the values' first blocks.
 template <int Q, int B, typename KvT>
-inline void score_groups(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int g0, int blocks,
-                         int ahead, float* s, int stride) {
+inline void score_groups(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv,
+                         int g0, int blocks, int ahead, float* s, int stride) {
   const int bs = kv.block_size, per_block = bs / 16;
   const KvT* kt[B];
   Vec16 acc[B][Q];
@@ -142,8 +147,10 @@ inline void score_groups(const float* const* q, int hd, float scale, const Paged
     const int g = g0 + i, b = g / per_block;
     kt[i] = k_block(kv, b) + (g % per_block) * 16;
     if (g % per_block == 0) {
-      if (b + ahead < blocks) prefetch_block(k_block(kv, b + ahead), hd, bs);
-      else if (b + ahead - blocks < std::min(ahead, blocks)) prefetch_block(v_row(kv, (b + ahead - blocks) * bs, hd), hd, bs);
+      if (b + ahead < blocks)
+        prefetch_block(k_block(kv, b + ahead), hd, bs);
+      else if (b + ahead - blocks < std::min(ahead, blocks))
+        prefetch_block(v_row(kv, (b + ahead - blocks) * bs, hd), hd, bs);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < Q; ++j) acc[i][j] = Vec16::zero();
@@ -159,7 +166,8 @@ inline void score_groups(const float* const* q, int hd, float scale, const Paged
 #pragma GCC unroll 8
   for (int i = 0; i < B; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < Q; ++j) (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (g0 + i) * 16);
+    for (int j = 0; j < Q; ++j)
+      (acc[i][j] * Vec16::set1(scale)).store(s + size_t(j) * stride + (g0 + i) * 16);
 }
 
 // Independent fma chains score_groups keeps in flight: two fma ports of four cycles' latency
@@ -169,8 +177,8 @@ constexpr int kScoreChains = R3_ISA_AVX512 ? 8 : 4;
 // Scores of keys first..n_max-1 (widened to whole lane groups) for Q queries, kScoreChains
 // chains at a time where the groups allow.
 template <int Q, typename KvT>
-void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int first, int n_max,
-                  float* s, int stride) {
+void group_scores(const float* const* q, int hd, float scale, const PagedHead<KvT>& kv, int first,
+                  int n_max, float* s, int stride) {
   constexpr int B = Q >= kScoreChains ? 1 : kScoreChains / Q;
   const int groups = (n_max + 15) / 16, blocks = (n_max + kv.block_size - 1) / kv.block_size;
   const int ahead = ahead_blocks(kv.block_size);
@@ -182,7 +190,8 @@ void group_scores(const float* const* q, int hd, float scale, const PagedHead<Kv
 // out[i][d] = sum_j w_i[j] * v_j[d] over keys [first, n_min) in key order for Q queries, each V
 // row loaded once, Q x NV accumulators kept in registers across keys; outputs stored unscaled.
 template <int NV, int Q, typename KvT>
-void group_values(const float* w, int stride, int first, int n_min, const PagedHead<KvT>& kv, float* const* out) {
+void group_values(const float* w, int stride, int first, int n_min, const PagedHead<KvT>& kv,
+                  float* const* out) {
   Vec16 acc[Q][NV];
 #pragma GCC unroll 4
   for (int i = 0; i < Q; ++i)
@@ -191,7 +200,8 @@ void group_values(const float* w, int stride, int first, int n_min, const PagedH
   const int bs = kv.block_size;
   for (int j0 = first; j0 < n_min; j0 = (j0 / bs + 1) * bs) {
     const KvT* row = v_row(kv, j0, 16 * NV);
-    const int next = (j0 / bs + std::max(1, 32 / bs)) * bs;  // half as far as the scores: V is read faster
+    const int next =
+        (j0 / bs + std::max(1, 32 / bs)) * bs;  // half as far as the scores: V is read faster
     if (next < n_min) prefetch_block(v_row(kv, next, 16 * NV), 16 * NV, bs);
     const int m = std::min(bs - j0 % bs, n_min - j0);
     for (int j = j0; j < j0 + m; ++j, row += 16 * NV) {
@@ -220,29 +230,34 @@ constexpr int kValueQueries = 4;
 // The weighted values of Q queries whose weights are in w (rows of `stride`), each over its own
 // keys 0..pos[i]: the keys every query has in one pass, each query's remaining keys after it.
 template <int NV, int Q, typename KvT>
-void values_of(const float* w, int stride, const int* pos, int hd, const PagedHead<KvT>& kv, float* const* out) {
+void values_of(const float* w, int stride, const int* pos, int hd, const PagedHead<KvT>& kv,
+               float* const* out) {
   int n_min = pos[0] + 1;
   for (int i = 1; i < Q; ++i) n_min = std::min(n_min, pos[i] + 1);
   group_values<NV, Q>(w, stride, 0, n_min, kv, out);
-  for (int i = 0; i < Q; ++i) weighted_values_tail(w + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
+  for (int i = 0; i < Q; ++i)
+    weighted_values_tail(w + size_t(i) * stride, n_min, pos[i] + 1, kv, hd, out[i]);
 }
 
 template <int NV, int Q, typename KvT>
-void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale, const PagedHead<KvT>& kv,
-                        float* scores, int stride, float* const* out) {
+void attend_group_fixed(const float* const* q, const int* pos, int hd, float scale,
+                        const PagedHead<KvT>& kv, float* scores, int stride, float* const* out) {
   if constexpr (Q > kScoreQueries) {  // (the scores' group of this instruction set, then the rest)
     attend_group_fixed<NV, kScoreQueries>(q, pos, hd, scale, kv, scores, stride, out);
     attend_group_fixed<NV, Q - kScoreQueries>(q + kScoreQueries, pos + kScoreQueries, hd, scale, kv,
-                                              scores + size_t(kScoreQueries) * stride, stride, out + kScoreQueries);
+                                              scores + size_t(kScoreQueries) * stride, stride,
+                                              out + kScoreQueries);
   } else {
     int n_max = pos[0] + 1;
     for (int i = 1; i < Q; ++i) n_max = std::max(n_max, pos[i] + 1);
     group_scores<Q>(q, hd, scale, kv, 0, n_max, scores, stride);
     float sum[Q];
-    for (int i = 0; i < Q; ++i) sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1, kv);
+    for (int i = 0; i < Q; ++i)
+      sum[i] = softmax_weights(scores + size_t(i) * stride, pos[i] + 1, kv);
     constexpr int V = std::min(Q, kValueQueries);
     values_of<NV, V>(scores, stride, pos, hd, kv, out);
-    if constexpr (Q > V) values_of<NV, Q - V>(scores + size_t(V) * stride, stride, pos + V, hd, kv, out + V);
+    if constexpr (Q > V)
+      values_of<NV, Q - V>(scores + size_t(V) * stride, stride, pos + V, hd, kv, out + V);
     for (int i = 0; i < Q; ++i) {
       const float inv = 1.f / sum[i];
       for (int d = 0; d < hd; ++d) out[i][d] *= inv;
@@ -253,13 +268,15 @@ void attend_group_fixed(const float* const* q, const int* pos, int hd, float sca
 // Scores of N (query, lane group) pairs, each lane as score_groups computes it: N independent
 // fma chains whatever heads or blocks the pairs come from.
 template <int N, typename KvT>
-inline void score_lanes(const float* const* q, const KvT* const* kt, int hd, int bs, float scale, float* const* s) {
+inline void score_lanes(const float* const* q, const KvT* const* kt, int hd, int bs, float scale,
+                        float* const* s) {
   Vec16 acc[N];
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) acc[i] = Vec16::zero();
   for (int d = 0; d < hd; ++d)
 #pragma GCC unroll 4
-    for (int i = 0; i < N; ++i) acc[i] = fmadd(Vec16::set1(q[i][d]), Vec16::load(kt[i] + d * bs), acc[i]);
+    for (int i = 0; i < N; ++i)
+      acc[i] = fmadd(Vec16::set1(q[i][d]), Vec16::load(kt[i] + d * bs), acc[i]);
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) (acc[i] * Vec16::set1(scale)).store(s[i]);
 }
@@ -327,27 +344,38 @@ inline void add_weighted_values(const float* w, int m, const KvT* v, Vec16* acc)
 // adjacent runs (a request's blocks are mostly allocated in order), and a burst of software
 // prefetches in that stream held the loads behind it.
 template <int NV, typename KvT>
-void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float scale, const PagedHead<KvT>& kv,
-                      const float* sinks, float* scores, int stride, float* out) {
+void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float scale,
+                      const PagedHead<KvT>& kv, const float* sinks, float* scores, int stride,
+                      float* out) {
   constexpr int hd = 16 * NV;
   constexpr size_t kAheadBytes = 16 << 10;  // as far as the one-head loops reach at head_dim 128
   const int bs = kv.block_size, n = pos + 1, first = kv.first_key(pos);
   const int b_first = first / bs, b_end = (n + bs - 1) / bs;
   const int kv0 = h0 / group, kv1 = (h1 - 1) / group + 1;
-  const size_t run = size_t(kv1 - kv0) * hd * bs;  // elements of one block's K (or V) of these heads
-  auto k_run = [&](int b) { return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs; };
-  auto v_run = [&](int b) { return kv.v_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs; };
-  const int ahead = int(std::max<size_t>(1, (kAheadBytes + run * sizeof(KvT) - 1) / (run * sizeof(KvT))));
+  const size_t run =
+      size_t(kv1 - kv0) * hd * bs;  // elements of one block's K (or V) of these heads
+  auto k_run = [&](int b) {
+    return kv.k_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs;
+  };
+  auto v_run = [&](int b) {
+    return kv.v_base + (int64_t(kv.block_table[b]) * kv.kv_dim + int64_t(kv0) * hd) * bs;
+  };
+  const int ahead =
+      int(std::max<size_t>(1, (kAheadBytes + run * sizeof(KvT) - 1) / (run * sizeof(KvT))));
   auto row = [&](int h) { return scores + size_t(h - h0) * stride; };
   LaneBatch<KvT> lanes{hd, bs, scale};
   for (int b = b_first; b < b_end; ++b) {
-    if (b + ahead < b_end) prefetch_run(k_run(b + ahead), run * sizeof(KvT));
-    else if (b_first + b + ahead - b_end < b_end) prefetch_run(v_run(b_first + b + ahead - b_end), run * sizeof(KvT));
-    const int g0 = b == b_first ? first % bs / 16 : 0, g1 = b == b_end - 1 ? (n - b * bs + 15) / 16 : bs / 16;
+    if (b + ahead < b_end)
+      prefetch_run(k_run(b + ahead), run * sizeof(KvT));
+    else if (b_first + b + ahead - b_end < b_end)
+      prefetch_run(v_run(b_first + b + ahead - b_end), run * sizeof(KvT));
+    const int g0 = b == b_first ? first % bs / 16 : 0,
+              g1 = b == b_end - 1 ? (n - b * bs + 15) / 16 : bs / 16;
     const KvT* kb = k_run(b);
     for (int h = h0; h < h1; ++h)
       for (int g = g0; g < g1; ++g)
-        lanes.add(q + size_t(h) * hd, kb + size_t(h / group - kv0) * hd * bs + g * 16, row(h) + b * bs + g * 16);
+        lanes.add(q + size_t(h) * hd, kb + size_t(h / group - kv0) * hd * bs + g * 16,
+                  row(h) + b * bs + g * 16);
   }
   lanes.flush();
   float sum[64];  // at most 64 heads per call (attend_heads)
@@ -362,9 +390,12 @@ void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float 
   const int heads = h1 - h0;
   thread_local std::vector<float> weights;
   weights.resize(size_t(b_end - b_first) * heads * bs + 16);
-  auto block_weights = [&](int b, int h) { return weights.data() + (size_t(b - b_first) * heads + (h - h0)) * bs; };
+  auto block_weights = [&](int b, int h) {
+    return weights.data() + (size_t(b - b_first) * heads + (h - h0)) * bs;
+  };
   for (int b = b_first; b < b_end; ++b)
-    for (int h = h0; h < h1; ++h) std::memcpy(block_weights(b, h), row(h) + b * bs, size_t(bs) * sizeof(float));
+    for (int h = h0; h < h1; ++h)
+      std::memcpy(block_weights(b, h), row(h) + b * bs, size_t(bs) * sizeof(float));
   // Every kv head of a block (a whole token's heads): the runs of adjacent blocks are one stream.
   const bool whole_blocks = kv1 - kv0 == kv.kv_dim / hd;
   for (int b = b_first; b < b_end; ++b) {
@@ -380,8 +411,10 @@ void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float 
       for (int v = 0; v < NV; ++v) acc[v] = Vec16::load(o + 16 * v);
       const float* w = block_weights(b, h) + (j0 - b * bs);
       const KvT* v = vb + size_t(h / group - kv0) * hd * bs + size_t(j0 - b * bs) * hd;
-      if (whole_blocks) add_weighted_values<NV, true>(w, j1 - j0, v, acc);
-      else add_weighted_values<NV, false>(w, j1 - j0, v, acc);
+      if (whole_blocks)
+        add_weighted_values<NV, true>(w, j1 - j0, v, acc);
+      else
+        add_weighted_values<NV, false>(w, j1 - j0, v, acc);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[v].store(o + 16 * v);
     }
@@ -393,18 +426,34 @@ void attend_heads_vec(const float* q, int h0, int h1, int group, int pos, float 
 }
 
 template <int NV, typename KvT>
-void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
-                     float* scores, int stride, float* const* out) {
+void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, float scale,
+                     const PagedHead<KvT>& kv, float* scores, int stride, float* const* out) {
   static_assert(kMaxGroup == 8);
   switch (nq) {
-    case 1: attend_group_fixed<NV, 1>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 2: attend_group_fixed<NV, 2>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 3: attend_group_fixed<NV, 3>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 4: attend_group_fixed<NV, 4>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 5: attend_group_fixed<NV, 5>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 6: attend_group_fixed<NV, 6>(q, pos, hd, scale, kv, scores, stride, out); break;
-    case 7: attend_group_fixed<NV, 7>(q, pos, hd, scale, kv, scores, stride, out); break;
-    default: attend_group_fixed<NV, 8>(q, pos, hd, scale, kv, scores, stride, out); break;
+    case 1:
+      attend_group_fixed<NV, 1>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 2:
+      attend_group_fixed<NV, 2>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 3:
+      attend_group_fixed<NV, 3>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 4:
+      attend_group_fixed<NV, 4>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 5:
+      attend_group_fixed<NV, 5>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 6:
+      attend_group_fixed<NV, 6>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    case 7:
+      attend_group_fixed<NV, 7>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
+    default:
+      attend_group_fixed<NV, 8>(q, pos, hd, scale, kv, scores, stride, out);
+      break;
   }
 }
 #endif
@@ -412,8 +461,8 @@ void attend_group_nv(const float* const* q, const int* pos, int nq, int hd, floa
 }  // namespace
 
 template <typename KvT>
-void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale, const PagedHead<KvT>& kv,
-                  float* scores, int stride, float* const* out) {
+void attend_group(const float* const* q, const int* pos, int nq, int hd, float scale,
+                  const PagedHead<KvT>& kv, float* scores, int stride, float* const* out) {
 #if defined(R3_VEC16)
   // Queries of a windowed layer read different key ranges: each on its own.
   if (kv.window == 0 && kv.block_size % 16 == 0 && nq >= 1 && nq <= kMaxGroup) {
@@ -421,11 +470,13 @@ void attend_group(const float* const* q, const int* pos, int nq, int hd, float s
     if (hd == 128) return attend_group_nv<8>(q, pos, nq, hd, scale, kv, scores, stride, out);
   }
 #endif
-  for (int i = 0; i < nq; ++i) R3_ISA_NS::attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
+  for (int i = 0; i < nq; ++i)
+    R3_ISA_NS::attend(q[i], hd, pos[i], scale, kv, scores + size_t(i) * stride, out[i]);
 }
 
 template <typename KvT>
-void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* scores, float* out) {
+void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& kv, float* scores,
+            float* out) {
   const int n = pos + 1, first = kv.first_key(pos);
   bool vector_scores = false, vector_values = false;
 #if defined(R3_VEC16)
@@ -436,10 +487,10 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& 
   if (!vector_scores) scores_portable(q, hd, first, pos, scale, kv, scores);
   const float sum = softmax_weights(scores + first, n - first, kv);  // weights replace the scores
 #if defined(R3_VEC16)
-  if (vector_values)
-    [&]<int... I>(std::integer_sequence<int, I...>) {
+  if (vector_values) [&]<int... I>(std::integer_sequence<int, I...>) {
       ((hd == 16 * (I + 1) ? group_values<I + 1, 1>(scores, 0, first, n, kv, &out) : void()), ...);
-    }(std::make_integer_sequence<int, 8>{});
+    }
+  (std::make_integer_sequence<int, 8>{});
 #endif
   if (!vector_values) {
     std::fill(out, out + hd, 0.f);
@@ -450,18 +501,21 @@ void attend(const float* q, int hd, int pos, float scale, const PagedHead<KvT>& 
 }
 
 template <typename KvT>
-void attend_heads(const float* q, int h0, int h1, int group, int hd, int pos, float scale, const PagedHead<KvT>& kv,
-                  const float* sinks, float* scores, int stride, float* out) {
+void attend_heads(const float* q, int h0, int h1, int group, int hd, int pos, float scale,
+                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int stride,
+                  float* out) {
 #if defined(R3_VEC16)
   if (kv.block_size % 16 == 0 && hd % 16 == 0 && hd <= 128) {
     for (int from = h0; from < h1; from += 64) {  // attend_heads_vec's sums live on its stack
       const int to = std::min(h1, from + 64);
       float* s = scores + size_t(from - h0) * stride;
       [&]<int... I>(std::integer_sequence<int, I...>) {
-        ((hd == 16 * (I + 1) ? attend_heads_vec<I + 1>(q, from, to, group, pos, scale, kv, sinks, s, stride, out)
-                             : void()),
+        ((hd == 16 * (I + 1)
+              ? attend_heads_vec<I + 1>(q, from, to, group, pos, scale, kv, sinks, s, stride, out)
+              : void()),
          ...);
-      }(std::make_integer_sequence<int, 8>{});
+      }
+      (std::make_integer_sequence<int, 8>{});
     }
     return;
   }
@@ -470,20 +524,21 @@ void attend_heads(const float* q, int h0, int h1, int group, int hd, int pos, fl
     PagedHead<KvT> head = kv;
     head.head_offset = int64_t(h / group) * hd;
     head.has_sink = sinks != nullptr, head.sink = sinks ? sinks[h] : 0.f;
-    R3_ISA_NS::attend(q + size_t(h) * hd, hd, pos, scale, head, scores + size_t(h - h0) * stride, out + size_t(h) * hd);
+    R3_ISA_NS::attend(q + size_t(h) * hd, hd, pos, scale, head, scores + size_t(h - h0) * stride,
+                      out + size_t(h) * hd);
   }
 }
 
 template void attend(const float*, int, int, float, const PagedHead<float>&, float*, float*);
 template void attend(const float*, int, int, float, const PagedHead<uint16_t>&, float*, float*);
-template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<float>&, float*, int,
-                           float* const*);
-template void attend_group(const float* const*, const int*, int, int, float, const PagedHead<uint16_t>&, float*, int,
-                           float* const*);
-template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<float>&, const float*, float*,
-                           int, float*);
-template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<uint16_t>&, const float*,
-                           float*, int, float*);
+template void attend_group(const float* const*, const int*, int, int, float,
+                           const PagedHead<float>&, float*, int, float* const*);
+template void attend_group(const float* const*, const int*, int, int, float,
+                           const PagedHead<uint16_t>&, float*, int, float* const*);
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<float>&,
+                           const float*, float*, int, float*);
+template void attend_heads(const float*, int, int, int, int, int, float, const PagedHead<uint16_t>&,
+                           const float*, float*, int, float*);
 
 }  // namespace R3_ISA_NS
 }  // namespace r3::kernels

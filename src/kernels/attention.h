@@ -13,12 +13,12 @@ namespace r3::kernels {
 // head's values of a block are one contiguous run (easy to prefetch, no 4 KiB strides).
 template <typename KvT>
 struct PagedHead {
-  const KvT* k_base;      // K cache of this layer: [block][kv_dim][slot]
-  const KvT* v_base;      // V cache of this layer: [block][kv_head][slot][head_dim]
+  const KvT* k_base;  // K cache of this layer: [block][kv_dim][slot]
+  const KvT* v_base;  // V cache of this layer: [block][kv_head][slot][head_dim]
   const int* block_table;
   int block_size;
-  int64_t kv_dim;         // elements per (block, slot)
-  int64_t head_offset;    // offset of this kv head inside kv_dim
+  int64_t kv_dim;       // elements per (block, slot)
+  int64_t head_offset;  // offset of this kv head inside kv_dim
   // Sliding window (0: none): a query at pos reads keys max(0, pos - window + 1)..pos only, and
   // no block before the first of them (they may have been freed).
   int window = 0;
@@ -36,8 +36,8 @@ struct PagedHead {
 // position.
 // scores: scratch of at least pos + 1 rounded up to the block size. out: [head_dim].
 template <typename KvT>
-void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv, float* scores,
-            float* out);
+void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<KvT>& kv,
+            float* scores, float* out);
 
 // Up to kMaxGroup queries of one head over the same sequence (positions pos[i], ascending or
 // not), each computed exactly as attend() computes it: the group only shares the loads of K and
@@ -45,8 +45,8 @@ void attend(const float* q, int head_dim, int pos, float scale, const PagedHead<
 // score_stride floats (>= max pos + 1 rounded up to the block size).
 inline constexpr int kMaxGroup = 8;
 template <typename KvT>
-void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale, const PagedHead<KvT>& kv,
-                  float* scores, int score_stride, float* const* out);
+void attend_group(const float* const* q, const int* pos, int nq, int head_dim, float scale,
+                  const PagedHead<KvT>& kv, float* scores, int score_stride, float* const* out);
 
 // Query heads [h0, h1) of one token at pos, query head h reading kv head h / group: each head's
 // output is attend()'s, bit for bit. The loops walk the sequence's blocks once for all these
@@ -57,6 +57,7 @@ void attend_group(const float* const* q, const int* pos, int nq, int head_dim, f
 // scores: (h1 - h0) rows of score_stride floats (>= pos + 1 rounded up to the block size).
 template <typename KvT>
 void attend_heads(const float* q, int h0, int h1, int group, int head_dim, int pos, float scale,
-                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride, float* out);
+                  const PagedHead<KvT>& kv, const float* sinks, float* scores, int score_stride,
+                  float* out);
 
 }  // namespace r3::kernels

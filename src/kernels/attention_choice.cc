@@ -1,5 +1,6 @@
 #include "kernels/attention_choice.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -7,7 +8,6 @@
 #include <numeric>
 #include <random>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "core/big_alloc.h"
@@ -31,7 +31,8 @@ constexpr int64_t kKvDim = int64_t(kHeads) * kDim, kBlockElems = kKvDim * kBlock
 int timing_seqs(int threads) {
   constexpr int64_t kSeqBytes = int64_t(2) * kBlocksPerSeq * kBlockElems * 2;
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  const int64_t bytes = std::clamp<int64_t>(2 * int64_t(std::max(0L, l3)), int64_t(64) << 20, int64_t(2) << 30);
+  const int64_t bytes =
+      std::clamp<int64_t>(2 * int64_t(std::max(0L, l3)), int64_t(64) << 20, int64_t(2) << 30);
   return std::max(int(bytes / kSeqBytes), 2 * threads);
 }
 
@@ -48,7 +49,8 @@ struct TimingCache {
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     pool->parallel_for(n_blocks, [&](int64_t b0, int64_t b1) {
-      for (size_t i = size_t(b0) * kBlockElems; i < size_t(b1) * kBlockElems; ++i) {  // cheap values in [-0.5, 0.5)
+      for (size_t i = size_t(b0) * kBlockElems; i < size_t(b1) * kBlockElems;
+           ++i) {  // cheap values in [-0.5, 0.5)
         const float x = float(uint32_t(i * 2654435761u) >> 8) * 0x1p-24f - 0.5f;
         k.get()[i] = v.get()[i] = f32_to_bf16(x);
       }
@@ -73,42 +75,53 @@ double time_loop(const TimingCache& c, DecodeAttention loop) {
     // Each thread's scratch outlives the timed call, so no timing pays for its allocation.
     thread_local std::vector<float> scores(size_t(kHeads) * kKeys), out(size_t(kHeads) * kDim);
     for (int64_t s = s0; s < s1; ++s) {
-      PagedHead<uint16_t> kv{cache->k.get(), cache->v.get(), cache->tables.data() + size_t(s) * kBlocksPerSeq, kBlock,
-                             kKvDim, 0};
+      PagedHead<uint16_t> kv{
+          cache->k.get(), cache->v.get(), cache->tables.data() + size_t(s) * kBlocksPerSeq,
+          kBlock,         kKvDim,         0};
       const float* q = cache->q.data() + size_t(s) * kHeads * kDim;
       if (loop == DecodeAttention::Heads) {
-        attend_heads(q, 0, kHeads, 1, kDim, kKeys - 1, scale, kv, nullptr, scores.data(), kKeys, out.data());
+        attend_heads(q, 0, kHeads, 1, kDim, kKeys - 1, scale, kv, nullptr, scores.data(), kKeys,
+                     out.data());
       } else {
         for (int h = 0; h < kHeads; ++h) {
           kv.head_offset = int64_t(h) * kDim;
-          attend(q + size_t(h) * kDim, kDim, kKeys - 1, scale, kv, scores.data(), out.data() + size_t(h) * kDim);
+          attend(q + size_t(h) * kDim, kDim, kKeys - 1, scale, kv, scores.data(),
+                 out.data() + size_t(h) * kDim);
         }
       }
     }
   });
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return 2.0 * double(c.blocks()) * double(kBlockElems) * 2 / seconds / 1e9;
 }
 }  // namespace
 
-const char* decode_attention_name(DecodeAttention a) { return a == DecodeAttention::PerHead ? "per_head" : "heads"; }
+const char* decode_attention_name(DecodeAttention a) {
+  return a == DecodeAttention::PerHead ? "per_head" : "heads";
+}
 DecodeAttention decode_attention() { return g_loop.load(std::memory_order_relaxed); }
 void set_decode_attention(DecodeAttention a) { g_loop.store(a, std::memory_order_relaxed); }
 
 AttentionChoice choose_decode_attention(const std::string& cache_file, const char* forced) {
   AttentionChoice c;
-  const MachineChoice m = choose_on_machine(cache_file, "R3_ATTENTION", forced, {"heads", "per_head"}, [&] {
-    ThreadPool pool(int(std::max(1u, std::thread::hardware_concurrency())));
-    const TimingCache cache(&pool);
-    time_loop(cache, DecodeAttention::Heads);  // warm-up: the pages and the code
-    // Interleaved rounds, each loop going first in turn (the second run of a pair measured
-    // faster whichever it was); the best of each.
-    for (int round = 0; round < 6; ++round)
-      for (int i = 0; i < 2; ++i)
-        if ((round + i) % 2 == 0) c.heads_gb_per_s = std::max(c.heads_gb_per_s, time_loop(cache, DecodeAttention::Heads));
-        else c.per_head_gb_per_s = std::max(c.per_head_gb_per_s, time_loop(cache, DecodeAttention::PerHead));
-    return c.per_head_gb_per_s > 1.05 * c.heads_gb_per_s ? "per_head" : "heads";
-  });
+  const MachineChoice m =
+      choose_on_machine(cache_file, "R3_ATTENTION", forced, {"heads", "per_head"}, [&] {
+        ThreadPool pool(int(std::max(1u, std::thread::hardware_concurrency())));
+        const TimingCache cache(&pool);
+        time_loop(cache, DecodeAttention::Heads);  // warm-up: the pages and the code
+        // Interleaved rounds, each loop going first in turn (the second run of a pair measured
+        // faster whichever it was); the best of each.
+        for (int round = 0; round < 6; ++round)
+          for (int i = 0; i < 2; ++i)
+            if ((round + i) % 2 == 0)
+              c.heads_gb_per_s =
+                  std::max(c.heads_gb_per_s, time_loop(cache, DecodeAttention::Heads));
+            else
+              c.per_head_gb_per_s =
+                  std::max(c.per_head_gb_per_s, time_loop(cache, DecodeAttention::PerHead));
+        return c.per_head_gb_per_s > 1.05 * c.heads_gb_per_s ? "per_head" : "heads";
+      });
   c.loop = m.name == "per_head" ? DecodeAttention::PerHead : DecodeAttention::Heads;
   c.source = m.source;
   set_decode_attention(c.loop);
@@ -116,7 +129,8 @@ AttentionChoice choose_decode_attention(const std::string& cache_file, const cha
 }
 
 const AttentionChoice& tuned_decode_attention() {
-  static const AttentionChoice choice = choose_decode_attention(machine_cache_file("decode_attention"), std::getenv("R3_ATTENTION"));
+  static const AttentionChoice choice =
+      choose_decode_attention(machine_cache_file("decode_attention"), std::getenv("R3_ATTENTION"));
   return choice;
 }
 

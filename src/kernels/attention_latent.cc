@@ -40,7 +40,8 @@ void head_scores(const float* q, int n, float scale, const PagedLatent<KvT>& cac
 // out[d] = fma(w[j], v_j[d], out[d]) over keys 0..n-1 in key order, for d in [d0, value_width)
 // (all of them on the portable path, what the vector passes leave on the others).
 template <typename KvT>
-void weighted_values_from(int d0, const float* w, int n, int value_width, const PagedLatent<KvT>& cache, float* out) {
+void weighted_values_from(int d0, const float* w, int n, int value_width,
+                          const PagedLatent<KvT>& cache, float* out) {
   if (d0 >= value_width) return;
   std::fill(out + d0, out + value_width, 0.f);
   for (int j = 0; j < n; ++j) {
@@ -54,8 +55,8 @@ void weighted_values_from(int d0, const float* w, int n, int value_width, const 
 // lane): K independent fma chains, each row element broadcast once for all heads. Lane i of the
 // result goes to s + i * stride.
 template <int K, typename KvT>
-inline void lane_scores(const float* q_lanes, int j, int heads, float scale, const PagedLatent<KvT>& cache, float* s,
-                        int stride) {
+inline void lane_scores(const float* q_lanes, int j, int heads, float scale,
+                        const PagedLatent<KvT>& cache, float* s, int stride) {
   const KvT* r[K];
   Vec16 acc[K];
 #pragma GCC unroll 8
@@ -75,7 +76,8 @@ inline void lane_scores(const float* q_lanes, int j, int heads, float scale, con
 
 // out[d] = fma(w[j], v_j[d], out[d]) over keys 0..n-1 in key order, 8 vectors of d at a time.
 template <typename KvT>
-void weighted_values(const float* w, int n, int value_width, const PagedLatent<KvT>& cache, float* out) {
+void weighted_values(const float* w, int n, int value_width, const PagedLatent<KvT>& cache,
+                     float* out) {
   int d0 = 0;
   for (; d0 + 128 <= value_width; d0 += 128) {
     Vec16 acc[8];
@@ -94,7 +96,8 @@ void weighted_values(const float* w, int n, int value_width, const PagedLatent<K
 }
 #else
 template <typename KvT>
-void weighted_values(const float* w, int n, int value_width, const PagedLatent<KvT>& cache, float* out) {
+void weighted_values(const float* w, int n, int value_width, const PagedLatent<KvT>& cache,
+                     float* out) {
   weighted_values_from(0, w, n, value_width, cache, out);
 }
 #endif
@@ -103,19 +106,24 @@ void weighted_values(const float* w, int n, int value_width, const PagedLatent<K
 
 template <typename KvT>
 void attend_latent_heads(const float* q, int h0, int h1, int value_width, int pos, float scale,
-                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out, size_t out_stride) {
+                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out,
+                         size_t out_stride) {
   const int n = pos + 1, heads = h1 - h0, w = cache.width;
 #if defined(R3_VEC16)
-  thread_local std::vector<float> q_lanes;  // [width][16]: head h0 + i in lane i, zero past the last
+  thread_local std::vector<float>
+      q_lanes;  // [width][16]: head h0 + i in lane i, zero past the last
   q_lanes.assign(size_t(w) * kLatentHeads, 0.f);
   for (int i = 0; i < heads; ++i)
-    for (int d = 0; d < w; ++d) q_lanes[size_t(d) * kLatentHeads + size_t(i)] = q[size_t(h0 + i) * size_t(w) + size_t(d)];
+    for (int d = 0; d < w; ++d)
+      q_lanes[size_t(d) * kLatentHeads + size_t(i)] = q[size_t(h0 + i) * size_t(w) + size_t(d)];
   int j = 0;
-  for (; j + 8 <= n; j += 8) lane_scores<8>(q_lanes.data(), j, heads, scale, cache, scores, score_stride);
+  for (; j + 8 <= n; j += 8)
+    lane_scores<8>(q_lanes.data(), j, heads, scale, cache, scores, score_stride);
   for (; j < n; ++j) lane_scores<1>(q_lanes.data(), j, heads, scale, cache, scores, score_stride);
 #else
   for (int i = 0; i < heads; ++i)
-    head_scores(q + size_t(h0 + i) * size_t(w), n, scale, cache, scores + size_t(i) * size_t(score_stride));
+    head_scores(q + size_t(h0 + i) * size_t(w), n, scale, cache,
+                scores + size_t(i) * size_t(score_stride));
 #endif
   for (int i = 0; i < heads; ++i) {
     float* s = scores + size_t(i) * size_t(score_stride);
@@ -130,10 +138,10 @@ void attend_latent_heads(const float* q, int h0, int h1, int value_width, int po
   }
 }
 
-template void attend_latent_heads(const float*, int, int, int, int, float, const PagedLatent<float>&, float*, int,
-                                  float*, size_t);
-template void attend_latent_heads(const float*, int, int, int, int, float, const PagedLatent<uint16_t>&, float*, int,
-                                  float*, size_t);
+template void attend_latent_heads(const float*, int, int, int, int, float,
+                                  const PagedLatent<float>&, float*, int, float*, size_t);
+template void attend_latent_heads(const float*, int, int, int, int, float,
+                                  const PagedLatent<uint16_t>&, float*, int, float*, size_t);
 
 }  // namespace R3_ISA_NS
 }  // namespace r3::kernels

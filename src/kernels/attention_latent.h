@@ -15,7 +15,7 @@ struct PagedLatent {
   const KvT* base;  // this layer's cache: [block][slot][width]
   const int* block_table;
   int block_size;
-  int width;        // elements per cached row
+  int width;  // elements per cached row
 };
 
 // Heads per attend_latent_heads call: one lane each of a 16-lane vector.
@@ -29,6 +29,7 @@ inline constexpr int kLatentHeads = 16;
 // at out + h * out_stride. scores: (h1 - h0) rows of score_stride floats (>= pos + 1).
 template <typename KvT>
 void attend_latent_heads(const float* q, int h0, int h1, int value_width, int pos, float scale,
-                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out, size_t out_stride);
+                         const PagedLatent<KvT>& cache, float* scores, int score_stride, float* out,
+                         size_t out_stride);
 
 }  // namespace r3::kernels

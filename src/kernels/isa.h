@@ -22,7 +22,8 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #define R3_ISA_AVX2 1
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && R3_ISA_AVX2
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && R3_ISA_AVX2
 #define R3_ISA_AVX512 1
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && R3_ISA_AVX512

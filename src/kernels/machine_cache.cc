@@ -39,7 +39,8 @@ std::string cpu_key() {
 std::string machine_cache_file(const std::string& name) {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
-  const std::string dir = xdg && *xdg ? std::string(xdg) + "/r3" : std::string(home && *home ? home : "/tmp") + "/.cache/r3";
+  const std::string dir = xdg && *xdg ? std::string(xdg) + "/r3"
+                                      : std::string(home && *home ? home : "/tmp") + "/.cache/r3";
   return dir + "/" + name + ".json";
 }
 
@@ -49,7 +50,8 @@ std::optional<std::string> read_machine_cache(const std::string& file, const std
   return std::nullopt;
 }
 
-void write_machine_cache(const std::string& file, const std::string& key, const std::string& value) {
+void write_machine_cache(const std::string& file, const std::string& key,
+                         const std::string& value) {
   nlohmann::json j = read_all(file);
   j[key] = value;
   std::error_code ec;
@@ -58,8 +60,11 @@ void write_machine_cache(const std::string& file, const std::string& key, const 
 }
 
 MachineChoice choose_on_machine(const std::string& cache_file, const char* env, const char* forced,
-                                const std::vector<std::string>& names, const std::function<std::string()>& time) {
-  auto known = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+                                const std::vector<std::string>& names,
+                                const std::function<std::string()>& time) {
+  auto known = [&](const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
   if (forced && *forced) {
     if (!known(forced)) {
       std::string all;
@@ -69,7 +74,8 @@ MachineChoice choose_on_machine(const std::string& cache_file, const char* env, 
     return {forced, env};
   }
   const std::string key = cpu_key();
-  if (const std::optional<std::string> cached = read_machine_cache(cache_file, key); cached && known(*cached))
+  if (const std::optional<std::string> cached = read_machine_cache(cache_file, key);
+      cached && known(*cached))
     return {*cached, "cached for " + key};
   MachineChoice c{time(), "timed on " + key};
   write_machine_cache(cache_file, key, c.name);

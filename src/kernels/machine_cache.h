@@ -26,6 +26,7 @@ struct MachineChoice {
   std::string name, source;
 };
 MachineChoice choose_on_machine(const std::string& cache_file, const char* env, const char* forced,
-                                const std::vector<std::string>& names, const std::function<std::string()>& time);
+                                const std::vector<std::string>& names,
+                                const std::function<std::string()>& time);
 
 }  // namespace r3::kernels

@@ -10,7 +10,6 @@
 #include "core/big_alloc.h"
 #include "kernels/isa_entry_points.h"
 
-
 // Compiled for this file's instruction set from here on (isa.h).
 // clang-format off
 #include "kernels/isa_begin.h"

@@ -11,11 +11,11 @@
 namespace r3::kernels {
 
 struct MachineLimits {
-  std::string kernels;          // the kernel set measured and run (kernel_set.h)
-  double read_gb_per_s = 0;     // streaming read bandwidth, all threads
-  double peak_gflops = 0;       // bf16 dot-product peak: vdpbf16ps or FMA, whichever is faster
+  std::string kernels;           // the kernel set measured and run (kernel_set.h)
+  double read_gb_per_s = 0;      // streaming read bandwidth, all threads
+  double peak_gflops = 0;        // bf16 dot-product peak: vdpbf16ps or FMA, whichever is faster
   std::string peak_instruction;  // which instruction the peak loop ran
-  double fma_peak_gflops = 0;   // fp32 FMA peak: attention, f32 weights and the bf16 fma tiles
+  double fma_peak_gflops = 0;    // fp32 FMA peak: attention, f32 weights and the bf16 fma tiles
 };
 
 double measure_read_bandwidth(ThreadPool* pool, size_t bytes = size_t(1) << 30);

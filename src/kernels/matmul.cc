@@ -38,7 +38,8 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
     blocks += int((m.w->shape[0] + kRows - 1) / kRows);
   }
   if (!pool || work < (1 << 16)) {
-    for (const MatmulOut& m : outs) matmul_rows(x, *m.w, m.y, int(m.w->shape[0]), 0, int(m.w->shape[0]));
+    for (const MatmulOut& m : outs)
+      matmul_rows(x, *m.w, m.y, int(m.w->shape[0]), 0, int(m.w->shape[0]));
     return;
   }
   pool->parallel_for(blocks, [&](int64_t b0, int64_t b1) {
@@ -46,7 +47,9 @@ void matmul_many(const Activations& x, std::span<const MatmulOut> outs, ThreadPo
     for (const MatmulOut& m : outs) {
       const int O = int(m.w->shape[0]), n = (O + kRows - 1) / kRows;
       const int64_t lo = std::max(b0, first), hi = std::min(b1, first + n);
-      if (lo < hi) matmul_rows(x, *m.w, m.y, O, int((lo - first) * kRows), std::min(O, int((hi - first) * kRows)));
+      if (lo < hi)
+        matmul_rows(x, *m.w, m.y, O, int((lo - first) * kRows),
+                    std::min(O, int((hi - first) * kRows)));
       first += n;
     }
   });
@@ -75,8 +78,10 @@ void check_packable(const TensorView& W) {
   if (!packable(W.dtype) || W.shape.size() != 2)
     throw Error("pack_bf16: \"" + W.name + "\" is not a bf16, MXFP4 or FP8 matrix");
   if (W.shape[1] % 2)
-    throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " + std::to_string(W.shape[1]));
-  if (W.dtype == DType::F8_E4M3 && (!W.scale_inv || W.block_rows < 1 || W.block_cols < 2 || W.block_cols % 2))
+    throw Error("pack_bf16: \"" + W.name + "\" has an odd input dimension " +
+                std::to_string(W.shape[1]));
+  if (W.dtype == DType::F8_E4M3 &&
+      (!W.scale_inv || W.block_rows < 1 || W.block_cols < 2 || W.block_cols % 2))
     throw Error("pack_bf16: FP8 \"" + W.name + "\" has no block scales with an even column block");
 }
 }  // namespace
@@ -93,7 +98,8 @@ PackedBf16 pack_bf16(const TensorView& W) {
   return out;
 }
 
-void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
+void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin,
+                      int64_t panel_end) {
   check_packable(W);
   if (W.dtype == DType::MXFP4) return pack_mxfp4(W, packed, panel_begin, panel_end);
   if (W.dtype == DType::F8_E4M3) return pack_fp8(W, packed, panel_begin, panel_end);
@@ -117,11 +123,11 @@ uint64_t gather_nibbles(uint64_t x) {
 
 }  // namespace
 
-// MXFP4 [O, I] into 4-bit panels (matmul.h: groups of 16 pair rows, then their scales; matmul_tiles.cc
-// decodes them). Row r's 8 code bytes of pair rows 8c..8c + 7 hold, in their low nibbles, the
-// codes of inputs 2q and, in their high nibbles, of inputs 2q + 1: gathered 4 to a word they are
-// row r's words 2r and 2r + 1 of lines 2c and 2c + 1, which lie next to row r + 1's. Rows past O
-// are zero codes (they decode to 0).
+// MXFP4 [O, I] into 4-bit panels (matmul.h: groups of 16 pair rows, then their scales;
+// matmul_tiles.cc decodes them). Row r's 8 code bytes of pair rows 8c..8c + 7 hold, in their low
+// nibbles, the codes of inputs 2q and, in their high nibbles, of inputs 2q + 1: gathered 4 to a
+// word they are row r's words 2r and 2r + 1 of lines 2c and 2c + 1, which lie next to row r + 1's.
+// Rows past O are zero codes (they decode to 0).
 void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
   const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, blocks_per_row = I / 32;
   const auto* blocks = static_cast<const uint8_t*>(W.data);
@@ -131,8 +137,10 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * mxfp4_panel_bytes(W);
     const uint8_t* rows[kPanelRows];
-    for (int lane = 0; lane < kPanelRows; ++lane) rows[lane] = row_or_zeros(blocks, pairs, p * kPanelRows + lane, O, zeros);
-    for (int64_t g = 0; g < blocks_per_row; ++g) {  // group by group, so each is written whole at once
+    for (int lane = 0; lane < kPanelRows; ++lane)
+      rows[lane] = row_or_zeros(blocks, pairs, p * kPanelRows + lane, O, zeros);
+    for (int64_t g = 0; g < blocks_per_row;
+         ++g) {  // group by group, so each is written whole at once
       uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
       for (int c = 0; c < kMxfp4GroupPairs / 8; ++c)
         for (int lane = 0; lane < kPanelRows; lane += 2) {
@@ -140,7 +148,8 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
           uint64_t words[2];
           for (int i = 0; i < 2; ++i) {
             const uint64_t codes = load_u64(rows[lane + i] + g * kMxfp4GroupPairs + 8 * c);
-            words[i] = gather_nibbles(codes & kLowNibbles) | gather_nibbles(codes >> 4 & kLowNibbles) << 16;
+            words[i] = gather_nibbles(codes & kLowNibbles) |
+                       gather_nibbles(codes >> 4 & kLowNibbles) << 16;
           }
           store_u64(group + mxfp4_code_byte(8 * c, lane, 0), low_halves(words[0], words[1]));
           store_u64(group + mxfp4_code_byte(8 * c + 4, lane, 0), high_halves(words[0], words[1]));
@@ -159,7 +168,8 @@ void pack_mxfp4(const TensorView& W, uint16_t* packed, int64_t panel_begin, int6
 // inputs 4l..4l + 3 are its words 2r, 2r + 1 of pair rows 2l and 2l + 1, which line l holds as
 // two 16-bit halves 8 bytes apart (fp8_code_byte).
 void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end) {
-  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2, col_blocks = (I + W.block_cols - 1) / W.block_cols;
+  const int64_t O = W.shape[0], I = W.shape[1], pairs = I / 2,
+                col_blocks = (I + W.block_cols - 1) / W.block_cols;
   if (!fp8_native(W)) {
     for (int64_t p = panel_begin; p < panel_end; ++p) {
       uint16_t* panel = packed + size_t(p) * size_t(pairs) * 32;
@@ -178,7 +188,8 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     uint8_t* panel = out + size_t(p) * panel_bytes;
     const uint8_t* rows[kPanelRows];
-    for (int lane = 0; lane < kPanelRows; ++lane) rows[lane] = row_or_zeros(w, I, p * kPanelRows + lane, O, zeros);
+    for (int lane = 0; lane < kPanelRows; ++lane)
+      rows[lane] = row_or_zeros(w, I, p * kPanelRows + lane, O, zeros);
     for (int64_t c = 0; c < whole; ++c)  // two lines at a time, so each is written whole at once
       for (int lane = 0; lane < kPanelRows; lane += 4) {
         // Four rows' words of pair rows 4c..4c + 3, transposed: t[k] holds pair row 4c + k's word
@@ -188,7 +199,8 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
         transpose_u16_4x4(s, t);
         for (int k = 0; k < 4; ++k) store_u64(panel + fp8_code_byte(4 * c + k, lane, 0), t[k]);
       }
-    for (int64_t q = 4 * whole; q < (pairs + 1) / 2 * 2; ++q)  // the last pair rows, and a padding one
+    for (int64_t q = 4 * whole; q < (pairs + 1) / 2 * 2;
+         ++q)  // the last pair rows, and a padding one
       for (int lane = 0; lane < kPanelRows; ++lane) {
         const uint8_t* at = q < pairs ? rows[lane] + 2 * q : zeros.data();
         panel[fp8_code_byte(q, lane, 0)] = at[0];
@@ -197,7 +209,8 @@ void pack_fp8(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_
     // The panel's rows lie in one row block (fp8_native): one scale per column block.
     auto* scales = reinterpret_cast<float*>(panel + fp8_scales_offset(W));
     std::memset(scales, 0, panel_bytes - fp8_scales_offset(W));
-    for (int64_t b = 0; b < col_blocks; ++b) scales[b] = W.scale_inv[p * kPanelRows / W.block_rows * col_blocks + b];
+    for (int64_t b = 0; b < col_blocks; ++b)
+      scales[b] = W.scale_inv[p * kPanelRows / W.block_rows * col_blocks + b];
   }
 }
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/big_alloc.h"
-#include "core/thread_pool.h"
 #include "core/panel_layout.h"
 #include "core/tensor_view.h"
+#include "core/thread_pool.h"
 
 namespace r3::kernels {
 
@@ -41,18 +41,18 @@ struct Activations {
 };
 
 // The panel layouts (kPanelRows, MXFP4 groups, native FP8 lines) are core/panel_layout.h's.
-using r3::kPanelRows;
-using r3::kMxfp4GroupPairs;
+using r3::fp8_code_byte;
+using r3::fp8_native;
+using r3::fp8_panel_bytes;
+using r3::fp8_scales_offset;
 using r3::kMxfp4GroupBytes;
+using r3::kMxfp4GroupPairs;
+using r3::kPanelRows;
 using r3::mxfp4_code_byte;
 using r3::mxfp4_code_shift;
 using r3::mxfp4_panel_bytes;
-using r3::fp8_native;
-using r3::fp8_code_byte;
-using r3::fp8_scales_offset;
-using r3::fp8_panel_bytes;
-using r3::packed_panel_bytes;
 using r3::packable;
+using r3::packed_panel_bytes;
 
 // The engine layout of a bf16 weight [O, I] (I even): panels of 16 rows (zero-padded), each
 // [I/2 pairs][16 rows][2]. Point TensorView::packed at the result.
@@ -63,10 +63,12 @@ size_t packed_bf16_size(const TensorView& W);
 // Panels [panel_begin, panel_end) of W into `packed` (packed_bf16_size elements), in place: a
 // refit rewrites the engine's panels without allocating. Every byte of those panels is written,
 // the last panel's rows past W's last as zeros, so `packed` needs no clearing first.
-void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int64_t panel_end);
+void pack_bf16_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin,
+                      int64_t panel_end);
 
 // Rows [o_begin, o_end) of W for every activation row (bf16 W must be packed).
-void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end);
+void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin,
+                 int o_end);
 // Puts the first lines of a range's first pass of panels (what matmul_rows reads first) in
 // flight towards L2: a caller that knows its next range issues this before the current one, so
 // the next starts on L2 hits instead of memory misses. Weights that are not packed: nothing.

@@ -1,9 +1,9 @@
 // The matmul tiles (matmul.h), compiled once per instruction set (isa.h).
 #include <algorithm>
 #include <array>
-#include <cstring>
-#include <cmath>
 #include <cfloat>
+#include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -27,8 +27,9 @@ namespace {
 //
 // vfmadd or vdpbf16ps (kDp): the same per-row order (dot.h). vfmadd has twice the throughput
 // where the CPU issues vdpbf16ps at half the FMA rate (Sapphire/Emerald Rapids), vdpbf16ps where
-// it issues it at full rate (Zen 4): tile_choice.h times both on the machine. A panel's 64-byte pair row
-// holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32 vectors.
+// it issues it at full rate (Zen 4): tile_choice.h times both on the machine. A panel's 64-byte
+// pair row holds 16 dwords (w[2q] low, w[2q+1] high): a shift and a mask widen them to two fp32
+// vectors.
 
 constexpr int kPanel = kPanelRows;
 // Each pair row of a panel is one cache line; prefetching 32 lines ahead per panel keeps enough
@@ -38,7 +39,9 @@ constexpr int kPanel = kPanelRows;
 // the read bandwidth (BM_MoeLayer, BM_MoeLayerMxfp4, BM_MoeLayerFp8 at 1 token an expert).
 constexpr int kPrefetchPairs = 32;
 constexpr ptrdiff_t kPrefetchBytes = ptrdiff_t(kPrefetchPairs) * 64;
-inline void prefetch_stream(const void* at) { _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T1); }
+inline void prefetch_stream(const void* at) {
+  _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T1);
+}
 
 #if R3_ISA_AVX2
 // FTZ|DAZ for the kernel's duration: vdpbf16ps flushes its inputs and outputs, fma then does too.
@@ -75,7 +78,8 @@ inline void panel_row_masks(int row0, int lo, int hi, __mmask16* masks) {
 // One input pair of C tokens into P x C accumulators: w[2q + 1] x[2q + 1] first, then
 // w[2q] x[2q] (the per-row order of dot.h).
 template <int P, int C>
-inline void fma_pair(const __m512* w0, const __m512* w1, const float* const* xf, int q, __m512 (*acc)[C]) {
+inline void fma_pair(const __m512* w0, const __m512* w1, const float* const* xf, int q,
+                     __m512 (*acc)[C]) {
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) {
     const __m512 x1 = _mm512_set1_ps(xf[c][2 * size_t(q) + 1]);
@@ -103,11 +107,13 @@ inline void dp_pair(const __m512i* w, const uint16_t* const* xb, int q, __m512 (
 #endif
 
 template <int P, int C>
-inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* masks, const __m512 (*acc)[C]) {
+inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* masks,
+                         const __m512 (*acc)[C]) {
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, masks[p], acc[p][c]);
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel, masks[p], acc[p][c]);
 }
 #endif
 
@@ -117,8 +123,8 @@ inline void store_panels(float* y, int t0, int ldy, int row0, const __mmask16* m
 // vdpbf16ps itself, one instruction per 64 weight bytes and token instead of four: always for
 // single tokens (pure weight streaming), for more where tile_choice.h found it faster.
 template <int P, int C, bool kDp>
-void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs, int q0, int q1,
-                ptrdiff_t ahead, float* y, int ldy, int row0, int lo, int hi) {
+void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x, int t0, int pairs,
+                int q0, int q1, ptrdiff_t ahead, float* y, int ldy, int row0, int lo, int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
 #if R3_ISA_AVX512
   const float* xf[C];
@@ -132,7 +138,8 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
       acc[p][c] = q0 == 0 ? _mm512_setzero_ps()
-                          : _mm512_maskz_loadu_ps(rows_mask[p], y + size_t(t0 + c) * ldy + row0 + p * kPanel);
+                          : _mm512_maskz_loadu_ps(rows_mask[p],
+                                                  y + size_t(t0 + c) * ldy + row0 + p * kPanel);
 #if R3_ISA_AVX512BF16
   if constexpr (kDp) {
     const uint16_t* xb[C];
@@ -173,13 +180,14 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
 #pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
       const int r0 = row0 + p * kPanel + 8 * h;
-      const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i lane =
+          _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
       rows_mask[p][h] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
-        acc[p][c][h] =
-            q0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + size_t(t0 + c) * ldy + r0, rows_mask[p][h]);
+        acc[p][c][h] = q0 == 0 ? _mm256_setzero_ps()
+                               : _mm256_maskload_ps(y + size_t(t0 + c) * ldy + r0, rows_mask[p][h]);
     }
   const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
   for (int q = q0; q < q1; ++q) {
@@ -215,7 +223,8 @@ void panel_tile(const uint16_t* panels, size_t panel_elems, const Activations& x
     for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
-        _mm256_maskstore_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel + 8 * h, rows_mask[p][h], acc[p][c][h]);
+        _mm256_maskstore_ps(y + size_t(t0 + c) * ldy + row0 + p * kPanel + 8 * h, rows_mask[p][h],
+                            acc[p][c][h]);
 #else
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < kPanel; ++r) {
@@ -237,7 +246,8 @@ template <int kMax, typename Fn>
 inline void with_width(int width, Fn fn) {
   [&]<int... C>(std::integer_sequence<int, C...>) {
     ((width == C + 1 ? fn.template operator()<C + 1>() : void()), ...);
-  }(std::make_integer_sequence<int, kMax>{});
+  }
+  (std::make_integer_sequence<int, kMax>{});
 }
 
 // Tiles of up to kMaxC of `rows` tokens: fn(t, width) for each. A last tile of few tokens keeps
@@ -273,30 +283,33 @@ constexpr int kChunkPairs = 512 / P;
 // panel of this pass, so the next pass does not start on cold misses (its two halves chain
 // through y: the same sums).
 template <int P, int kMaxC, bool kDp>
-void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs, float* y, int ldy,
-                  int row0, int lo, int hi, bool more = false) {
+void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations& x, int pairs,
+                  float* y, int ldy, int row0, int lo, int hi, bool more = false) {
   const ptrdiff_t streaming = ptrdiff_t(kPrefetchPairs) * 32;
   if (P > 1 && x.rows <= kMaxC && more && pairs > kPrefetchPairs) {
     const int wrap = pairs - kPrefetchPairs;
     [&]<int... C>(std::integer_sequence<int, C...>) {
-      ((x.rows == C + 1 ? (panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, 0, wrap, streaming, y, ldy, row0,
-                                                      lo, hi),
-                           panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, wrap, pairs,
-                                                     streaming + ptrdiff_t(P - 1) * ptrdiff_t(panel_elems), y, ldy,
-                                                     row0, lo, hi))
-                        : void()),
+      ((x.rows == C + 1
+            ? (panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, 0, wrap, streaming, y,
+                                         ldy, row0, lo, hi),
+               panel_tile<P, C + 1, kDp>(panels, panel_elems, x, 0, pairs, wrap, pairs,
+                                         streaming + ptrdiff_t(P - 1) * ptrdiff_t(panel_elems), y,
+                                         ldy, row0, lo, hi))
+            : void()),
        ...);
-    }(std::make_integer_sequence<int, kMaxC>{});
+    }
+    (std::make_integer_sequence<int, kMaxC>{});
     return;
   }
   const int chunk = x.rows > kMaxC ? kChunkPairs<P> : pairs;
   for (int q0 = 0; q0 < pairs; q0 += chunk) {
     const int q1 = std::min(pairs, q0 + chunk);
-    const ptrdiff_t next = q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
+    const ptrdiff_t next =
+        q1 < pairs ? ptrdiff_t(q1 - q0) * 32 : ptrdiff_t(P * panel_elems) - ptrdiff_t(q0) * 32;
     token_tiles<kMaxC>(x.rows, [&](int t, int width) {
       with_width<kMaxC>(width, [&]<int C>() {
-        panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next, y, ldy, row0, lo,
-                              hi);
+        panel_tile<P, C, kDp>(panels, panel_elems, x, t, pairs, q0, q1, t == 0 ? streaming : next,
+                              y, ldy, row0, lo, hi);
       });
     });
   }
@@ -306,13 +319,14 @@ void panel_tokens(const uint16_t* panels, size_t panel_elems, const Activations&
 // up to 6 tokens take 4 panels in one pass (each weight line read once; 4 streams keep enough
 // misses in flight); more take 2 panels x 8 tokens (one weight load feeds 8 tokens).
 template <int P, int kMaxC, bool kDp>
-int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* y, int ldy, int p, int p_end, int lo,
-                int hi) {
+int panels_from(const Activations& x, const uint16_t* packed, int pairs, float* y, int ldy, int p,
+                int p_end, int lo, int hi) {
   const size_t panel_elems = size_t(pairs) * 32;
   for (; p + P <= p_end; p += P)
-    panel_tokens<P, kMaxC, kDp>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy, p * kPanel, lo, hi,
-                                p + P < p_end);
-  if constexpr (P > 1) p = panels_from<P / 2, kMaxC, kDp>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
+    panel_tokens<P, kMaxC, kDp>(packed + size_t(p) * panel_elems, panel_elems, x, pairs, y, ldy,
+                                p * kPanel, lo, hi, p + P < p_end);
+  if constexpr (P > 1)
+    p = panels_from<P / 2, kMaxC, kDp>(x, packed, pairs, y, ldy, p, p_end, lo, hi);
   return p;
 }
 
@@ -330,11 +344,14 @@ inline bool use_dp_tiles(int rows) {
 // fn(std::bool_constant<dp>{}): a run-time tile choice as a template argument.
 template <typename Fn>
 inline void with_dp_tiles(bool dp, Fn fn) {
-  if (dp) fn(std::true_type{});
-  else fn(std::false_type{});
+  if (dp)
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
 }
 
-void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin,
+                   int o_end) {
 #if R3_ISA_AVX2
   const FlushDenormals ftz_daz;
 #endif
@@ -345,9 +362,12 @@ void matmul_packed(const Activations& x, const TensorView& W, float* y, int ldy,
   panels_from<1, 4, false>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
 #else
   with_dp_tiles(use_dp_tiles(x.rows), [&](auto dp) {
-    if (x.rows < 2) panels_from<4, 1, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-    else if (x.rows < 7) panels_from<4, 6, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
-    else panels_from<2, 8, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    if (x.rows < 2)
+      panels_from<4, 1, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    else if (x.rows < 7)
+      panels_from<4, 6, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
+    else
+      panels_from<2, 8, dp>(x, W.packed, pairs, y, ldy, p, p_end, o_begin, hi);
   });
 #endif
 }
@@ -404,7 +424,8 @@ void tile_f32(const float* w, size_t ldw, const float* const* xs, int n, float* 
 // From 7 tokens on (AVX-512 and portable) two panels are decoded at a time for the 2-panel x
 // 8-token tiles matmul_packed runs there, so each token's broadcast serves two panels.
 template <typename Decode>
-void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_begin, int hi, Decode decode) {
+void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_begin, int hi,
+                    Decode decode) {
   const size_t panel_elems = size_t(pairs) * 32;
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
   constexpr int at_once = 1;
@@ -418,13 +439,22 @@ void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_be
     const int n = std::min(at_once, p_end - p);
     for (int i = 0; i < n; ++i) decode(p + i, decoded.data() + size_t(i) * panel_elems);
 #if R3_ISA_AVX2 && !R3_ISA_AVX512
-    panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+    panel_tokens<1, 4, false>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin,
+                              hi);
 #else
     with_dp_tiles(use_dp_tiles(x.rows), [&](auto dp) {
-      if (x.rows < 2) panel_tokens<1, 1, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-      else if (x.rows < 7) panel_tokens<1, 6, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-      else if (n == 2) panel_tokens<2, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
-      else panel_tokens<1, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin, hi);
+      if (x.rows < 2)
+        panel_tokens<1, 1, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin,
+                               hi);
+      else if (x.rows < 7)
+        panel_tokens<1, 6, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin,
+                               hi);
+      else if (n == 2)
+        panel_tokens<2, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin,
+                               hi);
+      else
+        panel_tokens<1, 8, dp>(decoded.data(), panel_elems, x, pairs, y, ldy, p * kPanel, o_begin,
+                               hi);
     });
 #endif
   }
@@ -434,8 +464,8 @@ void decoded_panels(const Activations& x, int pairs, float* y, int ldy, int o_be
 // The start of a fused-decode tile of P panels x C tokens: the tokens' fp32 rows, the panels'
 // row masks within [lo, hi), zeroed sums.
 template <int P, int C>
-inline void fused_tile_start(const Activations& x, int t0, size_t ldx, int row0, int lo, int hi, const float** xf,
-                             __mmask16* rows_mask, __m512 (*acc)[C]) {
+inline void fused_tile_start(const Activations& x, int t0, size_t ldx, int row0, int lo, int hi,
+                             const float** xf, __mmask16* rows_mask, __m512 (*acc)[C]) {
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) xf[c] = x.f32 + size_t(x.row(t0 + c)) * ldx;
   panel_row_masks<P>(row0, lo, hi, rows_mask);
@@ -463,8 +493,10 @@ int fused_panels_from(int rows, int p, int p_end, const Tile& tile) {
 // and the sums still fit the registers.
 template <typename Tile>
 void mxfp4_decode_tiles(int rows, int p, int p_end, const Tile& tile) {
-  if (rows < 4) fused_panels_from<4, 3>(rows, p, p_end, tile);
-  else fused_panels_from<2, 8>(rows, p, p_end, tile);
+  if (rows < 4)
+    fused_panels_from<4, 3>(rows, p, p_end, tile);
+  else
+    fused_panels_from<2, 8>(rows, p, p_end, tile);
 }
 #endif
 
@@ -488,8 +520,9 @@ inline __m512i mxfp4_bf16_table() {
 // A group's 16 scale bytes as the exponent step (scale - 127) << 7 in both words of row r's dword.
 inline __m512i mxfp4_exponent_steps(const uint8_t* scales) {
   const __m512i k = _mm512_slli_epi32(
-      _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
-                       _mm512_set1_epi32(127)),
+      _mm512_sub_epi32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+          _mm512_set1_epi32(127)),
       7);
   return _mm512_or_si512(_mm512_and_si512(k, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(k, 16));
 }
@@ -522,8 +555,10 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
 #elif R3_ISA_AVX2
   // 8 lanes: the magnitude from an 8-entry table, the sign bit moved into place; dword r of a
   // line's half holds row r's two words (inputs 2q and 2q + 1).
-  const __m256i lut = _mm256_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0);
-  const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8), zero = _mm256_setzero_si256();
+  const __m256i lut =
+      _mm256_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0);
+  const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8),
+                zero = _mm256_setzero_si256();
   auto decode = [&](__m256i n, __m256i k) {  // the code in n's bits 0-3
     const __m256i mag = _mm256_permutevar8x32_epi32(lut, _mm256_and_si256(n, seven));
     const __m256i nonzero = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
@@ -534,15 +569,19 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
     const uint8_t* group = panel + size_t(g) * kMxfp4GroupBytes;
     for (int h = 0; h < 2; ++h) {
       const __m256i k = _mm256_slli_epi32(
-          _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + kG * 16 + 8 * h))),
+          _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                               reinterpret_cast<const __m128i*>(group + kG * 16 + 8 * h))),
                            _mm256_set1_epi32(127)),
           7);
       for (int m = 0; m < kG / 4; ++m) {
-        const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + m * 64 + 32 * h));
+        const __m256i d =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + m * 64 + 32 * h));
         for (int j = 0; j < 4; ++j) {
-          const __m256i lo = decode(_mm256_srli_epi32(d, 4 * j), k), hi = decode(_mm256_srli_epi32(d, 16 + 4 * j), k);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(g * kG + 4 * m + j) * 32 + 16 * h),
-                              _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+          const __m256i lo = decode(_mm256_srli_epi32(d, 4 * j), k),
+                        hi = decode(_mm256_srli_epi32(d, 16 + 4 * j), k);
+          _mm256_storeu_si256(
+              reinterpret_cast<__m256i*>(out + size_t(g * kG + 4 * m + j) * 32 + 16 * h),
+              _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
         }
       }
     }
@@ -568,16 +607,16 @@ void decode_mxfp4_panel(const uint8_t* panel, int pairs, uint16_t* out) {
 // copy up to about 16 tokens and more beyond (BM_MoeLayerMxfp4 and BM_MoeLayerFp8, /16 and /32).
 constexpr int kFusedDecodeTokens = 16;
 
-// Up to kFusedDecodeTokens tokens (decode): the decode fused into the tile, no bf16 copy, the bf16 tile's
-// per-row order (w[2q + 1] x[2q + 1] first, then w[2q] x[2q]), so the bits are the bf16 path's.
-// kDp: each pair row decoded to bf16 words (mxfp4_pair_row_bf16) and one vdpbf16ps per token;
-// else lane r's weights as fp32, its e2m1 value times 2^(scale - 127) (an exact product, built
-// from the scale byte as an fp32 exponent), and two fma. Near a panel's end the prefetch moves on
-// to the same panel of the next pass (`next_panels` of them follow in this range), so a pass does
-// not start on cold misses.
+// Up to kFusedDecodeTokens tokens (decode): the decode fused into the tile, no bf16 copy, the bf16
+// tile's per-row order (w[2q + 1] x[2q + 1] first, then w[2q] x[2q]), so the bits are the bf16
+// path's. kDp: each pair row decoded to bf16 words (mxfp4_pair_row_bf16) and one vdpbf16ps per
+// token; else lane r's weights as fp32, its e2m1 value times 2^(scale - 127) (an exact product,
+// built from the scale byte as an fp32 exponent), and two fma. Near a panel's end the prefetch
+// moves on to the same panel of the next pass (`next_panels` of them follow in this range), so a
+// pass does not start on cold misses.
 template <int P, int C, bool kDp>
-void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, const Activations& x, int t0, int pairs,
-                float* y, int ldy, int row0, int lo, int hi) {
+void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, const Activations& x,
+                int t0, int pairs, float* y, int ldy, int row0, int lo, int hi) {
   constexpr int kG = kMxfp4GroupPairs;
   const size_t ldx = size_t(2) * size_t(pairs);
   const float* xf[C];
@@ -588,14 +627,16 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) xb[c] = x.bf16 + size_t(x.row(t0 + c)) * ldx;
   [[maybe_unused]] const __m512i table = mxfp4_bf16_table();
-  const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f,
-                                    -4.f, -6.f);
+  const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f,
+                                    -1.5f, -2.f, -3.f, -4.f, -6.f);
   // One prefetch per 64 bytes of a panel's stream, kPrefetchBytes ahead; past the panel's end it
   // lands P panels on, on the same panel of the next pass.
   auto prefetch = [&](int p, size_t offset) {
     const uint8_t* at = panels + size_t(p) * panel_bytes + offset + kPrefetchBytes;
-    if (offset + kPrefetchBytes < panel_bytes) prefetch_stream(at);
-    else if (p < next_panels) prefetch_stream(at + size_t(P - 1) * panel_bytes);
+    if (offset + kPrefetchBytes < panel_bytes)
+      prefetch_stream(at);
+    else if (p < next_panels)
+      prefetch_stream(at + size_t(P - 1) * panel_bytes);
   };
   for (int g = 0; g < pairs / kG; ++g) {
     const size_t group = size_t(g) * kMxfp4GroupBytes;
@@ -604,9 +645,11 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
     for (int p = 0; p < P; ++p) {
       prefetch(p, group + kG * 16);
       const uint8_t* bytes = panels + size_t(p) * panel_bytes + group + kG * 16;
-      if constexpr (kDp) scale[p] = mxfp4_exponent_steps(bytes);
+      if constexpr (kDp)
+        scale[p] = mxfp4_exponent_steps(bytes);
       else
-        scale[p] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))), 23);
+        scale[p] = _mm512_slli_epi32(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))), 23);
     }
     for (int m = 0; m < kG / 4; ++m) {  // the group's lines: pair rows 4m..4m + 3 each
       __m512i line[P];
@@ -622,7 +665,8 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
         if constexpr (kDp) {
           __m512i w[P];
 #pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) w[p] = mxfp4_pair_row_bf16(_mm512_srli_epi16(line[p], 4 * k), table, scale[p]);
+          for (int p = 0; p < P; ++p)
+            w[p] = mxfp4_pair_row_bf16(_mm512_srli_epi16(line[p], 4 * k), table, scale[p]);
           dp_pair<P, C>(w, xb, q, acc);
           continue;
         }
@@ -632,7 +676,8 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
         __m512 w0[P], w1[P];
 #pragma GCC unroll 4
         for (int p = 0; p < P; ++p) {
-          w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(line[p], 4 * k), lut), _mm512_castsi512_ps(scale[p]));
+          w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(line[p], 4 * k), lut),
+                                _mm512_castsi512_ps(scale[p]));
           w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(line[p], 16 + 4 * k), lut),
                                 _mm512_castsi512_ps(scale[p]));
         }
@@ -644,7 +689,8 @@ void mxfp4_tile(const uint8_t* panels, size_t panel_bytes, int next_panels, cons
 }
 #endif
 
-void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin,
+                  int o_end) {
 #if R3_ISA_AVX2
   const FlushDenormals ftz_daz;
 #endif
@@ -658,8 +704,8 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
     auto tile = [&]<int P, int C>(int p, int t) {
       const int next_panels = std::clamp(p_end - (p + P), 0, P);
       with_dp_tiles(dp, [&](auto kDp) {
-        mxfp4_tile<P, C, kDp>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t, pairs, y, ldy,
-                              p * kPanel, o_begin, hi);
+        mxfp4_tile<P, C, kDp>(packed + size_t(p) * panel_bytes, panel_bytes, next_panels, x, t,
+                              pairs, y, ldy, p * kPanel, o_begin, hi);
       });
     };
     mxfp4_decode_tiles(x.rows, o_begin / kPanel, p_end, tile);
@@ -667,8 +713,9 @@ void matmul_mxfp4(const Activations& x, const TensorView& W, float* y, int ldy, 
   }
 #endif
   // More tokens (prefill): each panel decoded once into bf16 pair rows, then the bf16 tiles.
-  decoded_panels(x, pairs, y, ldy, o_begin, hi,
-                 [&](int p, uint16_t* out) { decode_mxfp4_panel(packed + size_t(p) * panel_bytes, pairs, out); });
+  decoded_panels(x, pairs, y, ldy, o_begin, hi, [&](int p, uint16_t* out) {
+    decode_mxfp4_panel(packed + size_t(p) * panel_bytes, pairs, out);
+  });
 }
 
 // ---- FP8 weights: 8-bit panels with block scales, decoded through a table per block ----
@@ -698,7 +745,8 @@ inline const float* e4m3_magnitudes() {
 inline __m256i ps_to_bf16_bits(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))),
+                           16);
 }
 #endif
 
@@ -737,7 +785,8 @@ inline Fp8Table fp8_table(const float* magnitudes, float s) {
     for (int j = 0; j < 64; ++j) v[size_t(j)] = uint8_t(2 * j);
     return v;
   }();
-  const __m512i even = _mm512_load_si512(kEven.data()), odd = _mm512_add_epi8(even, _mm512_set1_epi8(1));
+  const __m512i even = _mm512_load_si512(kEven.data()),
+                odd = _mm512_add_epi8(even, _mm512_set1_epi8(1));
   Fp8Table t;
   for (int i = 0; i < 2; ++i) {
     t.lo[i] = _mm512_permutex2var_epi8(words[2 * i], even, words[2 * i + 1]);
@@ -750,8 +799,9 @@ inline Fp8Table fp8_table(const float* magnitudes, float s) {
 // this the panel's word order).
 inline void fp8_pair_rows(__m512i codes, const Fp8Table& t, __m512i& row_q, __m512i& row_q1) {
   const __m512i lo = _mm512_permutex2var_epi8(t.lo[0], codes, t.lo[1]);
-  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi[0], codes, t.hi[1]), codes,
-                                               _mm512_set1_epi8(char(0x80)), 0xf8);  // hi | (codes & 0x80)
+  const __m512i hi =
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi[0], codes, t.hi[1]), codes,
+                                _mm512_set1_epi8(char(0x80)), 0xf8);  // hi | (codes & 0x80)
   row_q = _mm512_unpacklo_epi8(lo, hi);
   row_q1 = _mm512_unpackhi_epi8(lo, hi);
 }
@@ -766,11 +816,14 @@ inline Fp8Table fp8_table(const float* magnitudes, float s) {
   fp8_word_table(magnitudes, s, t.words);
   return t;
 }
-inline __m512i fp8_pair_row(__m512i codes, const Fp8Table& t) {  // codes: one per word, zero-extended
+inline __m512i fp8_pair_row(__m512i codes,
+                            const Fp8Table& t) {  // codes: one per word, zero-extended
   const __m512i low = _mm512_permutex2var_epi16(t.words[0], codes, t.words[1]);
   const __m512i high = _mm512_permutex2var_epi16(t.words[2], codes, t.words[3]);
-  const __m512i v = _mm512_mask_mov_epi16(low, _mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x40)), high);
-  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(codes, 8), _mm512_set1_epi16(short(0x8000)), 0xf8);
+  const __m512i v =
+      _mm512_mask_mov_epi16(low, _mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x40)), high);
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(codes, 8), _mm512_set1_epi16(short(0x8000)),
+                                   0xf8);
 }
 inline void fp8_pair_rows(__m512i codes, const Fp8Table& t, __m512i& row_q, __m512i& row_q1) {
   row_q = fp8_pair_row(_mm512_unpacklo_epi8(codes, _mm512_setzero_si512()), t);
@@ -785,13 +838,15 @@ inline void fp8_pair_rows(__m512i codes, const Fp8Table& t, __m512i& row_q, __m5
 // never flushes), and the block scale is taken x 2^8, so each product is value x scale rounded
 // once.
 inline __m256i e4m3_to_f16(__m256i words) {
-  return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(words, 8), 1), _mm256_set1_epi16(short(0xbfff)));
+  return _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(words, 8), 1),
+                          _mm256_set1_epi16(short(0xbfff)));
 }
 #endif
 
 // One panel's codes decoded into bf16 pair rows (the decoded path: beyond kFusedDecodeTokens on
 // AVX-512, at every token count on AVX2 and portable).
-void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int block_cols, uint16_t* out) {
+void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int block_cols,
+                      uint16_t* out) {
   const auto* scales = reinterpret_cast<const float*>(panel + scales_at);
   const int pairs_per_block = block_cols / 2;  // even (fp8_native)
   for (int q0 = 0, cb = 0; q0 < pairs; q0 += pairs_per_block, ++cb) {
@@ -811,19 +866,25 @@ void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int blo
       for (int l = 0; l < 4; ++l) {  // 16 bytes: words 8l..8l + 7 of pair row q, then of q + 1
         const auto* at = reinterpret_cast<const __m128i*>(panel + size_t(q) * 32 + 16 * l);
         const __m256i h = e4m3_to_f16(_mm256_cvtepu8_epi16(_mm_loadu_si128(at)));
-        const __m256i a = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale));
-        const __m256i b = ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale));
-        const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);  // a's 8 words, then b's
+        const __m256i a =
+            ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale));
+        const __m256i b =
+            ps_to_bf16_bits(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale));
+        const __m256i words =
+            _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);  // a's 8 words, then b's
         auto* row_q = reinterpret_cast<__m128i*>(out + size_t(q) * 32 + 8 * l);
         _mm_storeu_si128(row_q, _mm256_castsi256_si128(words));
-        if (q + 1 < q1) _mm_storeu_si128(row_q + 4, _mm256_extracti128_si256(words, 1));  // pair row q + 1
+        if (q + 1 < q1)
+          _mm_storeu_si128(row_q + 4, _mm256_extracti128_si256(words, 1));  // pair row q + 1
       }
 #else
     const float* magnitudes = e4m3_magnitudes();
     uint16_t table[256];
-    for (int c = 0; c < 256; ++c) table[c] = f32_to_bf16(magnitudes[c & 0x7f] * scales[cb]) | uint16_t((c & 0x80) << 8);
+    for (int c = 0; c < 256; ++c)
+      table[c] = f32_to_bf16(magnitudes[c & 0x7f] * scales[cb]) | uint16_t((c & 0x80) << 8);
     for (int q = q0; q < q1; ++q)
-      for (int w = 0; w < 32; ++w) out[size_t(q) * 32 + size_t(w)] = table[panel[fp8_code_byte(q, w / 2, w % 2)]];
+      for (int w = 0; w < 32; ++w)
+        out[size_t(q) * 32 + size_t(w)] = table[panel[fp8_code_byte(q, w / 2, w % 2)]];
 #endif
   }
 }
@@ -834,8 +895,9 @@ void decode_fp8_panel(const uint8_t* panel, size_t scales_at, int pairs, int blo
 // its pair rows (vdpbf16ps, or each pair row's two inputs widened to fp32 for two fma), so the
 // bits are the bf16 path's.
 template <int P, int C>
-void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int block_cols, const Activations& x,
-              int t0, int pairs, float* y, int ldy, int row0, int lo, int hi) {
+void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int block_cols,
+              const Activations& x, int t0, int pairs, float* y, int ldy, int row0, int lo,
+              int hi) {
   const size_t ldx = size_t(2) * size_t(pairs);
   const float* xf[C];
   __m512 acc[P][C];
@@ -851,8 +913,8 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int b
     Fp8Table table[P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p)
-      table[p] = fp8_table(magnitudes,
-                           reinterpret_cast<const float*>(panels + size_t(p) * panel_bytes + scales_at)[cb]);
+      table[p] = fp8_table(magnitudes, reinterpret_cast<const float*>(
+                                           panels + size_t(p) * panel_bytes + scales_at)[cb]);
     for (int q = q0; q < q1; q += 2) {
       __m512i row_q[P], row_q1[P];
 #pragma GCC unroll 4
@@ -869,7 +931,8 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int b
 #pragma GCC unroll 4
         for (int p = 0; p < P; ++p) {
           w0[p] = _mm512_castsi512_ps(_mm512_slli_epi32(rows[p], 16));
-          w1[p] = _mm512_castsi512_ps(_mm512_and_si512(rows[p], _mm512_set1_epi32(int(0xffff0000u))));
+          w1[p] =
+              _mm512_castsi512_ps(_mm512_and_si512(rows[p], _mm512_set1_epi32(int(0xffff0000u))));
         }
         fma_pair<P, C>(w0, w1, xf, pair, acc);
 #endif
@@ -882,7 +945,8 @@ void fp8_tile(const uint8_t* panels, size_t panel_bytes, size_t scales_at, int b
 }
 #endif
 
-void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin,
+                int o_end) {
 #if R3_ISA_AVX2
   const FlushDenormals ftz_daz;
 #endif
@@ -892,8 +956,8 @@ void matmul_fp8(const Activations& x, const TensorView& W, float* y, int ldy, in
 #if R3_ISA_AVX512
   if (x.rows <= kFusedDecodeTokens) {
     auto tile = [&]<int P, int C>(int p, int t) {
-      fp8_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, scales_at, W.block_cols, x, t, pairs, y, ldy,
-                     p * kPanel, o_begin, hi);
+      fp8_tile<P, C>(packed + size_t(p) * panel_bytes, panel_bytes, scales_at, W.block_cols, x, t,
+                     pairs, y, ldy, p * kPanel, o_begin, hi);
     };
     // 2 panels x up to 8 tokens at every count: with their tables (4 registers a panel), 4
     // panels would not fit the registers (BM_MoeLayerFp8/1: 1.4x slower).
@@ -918,10 +982,18 @@ void matmul_f32(const float* w, const Activations& x, int n, float* y, int ldy, 
       for (int k = 0; k < c; ++k) xs[k] = x.f32 + size_t(x.row(t + k)) * size_t(n);
       float* yt = y + size_t(t) * ldy + o;
       switch (c) {
-        case 4: tile_f32<R, 4>(wr, ldw, xs, n, yt, ldy); break;
-        case 3: tile_f32<R, 3>(wr, ldw, xs, n, yt, ldy); break;
-        case 2: tile_f32<R, 2>(wr, ldw, xs, n, yt, ldy); break;
-        default: tile_f32<R, 1>(wr, ldw, xs, n, yt, ldy); break;
+        case 4:
+          tile_f32<R, 4>(wr, ldw, xs, n, yt, ldy);
+          break;
+        case 3:
+          tile_f32<R, 3>(wr, ldw, xs, n, yt, ldy);
+          break;
+        case 2:
+          tile_f32<R, 2>(wr, ldw, xs, n, yt, ldy);
+          break;
+        default:
+          tile_f32<R, 1>(wr, ldw, xs, n, yt, ldy);
+          break;
       }
     }
   };
@@ -981,17 +1053,21 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
         __m512i r[16];
         for (int i = 0; i < kPanel; ++i) {
           const uint8_t* src = first + size_t(i * I) * 2 + size_t(q) * 4;
-          _mm_prefetch(reinterpret_cast<const char*>(src + 1024), _MM_HINT_T0);  // 16 lines ahead in each row
+          _mm_prefetch(reinterpret_cast<const char*>(src + 1024),
+                       _MM_HINT_T0);  // 16 lines ahead in each row
           r[i] = _mm512_loadu_si512(src);
         }
         transpose_16x16_dwords(r);
         // Whole lines written once: streaming stores skip reading the old panel in.
-        for (int j = 0; j < 16; ++j) _mm512_stream_si512(reinterpret_cast<__m512i*>(panel + size_t(q + j) * 64), r[j]);
+        for (int j = 0; j < 16; ++j)
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(panel + size_t(q + j) * 64), r[j]);
       }
-      const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                     _mm512_set1_epi32(int(pairs)));
+      const __m512i row_offsets = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(int(pairs)));
       for (int64_t q = whole; q < pairs; ++q)
-        _mm512_storeu_si512(panel + size_t(q) * 64, _mm512_i32gather_epi32(row_offsets, first + size_t(q) * 4, 4));
+        _mm512_storeu_si512(panel + size_t(q) * 64,
+                            _mm512_i32gather_epi32(row_offsets, first + size_t(q) * 4, 4));
       if (aligned) _mm_sfence();  // the streamed lines are visible before the pool's barrier
       continue;
     }
@@ -1004,19 +1080,24 @@ void pack_panels(const TensorView& W, uint16_t* packed, int64_t panel_begin, int
         uint8_t* dst = panel + size_t(q0 * 64 + r * 4);
         for (int64_t q = q0; q < q1; ++q, src += 4, dst += 64) std::memcpy(dst, src, 4);
       }
-      for (int64_t q = q0; rows < kPanel && q < q1; ++q)  // the rows past O: zeros, whatever was there
+      for (int64_t q = q0; rows < kPanel && q < q1;
+           ++q)  // the rows past O: zeros, whatever was there
         std::memset(panel + size_t(q * 64 + rows * 4), 0, size_t(kPanel - rows) * 4);
     }
   }
 }
 
-void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin, int o_end) {
+void matmul_rows(const Activations& x, const TensorView& W, float* y, int ldy, int o_begin,
+                 int o_end) {
   const int n = int(W.shape[1]);
   if (packable(W.dtype)) {
     if (!W.packed) throw Error("matmul: weight \"" + W.name + "\" was not packed (pack_bf16)");
-    if (W.dtype == DType::MXFP4) matmul_mxfp4(x, W, y, ldy, o_begin, o_end);
-    else if (W.dtype == DType::F8_E4M3 && fp8_native(W)) matmul_fp8(x, W, y, ldy, o_begin, o_end);
-    else matmul_packed(x, W, y, ldy, o_begin, o_end);
+    if (W.dtype == DType::MXFP4)
+      matmul_mxfp4(x, W, y, ldy, o_begin, o_end);
+    else if (W.dtype == DType::F8_E4M3 && fp8_native(W))
+      matmul_fp8(x, W, y, ldy, o_begin, o_end);
+    else
+      matmul_packed(x, W, y, ldy, o_begin, o_end);
   } else
     matmul_f32(static_cast<const float*>(W.data), x, n, y, ldy, o_begin, o_end);
 }

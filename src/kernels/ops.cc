@@ -19,7 +19,8 @@
 namespace r3::kernels {
 inline namespace R3_ISA_NS {
 
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset) {
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y,
+              float offset) {
   const float inv = 1.f / std::sqrt(dot_f32(x, x, n) / float(n) + eps);
   if (w.dtype == DType::F32) {
     const float* wf = static_cast<const float*>(w.data) + w_offset;
@@ -42,8 +43,10 @@ void add_stored_bias(float* x, const BiasT* b, int n) {
 }
 
 void add_bias(float* x, const TensorView& b, int64_t b_offset, int n) {
-  if (b.dtype == DType::F32) add_stored_bias(x, static_cast<const float*>(b.data) + b_offset, n);
-  else if (b.dtype == DType::BF16) add_stored_bias(x, static_cast<const uint16_t*>(b.data) + b_offset, n);
+  if (b.dtype == DType::F32)
+    add_stored_bias(x, static_cast<const float*>(b.data) + b_offset, n);
+  else if (b.dtype == DType::BF16)
+    add_stored_bias(x, static_cast<const uint16_t*>(b.data) + b_offset, n);
   else
     for (int i = 0; i < n; ++i) x[i] += b.at(b_offset + i);
 }
@@ -67,11 +70,12 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }
 
 // The same sigmoid (exp.h); the vector path the same operations in the same order.
-void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha) {
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit,
+                    float alpha) {
   int i = 0;
 #if defined(R3_VEC16)
-  const Vec16 one = Vec16::set1(1.f), zero = Vec16::zero(), hi = Vec16::set1(limit), lo = Vec16::set1(-limit),
-              a = Vec16::set1(alpha);
+  const Vec16 one = Vec16::set1(1.f), zero = Vec16::zero(), hi = Vec16::set1(limit),
+              lo = Vec16::set1(-limit), a = Vec16::set1(alpha);
   for (; i + 16 <= n; i += 16) {
     const Vec16 g = min(hi, Vec16::load(gate + i)), u = min(hi, max(lo, Vec16::load(up + i)));
     const Vec16 x = g * a;
@@ -92,29 +96,34 @@ void round_to_bf16(float* x, int64_t n, uint16_t* bits) {
   int64_t i = 0;
 #if R3_ISA_AVX512
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                quiet = _mm512_set1_epi32(0x40);
   for (; i + 16 <= n; i += 16) {
     const __m512i u = _mm512_loadu_si512(x + i);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
     const __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(hi, one))), 16);
+    __m512i b = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(hi, one))), 16);
     b = _mm512_mask_mov_epi32(b, nan, _mm512_or_si512(hi, quiet));
     _mm512_storeu_si512(x + i, _mm512_slli_epi32(b, 16));
     if (bits) _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(b));
   }
 #elif R3_ISA_AVX2
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
+                quiet = _mm256_set1_epi32(0x40);
   for (; i + 8 <= n; i += 8) {
     const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
     // Signed compare is right here: |u| and inf are both below 2^31.
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
     const __m256i hi = _mm256_srli_epi32(u, 16);
-    __m256i b = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(hi, one))), 16);
+    __m256i b = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(hi, one))), 16);
     b = _mm256_blendv_epi8(b, _mm256_or_si256(hi, quiet), nan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + i), _mm256_slli_epi32(b, 16));
     if (bits) {
-      // Each lane's value is below 2^16, so the unsigned pack is exact; it interleaves 128-bit halves.
+      // Each lane's value is below 2^16, so the unsigned pack is exact; it interleaves 128-bit
+      // halves.
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(bits + i), _mm256_castsi256_si128(packed));
     }

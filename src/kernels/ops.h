@@ -1,5 +1,5 @@
-// Small per-token ops of the engine forward: RMSNorm, RoPE, biases, SiLU-gating, softmax. Each works on
-// one token's vector, so batch composition cannot change its result.
+// Small per-token ops of the engine forward: RMSNorm, RoPE, biases, SiLU-gating, softmax. Each
+// works on one token's vector, so batch composition cannot change its result.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -9,8 +9,10 @@
 namespace r3::kernels {
 
 // y = x / sqrt(mean(x^2) + eps) * (offset + w) over n values (fp32; the squares summed in
-// dot_f32's order). offset 1: a zero-centred norm (Qwen3-Next, Qwen3.5); 0 adds nothing (0 + w == w).
-void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y, float offset = 0.f);
+// dot_f32's order). offset 1: a zero-centred norm (Qwen3-Next, Qwen3.5); 0 adds nothing (0 + w ==
+// w).
+void rms_norm(const float* x, const TensorView& w, int64_t w_offset, int n, float eps, float* y,
+              float offset = 0.f);
 
 // Precomputed cos/sin of RoPE ("rotate half": pairs i and i + D/2).
 class Rope {
@@ -39,7 +41,8 @@ void silu_mul(const float* gate, const float* up, float* out, int n);
 
 // GPT-OSS's expert activation: out[i] = (clamp(up[i], -limit, limit) + 1) * g * sigmoid(alpha * g),
 // g = min(gate[i], limit).
-void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit, float alpha);
+void clamped_swiglu(const float* gate, const float* up, float* out, int n, float limit,
+                    float alpha);
 
 // Softmax over n values (fp32: max, exp_nonpositive of x - max, sequential sum).
 void softmax(const float* x, int n, float* out);

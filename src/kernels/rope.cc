@@ -8,12 +8,14 @@ namespace r3::kernels {
 namespace {
 std::vector<double> plain_inv_freq(int head_dim, float theta) {
   std::vector<double> f(size_t(head_dim / 2));
-  for (size_t i = 0; i < f.size(); ++i) f[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
+  for (size_t i = 0; i < f.size(); ++i)
+    f[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
   return f;
 }
 }  // namespace
 
-Rope::Rope(int head_dim, float theta, int max_pos) : Rope(plain_inv_freq(head_dim, theta), 1.f, max_pos) {}
+Rope::Rope(int head_dim, float theta, int max_pos)
+    : Rope(plain_inv_freq(head_dim, theta), 1.f, max_pos) {}
 
 Rope::Rope(const std::vector<double>& inv_freq, float attention_factor, int max_pos)
     : half_(int(inv_freq.size())), max_pos_(max_pos) {

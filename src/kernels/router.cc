@@ -17,8 +17,10 @@ void router_topk(const float* probs, int E, int k, bool renormalize, int16_t* id
       if (t) continue;
       if (best < 0 || probs[e] > probs[best]) best = e;  // strict '>' keeps the lower id on ties
     }
-    if (big) taken_big[size_t(best)] = true;
-    else taken[best >> 6] |= 1ull << (best & 63);
+    if (big)
+      taken_big[size_t(best)] = true;
+    else
+      taken[best >> 6] |= 1ull << (best & 63);
     ids[j] = int16_t(best);
     weights[j] = probs[best];
   }

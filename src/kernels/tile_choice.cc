@@ -45,7 +45,8 @@ double time_tiles(Bf16Tiles t) {
   for (int rep = 0; rep < 7; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     matmul_rows({x.data(), xb.data(), kT}, W, y.data(), kO, 0, kO);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   set_bf16_tiles(before);
   return 2.0 * kT * kO * kI / best / 1e9;
@@ -74,7 +75,8 @@ TileChoice choose_bf16_tiles(const std::string& cache_file, const char* forced) 
 }
 
 const TileChoice& tuned_bf16_tiles() {
-  static const TileChoice choice = choose_bf16_tiles(machine_cache_file("tiles"), std::getenv("R3_TILES"));
+  static const TileChoice choice =
+      choose_bf16_tiles(machine_cache_file("tiles"), std::getenv("R3_TILES"));
   return choice;
 }
 

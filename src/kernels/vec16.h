@@ -51,12 +51,15 @@ struct Vec16 {
   // 16 bf16 values (raw bits), widened exactly: the bits become the high half of each lane.
   static Vec16 load(const uint16_t* p) {
 #if R3_ISA_AVX512
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 #else
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+    const __m256i hi =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
 #endif
   }
   void store(float* p) const {
@@ -96,8 +99,10 @@ inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
 #define R3_VEC16_BINARY(name, fn) \
   inline Vec16 name(Vec16 a, Vec16 b) { return {_mm512_##fn##_ps(a.v, b.v)}; }
 #else
-#define R3_VEC16_BINARY(name, fn) \
-  inline Vec16 name(Vec16 a, Vec16 b) { return {_mm256_##fn##_ps(a.lo, b.lo), _mm256_##fn##_ps(a.hi, b.hi)}; }
+#define R3_VEC16_BINARY(name, fn)                                        \
+  inline Vec16 name(Vec16 a, Vec16 b) {                                  \
+    return {_mm256_##fn##_ps(a.lo, b.lo), _mm256_##fn##_ps(a.hi, b.hi)}; \
+  }
 #endif
 R3_VEC16_BINARY(operator+, add)
 R3_VEC16_BINARY(operator-, sub)
@@ -130,12 +135,14 @@ inline Vec16 round_nearest(Vec16 a) {
 #if !R3_ISA_AVX512
 // (A function, not a lambda: GCC gives a lambda's function-pointer thunk no target pragma.)
 inline __m256 pow2_half(__m256 x) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(x), _mm256_set1_epi32(127)), 23));
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(x), _mm256_set1_epi32(127)), 23));
 }
 #endif
 inline Vec16 pow2(Vec16 n) {
 #if R3_ISA_AVX512
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
+  return {_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
 #else
   return {pow2_half(n.lo), pow2_half(n.hi)};
 #endif

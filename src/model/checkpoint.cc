@@ -6,13 +6,13 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
-#include "core/panel_layout.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
+#include "core/panel_layout.h"
 #include "core/resident_memory.h"
 #include "core/seconds_since.h"
 #include "core/thread_pool.h"
@@ -47,7 +47,8 @@ bool unused_by_design(const ModelConfig& c, const std::string& name) {
   // GLM-4.5), or under mtp.* (Qwen3-Next, Qwen3.5): r3 runs them nowhere yet.
   for (int m = 0; m < c.num_nextn_predict_layers; ++m)
     if (name.rfind(layer_prefix(c.num_layers + m), 0) == 0) return true;
-  if ((c.arch == Arch::Qwen3Next || c.arch == Arch::Qwen3_5Moe) && name.rfind("mtp.", 0) == 0) return true;
+  if ((c.arch == Arch::Qwen3Next || c.arch == Arch::Qwen3_5Moe) && name.rfind("mtp.", 0) == 0)
+    return true;
   // A vision-language release's vision tower: r3 serves the text decoder only.
   return c.vision_tower && name.rfind("model.visual.", 0) == 0;
 }
@@ -63,13 +64,16 @@ std::string router_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router, -1, c.tensor_prefix);
 }
 std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).expert[size_t(which_index(which))], expert, c.tensor_prefix);
+  return layer_tensor(layer, layer_tensor_names(c.arch).expert[size_t(which_index(which))], expert,
+                      c.tensor_prefix);
 }
 std::string dense_name(const ModelConfig& c, int layer, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).dense[size_t(which_index(which))], -1, c.tensor_prefix);
+  return layer_tensor(layer, layer_tensor_names(c.arch).dense[size_t(which_index(which))], -1,
+                      c.tensor_prefix);
 }
 std::string shared_expert_name(const ModelConfig& c, int layer, const char* which) {
-  return layer_tensor(layer, layer_tensor_names(c.arch).shared[size_t(which_index(which))], -1, c.tensor_prefix);
+  return layer_tensor(layer, layer_tensor_names(c.arch).shared[size_t(which_index(which))], -1,
+                      c.tensor_prefix);
 }
 std::string shared_gate_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).shared_gate, -1, c.tensor_prefix);
@@ -78,12 +82,13 @@ std::string router_bias_name(const ModelConfig& c, int layer) {
   return layer_tensor(layer, layer_tensor_names(c.arch).router_bias, -1, c.tensor_prefix);
 }
 
-std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held, ThreadPool* pool,
-                                             bool refuse_non_finite) {
+std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const HeldExperts& held,
+                                             ThreadPool* pool, bool refuse_non_finite) {
   std::shared_ptr<Checkpoint> ck = headers(dir, held);
   ck->refuse_non_finite_ = refuse_non_finite;
   ck->load_weights_on(pool);
-  for (auto& f : ck->files_) f->close();  // nothing is read from the files again (reload reopens them)
+  for (auto& f : ck->files_)
+    f->close();  // nothing is read from the files again (reload reopens them)
   return ck;
 }
 
@@ -96,7 +101,9 @@ std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const He
     const ModelConfig& c = ck->weights_.config;
     const std::vector<std::vector<bool>> by_moe_layer = held(c);
     const std::vector<int> moe = c.moe_layers();
-    if (by_moe_layer.size() != moe.size()) throw Error("held experts: " + std::to_string(by_moe_layer.size()) + " layers, the model has " + std::to_string(moe.size()));
+    if (by_moe_layer.size() != moe.size())
+      throw Error("held experts: " + std::to_string(by_moe_layer.size()) +
+                  " layers, the model has " + std::to_string(moe.size()));
     ck->held_.resize(size_t(c.num_layers));
     for (size_t m = 0; m < moe.size(); ++m) ck->held_[size_t(moe[m])] = by_moe_layer[m];
   }
@@ -108,14 +115,16 @@ std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const He
   if (fs::exists(index_path)) {
     json idx;
     try {
-      idx = parse_json_bounded(read_text_file(index_path.string(), 64u << 20, "index"), index_path.string(), 8);
+      idx = parse_json_bounded(read_text_file(index_path.string(), 64u << 20, "index"),
+                               index_path.string(), 8);
     } catch (const json::exception& e) {
       throw Error(index_path.string() + ": malformed JSON: " + e.what());
     }
     if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
       throw Error(index_path.string() + ": missing \"weight_map\" object");
     for (auto& [name, file] : idx["weight_map"].items()) {
-      if (!file.is_string()) throw Error(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
+      if (!file.is_string())
+        throw Error(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
       std::string f = file.get<std::string>();
       if (f.empty() || f.find('/') != std::string::npos || f.find("..") != std::string::npos)
         throw Error(index_path.string() + ": shard name \"" + f + "\" must be a plain file name");
@@ -129,10 +138,12 @@ std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const He
   for (auto& s : shard_names) {
     fs::path p = fs::path(dir) / s;
     if (!fs::exists(p)) {
-      if (weight_map.empty()) throw Error(dir + ": no model.safetensors and no model.safetensors.index.json");
+      if (weight_map.empty())
+        throw Error(dir + ": no model.safetensors and no model.safetensors.index.json");
       throw Error(p.string() + ": shard named in model.safetensors.index.json is missing");
     }
-    ck->files_.push_back(std::make_unique<SafetensorsFile>(p.string(), ck->partial_ ? &skipped : nullptr));
+    ck->files_.push_back(
+        std::make_unique<SafetensorsFile>(p.string(), ck->partial_ ? &skipped : nullptr));
   }
   // Each tensor lives in exactly one shard, the one the index names for it.
   for (auto& f : ck->files_)
@@ -141,12 +152,16 @@ std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const He
       if (!weight_map.empty()) {
         auto it = weight_map.find(name);
         if (it == weight_map.end())
-          throw Error(f->path() + ": tensor \"" + name + "\" is not listed in model.safetensors.index.json");
+          throw Error(f->path() + ": tensor \"" + name +
+                      "\" is not listed in model.safetensors.index.json");
         if (it->second != shard)
-          throw Error(f->path() + ": tensor \"" + name + "\" is listed in the index under " + it->second);
+          throw Error(f->path() + ": tensor \"" + name + "\" is listed in the index under " +
+                      it->second);
       }
-      if (ck->index_.count(name)) throw Error(f->path() + ": tensor \"" + name + "\" appears twice");
-      ck->index_[name] = const_cast<TensorView*>(&t);  // the reader's description; data is ours to point
+      if (ck->index_.count(name))
+        throw Error(f->path() + ": tensor \"" + name + "\" appears twice");
+      ck->index_[name] =
+          const_cast<TensorView*>(&t);  // the reader's description; data is ours to point
       ck->file_of_[name] = f.get();
     }
   for (auto& [name, file] : weight_map)
@@ -158,11 +173,14 @@ std::shared_ptr<Checkpoint> Checkpoint::headers(const std::string& dir, const He
 
 std::shared_ptr<Checkpoint> Checkpoint::reload(ThreadPool* pool) const {
   if (updated_in_memory_)
-    throw Error(dir_ + ": the served weights came from a refit in memory (update_weights_from_tensor) and are on "
-                "no disk; send them again, or refit from a checkpoint (update_weights_from_disk)");
+    throw Error(
+        dir_ +
+        ": the served weights came from a refit in memory (update_weights_from_tensor) and are on "
+        "no disk; send them again, or refit from a checkpoint (update_weights_from_disk)");
   for (const auto& f : files_)
     if (SafetensorsFile::identity_of(f->path()) != f->identity())
-      throw Error(f->path() + ": changed since it was read (r3 keeps the packed weights only); refit from a "
+      throw Error(f->path() +
+                  ": changed since it was read (r3 keeps the packed weights only); refit from a "
                   "checkpoint (update_weights_from_disk) to serve its new contents");
   std::vector<std::vector<bool>> held_by_moe;
   for (int l : config().moe_layers())
@@ -172,7 +190,8 @@ std::shared_ptr<Checkpoint> Checkpoint::reload(ThreadPool* pool) const {
   auto fresh = open(dir_, held, pool, refuse_non_finite_);
   for (size_t i = 0; i < files_.size() && i < fresh->files_.size(); ++i)
     if (fresh->files_[i]->identity() != files_[i]->identity())
-      throw Error(files_[i]->path() + ": changed while it was read again; refit from a checkpoint instead");
+      throw Error(files_[i]->path() +
+                  ": changed while it was read again; refit from a checkpoint instead");
   return fresh;
 }
 
@@ -224,8 +243,10 @@ SafetensorsFile::UnreadParts Checkpoint::unread_parts() const {
     if (N.fused_experts) {  // one tensor per layer, experts along its first dimension
       for (const std::string& fused : {N.fused_gate_up, N.fused_down}) {
         const std::string name = layer_tensor(l, fused, -1, c.tensor_prefix);
-        if (c.experts_mxfp4) parts[name + "_blocks"] = parts[name + "_scales"] = skip;
-        else parts[name] = skip;
+        if (c.experts_mxfp4)
+          parts[name + "_blocks"] = parts[name + "_scales"] = skip;
+        else
+          parts[name] = skip;
       }
       continue;
     }
@@ -240,7 +261,8 @@ SafetensorsFile::UnreadParts Checkpoint::unread_parts() const {
   return parts;
 }
 
-const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape, bool bytes) {
+const TensorView& Checkpoint::require(const std::string& name, std::vector<int64_t> shape,
+                                      bool bytes) {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": missing tensor \"" + name + "\"");
   used_.insert(name);
@@ -295,12 +317,13 @@ uint8_t* Checkpoint::Staging::take(Staging& s, size_t bytes, size_t align) {
 
 void Checkpoint::materialize(TensorView& t) {
   if (t.data) {  // in memory (from_memory, or sent by an update): dropped once packed; or kept
-    if (transient_.count(t.data) && std::find(read_.begin(), read_.end(), &t) == read_.end()) read_.push_back(&t);
+    if (transient_.count(t.data) && std::find(read_.begin(), read_.end(), &t) == read_.end())
+      read_.push_back(&t);
     return;
   }
   auto f = file_of_.find(t.name);
-  if (f == file_of_.end() || !f->second->lazy()) return;  // dropped after an earlier load
-  if (f->second->never_read(t.name)) return;  // another rank's
+  if (f == file_of_.end() || !f->second->lazy()) return;            // dropped after an earlier load
+  if (f->second->never_read(t.name)) return;                        // another rank's
   if (auto r = read_ahead_.find(t.name); r != read_ahead_.end()) {  // load_weights' reader has it
     t.data = r->second;
     read_ahead_.erase(r);
@@ -330,14 +353,16 @@ std::string scale_inv_name(const std::string& weight) { return weight + "_scale_
 void Checkpoint::check_quantized_values(const TensorView& t) const {
   const ModelConfig& c = config();
   auto refuse = [&](const std::string& what, int64_t i) {
-    throw Error(t.file + ": tensor \"" + t.name + "\" holds " + what + " at element " + std::to_string(i));
+    throw Error(t.file + ": tensor \"" + t.name + "\" holds " + what + " at element " +
+                std::to_string(i));
   };
   const auto* b = static_cast<const uint8_t*>(t.data);
   if (!b) return;  // unread (another rank's expert)
   const int64_t n = t.numel();
   if (t.dtype == DType::F8_E4M3) {
     if (const int64_t i = first_e4m3_nan(b, n); i >= 0) refuse("an F8_E4M3 NaN", i);
-  } else if (c.fp8_block_rows && ends_with(t.name, ".weight_scale_inv") && is_float_dtype(t.dtype)) {
+  } else if (c.fp8_block_rows && ends_with(t.name, ".weight_scale_inv") &&
+             is_float_dtype(t.dtype)) {
     // Every nonzero product with an e4m3 value (2^-9 .. 448) stays a normal number whose bf16
     // rounding is finite: no path can flush it or overflow.
     for (int64_t i = 0; i < n; ++i) {
@@ -348,7 +373,9 @@ void Checkpoint::check_quantized_values(const TensorView& t) const {
   } else if (c.experts_mxfp4 && ends_with(t.name, "_scales") && t.dtype == DType::U8) {
     for (int64_t i = 0; i < n; ++i)
       if (b[i] < 2 || b[i] > 252)
-        refuse("scale byte " + std::to_string(b[i]) + ", outside [2, 252] (MXFP4 values would leave bf16's normal range)", i);
+        refuse("scale byte " + std::to_string(b[i]) +
+                   ", outside [2, 252] (MXFP4 values would leave bf16's normal range)",
+               i);
   }
 }
 
@@ -356,26 +383,29 @@ namespace {
 
 void refuse_if_non_finite(const TensorView& t) {
   if (const int64_t i = first_non_finite(t); i >= 0)
-    throw Error(t.file + ": tensor \"" + t.name + "\" holds a non-finite value (NaN or infinity) at element " +
-                std::to_string(i) + "; refits must send finite weights");
+    throw Error(t.file + ": tensor \"" + t.name +
+                "\" holds a non-finite value (NaN or infinity) at element " + std::to_string(i) +
+                "; refits must send finite weights");
 }
 
 }  // namespace
-
 
 // An F8_E4M3 matrix with its fp32 block scales (the sibling weight_scale_inv, F32 or BF16): a
 // block-scaled view the kernels decode (TensorView::scale_inv).
 const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
   const ModelConfig& c = config();
   if (!c.fp8_block_rows)
-    throw Error(t.file + ": tensor \"" + t.name + "\" is F8_E4M3 but config.json has no quantization_config "
+    throw Error(t.file + ": tensor \"" + t.name +
+                "\" is F8_E4M3 but config.json has no quantization_config "
                 "{\"quant_method\": \"fp8\"} giving its block size");
-  if (t.shape.size() != 2) throw Error(t.file + ": tensor \"" + t.name + "\" is F8_E4M3; r3 reads FP8 matrices only");
+  if (t.shape.size() != 2)
+    throw Error(t.file + ": tensor \"" + t.name + "\" is F8_E4M3; r3 reads FP8 matrices only");
   const int64_t O = t.shape[0], I = t.shape[1], br = c.fp8_block_rows, bc = c.fp8_block_cols;
   const std::string sname = scale_inv_name(t.name);
   auto it = index_.find(sname);
   if (it == index_.end())
-    throw Error(dir_ + ": missing tensor \"" + sname + "\" (the block scales of F8_E4M3 \"" + t.name + "\")");
+    throw Error(dir_ + ": missing tensor \"" + sname + "\" (the block scales of F8_E4M3 \"" +
+                t.name + "\")");
   used_.insert(sname);
   materialize(*it->second);
   materialize(const_cast<TensorView&>(t));
@@ -384,9 +414,9 @@ const TensorView& Checkpoint::fp8_weight(const TensorView& t) {
   if (s.shape != want || !is_float_dtype(s.dtype)) {
     TensorView w;
     w.shape = want;
-    throw Error(s.file + ": tensor \"" + sname + "\" is " + dtype_name(s.dtype) + " " + s.shape_str() +
-                ", expected float " + w.shape_str() + " (weight_block_size " + std::to_string(br) + " x " +
-                std::to_string(bc) + ")");
+    throw Error(s.file + ": tensor \"" + sname + "\" is " + dtype_name(s.dtype) + " " +
+                s.shape_str() + ", expected float " + w.shape_str() + " (weight_block_size " +
+                std::to_string(br) + " x " + std::to_string(bc) + ")");
   }
   check_quantized_values(t);
   check_quantized_values(s);
@@ -447,7 +477,8 @@ void Checkpoint::build_globals(ModelWeights& w) {
       const TensorView& head = require("lm_head.weight", {V, H});
       if (head.data && w.embed.data &&
           (head.dtype != w.embed.dtype || std::memcmp(head.data, w.embed.data, head.nbytes()) != 0))
-        throw Error(head.file + ": tensor \"lm_head.weight\" differs from model.embed_tokens.weight but "
+        throw Error(head.file +
+                    ": tensor \"lm_head.weight\" differs from model.embed_tokens.weight but "
                     "tie_word_embeddings is true");
     }
   } else {
@@ -461,7 +492,9 @@ LayerWeights Checkpoint::build_layer(int i) {
   const int64_t qd = int64_t(c.num_heads) * hd, kvd = int64_t(c.num_kv_heads) * hd;
   LayerWeights L;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
-  auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
+  auto name = [&](const std::string& relative) {
+    return layer_tensor(i, relative, -1, c.tensor_prefix);
+  };
   L.input_norm = require(name(N.input_norm), {H});
   L.post_norm = require(name(N.post_norm), {H});
   if (c.mla) {
@@ -514,12 +547,14 @@ LayerWeights Checkpoint::build_layer(int i) {
     const LayerConfig& lc = c.layers[size_t(i)];
     if (lc.shared_intermediate > 0) {
       const int64_t S = lc.shared_intermediate;
-      L.shared = mlp(require(shared_expert_name(c, i, "gate"), {S, H}), require(shared_expert_name(c, i, "up"), {S, H}),
+      L.shared = mlp(require(shared_expert_name(c, i, "gate"), {S, H}),
+                     require(shared_expert_name(c, i, "up"), {S, H}),
                      require(shared_expert_name(c, i, "down"), {H, S}));
       if (lc.shared_gate) L.shared_gate = require(shared_gate_name(c, i), {1, H});
     }
-    const bool fused = N.fused_experts ||
-                       (N.fused_experts_linear && index_.count(layer_tensor(i, N.fused_gate_up, -1, c.tensor_prefix)));
+    const bool fused =
+        N.fused_experts || (N.fused_experts_linear &&
+                            index_.count(layer_tensor(i, N.fused_gate_up, -1, c.tensor_prefix)));
     if (fused) L.experts = split_fused_experts(i);
     for (int e = 0; e < c.num_experts && !fused; ++e)
       L.experts.push_back(mlp(require(expert_name(c, i, e, "gate"), {I, H}),
@@ -527,8 +562,9 @@ LayerWeights Checkpoint::build_layer(int i) {
                               require(expert_name(c, i, e, "down"), {H, I})));
   } else {
     const int64_t I = c.intermediate_size;
-    L.dense = mlp(require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
-                  require(dense_name(c, i, "down"), {H, I}));
+    L.dense =
+        mlp(require(dense_name(c, i, "gate"), {I, H}), require(dense_name(c, i, "up"), {I, H}),
+            require(dense_name(c, i, "down"), {H, I}));
   }
   return L;
 }
@@ -542,8 +578,11 @@ void Checkpoint::build_deltanet(int i, LayerWeights& L) {
   const ModelConfig& c = weights_.config;
   const DeltaNetSpec& d = *c.deltanet;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
-  auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
-  const int64_t H = c.hidden_size, kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads, C = d.conv_dim();
+  auto name = [&](const std::string& relative) {
+    return layer_tensor(i, relative, -1, c.tensor_prefix);
+  };
+  const int64_t H = c.hidden_size, kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads,
+                C = d.conv_dim();
   if (d.combined_projections) {
     const int64_t nk = d.k_heads, r = nv / nk, dk = d.k_head_dim, rv = r * d.v_head_dim;
     const TensorView& qkvz = require(name(N.dn_qkvz), {2 * kd + 2 * vd, H});
@@ -555,7 +594,8 @@ void Checkpoint::build_deltanet(int i, LayerWeights& L) {
     for (int64_t g = 0; g < nk; ++g) qkv_rows.push_back({g * G + dk, dk});
     for (int64_t g = 0; g < nk; ++g) qkv_rows.push_back({g * G + 2 * dk, rv});
     for (int64_t g = 0; g < nk; ++g) z_rows.push_back({g * G + 2 * dk + rv, rv});
-    for (int64_t g = 0; g < nk; ++g) b_rows.push_back({g * 2 * r, r}), a_rows.push_back({g * 2 * r + r, r});
+    for (int64_t g = 0; g < nk; ++g)
+      b_rows.push_back({g * 2 * r, r}), a_rows.push_back({g * 2 * r + r, r});
     L.dn_qkv = gathered_rows(qkvz, ".qkv", qkv_rows);
     L.dn_z = gathered_rows(qkvz, ".z", z_rows);
     L.dn_b = gathered_rows(ba, ".b", b_rows);
@@ -590,7 +630,8 @@ TensorView Checkpoint::gathered_rows(const TensorView& src, const std::string& w
   uint8_t* out = derived_buffer(size_t(rows) * row_bytes);
   size_t at = 0;
   for (const auto& [first, count] : runs) {
-    std::memcpy(out + at, static_cast<const uint8_t*>(src.data) + size_t(first) * row_bytes, size_t(count) * row_bytes);
+    std::memcpy(out + at, static_cast<const uint8_t*>(src.data) + size_t(first) * row_bytes,
+                size_t(count) * row_bytes);
     at += size_t(count) * row_bytes;
   }
   v.data = out;
@@ -601,26 +642,29 @@ namespace {
 // The matrices of a layer the engine multiplies as packed panels (the others' views are read as
 // stored), in a fixed order: the order of their panels.
 std::vector<TensorView*> layer_matrices(LayerWeights& L) {
-  std::vector<TensorView*> out = {&L.q,           &L.k,           &L.v,           &L.o,         &L.router,
-                                  &L.dense.gate,  &L.dense.up,    &L.dense.down,  &L.shared.gate, &L.shared.up,
-                                  &L.shared.down, &L.shared_gate, &L.q_a,         &L.kv_a,      &L.dn_qkv,
-                                  &L.dn_z,        &L.dn_b,        &L.dn_a};
+  std::vector<TensorView*> out = {
+      &L.q,        &L.k,          &L.v,           &L.o,         &L.router,      &L.dense.gate,
+      &L.dense.up, &L.dense.down, &L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate,
+      &L.q_a,      &L.kv_a,       &L.dn_qkv,      &L.dn_z,      &L.dn_b,        &L.dn_a};
   for (ExpertWeights& e : L.experts)
     for (TensorView* t : {&e.gate, &e.up, &e.down}) out.push_back(t);
   return out;
 }
 // Every other view of a layer (read as stored).
 std::vector<TensorView*> layer_small_views(LayerWeights& L) {
-  std::vector<TensorView*> out = {&L.input_norm, &L.post_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_a_norm,
-                                  &L.kv_a_norm, &L.kv_b, &L.q_norm, &L.k_norm, &L.o_bias, &L.sinks, &L.router_bias,
-                                  &L.dn_conv, &L.dn_dt_bias, &L.dn_a_log, &L.dn_norm};
+  std::vector<TensorView*> out = {
+      &L.input_norm,  &L.post_norm, &L.q_bias,     &L.k_bias,   &L.v_bias, &L.q_a_norm,
+      &L.kv_a_norm,   &L.kv_b,      &L.q_norm,     &L.k_norm,   &L.o_bias, &L.sinks,
+      &L.router_bias, &L.dn_conv,   &L.dn_dt_bias, &L.dn_a_log, &L.dn_norm};
   for (ExpertWeights* e : {&L.shared, &L.dense})
     for (TensorView* t : {&e->gate_bias, &e->up_bias, &e->down_bias}) out.push_back(t);
   for (ExpertWeights& e : L.experts)
     for (TensorView* t : {&e.gate_bias, &e.up_bias, &e.down_bias}) out.push_back(t);
   return out;
 }
-bool packs(const TensorView& t) { return !t.shape.empty() && t.shape.size() == 2 && kernels::packable(t.dtype); }
+bool packs(const TensorView& t) {
+  return !t.shape.empty() && t.shape.size() == 2 && kernels::packable(t.dtype);
+}
 }  // namespace
 
 Checkpoint::UnitViews Checkpoint::unit_views(int unit) {
@@ -646,8 +690,10 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
     if (!v.scale_inv) v.scale_inv = was.scale_inv;
   };
   if (old) {
-    for (size_t i = 0; i < now.matrices.size() && i < old->matrices.size(); ++i) keep_old(*now.matrices[i], *old->matrices[i]);
-    for (size_t i = 0; i < now.small.size() && i < old->small.size(); ++i) keep_old(*now.small[i], *old->small[i]);
+    for (size_t i = 0; i < now.matrices.size() && i < old->matrices.size(); ++i)
+      keep_old(*now.matrices[i], *old->matrices[i]);
+    for (size_t i = 0; i < now.small.size() && i < old->small.size(); ++i)
+      keep_old(*now.small[i], *old->small[i]);
   }
   std::vector<TensorView*> mats;  // every matrix with bytes or panels, in the fixed order
   for (TensorView* v : now.matrices)
@@ -655,7 +701,8 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
   std::vector<TensorView*> views = now.matrices;
   views.insert(views.end(), now.small.begin(), now.small.end());
   std::vector<size_t> at = {0};
-  for (const TensorView* t : mats) at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
+  for (const TensorView* t : mats)
+    at.push_back(at.back() + (kernels::packed_bf16_size(*t) + 31) / 32 * 32);
   if (panels_.size() <= size_t(unit)) {
     panels_.resize(size_t(unit) + 1);
     panel_elements_.resize(size_t(unit) + 1);
@@ -663,8 +710,10 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
   const bool in_place = panels_[size_t(unit)] && panel_elements_[size_t(unit)] == at.back();
   if (!in_place) {
     for (const TensorView* t : mats)
-      if (!t->data) throw Error(t->file + ": tensor \"" + t->name + "\" has no bytes to pack (internal error)");
-    panels_[size_t(unit)] = std::make_unique<BigArray<uint16_t>>(std::max<size_t>(at.back(), 32));  // packing writes every byte
+      if (!t->data)
+        throw Error(t->file + ": tensor \"" + t->name + "\" has no bytes to pack (internal error)");
+    panels_[size_t(unit)] = std::make_unique<BigArray<uint16_t>>(
+        std::max<size_t>(at.back(), 32));  // packing writes every byte
     panel_elements_[size_t(unit)] = at.back();
   }
   uint16_t* panels = panels_[size_t(unit)]->get();
@@ -672,32 +721,38 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
     size_t tensor;
     int64_t begin, end;
   };
-  std::vector<Item> items;  // about 1 MiB of panels each, so one large tensor spreads over every thread
+  std::vector<Item>
+      items;  // about 1 MiB of panels each, so one large tensor spreads over every thread
   for (size_t i = 0; i < mats.size(); ++i) {
     TensorView& t = *mats[i];
     if (!t.data) continue;  // keeps its panels
     const int64_t panel_count = (t.shape[0] + kernels::kPanelRows - 1) / kernels::kPanelRows;
-    const int64_t per_item = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, t.shape[1] * 32));
-    for (int64_t p = 0; p < panel_count; p += per_item) items.push_back({i, p, std::min(panel_count, p + per_item)});
+    const int64_t per_item =
+        std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, t.shape[1] * 32));
+    for (int64_t p = 0; p < panel_count; p += per_item)
+      items.push_back({i, p, std::min(panel_count, p + per_item)});
   }
   auto pack = [&](int64_t k) {
     const Item& it = items[size_t(k)];
     kernels::pack_bf16_panels(*mats[it.tensor], panels + at[it.tensor], it.begin, it.end);
   };
   const auto started = std::chrono::steady_clock::now();
-  if (pool_) pool_->parallel_for_each(int64_t(items.size()), pack);
+  if (pool_)
+    pool_->parallel_for_each(int64_t(items.size()), pack);
   else
     for (size_t k = 0; k < items.size(); ++k) pack(int64_t(k));
   load_figures_.pack_seconds += seconds_since(started);
   for (size_t i = 0; i < mats.size(); ++i) {
     mats[i]->packed = panels + at[i];
-    mats[i]->data = nullptr;  // the panels are the copy now
+    mats[i]->data = nullptr;    // the panels are the copy now
     mats[i]->scales = nullptr;  // MXFP4: in the panels
   }
   // Bytes still pointed at: kept. A stored tensor read for this unit moves to kept_ when a view
   // points into it, else is dropped; derived copies likewise.
   auto pointed_into = [&](const uint8_t* b, size_t n) {
-    auto in = [&](const void* p) { return p && static_cast<const uint8_t*>(p) >= b && static_cast<const uint8_t*>(p) < b + n; };
+    auto in = [&](const void* p) {
+      return p && static_cast<const uint8_t*>(p) >= b && static_cast<const uint8_t*>(p) < b + n;
+    };
     for (const TensorView* v : views)
       if (in(v->data) || in(v->scales) || in(v->scale_inv)) return true;
     return false;
@@ -759,14 +814,18 @@ void Checkpoint::load_weights() {
   std::vector<std::vector<Ahead>> by_unit(size_t(c.num_layers) + 1);
   for (const auto& [name, file] : file_of_) {
     const int u = unit_of(name);
-    if (u < 1 || u >= int(by_unit.size()) || !file->lazy() || file->never_read(name) || unused_by_design(weights_.config, name)) continue;
-    if (const TensorView& t = *index_.at(name); !t.data) by_unit[size_t(u)].push_back({file, name, t.nbytes()});
+    if (u < 1 || u >= int(by_unit.size()) || !file->lazy() || file->never_read(name) ||
+        unused_by_design(weights_.config, name))
+      continue;
+    if (const TensorView& t = *index_.at(name); !t.data)
+      by_unit[size_t(u)].push_back({file, name, t.nbytes()});
   }
   // Files and weights that cannot both stay in memory (more than half of it each): the page
   // cache would only be reclaimed page by page while the weights are packed, at a cost in system
   // time larger than the read, so the loader gives each tensor's file pages back itself.
-  drop_read_pages_ = !files_.empty() && (files_treated_as_large.load() ||
-                                         double(stored_bytes()) > physical_memory_mb() * double(1 << 20) / 2);
+  drop_read_pages_ =
+      !files_.empty() && (files_treated_as_large.load() ||
+                          double(stored_bytes()) > physical_memory_mb() * double(1 << 20) / 2);
   load_figures_ = LoadFigures();
   Staging ahead_area;
   std::map<std::string, uint8_t*> ahead_read;
@@ -783,14 +842,18 @@ void Checkpoint::load_weights() {
     // Files too big to stay cached are read past the page cache where it does not hold them
     // already: no page-cache pages to fill, copy from and give back (about a fifth of a cold
     // start's processor time, which the first touch of the panels already fills).
-    ahead = std::async(std::launch::async, [&area = ahead_area, &out = ahead_read, &direct_bytes = ahead_direct,
+    ahead = std::async(std::launch::async, [&area = ahead_area, &out = ahead_read,
+                                            &direct_bytes = ahead_direct,
                                             &list = by_unit[size_t(u)], direct = drop_read_pages_,
                                             even_if_cached = files_treated_as_large.load()] {
       for (const Ahead& t : list) {
-        uint8_t* p = Staging::take(area, direct ? t.file->direct_bytes(t.name) : t.bytes, RegularFile::kDirectAlign);
+        uint8_t* p = Staging::take(area, direct ? t.file->direct_bytes(t.name) : t.bytes,
+                                   RegularFile::kDirectAlign);
         const uint8_t* q = direct ? t.file->read_tensor_direct(t.name, p, even_if_cached) : nullptr;
-        if (q) direct_bytes += t.bytes;
-        else t.file->read_tensor(t.name, p);
+        if (q)
+          direct_bytes += t.bytes;
+        else
+          t.file->read_tensor(t.name, p);
         out[t.name] = const_cast<uint8_t*>(q ? q : p);
       }
     });
@@ -815,8 +878,10 @@ void Checkpoint::load_weights() {
   for (int i = 0; i < c.num_layers; ++i) {
     unit_ = i + 1;
     take_read_ahead();
-    if (unit_ + 1 < int(by_unit.size())) read_ahead(unit_ + 1);
-    else ahead_area = Staging();  // the last layer: one area is enough
+    if (unit_ + 1 < int(by_unit.size()))
+      read_ahead(unit_ + 1);
+    else
+      ahead_area = Staging();  // the last layer: one area is enough
     weights_.layers.push_back(build_layer(i));
     settle(unit_, unit_views(unit_), nullptr);
     read_ahead_.clear();  // read but not used: load_weights refuses them below
@@ -834,7 +899,8 @@ void Checkpoint::load_weights() {
 
 namespace {
 // src's description for a derived copy of (part of) it: its dtype and file, this name and shape.
-TensorView derived_view(const TensorView& src, std::string name, std::vector<int64_t> shape, const uint8_t* data) {
+TensorView derived_view(const TensorView& src, std::string name, std::vector<int64_t> shape,
+                        const uint8_t* data) {
   TensorView v = src;
   v.name = std::move(name);
   v.shape = std::move(shape);
@@ -851,9 +917,12 @@ uint8_t* Checkpoint::derived_buffer(size_t bytes) {
 
 // A strided copy of src into derived_: out[r, k] = src[base + r * row_stride + k * col_stride]
 // (a vector when shape has one dimension), in src's dtype, named src.name + what.
-TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape,
-                                    int64_t base, int64_t row_stride, int64_t col_stride) {
-  if (!src.data) return derived_view(src, src.name + what, std::move(shape), nullptr);  // not sent: keeps its copy
+TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& what,
+                                    std::vector<int64_t> shape, int64_t base, int64_t row_stride,
+                                    int64_t col_stride) {
+  if (!src.data)
+    return derived_view(src, src.name + what, std::move(shape),
+                        nullptr);  // not sent: keeps its copy
   const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
   uint8_t* out = derived_buffer(size_t(rows * cols) * dtype_size(src.dtype));
   auto copy = [&](auto element) {
@@ -861,10 +930,13 @@ TensorView Checkpoint::derived_copy(const TensorView& src, const std::string& wh
     T* d = reinterpret_cast<T*>(out);
     const T* f = static_cast<const T*>(src.data);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < cols; ++k) d[r * cols + k] = f[base + r * row_stride + k * col_stride];
+      for (int64_t k = 0; k < cols; ++k)
+        d[r * cols + k] = f[base + r * row_stride + k * col_stride];
   };
-  if (dtype_size(src.dtype) == 2) copy(uint16_t());
-  else copy(uint32_t());  // F32 (F16 was widened by require)
+  if (dtype_size(src.dtype) == 2)
+    copy(uint16_t());
+  else
+    copy(uint32_t());  // F32 (F16 was widened by require)
   return derived_view(src, src.name + what, std::move(shape), out);
 }
 
@@ -872,14 +944,16 @@ namespace {
 // Expert e's rows of GPT-OSS's bf16 (or float) fused experts, gate_up [E, H, 2I] and down
 // [E, I, H] (inputs first), as [out, in] matrices: gate [I, H] from gate_up's even columns, up
 // [I, H] from its odd ones (both in one pass over the block), down [H, I].
-void split_expert(const TensorView& gate_up, const TensorView& down, int64_t e, uint8_t* gate, uint8_t* up,
-                  uint8_t* dn) {
+void split_expert(const TensorView& gate_up, const TensorView& down, int64_t e, uint8_t* gate,
+                  uint8_t* up, uint8_t* dn) {
   const int64_t H = gate_up.shape[1], I = gate_up.shape[2] / 2;
   if (dtype_size(gate_up.dtype) == 2) {
     if (gate)
       transpose_u16_pairs(static_cast<const uint16_t*>(gate_up.data) + e * H * 2 * I, 2 * I, H, I,
                           reinterpret_cast<uint16_t*>(gate), reinterpret_cast<uint16_t*>(up), H);
-    if (dn) transpose_u16(static_cast<const uint16_t*>(down.data) + e * I * H, H, I, H, reinterpret_cast<uint16_t*>(dn), I);
+    if (dn)
+      transpose_u16(static_cast<const uint16_t*>(down.data) + e * I * H, H, I, H,
+                    reinterpret_cast<uint16_t*>(dn), I);
     return;
   }
   // F32 (F16 was widened by require)
@@ -906,8 +980,10 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
   } else if (N.fused_experts_linear) {
     // [E, 2I, H] and [E, H, I] in nn.Linear's layout: each expert's gate, up and down are runs of
     // whole rows, so they are views into the stored bytes, no copy.
-    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, 2 * I, H});
-    const TensorView& down = require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, H, I});
+    const TensorView& gate_up =
+        require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, 2 * I, H});
+    const TensorView& down =
+        require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, H, I});
     const size_t es = dtype_size(gate_up.dtype);
     out.resize(static_cast<size_t>(E));
     auto at = [](const TensorView& t, size_t offset) {
@@ -916,13 +992,18 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
-      out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, at(gate_up, size_t(e * 2 * I * H) * es));
-      out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, at(gate_up, size_t((e * 2 + 1) * I * H) * es));
-      out[size_t(e)].down = derived_view(down, down.name + tag, {H, I}, at(down, size_t(e * H * I) * dtype_size(down.dtype)));
+      out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H},
+                                         at(gate_up, size_t(e * 2 * I * H) * es));
+      out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H},
+                                       at(gate_up, size_t((e * 2 + 1) * I * H) * es));
+      out[size_t(e)].down = derived_view(down, down.name + tag, {H, I},
+                                         at(down, size_t(e * H * I) * dtype_size(down.dtype)));
     }
   } else {
-    const TensorView& gate_up = require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, H, 2 * I});
-    const TensorView& down = require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, I, H});
+    const TensorView& gate_up =
+        require(layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), {E, H, 2 * I});
+    const TensorView& down =
+        require(layer_tensor(layer, N.fused_down, -1, c.tensor_prefix), {E, I, H});
     out.resize(static_cast<size_t>(E));
     // The buffers first (derived_ grows on this thread only), then the copies, an expert at a
     // time on the update's threads when it has some.
@@ -932,23 +1013,29 @@ std::vector<ExpertWeights> Checkpoint::split_fused_experts(int layer) {
       if (!holds(layer, e)) continue;  // another rank's: its rows were not read
       const std::string tag = "[" + std::to_string(e) + "]";
       // A refit that sends one of the two leaves the other's copies as they are (null here).
-      if (gate_up.data) to[size_t(e)][0] = derived_buffer(bytes), to[size_t(e)][1] = derived_buffer(bytes);
+      if (gate_up.data)
+        to[size_t(e)][0] = derived_buffer(bytes), to[size_t(e)][1] = derived_buffer(bytes);
       if (down.data) to[size_t(e)][2] = derived_buffer(bytes);
-      out[size_t(e)].gate = derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
-      out[size_t(e)].up = derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
+      out[size_t(e)].gate =
+          derived_view(gate_up, gate_up.name + tag + ".gate", {I, H}, to[size_t(e)][0]);
+      out[size_t(e)].up =
+          derived_view(gate_up, gate_up.name + tag + ".up", {I, H}, to[size_t(e)][1]);
       out[size_t(e)].down = derived_view(down, down.name + tag, {H, I}, to[size_t(e)][2]);
     }
     auto split = [&](int64_t e) {
       split_expert(gate_up, down, e, to[size_t(e)][0], to[size_t(e)][1], to[size_t(e)][2]);
     };
-    if (pool_) pool_->parallel_for_each(E, split);
+    if (pool_)
+      pool_->parallel_for_each(E, split);
     else
       for (int64_t e = 0; e < E; ++e) split(e);
   }
   // The biases, in both layouts: gate_up_proj_bias [E, 2I] interleaved, down_proj_bias [E, H].
   if (!c.layers[size_t(layer)].expert_bias) return out;
-  const TensorView& gate_up_bias = require(layer_tensor(layer, N.fused_gate_up_bias, -1, c.tensor_prefix), {E, 2 * I});
-  const TensorView& down_bias = require(layer_tensor(layer, N.fused_down_bias, -1, c.tensor_prefix), {E, H});
+  const TensorView& gate_up_bias =
+      require(layer_tensor(layer, N.fused_gate_up_bias, -1, c.tensor_prefix), {E, 2 * I});
+  const TensorView& down_bias =
+      require(layer_tensor(layer, N.fused_down_bias, -1, c.tensor_prefix), {E, H});
   for (int64_t e = 0; e < E; ++e) {
     const std::string tag = "[" + std::to_string(e) + "]";
     out[size_t(e)].gate_bias = derived_copy(gate_up_bias, tag + ".gate", {I}, e * 2 * I, 2, 0);
@@ -967,7 +1054,8 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   const ModelConfig& c = weights_.config;
   const LayerTensorNames& N = layer_tensor_names(c.arch);
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
-  const std::string gu = layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix), dn = layer_tensor(layer, N.fused_down, -1, c.tensor_prefix);
+  const std::string gu = layer_tensor(layer, N.fused_gate_up, -1, c.tensor_prefix),
+                    dn = layer_tensor(layer, N.fused_down, -1, c.tensor_prefix);
   const TensorView& gu_blocks = require(gu + "_blocks", {E, 2 * I, H / 32, 16}, true);
   const TensorView& gu_scales = require(gu + "_scales", {E, 2 * I, H / 32}, true);
   const TensorView& dn_blocks = require(dn + "_blocks", {E, H, I / 32, 16}, true);
@@ -975,13 +1063,13 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
   for (const TensorView* s : {&gu_scales, &dn_scales})
     for (int64_t e = 0; e < E; ++e) {
       if (!holds(layer, e) || !s->data) continue;  // rows never read, or not sent
-      TensorView one = *s;  // expert e's scales
+      TensorView one = *s;                         // expert e's scales
       one.shape = {s->shape[1], s->shape[2]};
       one.data = static_cast<const uint8_t*>(s->data) + size_t(e * s->shape[1] * s->shape[2]);
       check_quantized_values(one);
     }
-  auto view = [](const std::string& name, const std::string& file, int64_t rows, int64_t in, const uint8_t* blocks,
-                 const uint8_t* scales) {
+  auto view = [](const std::string& name, const std::string& file, int64_t rows, int64_t in,
+                 const uint8_t* blocks, const uint8_t* scales) {
     TensorView v;
     v.name = name;
     v.file = file;
@@ -1009,9 +1097,12 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
     ExpertWeights& w = out[size_t(e)];
     w.gate = every_other_row(e, 0);
     w.up = every_other_row(e, 1);
-    w.down = view(dn + "[" + std::to_string(e) + "]", dn_blocks.file, H, I,
-                  dn_blocks.data ? static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2) : nullptr,
-                  dn_scales.data ? static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32) : nullptr);
+    w.down =
+        view(dn + "[" + std::to_string(e) + "]", dn_blocks.file, H, I,
+             dn_blocks.data ? static_cast<const uint8_t*>(dn_blocks.data) + size_t(e * H * I / 2)
+                            : nullptr,
+             dn_scales.data ? static_cast<const uint8_t*>(dn_scales.data) + size_t(e * H * I / 32)
+                            : nullptr);
   }
   auto fill = [&](int64_t e) {
     const auto* b = static_cast<const uint8_t*>(gu_blocks.data) + size_t(e * 2 * I * rb);
@@ -1025,7 +1116,8 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
       }
     }
   };
-  if (pool_) pool_->parallel_for_each(E, fill);
+  if (pool_)
+    pool_->parallel_for_each(E, fill);
   else
     for (int64_t e = 0; e < E; ++e) fill(e);
   return out;
@@ -1035,7 +1127,8 @@ std::vector<ExpertWeights> Checkpoint::split_mxfp4_experts(int layer) {
 // (r3 computes them from rope_theta).
 bool knowingly_unused(const std::string& name) {
   static const std::string inv_freq = ".self_attn.rotary_emb.inv_freq";
-  return name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+  return name.size() > inv_freq.size() &&
+         name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
 }
 
 void Checkpoint::check_update(std::vector<TensorToWrite>& tensors) const {
@@ -1062,8 +1155,9 @@ void Checkpoint::check_sent_tensor(const TensorView* have, const std::string& na
   if (have->shape != shape || have->dtype != dtype) {
     TensorView got;
     got.shape = shape;
-    throw Error("weight update: tensor \"" + name + "\" is " + dtype_name(dtype) + " " + got.shape_str() +
-                ", the served model's is " + dtype_name(have->dtype) + " " + have->shape_str());
+    throw Error("weight update: tensor \"" + name + "\" is " + dtype_name(dtype) + " " +
+                got.shape_str() + ", the served model's is " + dtype_name(have->dtype) + " " +
+                have->shape_str());
   }
 }
 
@@ -1098,13 +1192,16 @@ uint64_t Checkpoint::kept_bytes() const {
 }
 
 std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
-  if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
+  if (partial_)
+    throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   if (updated_in_memory_)
-    throw Error(dir_ + ": updated in memory; r3 keeps the packed weights only, not the stored tensors");
+    throw Error(dir_ +
+                ": updated in memory; r3 keeps the packed weights only, not the stored tensors");
   std::vector<TensorToWrite> out;
   for (const auto& f : files_) {
     if (SafetensorsFile::identity_of(f->path()) != f->identity())
-      throw Error(f->path() + ": changed since it was read; the stored tensors are read from the files");
+      throw Error(f->path() +
+                  ": changed since it was read; the stored tensors are read from the files");
     SafetensorsFile again(f->path());
     for (const auto& [name, t] : again.tensors()) {
       TensorToWrite w{name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
@@ -1112,19 +1209,22 @@ std::vector<TensorToWrite> Checkpoint::stored_tensors() const {
       out.push_back(std::move(w));
     }
   }
-  std::sort(out.begin(), out.end(), [](const TensorToWrite& a, const TensorToWrite& b) { return a.name < b.name; });
+  std::sort(out.begin(), out.end(),
+            [](const TensorToWrite& a, const TensorToWrite& b) { return a.name < b.name; });
   return out;
 }
 
 void Checkpoint::refuse_non_finite_values() const {
   auto check = [](const TensorView* v) {
     if (v->data) return refuse_if_non_finite(*v);
-    if (!v->packed || v->dtype != DType::BF16) return;  // MXFP4 and FP8 codes hold no non-finite value
+    if (!v->packed || v->dtype != DType::BF16)
+      return;                // MXFP4 and FP8 codes hold no non-finite value
     TensorView panels = *v;  // the panels as one bf16 vector (their padding is zeros)
     panels.shape = {int64_t(kernels::packed_bf16_size(*v))};
     panels.data = v->packed;
     if (first_non_finite(panels) >= 0)
-      throw Error(v->file + ": tensor \"" + v->name + "\" holds a non-finite value (NaN or infinity); refits must send "
+      throw Error(v->file + ": tensor \"" + v->name +
+                  "\" holds a non-finite value (NaN or infinity); refits must send "
                   "finite weights");
   };
   auto& self = const_cast<Checkpoint&>(*this);
@@ -1152,7 +1252,8 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   // changes, so a refused update leaves this checkpoint as it was).
   auto need = [&](const std::string& name, const std::string& with, const char* why) {
     if (index_.count(with) && !sent.count(with))
-      throw Error("weight update: tensor \"" + name + "\" was sent without \"" + with + "\" (" + why + ")");
+      throw Error("weight update: tensor \"" + name + "\" was sent without \"" + with + "\" (" +
+                  why + ")");
   };
   // New block scales for codes not sent: the codes are read back from the native panels.
   std::vector<TensorToWrite> codes;
@@ -1164,15 +1265,24 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
     if (u <= int(weights_.layers.size()))
       for (TensorView* v : unit_views(u).matrices)
         if (v->name == weight) served = v;
-    if (!served || served->dtype != DType::F8_E4M3 || !served->packed || !kernels::fp8_native(*served)) continue;
-    codes.push_back({weight, DType::F8_E4M3, served->shape, std::vector<uint8_t>(size_t(served->numel()))});
+    if (!served || served->dtype != DType::F8_E4M3 || !served->packed ||
+        !kernels::fp8_native(*served))
+      continue;
+    codes.push_back(
+        {weight, DType::F8_E4M3, served->shape, std::vector<uint8_t>(size_t(served->numel()))});
     packed_fp8_codes(*served, codes.back().bytes.data());
   }
   for (TensorToWrite& t : codes) sent[t.name] = &t;
   for (const auto& [name, t] : sent) {
-    if (ends_with(name, "_scale_inv")) need(name, name.substr(0, name.size() - 10), "an FP8 weight's codes and scales are packed together");
-    if (ends_with(name, "_blocks")) need(name, name.substr(0, name.size() - 7) + "_scales", "MXFP4 blocks and scales are packed together");
-    if (ends_with(name, "_scales")) need(name, name.substr(0, name.size() - 7) + "_blocks", "MXFP4 blocks and scales are packed together");
+    if (ends_with(name, "_scale_inv"))
+      need(name, name.substr(0, name.size() - 10),
+           "an FP8 weight's codes and scales are packed together");
+    if (ends_with(name, "_blocks"))
+      need(name, name.substr(0, name.size() - 7) + "_scales",
+           "MXFP4 blocks and scales are packed together");
+    if (ends_with(name, "_scales"))
+      need(name, name.substr(0, name.size() - 7) + "_blocks",
+           "MXFP4 blocks and scales are packed together");
   }
   if (config().tie_word_embeddings && index_.count("lm_head.weight")) {
     // The rule load_weights checks that an update can break: a stored lm_head of a tied model
@@ -1180,14 +1290,17 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
     const std::string embed_tensor = embed_name(config());
     const bool head = sent.count("lm_head.weight"), embed = sent.count(embed_tensor);
     if (head != embed || (head && sent["lm_head.weight"]->bytes != sent[embed_tensor]->bytes))
-      throw Error("weight update: lm_head.weight would differ from model.embed_tokens.weight but "
-                  "tie_word_embeddings is true (send both, equal, or neither)");
+      throw Error(
+          "weight update: lm_head.weight would differ from model.embed_tokens.weight but "
+          "tie_word_embeddings is true (send both, equal, or neither)");
   }
   if (released_)
     for (const std::string& name : used_)
       if (!sent.count(name))
-        throw Error("weight update: the weights were released (release_memory_occupation); send every tensor (\"" +
-                    name + "\" is missing) or refit from a checkpoint");
+        throw Error(
+            "weight update: the weights were released (release_memory_occupation); send every "
+            "tensor (\"" +
+            name + "\" is missing) or refit from a checkpoint");
   Update out;
   std::set<int> units;
   for (auto& [name, t] : sent) {
@@ -1198,7 +1311,10 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   }
   struct PoolForTheUpdate {
     Checkpoint* c;
-    ~PoolForTheUpdate() { c->pool_ = nullptr; c->transient_.clear(); }
+    ~PoolForTheUpdate() {
+      c->pool_ = nullptr;
+      c->transient_.clear();
+    }
   } scope{this};
   pool_ = pool;
   updated_in_memory_ = true;
@@ -1211,8 +1327,9 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
       was.embed = weights_.embed;
       was.final_norm = weights_.final_norm;
       was.config.tie_word_embeddings = weights_.config.tie_word_embeddings;
-      const UnitViews old = was.config.tie_word_embeddings ? UnitViews{{&was.lm_head}, {&was.final_norm}}
-                                                           : UnitViews{{&was.lm_head}, {&was.embed, &was.final_norm}};
+      const UnitViews old = was.config.tie_word_embeddings
+                                ? UnitViews{{&was.lm_head}, {&was.final_norm}}
+                                : UnitViews{{&was.lm_head}, {&was.embed, &was.final_norm}};
       build_globals(weights_);
       settle(0, unit_views(0), &old);
       if (config().tie_word_embeddings) weights_.embed = weights_.lm_head;
@@ -1231,7 +1348,8 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
     const UnitViews v = unit_views(u);
     for (const auto* list : {&v.matrices, &v.small})
       for (const TensorView* t : *list)
-        for (const void* p : {t->data, static_cast<const void*>(t->scale_inv), static_cast<const void*>(t->scales)})
+        for (const void* p :
+             {t->data, static_cast<const void*>(t->scale_inv), static_cast<const void*>(t->scales)})
           if (p) pointed.push_back(static_cast<const uint8_t*>(p));
   }
   std::sort(pointed.begin(), pointed.end());
@@ -1242,9 +1360,12 @@ Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, 
   for (std::vector<uint8_t>& k : kept_)
     if (!in_use(k)) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(k)));
   std::erase_if(kept_, [](const std::vector<uint8_t>& k) { return k.empty(); });
-  for (auto& unit : derived_) std::erase_if(unit, [](const std::vector<uint8_t>& d) { return d.empty(); });
-  for (TensorToWrite& t : tensors) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
-  for (TensorToWrite& t : codes) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
+  for (auto& unit : derived_)
+    std::erase_if(unit, [](const std::vector<uint8_t>& d) { return d.empty(); });
+  for (TensorToWrite& t : tensors)
+    out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
+  for (TensorToWrite& t : codes)
+    out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
   for (auto& [name, t] : index_)
     if (transient_.count(t->data)) t->data = nullptr;
   return out;
@@ -1267,7 +1388,8 @@ std::vector<std::string> Checkpoint::sent_together(const std::string& name) cons
 }
 
 void Checkpoint::check_refit(const Checkpoint& next) const {
-  if (partial_) throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
+  if (partial_)
+    throw Error(dir_ + ": opened without some tensors (one expert-parallel rank's view)");
   const ModelConfig& c = config();
   for (const std::string& name : used_)
     if (!next.index_.count(name)) throw Error(next.dir_ + ": missing tensor \"" + name + "\"");
@@ -1327,7 +1449,8 @@ std::vector<std::string> Checkpoint::differences(const Checkpoint& other) const 
     auto it = other.index_.find(name);
     if (it == other.index_.end()) continue;  // tied lm_head stored or not: the config decides
     if (t->dtype != it->second->dtype)
-      out.push_back("tensor " + name + ": " + dtype_name(t->dtype) + " -> " + dtype_name(it->second->dtype));
+      out.push_back("tensor " + name + ": " + dtype_name(t->dtype) + " -> " +
+                    dtype_name(it->second->dtype));
   }
   return out;
 }

@@ -24,7 +24,7 @@ namespace r3 {
 class ThreadPool;
 
 struct ExpertWeights {
-  TensorView gate, up, down;  // [I, H], [I, H], [H, I]
+  TensorView gate, up, down;                 // [I, H], [I, H], [H, I]
   TensorView gate_bias, up_bias, down_bias;  // [I], [I], [H]; empty without expert biases
 };
 
@@ -37,22 +37,22 @@ struct LayerWeights {
   // dt_bias, A_log [nv]; the gated norm [dv] (applied as w, never 1 + w).
   TensorView dn_qkv, dn_z, dn_b, dn_a;
   TensorView dn_conv, dn_dt_bias, dn_a_log, dn_norm;
-  TensorView q_bias, k_bias, v_bias; // [nh*hd], [nkv*hd], [nkv*hd]; empty without qkv_bias
-  // MLA (k, v empty): q = q (q_proj [nh*qk, H]) or q_b(norm(q_a h)) with q_a [qr, H], q_a_norm [qr],
-  // q (q_b_proj) [nh*qk, qr]; latent = kv_a h [kvr + rope, H], kv_a_norm [kvr]; kv_b [nh*(nope+v), kvr];
-  // o [H, nh*v].
+  TensorView q_bias, k_bias, v_bias;  // [nh*hd], [nkv*hd], [nkv*hd]; empty without qkv_bias
+  // MLA (k, v empty): q = q (q_proj [nh*qk, H]) or q_b(norm(q_a h)) with q_a [qr, H], q_a_norm
+  // [qr], q (q_b_proj) [nh*qk, qr]; latent = kv_a h [kvr + rope, H], kv_a_norm [kvr]; kv_b
+  // [nh*(nope+v), kvr]; o [H, nh*v].
   TensorView q_a, q_a_norm, kv_a, kv_a_norm, kv_b;
-  TensorView q_norm, k_norm;         // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
-  TensorView o_bias;                 // [H] or empty
-  TensorView sinks;                  // [nh] per-head sink logits, or empty
+  TensorView q_norm, k_norm;  // [hd] (per head) or [nh*hd] / [nkv*hd] (whole); empty if none
+  TensorView o_bias;          // [H] or empty
+  TensorView sinks;           // [nh] per-head sink logits, or empty
   bool moe = false;
-  TensorView router;                 // [E, H]
-  TensorView router_bias;            // [E] selection-only bias (e_score_correction_bias), or the
-                                     // logit bias of RouterSpec::logit_bias; or empty
+  TensorView router;       // [E, H]
+  TensorView router_bias;  // [E] selection-only bias (e_score_correction_bias), or the
+                           // logit bias of RouterSpec::logit_bias; or empty
   std::vector<ExpertWeights> experts;
-  ExpertWeights shared;              // shared experts as one MLP [S, H], [S, H], [H, S]; empty if none
-  TensorView shared_gate;            // [1, H]: the shared output is scaled by sigmoid(gate . h); or empty
-  ExpertWeights dense;               // dense FFN layers
+  ExpertWeights shared;    // shared experts as one MLP [S, H], [S, H], [H, S]; empty if none
+  TensorView shared_gate;  // [1, H]: the shared output is scaled by sigmoid(gate . h); or empty
+  ExpertWeights dense;     // dense FFN layers
 };
 
 struct ModelWeights {
@@ -72,7 +72,8 @@ class Checkpoint {
   // pool: threads to pack on (and build GPT-OSS's per-expert split); none: this one.
   // refuse_non_finite: a NaN or infinity in any float tensor is an error (a refit's new weights).
   static std::shared_ptr<Checkpoint> open(const std::string& dir, const HeldExperts& held = {},
-                                          ThreadPool* pool = nullptr, bool refuse_non_finite = false);
+                                          ThreadPool* pool = nullptr,
+                                          bool refuse_non_finite = false);
   // The description and the tensor headers only (config.json, the index, each file's header,
   // every check that needs no tensor's bytes): a refit's first step (check_refit, refit_from).
   static std::shared_ptr<Checkpoint> headers(const std::string& dir, const HeldExperts& held = {});
@@ -160,14 +161,16 @@ class Checkpoint {
     // Storage the update replaced, for the caller to free where the time does not count.
     std::vector<std::shared_ptr<void>> replaced;
   };
-  // pool: threads to rebuild the derived copies on (the engine's, idle between steps); none: this one.
+  // pool: threads to rebuild the derived copies on (the engine's, idle between steps); none: this
+  // one.
   Update apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool = nullptr);
 
  private:
   // A float tensor of this shape (F16 widened to F32); U8 with `bytes`. Its bytes are read now
   // (into the staging area) unless it was not read (another rank's) or dropped (a refit that does
   // not send it: data stays null and the views built from it keep what they had).
-  const TensorView& require(const std::string& name, std::vector<int64_t> shape, bool bytes = false);
+  const TensorView& require(const std::string& name, std::vector<int64_t> shape,
+                            bool bytes = false);
   void materialize(TensorView& t);
   void load_weights();
   void load_weights_on(ThreadPool* pool);  // load_weights with pool_ set for its duration
@@ -192,8 +195,9 @@ class Checkpoint {
   const TensorView& fp8_weight(const TensorView& stored);
   TensorView decoded_bf16(const TensorView& fp8);
   void check_quantized_values(const TensorView& t) const;
-  TensorView derived_copy(const TensorView& src, const std::string& what, std::vector<int64_t> shape, int64_t base,
-                          int64_t row_stride, int64_t col_stride);
+  TensorView derived_copy(const TensorView& src, const std::string& what,
+                          std::vector<int64_t> shape, int64_t base, int64_t row_stride,
+                          int64_t col_stride);
   // A buffer of `bytes` in the unit being built's derived_ list.
   uint8_t* derived_buffer(size_t bytes);
   uint8_t* staging(size_t bytes);  // bytes of the staging area, until the unit is settled
@@ -214,16 +218,17 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorView*> index_;
   std::map<std::string, SafetensorsFile*> file_of_;  // a stored tensor's file (read on demand)
-  std::set<std::string> used_;  // names load_weights read
+  std::set<std::string> used_;                       // names load_weights read
   std::vector<TensorView*> read_;  // stored tensors whose bytes the unit being built read
-  std::map<std::string, TensorView> widened_;  // F16 tensors converted to F32; FP8 with their scales
+  std::map<std::string, TensorView>
+      widened_;  // F16 tensors converted to F32; FP8 with their scales
   std::vector<std::vector<float>> owned_;
   int unit_ = 0;  // the unit being built
   LoadFigures load_figures_;
   std::vector<std::vector<std::vector<uint8_t>>> derived_;  // [unit]: split and decoded copies
   std::vector<std::vector<uint8_t>> kept_;  // small stored tensors, moved out of the staging area
   std::vector<std::unique_ptr<BigArray<uint16_t>>> panels_;  // [unit]
-  std::vector<size_t> panel_elements_;  // [unit]
+  std::vector<size_t> panel_elements_;                       // [unit]
   struct Staging {  // reused for every unit: its pages are touched once
     std::vector<std::unique_ptr<BigArray<uint8_t>>> chunks;
     std::vector<size_t> sizes;
@@ -234,10 +239,11 @@ class Checkpoint {
   // Stored tensors load_weights' reader thread has read for the unit being built, and where in
   // staging_ they are: materialize takes them from here.
   std::map<std::string, uint8_t*> read_ahead_;
-  ThreadPool* pool_ = nullptr;  // during a load: open's or apply_update's pool
-  std::vector<TensorToWrite> memory_;      // from_memory: the tensors' bytes (dropped once packed)
+  ThreadPool* pool_ = nullptr;         // during a load: open's or apply_update's pool
+  std::vector<TensorToWrite> memory_;  // from_memory: the tensors' bytes (dropped once packed)
   std::vector<TensorView> memory_views_;
-  std::set<const void*> transient_;  // bytes in memory that are dropped once packed (from_memory, sent)
+  std::set<const void*>
+      transient_;  // bytes in memory that are dropped once packed (from_memory, sent)
   ModelWeights weights_;
 };
 
@@ -248,7 +254,8 @@ std::string embed_name(const ModelConfig& c);  // tensor_prefix + "embed_tokens.
 // vision-language release's vision tower.
 bool unused_by_design(const ModelConfig& c, const std::string& name);
 std::string router_name(const ModelConfig& c, int layer);
-std::string expert_name(const ModelConfig& c, int layer, int expert, const char* which);  // gate|up|down
+std::string expert_name(const ModelConfig& c, int layer, int expert,
+                        const char* which);  // gate|up|down
 std::string dense_name(const ModelConfig& c, int layer, const char* which);
 std::string shared_expert_name(const ModelConfig& c, int layer, const char* which);  // gate|up|down
 std::string shared_gate_name(const ModelConfig& c, int layer);

@@ -26,12 +26,14 @@ std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim) {
   std::vector<double> out(static_cast<size_t>(half));
   const RopeScaling& y = c.rope_scaling;
   if (!y.yarn) {
-    for (int i = 0; i < half; ++i) out[size_t(i)] = std::pow(double(c.rope_theta), -2.0 * i / double(dim));
+    for (int i = 0; i < half; ++i)
+      out[size_t(i)] = std::pow(double(c.rope_theta), -2.0 * i / double(dim));
     return out;
   }
   const double base = c.rope_theta, pi = 3.14159265358979323846;
   auto correction_dim = [&](double rotations) {
-    return dim * std::log(double(y.original_max_position_embeddings) / (rotations * 2 * pi)) / (2 * std::log(base));
+    return dim * std::log(double(y.original_max_position_embeddings) / (rotations * 2 * pi)) /
+           (2 * std::log(base));
   };
   double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
   if (y.truncate) {
@@ -45,7 +47,8 @@ std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim) {
     const double pos_freq = std::pow(base, 2.0 * i / double(dim));
     const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
     const double extrapolation = 1.0 - ramp;  // weight of the unscaled frequency
-    out[size_t(i)] = (1.0 / (y.factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation;
+    out[size_t(i)] =
+        (1.0 / (y.factor * pos_freq)) * (1.0 - extrapolation) + (1.0 / pos_freq) * extrapolation;
   }
   return out;
 }
@@ -56,25 +59,36 @@ int64_t ModelConfig::kv_cache_width() const {
 }
 
 int ModelConfig::num_deltanet_layers() const {
-  return int(std::count_if(layers.begin(), layers.end(),
-                           [](const LayerConfig& l) { return l.attention.kind == AttentionKind::GatedDeltaNet; }));
+  return int(std::count_if(layers.begin(), layers.end(), [](const LayerConfig& l) {
+    return l.attention.kind == AttentionKind::GatedDeltaNet;
+  }));
 }
 
 int ModelConfig::num_moe_layers() const {
-  return int(std::count_if(layers.begin(), layers.end(), [](const LayerConfig& l) { return l.moe; }));
+  return int(
+      std::count_if(layers.begin(), layers.end(), [](const LayerConfig& l) { return l.moe; }));
 }
 
 std::string arch_short_name(Arch a) {
   switch (a) {
-    case Arch::Mixtral: return "mixtral";
-    case Arch::Qwen3Moe: return "qwen3_moe";
-    case Arch::Olmoe: return "olmoe";
-    case Arch::Qwen2Moe: return "qwen2_moe";
-    case Arch::Glm4Moe: return "glm4_moe";
-    case Arch::DeepseekV3: return "deepseek_v3";
-    case Arch::GptOss: return "gpt_oss";
-    case Arch::Qwen3Next: return "qwen3_next";
-    case Arch::Qwen3_5Moe: return "qwen3_5_moe";
+    case Arch::Mixtral:
+      return "mixtral";
+    case Arch::Qwen3Moe:
+      return "qwen3_moe";
+    case Arch::Olmoe:
+      return "olmoe";
+    case Arch::Qwen2Moe:
+      return "qwen2_moe";
+    case Arch::Glm4Moe:
+      return "glm4_moe";
+    case Arch::DeepseekV3:
+      return "deepseek_v3";
+    case Arch::GptOss:
+      return "gpt_oss";
+    case Arch::Qwen3Next:
+      return "qwen3_next";
+    case Arch::Qwen3_5Moe:
+      return "qwen3_5_moe";
   }
   return "?";
 }
@@ -118,8 +132,7 @@ struct Reader {
   int token_id(const char* key) const {
     if (!j.contains(key) || j[key].is_null()) return -1;
     if (fits_int(j[key])) return j[key].get<int>();
-    if (j[key].is_array() && !j[key].empty() && fits_int(j[key][0]))
-      return j[key][0].get<int>();
+    if (j[key].is_array() && !j[key].empty() && fits_int(j[key][0])) return j[key][0].get<int>();
     throw Error(path + ": key \"" + key + "\" must be an integer or a list of integers");
   }
 };
@@ -131,24 +144,36 @@ struct Reader {
 // hidden_act) or without effect on inference outputs (initializer_range, use_cache,
 // router_aux_loss_coef, router_jitter_noise, ...). Keys that no such class reads cannot change
 // the model and are ignored, as transformers ignores them.
-const char* const kUnimplemented[] = {
-    "quantization_config", "pretraining_tp", "partial_rotary_factor", "rope_parameters",
-    "layer_types", "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace",
-    "num_nextn_predict_layers", "attention_sink", "mlp_bias", "qk_layernorm", "logits_scaling",
-    "embedding_multiplier", "residual_multiplier", "attention_multiplier"};
+const char* const kUnimplemented[] = {"quantization_config",
+                                      "pretraining_tp",
+                                      "partial_rotary_factor",
+                                      "rope_parameters",
+                                      "layer_types",
+                                      "shared_expert_intermediate_size",
+                                      "n_shared_experts",
+                                      "first_k_dense_replace",
+                                      "num_nextn_predict_layers",
+                                      "attention_sink",
+                                      "mlp_bias",
+                                      "qk_layernorm",
+                                      "logits_scaling",
+                                      "embedding_multiplier",
+                                      "residual_multiplier",
+                                      "attention_multiplier"};
 
 bool reads_key(Arch a, const std::string& key) {
   if (key == "quantization_config") return true;  // parse_quantization
   if (a == Arch::Qwen2Moe) return key == "shared_expert_intermediate_size";
   if (a == Arch::Glm4Moe)
-    return key == "partial_rotary_factor" || key == "n_shared_experts" || key == "first_k_dense_replace" ||
-           key == "num_nextn_predict_layers";
+    return key == "partial_rotary_factor" || key == "n_shared_experts" ||
+           key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
   if (a == Arch::DeepseekV3)
-    return key == "n_shared_experts" || key == "first_k_dense_replace" || key == "num_nextn_predict_layers";
+    return key == "n_shared_experts" || key == "first_k_dense_replace" ||
+           key == "num_nextn_predict_layers";
   if (a == Arch::GptOss) return key == "layer_types";
   if (a == Arch::Qwen3Next || a == Arch::Qwen3_5Moe)
-    return key == "layer_types" || key == "shared_expert_intermediate_size" || key == "partial_rotary_factor" ||
-           key == "rope_parameters";
+    return key == "layer_types" || key == "shared_expert_intermediate_size" ||
+           key == "partial_rotary_factor" || key == "rope_parameters";
   return false;
 }
 
@@ -157,41 +182,55 @@ bool reads_key(Arch a, const std::string& key) {
 // one wins), beta_fast / beta_slow, truncate, and attention_factor from mscale / mscale_all_dim
 // when not given. Any other key is refused.
 RopeScaling parse_yarn(const json& rs, int max_position_embeddings, const std::string& path) {
-  static const char* const known[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
-                                      "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"};
+  static const char* const known[] = {
+      "rope_type",        "type",      "factor", "original_max_position_embeddings",
+      "beta_fast",        "beta_slow", "mscale", "mscale_all_dim",
+      "attention_factor", "truncate"};
   for (auto it = rs.begin(); it != rs.end(); ++it) {
-    const std::string& key = it.key();  // not a structured binding: clang 14 (scripts/fuzz.sh) cannot capture one
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
-      throw Error(path + ": key \"rope_scaling\" holds \"" + key + "\", which is not implemented by r3 for yarn");
+    const std::string& key =
+        it.key();  // not a structured binding: clang 14 (scripts/fuzz.sh) cannot capture one
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) ==
+        std::end(known))
+      throw Error(path + ": key \"rope_scaling\" holds \"" + key +
+                  "\", which is not implemented by r3 for yarn");
   }
   auto number = [&](const char* key, double dflt) {
     if (!rs.contains(key) || rs[key].is_null()) return dflt;
     if (!rs[key].is_number()) throw Error(path + ": rope_scaling." + key + " must be a number");
     const double v = rs[key].get<double>();
-    if (!(std::isfinite(v) && v >= 0)) throw Error(path + ": rope_scaling." + key + " must be a finite number >= 0");
+    if (!(std::isfinite(v) && v >= 0))
+      throw Error(path + ": rope_scaling." + key + " must be a finite number >= 0");
     return v;
   };
   RopeScaling y;
   y.yarn = true;
   y.factor = number("factor", 0);
-  if (!(y.factor >= 1.0 && y.factor <= 4096.0)) throw Error(path + ": rope_scaling.factor must be in [1, 4096]");
-  const double original = number("original_max_position_embeddings", double(max_position_embeddings));
+  if (!(y.factor >= 1.0 && y.factor <= 4096.0))
+    throw Error(path + ": rope_scaling.factor must be in [1, 4096]");
+  const double original =
+      number("original_max_position_embeddings", double(max_position_embeddings));
   y.original_max_position_embeddings = int(original);
-  if (y.original_max_position_embeddings < 2 || double(y.original_max_position_embeddings) != original)
+  if (y.original_max_position_embeddings < 2 ||
+      double(y.original_max_position_embeddings) != original)
     throw Error(path + ": rope_scaling.original_max_position_embeddings must be an integer >= 2");
   if (rs.contains("original_max_position_embeddings") &&
       std::fabs(double(max_position_embeddings) / original - y.factor) > 1e-6 * y.factor)
-    throw Error(path + ": rope_scaling.factor " + std::to_string(y.factor) + " differs from max_position_embeddings / "
-                "original_max_position_embeddings (transformers versions disagree on which applies)");
+    throw Error(
+        path + ": rope_scaling.factor " + std::to_string(y.factor) +
+        " differs from max_position_embeddings / "
+        "original_max_position_embeddings (transformers versions disagree on which applies)");
   y.beta_fast = number("beta_fast", 32.0);
   y.beta_slow = number("beta_slow", 1.0);
   if (y.beta_fast == 0) y.beta_fast = 32.0;  // transformers: `or 32`
   if (y.beta_slow == 0) y.beta_slow = 1.0;
   if (rs.contains("truncate")) {
-    if (!rs["truncate"].is_boolean()) throw Error(path + ": rope_scaling.truncate must be a boolean");
+    if (!rs["truncate"].is_boolean())
+      throw Error(path + ": rope_scaling.truncate must be a boolean");
     y.truncate = rs["truncate"].get<bool>();
   }
-  auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  auto mscale_of = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
   const double mscale = number("mscale", 0), mscale_all_dim = number("mscale_all_dim", 0);
   if (rs.contains("attention_factor") && !rs["attention_factor"].is_null())
     y.attention_factor = number("attention_factor", 1.0);
@@ -212,8 +251,8 @@ constexpr int kMaxVocab = 1 << 22, kMaxHidden = 1 << 16, kMaxLayers = 1 << 10, k
 
 void require_range(const std::string& path, const char* key, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi)
-    throw Error(path + ": key \"" + key + "\" is " + std::to_string(v) + ", outside [" + std::to_string(lo) +
-                ", " + std::to_string(hi) + "]");
+    throw Error(path + ": key \"" + key + "\" is " + std::to_string(v) + ", outside [" +
+                std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
 // quantization_config: GPT-OSS's MXFP4 experts, or block-scaled FP8 weights (DeepSeek-V3,
@@ -227,15 +266,21 @@ void parse_quantization(const json& j, ModelConfig& c, const std::string& path) 
   const std::string what = path + ": key \"quantization_config\" = " + q.dump();
   const json method = q.is_object() ? q.value("quant_method", json()) : json();
   if (c.arch == Arch::GptOss) {
-    if (method != "mxfp4") throw Error(what + " is not implemented by r3 (GPT-OSS: quant_method \"mxfp4\" only)");
+    if (method != "mxfp4")
+      throw Error(what + " is not implemented by r3 (GPT-OSS: quant_method \"mxfp4\" only)");
     c.experts_mxfp4 = true;
     return;
   }
   if (method != "fp8")
-    throw Error(what + " is not implemented by r3 (quant_method \"fp8\" with weight_block_size; GPT-OSS: \"mxfp4\")");
-  if (q.contains("fmt") && q["fmt"] != "e4m3") throw Error(what + " is not implemented by r3 (fmt \"e4m3\" only)");
+    throw Error(what +
+                " is not implemented by r3 (quant_method \"fp8\" with weight_block_size; GPT-OSS: "
+                "\"mxfp4\")");
+  if (q.contains("fmt") && q["fmt"] != "e4m3")
+    throw Error(what + " is not implemented by r3 (fmt \"e4m3\" only)");
   if (q.contains("activation_scheme") && q["activation_scheme"] != "dynamic")
-    throw Error(what + " is not implemented by r3 (activation_scheme \"dynamic\" only: static input scales are not read)");
+    throw Error(what +
+                " is not implemented by r3 (activation_scheme \"dynamic\" only: static input "
+                "scales are not read)");
   c.fp8_block_rows = c.fp8_block_cols = 128;  // FineGrainedFP8Config's default
   if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
     const json& b = q["weight_block_size"];
@@ -245,8 +290,8 @@ void parse_quantization(const json& j, ModelConfig& c, const std::string& path) 
     c.fp8_block_cols = b[1].get<int>();
   }
   // Even columns: an input pair (how the kernels read weights) never straddles two blocks.
-  if (c.fp8_block_rows < 1 || c.fp8_block_rows > (1 << 16) || c.fp8_block_cols < 2 || c.fp8_block_cols > (1 << 16) ||
-      c.fp8_block_cols % 2)
+  if (c.fp8_block_rows < 1 || c.fp8_block_rows > (1 << 16) || c.fp8_block_cols < 2 ||
+      c.fp8_block_cols > (1 << 16) || c.fp8_block_cols % 2)
     throw Error(what + ": weight_block_size must be [1..65536, an even 2..65536]");
 }
 
@@ -264,8 +309,8 @@ std::vector<bool> moe_layers_of(const Reader& r, const ModelConfig& c, const std
       if (!fits_int(v)) throw Error(path + ": mlp_only_layers must hold integers");
       const int layer = v.get<int>();
       if (layer < 0 || layer >= c.num_layers)
-        throw Error(path + ": mlp_only_layers names layer " + std::to_string(layer) + " of a model with " +
-                    std::to_string(c.num_layers));
+        throw Error(path + ": mlp_only_layers names layer " + std::to_string(layer) +
+                    " of a model with " + std::to_string(c.num_layers));
       mlp_only.push_back(layer);
     }
   }
@@ -290,26 +335,36 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   ModelConfig c;
   AttentionSpec attn;  // every layer's, in these families
   std::string arch;
-  if (j.contains("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
-      j["architectures"][0].is_string())
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      j["architectures"].size() == 1 && j["architectures"][0].is_string())
     arch = j["architectures"][0].get<std::string>();
   else
     throw Error(path + ": \"architectures\" must be a list naming one model class");
   c.architecture = arch;
-  if (arch == "MixtralForCausalLM") c.arch = Arch::Mixtral;
-  else if (arch == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3Moe;
-  else if (arch == "OlmoeForCausalLM") c.arch = Arch::Olmoe;
-  else if (arch == "Qwen2MoeForCausalLM") c.arch = Arch::Qwen2Moe;
-  else if (arch == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
-  else if (arch == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
-  else if (arch == "GptOssForCausalLM") c.arch = Arch::GptOss;
-  else if (arch == "Qwen3NextForCausalLM") c.arch = Arch::Qwen3Next;
-  else if (arch == "Qwen3_5MoeForCausalLM" || arch == "Qwen3_5MoeForConditionalGeneration") c.arch = Arch::Qwen3_5Moe;
+  if (arch == "MixtralForCausalLM")
+    c.arch = Arch::Mixtral;
+  else if (arch == "Qwen3MoeForCausalLM")
+    c.arch = Arch::Qwen3Moe;
+  else if (arch == "OlmoeForCausalLM")
+    c.arch = Arch::Olmoe;
+  else if (arch == "Qwen2MoeForCausalLM")
+    c.arch = Arch::Qwen2Moe;
+  else if (arch == "Glm4MoeForCausalLM")
+    c.arch = Arch::Glm4Moe;
+  else if (arch == "DeepseekV3ForCausalLM")
+    c.arch = Arch::DeepseekV3;
+  else if (arch == "GptOssForCausalLM")
+    c.arch = Arch::GptOss;
+  else if (arch == "Qwen3NextForCausalLM")
+    c.arch = Arch::Qwen3Next;
+  else if (arch == "Qwen3_5MoeForCausalLM" || arch == "Qwen3_5MoeForConditionalGeneration")
+    c.arch = Arch::Qwen3_5Moe;
   else
-    throw Error(path + ": unknown architecture \"" + arch +
-                "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, "
-                "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)");
+    throw Error(
+        path + ": unknown architecture \"" + arch +
+        "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+        "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, "
+        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)");
   if (arch == "Qwen3_5MoeForConditionalGeneration") {
     // The vision-language release: the decoder's config is text_config and its tensors live under
     // model.language_model.; the vision tower (vision_config, model.visual.*) is not read, and
@@ -318,7 +373,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     if (!j.contains("text_config") || !j["text_config"].is_object())
       throw Error(path + ": " + arch + " needs a \"text_config\" object (the decoder's config)");
     json text = j["text_config"];
-    for (const char* key : {"tie_word_embeddings", "eos_token_id", "bos_token_id", "quantization_config"})
+    for (const char* key :
+         {"tie_word_embeddings", "eos_token_id", "bos_token_id", "quantization_config"})
       if (j.contains(key) && !text.contains(key)) text[key] = j[key];
     c.vision_tower = j.contains("vision_config") && !j["vision_config"].is_null();
     c.tensor_prefix = "model.language_model.";
@@ -326,7 +382,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
 
   for (const char* key : kUnimplemented)
-    if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0 &&
+    if (!reads_key(c.arch, key) && j.contains(key) && !j[key].is_null() && j[key] != false &&
+        j[key] != 0 &&
         !(j[key].is_number() && j[key].get<double>() == 1.0 &&
           (std::string(key) == "partial_rotary_factor" || std::string(key) == "pretraining_tp")))
       throw Error(path + ": key \"" + key + "\" = " + j[key].dump() + " is not implemented by r3");
@@ -339,7 +396,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
   c.top_k = r.req_int("num_experts_per_tok");
   c.rope_theta = r.opt_float("rope_theta", c.arch == Arch::Mixtral ? 1e6f : 10000.f);
-  c.rms_norm_eps = r.opt_float("rms_norm_eps", c.arch == Arch::Mixtral || c.arch == Arch::Glm4Moe ? 1e-5f : 1e-6f);
+  c.rms_norm_eps = r.opt_float("rms_norm_eps",
+                               c.arch == Arch::Mixtral || c.arch == Arch::Glm4Moe ? 1e-5f : 1e-6f);
   if (c.arch == Arch::DeepseekV3) {
     // MLA: head_dim is the query/key head width (nope + rope); there are no kv heads as such.
     MlaSpec m;
@@ -354,7 +412,9 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     require_range(path, "qk_rope_head_dim", m.qk_rope_head_dim, 2, kMaxHeadDim);
     require_range(path, "v_head_dim", m.v_head_dim, 2, kMaxHeadDim);
     if (m.qk_rope_head_dim % 2 || m.kv_lora_rank % 2 || m.qk_nope_head_dim % 2 || m.v_head_dim % 2)
-      throw Error(path + ": MLA head sizes (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) must be even");
+      throw Error(path +
+                  ": MLA head sizes (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) "
+                  "must be even");
     c.mla = m;
     c.head_dim = m.qk_head_dim();
     c.num_kv_heads = c.num_heads;
@@ -382,7 +442,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     throw Error(path + ": key \"rms_norm_eps\" must be in (0, 1)");
   for (int id : {c.eos_token_id, c.bos_token_id})
     if (id < -1 || id >= c.vocab_size)
-      throw Error(path + ": eos_token_id / bos_token_id " + std::to_string(id) + " is outside the vocabulary");
+      throw Error(path + ": eos_token_id / bos_token_id " + std::to_string(id) +
+                  " is outside the vocabulary");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw Error(path + ": key \"hidden_act\" = " + j["hidden_act"].dump() +
                 " is not implemented by r3 (only \"silu\")");
@@ -391,29 +452,35 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
     const bool neutral = rs.is_object() && rs.size() <= 2 &&
                          ((rs.contains("rope_type") && rs["rope_type"] == "default") ||
                           (rs.contains("type") && rs["type"] == "default"));
-    if (rs.is_object() && rs.contains("type") && rs.contains("rope_type") && rs["type"] != rs["rope_type"])
-      throw Error(path + ": key \"rope_scaling\" has type " + rs["type"].dump() + " and rope_type " +
-                  rs["rope_type"].dump() + " (transformers lets type win; give one)");
+    if (rs.is_object() && rs.contains("type") && rs.contains("rope_type") &&
+        rs["type"] != rs["rope_type"])
+      throw Error(path + ": key \"rope_scaling\" has type " + rs["type"].dump() +
+                  " and rope_type " + rs["rope_type"].dump() +
+                  " (transformers lets type win; give one)");
     const bool yarn = rs.is_object() && ((rs.contains("rope_type") && rs["rope_type"] == "yarn") ||
                                          (rs.contains("type") && rs["type"] == "yarn"));
     if (yarn) {
       c.rope_scaling = parse_yarn(rs, c.max_position_embeddings, path);
     } else if (!neutral) {
-      throw Error(path + ": key \"rope_scaling\" = " + rs.dump() + " is not implemented by r3 (default or yarn)");
+      throw Error(path + ": key \"rope_scaling\" = " + rs.dump() +
+                  " is not implemented by r3 (default or yarn)");
     }
   }
   // q/k/v biases: Qwen2-MoE always has them (qkv_bias in newer configs), GLM-4.5 per
   // attention_bias; o_proj never. Elsewhere attention_bias = true is refused.
-  if (c.arch == Arch::Qwen2Moe) attn.qkv_bias = r.opt_bool("qkv_bias", true);
-  else if (c.arch == Arch::Glm4Moe) attn.qkv_bias = r.opt_bool("attention_bias", false);
-  else if (c.arch == Arch::GptOss) attn.qkv_bias = attn.o_bias = r.opt_bool("attention_bias", true);
+  if (c.arch == Arch::Qwen2Moe)
+    attn.qkv_bias = r.opt_bool("qkv_bias", true);
+  else if (c.arch == Arch::Glm4Moe)
+    attn.qkv_bias = r.opt_bool("attention_bias", false);
+  else if (c.arch == Arch::GptOss)
+    attn.qkv_bias = attn.o_bias = r.opt_bool("attention_bias", true);
   else if (r.opt_bool("attention_bias", false))
     throw Error(path + ": key \"attention_bias\" = true is not implemented by r3 for " + arch +
                 " (no q/k/v/o biases)");
   attn.rotary_dim = c.mla ? c.mla->qk_rope_head_dim : c.head_dim;
   // A sliding window at least as long as the context changes nothing; a shorter one would.
-  const bool window_used =
-      c.arch != Arch::GptOss && (c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false));
+  const bool window_used = c.arch != Arch::GptOss &&
+                           (c.arch == Arch::Mixtral || r.opt_bool("use_sliding_window", false));
   if (window_used && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     const int w = r.opt_int("sliding_window", 0);
     if (w < c.max_position_embeddings)
@@ -422,7 +489,7 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   }
 
   std::vector<bool> moe(size_t(c.num_layers), true);  // per decoder layer: routed experts or dense
-  std::vector<int> window(size_t(c.num_layers), 0);    // per decoder layer: sliding window or 0
+  std::vector<int> window(size_t(c.num_layers), 0);   // per decoder layer: sliding window or 0
   std::vector<bool> linear(size_t(c.num_layers), false);  // per decoder layer: Gated DeltaNet
   ExpertActivation activation;
   bool expert_bias = false;
@@ -446,17 +513,19 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       if (c.arch == Arch::Qwen2Moe) {
         // One shared expert behind a sigmoid gate on every MoE layer (Qwen2MoeSparseMoeBlock).
         shared = r.opt_int("shared_expert_intermediate_size", 0);
-        if (shared < 0) throw Error(path + ": shared_expert_intermediate_size must not be negative");
+        if (shared < 0)
+          throw Error(path + ": shared_expert_intermediate_size must not be negative");
         shared_gate = shared > 0;
       }
       break;
     }
     case Arch::DeepseekV3:
     case Arch::Glm4Moe: {
-      // Glm4MoeConfig and DeepseekV3Config: sigmoid router with a selection bias and group-limited choice (the
-      // DeepSeek-V3 router), n_shared_experts fused into one MLP, dense first layers, partial
-      // rotary, optional per-head q/k norm.
-      c.num_experts = r.req_int(j.contains("n_routed_experts") ? "n_routed_experts" : "num_experts");
+      // Glm4MoeConfig and DeepseekV3Config: sigmoid router with a selection bias and group-limited
+      // choice (the DeepSeek-V3 router), n_shared_experts fused into one MLP, dense first layers,
+      // partial rotary, optional per-head q/k norm.
+      c.num_experts =
+          r.req_int(j.contains("n_routed_experts") ? "n_routed_experts" : "num_experts");
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
       c.intermediate_size = r.req_int("intermediate_size");
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
@@ -464,9 +533,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       if (c.arch == Arch::DeepseekV3) {
         // Only the router DeepSeek-V3 released with (sigmoid scores, noaux_tc selection).
         if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
-          throw Error(path + ": key \"scoring_func\" = " + j["scoring_func"].dump() + " is not implemented by r3");
+          throw Error(path + ": key \"scoring_func\" = " + j["scoring_func"].dump() +
+                      " is not implemented by r3");
         if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
-          throw Error(path + ": key \"topk_method\" = " + j["topk_method"].dump() + " is not implemented by r3");
+          throw Error(path + ": key \"topk_method\" = " + j["topk_method"].dump() +
+                      " is not implemented by r3");
       }
       c.router.scoring = RouterScoring::Sigmoid;
       c.router.selection_bias = true;
@@ -488,7 +559,8 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
       require_range(path, "num_nextn_predict_layers", c.num_nextn_predict_layers, 0, 16);
       // Glm4MoeConfig's default is 0.5; a config without the key gets it, as in transformers.
-      const float partial = c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 0.5f) : 1.f;
+      const float partial =
+          c.arch == Arch::Glm4Moe ? r.opt_float("partial_rotary_factor", 0.5f) : 1.f;
       if (!(partial > 0.f && partial <= 1.f))
         throw Error(path + ": key \"partial_rotary_factor\" must be in (0, 1]");
       if (c.arch == Arch::Glm4Moe) attn.rotary_dim = int(float(c.head_dim) * partial);
@@ -522,14 +594,17 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
           throw Error(path + ": layer_types must be a list of num_hidden_layers entries");
         for (auto& t : j["layer_types"]) {
           if (t != "sliding_attention" && t != "full_attention")
-            throw Error(path + ": layer_types entry " + t.dump() + " is not implemented by r3 "
+            throw Error(path + ": layer_types entry " + t.dump() +
+                        " is not implemented by r3 "
                         "(sliding_attention or full_attention)");
           types.push_back(t.get<std::string>());
         }
       } else {
-        for (int i = 0; i < c.num_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+        for (int i = 0; i < c.num_layers; ++i)
+          types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
       }
-      for (int i = 0; i < c.num_layers; ++i) window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
+      for (int i = 0; i < c.num_layers; ++i)
+        window[size_t(i)] = types[size_t(i)] == "sliding_attention" ? w : 0;
       break;
     }
     case Arch::Qwen3Next:
@@ -575,18 +650,22 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
           const std::string& key = it.key();
           if (key == "rope_type" || key == "type") {
             if (it.value() != "default")
-              throw Error(path + ": rope_parameters." + key + " = " + it.value().dump() + " is not implemented by r3 (default)");
+              throw Error(path + ": rope_parameters." + key + " = " + it.value().dump() +
+                          " is not implemented by r3 (default)");
           } else if (key == "rope_theta" || key == "partial_rotary_factor") {
-            if (!it.value().is_number()) throw Error(path + ": rope_parameters." + key + " must be a number");
+            if (!it.value().is_number())
+              throw Error(path + ": rope_parameters." + key + " must be a number");
             (key == "rope_theta" ? c.rope_theta : partial) = it.value().get<float>();
           } else if (key != "mrope_section" && key != "mrope_interleaved") {
-            throw Error(path + ": rope_parameters holds \"" + key + "\", which is not implemented by r3");
+            throw Error(path + ": rope_parameters holds \"" + key +
+                        "\", which is not implemented by r3");
           }
         }
         if (!(c.rope_theta > 1.f && c.rope_theta < 1e12f))
           throw Error(path + ": rope_parameters.rope_theta must be a finite number above 1");
       }
-      if (!(partial > 0.f && partial <= 1.f)) throw Error(path + ": partial_rotary_factor must be in (0, 1]");
+      if (!(partial > 0.f && partial <= 1.f))
+        throw Error(path + ": partial_rotary_factor must be in (0, 1]");
       attn.rotary_dim = int(float(c.head_dim) * partial);
       if (attn.rotary_dim < 2 || attn.rotary_dim % 2)
         throw Error(path + ": partial_rotary_factor gives an odd or empty rotary dimension " +
@@ -599,14 +678,16 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
         for (int i = 0; i < c.num_layers; ++i) {
           const json& t = j["layer_types"][size_t(i)];
           if (t != "linear_attention" && t != "full_attention")
-            throw Error(path + ": layer_types entry " + t.dump() + " is not implemented by r3 "
+            throw Error(path + ": layer_types entry " + t.dump() +
+                        " is not implemented by r3 "
                         "(linear_attention or full_attention)");
           linear[size_t(i)] = t == "linear_attention";
         }
       } else {
         for (int i = 0; i < c.num_layers; ++i) linear[size_t(i)] = (i + 1) % interval != 0;
       }
-      c.num_mtp_layers = r.opt_int(c.arch == Arch::Qwen3Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0);
+      c.num_mtp_layers = r.opt_int(
+          c.arch == Arch::Qwen3Next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0);
       require_range(path, "MTP layers", c.num_mtp_layers, 0, 16);
       break;
     }
@@ -623,38 +704,52 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
       }
       break;
   }
-  require_range(path, c.arch == Arch::Mixtral || c.arch == Arch::GptOss ? "num_local_experts" : "num_experts",
-                c.num_experts, 0, kMaxExperts);
+  require_range(
+      path, c.arch == Arch::Mixtral || c.arch == Arch::GptOss ? "num_local_experts" : "num_experts",
+      c.num_experts, 0, kMaxExperts);
   const bool moe_key = c.arch != Arch::Mixtral && c.arch != Arch::Olmoe && c.arch != Arch::GptOss;
-  require_range(path, moe_key ? "moe_intermediate_size" : "intermediate_size", c.moe_intermediate_size, 1,
-                kMaxIntermediate);
+  require_range(path, moe_key ? "moe_intermediate_size" : "intermediate_size",
+                c.moe_intermediate_size, 1, kMaxIntermediate);
   if (c.intermediate_size)
     require_range(path, "intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
   if (shared) require_range(path, "shared expert intermediate size", shared, 1, kMaxIntermediate);
   parse_quantization(j, c, path);
   if (c.deltanet && (c.fp8_block_rows || c.experts_mxfp4))
-    throw Error(path + ": quantization_config is not implemented by r3 for " + arch + " (bf16 or f32 weights only)");
+    throw Error(path + ": quantization_config is not implemented by r3 for " + arch +
+                " (bf16 or f32 weights only)");
   if (c.experts_mxfp4 && (c.hidden_size % 32 || c.moe_intermediate_size % 32))
-    throw Error(path + ": MXFP4 experts need hidden_size and intermediate_size divisible by 32 (the block size)");
+    throw Error(
+        path +
+        ": MXFP4 experts need hidden_size and intermediate_size divisible by 32 (the block size)");
   if (c.num_experts > 0 && c.top_k > c.num_experts)
     throw Error(path + ": num_experts_per_tok exceeds the number of experts");
-  if (std::count(moe.begin(), moe.end(), true) == 0) throw Error(path + ": the model has no MoE layer");
+  if (std::count(moe.begin(), moe.end(), true) == 0)
+    throw Error(path + ": the model has no MoE layer");
   for (int i = 0; i < c.num_layers; ++i)
     if (!moe[size_t(i)] && c.intermediate_size <= 0)
-      throw Error(path + ": layer " + std::to_string(i) + " is dense but \"intermediate_size\" is missing");
+      throw Error(path + ": layer " + std::to_string(i) +
+                  " is dense but \"intermediate_size\" is missing");
   c.router.renormalize = c.norm_topk_prob;
   const RouterSpec& rs = c.router;
-  if (rs.n_group < 1 || rs.topk_group < 1 || rs.topk_group > rs.n_group || c.num_experts % rs.n_group != 0)
-    throw Error(path + ": n_group " + std::to_string(rs.n_group) + " / topk_group " + std::to_string(rs.topk_group) +
-                " must divide the " + std::to_string(c.num_experts) + " experts into groups, keeping 1..n_group");
-  if (rs.n_group > 1 && (c.num_experts / rs.n_group < 2 || c.top_k > rs.topk_group * (c.num_experts / rs.n_group)))
-    throw Error(path + ": group-limited routing needs at least 2 experts per group and num_experts_per_tok <= "
-                "topk_group x experts per group");
+  if (rs.n_group < 1 || rs.topk_group < 1 || rs.topk_group > rs.n_group ||
+      c.num_experts % rs.n_group != 0)
+    throw Error(path + ": n_group " + std::to_string(rs.n_group) + " / topk_group " +
+                std::to_string(rs.topk_group) + " must divide the " +
+                std::to_string(c.num_experts) + " experts into groups, keeping 1..n_group");
+  if (rs.n_group > 1 &&
+      (c.num_experts / rs.n_group < 2 || c.top_k > rs.topk_group * (c.num_experts / rs.n_group)))
+    throw Error(
+        path +
+        ": group-limited routing needs at least 2 experts per group and num_experts_per_tok <= "
+        "topk_group x experts per group");
   for (int i = 0; i < c.num_layers; ++i) {
     LayerConfig l;
     l.attention = attn;
-    l.attention.kind = c.mla ? AttentionKind::Mla : linear[size_t(i)] ? AttentionKind::GatedDeltaNet : AttentionKind::Gqa;
-    if (linear[size_t(i)]) l.attention.qk_norm = QkNorm::None, l.attention.output_gate = false;  // GQA's only
+    l.attention.kind = c.mla               ? AttentionKind::Mla
+                       : linear[size_t(i)] ? AttentionKind::GatedDeltaNet
+                                           : AttentionKind::Gqa;
+    if (linear[size_t(i)])
+      l.attention.qk_norm = QkNorm::None, l.attention.output_gate = false;  // GQA's only
     l.moe = moe[size_t(i)];
     l.intermediate = l.moe ? c.moe_intermediate_size : c.intermediate_size;
     l.shared_intermediate = l.moe ? shared : 0;
@@ -700,64 +795,72 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     o.precision(17);
     for (const LayerConfig& l : m.layers) {
       const AttentionSpec& a = l.attention;
-      o << (a.kind == AttentionKind::Mla ? "mla" : a.kind == AttentionKind::GatedDeltaNet ? "deltanet" : "gqa")
-        << (a.output_gate ? "/output gate" : "") << "/norm " << int(a.qk_norm) << "/bias " << a.qkv_bias
-        << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
-        << (a.rope_interleaved ? " interleaved" : "") << (a.o_bias ? "/o bias" : "") << (a.sinks ? "/sinks" : "")
-        << "/window " << a.sliding_window << "; ";
+      o << (a.kind == AttentionKind::Mla             ? "mla"
+            : a.kind == AttentionKind::GatedDeltaNet ? "deltanet"
+                                                     : "gqa")
+        << (a.output_gate ? "/output gate" : "") << "/norm " << int(a.qk_norm) << "/bias "
+        << a.qkv_bias << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
+        << (a.rope_interleaved ? " interleaved" : "") << (a.o_bias ? "/o bias" : "")
+        << (a.sinks ? "/sinks" : "") << "/window " << a.sliding_window << "; ";
     }
     return o.str();
   };
-  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims, o bias, sinks, sliding window)", attention_of(a), attention_of(b),
-      [](const std::string& v) { return v; });
+  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims, o bias, sinks, sliding "
+      "window)",
+      attention_of(a), attention_of(b), [](const std::string& v) { return v; });
   auto yarn_of = [](const ModelConfig& m) {
     const RopeScaling& y = m.rope_scaling;
     if (!y.yarn) return std::string("none");
     std::ostringstream o;
     o.precision(17);
-    o << "yarn factor " << y.factor << " original " << y.original_max_position_embeddings << " beta " << y.beta_fast
-      << "/" << y.beta_slow << " truncate " << y.truncate << " attention_factor " << y.attention_factor
-      << " softmax_mscale " << y.softmax_mscale;
+    o << "yarn factor " << y.factor << " original " << y.original_max_position_embeddings
+      << " beta " << y.beta_fast << "/" << y.beta_slow << " truncate " << y.truncate
+      << " attention_factor " << y.attention_factor << " softmax_mscale " << y.softmax_mscale;
     return o.str();
   };
   cmp("rope_scaling", yarn_of(a), yarn_of(b), [](const std::string& v) { return v; });
   auto mla_of = [](const ModelConfig& m) {
     if (!m.mla) return std::string("none");
     return std::to_string(m.mla->q_lora_rank) + "/" + std::to_string(m.mla->kv_lora_rank) + "/" +
-           std::to_string(m.mla->qk_nope_head_dim) + "/" + std::to_string(m.mla->qk_rope_head_dim) + "/" +
-           std::to_string(m.mla->v_head_dim);
+           std::to_string(m.mla->qk_nope_head_dim) + "/" + std::to_string(m.mla->qk_rope_head_dim) +
+           "/" + std::to_string(m.mla->v_head_dim);
   };
   cmp("MLA (q_lora_rank/kv_lora_rank/qk_nope/qk_rope/v_head_dim)", mla_of(a), mla_of(b),
       [](const std::string& v) { return v; });
   auto deltanet_of = [](const ModelConfig& m) {
     if (!m.deltanet) return std::string("none");
     const DeltaNetSpec& d = *m.deltanet;
-    return std::to_string(d.k_heads) + "/" + std::to_string(d.v_heads) + "/" + std::to_string(d.k_head_dim) + "/" +
-           std::to_string(d.v_head_dim) + "/" + std::to_string(d.conv_kernel) + (d.combined_projections ? " combined" : "");
+    return std::to_string(d.k_heads) + "/" + std::to_string(d.v_heads) + "/" +
+           std::to_string(d.k_head_dim) + "/" + std::to_string(d.v_head_dim) + "/" +
+           std::to_string(d.conv_kernel) + (d.combined_projections ? " combined" : "");
   };
-  cmp("Gated DeltaNet (key heads/value heads/key dim/value dim/conv kernel)", deltanet_of(a), deltanet_of(b),
-      [](const std::string& v) { return v; });
+  cmp("Gated DeltaNet (key heads/value heads/key dim/value dim/conv kernel)", deltanet_of(a),
+      deltanet_of(b), [](const std::string& v) { return v; });
   cmp("zero-centred norms", a.zero_centred_norms, b.zero_centred_norms, num);
   cmp("tensor prefix", a.tensor_prefix, b.tensor_prefix, [](const std::string& v) { return v; });
-  cmp("router scoring (0 softmax, 1 sigmoid, 2 top-k then softmax)", int(a.router.scoring), int(b.router.scoring), num);
+  cmp("router scoring (0 softmax, 1 sigmoid, 2 top-k then softmax)", int(a.router.scoring),
+      int(b.router.scoring), num);
   cmp("n_group", a.router.n_group, b.router.n_group, num);
   cmp("topk_group", a.router.topk_group, b.router.topk_group, num);
   cmp("routed_scaling_factor", a.router.routed_scaling_factor, b.router.routed_scaling_factor, num);
   auto shared_of = [](const ModelConfig& m) {
     std::string s;
-    for (const LayerConfig& l : m.layers) s += std::to_string(l.shared_intermediate) + (l.shared_gate ? "g " : " ");
+    for (const LayerConfig& l : m.layers)
+      s += std::to_string(l.shared_intermediate) + (l.shared_gate ? "g " : " ");
     return s;
   };
-  cmp("shared experts per layer", shared_of(a), shared_of(b), [](const std::string& v) { return v; });
+  cmp("shared experts per layer", shared_of(a), shared_of(b),
+      [](const std::string& v) { return v; });
   auto experts_of = [](const ModelConfig& m) {
     std::ostringstream o;
     o.precision(17);
     for (const LayerConfig& l : m.layers)
-      o << (l.expert_bias ? "bias " : "") << (l.activation.clamped ? "clamped " : "") << l.activation.alpha << "/"
-        << l.activation.limit << "; ";
+      o << (l.expert_bias ? "bias " : "") << (l.activation.clamped ? "clamped " : "")
+        << l.activation.alpha << "/" << l.activation.limit << "; ";
     return o.str();
   };
-  cmp("expert biases and activation per layer", experts_of(a), experts_of(b), [](const std::string& v) { return v; });
+  cmp("expert biases and activation per layer", experts_of(a), experts_of(b),
+      [](const std::string& v) { return v; });
   cmp("router logit bias", a.router.logit_bias, b.router.logit_bias, num);
   cmp("experts in MXFP4 (quantization_config)", a.experts_mxfp4, b.experts_mxfp4, num);
   cmp("FP8 weight_block_size rows (quantization_config)", a.fp8_block_rows, b.fp8_block_rows, num);

@@ -9,7 +9,17 @@
 
 namespace r3 {
 
-enum class Arch { Mixtral, Qwen3Moe, Olmoe, Qwen2Moe, Glm4Moe, DeepseekV3, GptOss, Qwen3Next, Qwen3_5Moe };
+enum class Arch {
+  Mixtral,
+  Qwen3Moe,
+  Olmoe,
+  Qwen2Moe,
+  Glm4Moe,
+  DeepseekV3,
+  GptOss,
+  Qwen3Next,
+  Qwen3_5Moe
+};
 
 // Where q/k RMSNorm sits: none (Mixtral), per head before RoPE (Qwen3-MoE), or over the whole
 // projection before the heads are split (OLMoE).
@@ -19,11 +29,13 @@ enum class QkNorm { None, PerHead, Whole };
 // TopkSoftmax (GPT-OSS): the k largest logits, weighted by a softmax over those k only.
 enum class RouterScoring { Softmax, Sigmoid, TopkSoftmax };
 struct RouterSpec {
-  RouterScoring scoring = RouterScoring::Softmax;  // softmax over all experts, or per-expert sigmoid
-  bool logit_bias = false;      // the router has a bias added to its logits (GPT-OSS mlp.router.bias)
+  RouterScoring scoring =
+      RouterScoring::Softmax;  // softmax over all experts, or per-expert sigmoid
+  bool logit_bias = false;  // the router has a bias added to its logits (GPT-OSS mlp.router.bias)
   bool selection_bias = false;  // e_score_correction_bias: added to the scores for choosing only
-  int n_group = 1, topk_group = 1;  // group-limited choice: the experts of the topk_group best groups
-  bool renormalize = false;         // gate weights divided by their sum over the k chosen
+  int n_group = 1,
+      topk_group = 1;        // group-limited choice: the experts of the topk_group best groups
+  bool renormalize = false;  // gate weights divided by their sum over the k chosen
   float routed_scaling_factor = 1.f;  // gate weights multiplied by this after renormalisation
 };
 
@@ -51,7 +63,9 @@ struct MlaSpec {
   int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
   int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // cached per token and layer
+  int latent_width() const {
+    return kv_lora_rank + qk_rope_head_dim;
+  }  // cached per token and layer
 };
 
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose memory is a recurrent state per
@@ -95,7 +109,8 @@ struct AttentionSpec {
 };
 
 // The experts' gated activation: SwiGLU, silu(gate) * up, or GPT-OSS's clamped form
-// (gate clamped above at `limit`, up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha gate)).
+// (gate clamped above at `limit`, up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha
+// gate)).
 struct ExpertActivation {
   bool clamped = false;
   float alpha = 1.702f, limit = 7.f;
@@ -105,12 +120,12 @@ struct ExpertActivation {
 // One decoder layer: its attention, and its FFN kind and sizes.
 struct LayerConfig {
   AttentionSpec attention;
-  bool moe = true;                    // routed experts, or a dense SwiGLU MLP
-  int intermediate = 0;               // per expert (MoE) or of the dense MLP
-  int shared_intermediate = 0;        // shared experts fused as one MLP of this size (0: none)
-  bool shared_gate = false;           // the shared MLP's output scaled by sigmoid(gate . h)
-  bool expert_bias = false;           // each expert's gate, up and down carry biases (GPT-OSS)
-  ExpertActivation activation;        // of the routed experts
+  bool moe = true;              // routed experts, or a dense SwiGLU MLP
+  int intermediate = 0;         // per expert (MoE) or of the dense MLP
+  int shared_intermediate = 0;  // shared experts fused as one MLP of this size (0: none)
+  bool shared_gate = false;     // the shared MLP's output scaled by sigmoid(gate . h)
+  bool expert_bias = false;     // each expert's gate, up and down carry biases (GPT-OSS)
+  ExpertActivation activation;  // of the routed experts
 };
 
 struct ModelConfig {
@@ -123,7 +138,7 @@ struct ModelConfig {
   int intermediate_size = 0;      // dense layers (Qwen3-MoE mlp_only_layers)
   bool norm_topk_prob = true;
   RopeScaling rope_scaling;
-  std::optional<MlaSpec> mla;     // multi-head latent attention instead of GQA
+  std::optional<MlaSpec> mla;            // multi-head latent attention instead of GQA
   std::optional<DeltaNetSpec> deltanet;  // the sizes of the Gated DeltaNet layers (hybrids)
   // Every RMSNorm weight is applied as (1 + w) (Qwen3-Next, Qwen3.5: zero-centred norms), except
   // the DeltaNet's gated norm.
@@ -132,8 +147,8 @@ struct ModelConfig {
   // or "model.language_model." in a vision-language release (Qwen3.5-MoE), whose vision tower
   // (model.visual.*) r3 does not read.
   std::string tensor_prefix = "model.";
-  bool vision_tower = false;  // the checkpoint has one (image inputs are refused)
-  int num_mtp_layers = 0;     // Qwen3-Next / Qwen3.5 mtp.* weights: not run
+  bool vision_tower = false;         // the checkpoint has one (image inputs are refused)
+  int num_mtp_layers = 0;            // Qwen3-Next / Qwen3.5 mtp.* weights: not run
   int num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers: not run
   RouterSpec router;
   // quantization_config {"quant_method": "mxfp4"} (GPT-OSS as released): the routed experts are

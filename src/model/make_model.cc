@@ -3,10 +3,10 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -51,19 +51,26 @@ Preset get_preset(const std::string& arch, const std::string& preset) {
   if (preset == "tiny") return {2, 64, 4, 2, 16, 8, 2, 32, 96, 512, 1};
   if (preset == "small") {
     if (arch == "mixtral") return {4, 256, 8, 2, 32, 16, 4, 128, 512, 2048, 2};
-    if (arch == "qwen3_moe" || arch == "qwen2_moe") return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
-    if (arch == "glm4_moe" || arch == "deepseek_v3") return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
+    if (arch == "qwen3_moe" || arch == "qwen2_moe")
+      return {4, 256, 8, 4, 32, 32, 8, 64, 512, 2048, 2};
+    if (arch == "glm4_moe" || arch == "deepseek_v3")
+      return {4, 256, 8, 2, 32, 16, 4, 64, 512, 2048, 2};
     if (arch == "gpt_oss") return {4, 256, 8, 2, 64, 16, 4, 128, 512, 2048, 2};
     return {4, 256, 8, 8, 32, 64, 8, 64, 512, 2048, 2};
   }
   if (preset == "bench") return {12, 1024, 16, 16, 64, 64, 8, 512, 2048, 32000, 6};
   // The released models' shapes, one shard per layer (make-model holds one layer at a time).
   if (preset == "full") {
-    if (arch == "olmoe") return {16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304, 18};          // OLMoE-1B-7B-0924
-    if (arch == "qwen3_moe") return {48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936, 50};      // Qwen3-30B-A3B
-    if (arch == "gpt_oss") return {24, 2880, 64, 8, 64, 32, 4, 2880, 2880, 201088, 26};         // gpt-oss-20b
-    throw Error("--preset full exists for olmoe, qwen3_moe and gpt_oss (the shapes of OLMoE-1B-7B-0924, "
-                "Qwen3-30B-A3B and gpt-oss-20b), not " + arch);
+    if (arch == "olmoe")
+      return {16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304, 18};  // OLMoE-1B-7B-0924
+    if (arch == "qwen3_moe")
+      return {48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936, 50};  // Qwen3-30B-A3B
+    if (arch == "gpt_oss")
+      return {24, 2880, 64, 8, 64, 32, 4, 2880, 2880, 201088, 26};  // gpt-oss-20b
+    throw Error(
+        "--preset full exists for olmoe, qwen3_moe and gpt_oss (the shapes of OLMoE-1B-7B-0924, "
+        "Qwen3-30B-A3B and gpt-oss-20b), not " +
+        arch);
   }
   throw Error("unknown preset \"" + preset + "\" (tiny, small, bench, full)");
 }
@@ -188,9 +195,10 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
       // YaRN as DeepSeek-V3 and Kimi-K2 ship it (their factor 32-40 on a 4k pretraining
       // length); mscale != mscale_all_dim so both the cos/sin factor and the softmax scale move.
       j["max_position_embeddings"] = 4096;
-      j["rope_scaling"] = {{"type", "yarn"},     {"factor", 4.0},   {"original_max_position_embeddings", 1024},
-                           {"beta_fast", 32},    {"beta_slow", 1},  {"mscale", 1.0},
-                           {"mscale_all_dim", 0.8}};
+      j["rope_scaling"] = {
+          {"type", "yarn"},       {"factor", 4.0},  {"original_max_position_embeddings", 1024},
+          {"beta_fast", 32},      {"beta_slow", 1}, {"mscale", 1.0},
+          {"mscale_all_dim", 0.8}};
     }
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
@@ -206,7 +214,8 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     j["intermediate_size"] = p.moe_inter;
     j["sliding_window"] = tiny ? 8 : preset == "small" ? 24 : 128;
     json types = json::array();
-    for (int i = 0; i < p.layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    for (int i = 0; i < p.layers; ++i)
+      types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
     j["attention_bias"] = true;
     j["swiglu_limit"] = 7.0;
@@ -214,12 +223,14 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     if (full) {  // gpt-oss-20b's: YaRN 32x over 4096
       j["max_position_embeddings"] = 131072;
       j["rms_norm_eps"] = 1e-5;
-      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0},   {"beta_fast", 32.0},
-                           {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0},
+                           {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                           {"truncate", false},   {"original_max_position_embeddings", 4096}};
     } else if (!tiny) {
       j["max_position_embeddings"] = 4096;
-      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0},    {"beta_fast", 32.0},
-                           {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 1024}};
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0},
+                           {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                           {"truncate", false},   {"original_max_position_embeddings", 1024}};
     }
     j["tie_word_embeddings"] = false;
     j["hidden_act"] = "silu";
@@ -254,10 +265,14 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     }
     j["model_type"] = "qwen3_5_moe_text";
     json types = json::array();
-    for (int i = 0; i < p.layers; ++i) types.push_back((i + 1) % 4 ? "linear_attention" : "full_attention");
+    for (int i = 0; i < p.layers; ++i)
+      types.push_back((i + 1) % 4 ? "linear_attention" : "full_attention");
     j["layer_types"] = types;
-    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25},
-                            {"mrope_section", {1, 1, 0}}, {"mrope_interleaved", true}};
+    j["rope_parameters"] = {{"rope_type", "default"},
+                            {"rope_theta", 1e7},
+                            {"partial_rotary_factor", 0.25},
+                            {"mrope_section", {1, 1, 0}},
+                            {"mrope_interleaved", true}};
     j["mtp_num_hidden_layers"] = 1;
     j["mtp_use_dedicated_embeddings"] = false;
     if (arch == "qwen3_5_moe_text") {
@@ -267,21 +282,24 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
     json text = j;
     text.erase("bos_token_id");
     text.erase("eos_token_id");
-    json vl = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
-               {"model_type", "qwen3_5_moe"},
-               {"text_config", text},
-               {"vision_config", {{"model_type", "qwen3_5_moe"}, {"hidden_size", 16}, {"depth", 1}}},
-               {"image_token_id", p.vocab - 4},
-               {"tie_word_embeddings", false},
-               {"bos_token_id", 1},
-               {"eos_token_id", 2}};
+    json vl = {
+        {"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+        {"model_type", "qwen3_5_moe"},
+        {"text_config", text},
+        {"vision_config", {{"model_type", "qwen3_5_moe"}, {"hidden_size", 16}, {"depth", 1}}},
+        {"image_token_id", p.vocab - 4},
+        {"tie_word_embeddings", false},
+        {"bos_token_id", 1},
+        {"eos_token_id", 2}};
     return vl.dump(2) + "\n";
   } else {
     throw Error("unknown arch \"" + arch +
-                "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss, qwen3_next, qwen3_5_moe, "
+                "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss, "
+                "qwen3_next, qwen3_5_moe, "
                 "qwen3_5_moe_text)");
   }
-  if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3") j["head_dim"] = p.head_dim;
+  if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3")
+    j["head_dim"] = p.head_dim;
   return j.dump(2) + "\n";
 }
 
@@ -328,7 +346,8 @@ std::vector<uint8_t> mxfp4_blocks(const std::string& name, int64_t count, uint64
   for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(hash_pair(key, i) & 0xff);
   return b;
 }
-std::vector<uint8_t> mxfp4_scales(const std::string& name, int64_t count, uint64_t seed, float stddev) {
+std::vector<uint8_t> mxfp4_scales(const std::string& name, int64_t count, uint64_t seed,
+                                  float stddev) {
   const uint64_t key = tensor_key(name, seed) ^ 0x5ca1e;
   const int base = 127 + int(std::lround(std::log2(stddev / 2.4f)));
   std::vector<uint8_t> s(static_cast<size_t>(count / 32));
@@ -341,8 +360,10 @@ struct Mxfp4Tensor {
 
 // The float layout of MXFP4 experts (transformers' convert_moe_packed_tensors, then the transpose
 // to [E, in, rows]): element [e, k, r] = value k of row r.
-TensorToWrite dequantized(const std::string& name, const Mxfp4Tensor& m, int64_t E, int64_t rows, int64_t in, DType dt) {
-  TensorToWrite t{name, dt, {E, in, rows}, std::vector<uint8_t>(size_t(E * in * rows) * dtype_size(dt))};
+TensorToWrite dequantized(const std::string& name, const Mxfp4Tensor& m, int64_t E, int64_t rows,
+                          int64_t in, DType dt) {
+  TensorToWrite t{
+      name, dt, {E, in, rows}, std::vector<uint8_t>(size_t(E * in * rows) * dtype_size(dt))};
   for (int64_t e = 0; e < E; ++e)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < in; ++k) {
@@ -364,11 +385,12 @@ TensorToWrite dequantized(const std::string& name, const Mxfp4Tensor& m, int64_t
 // it: per block of br x bc, scale = max |w| / 448 (1 for an all-zero block) and each value the
 // nearest e4m3 of w / scale; weight_scale_inv holds the scale.
 struct Fp8Matrix {
-  std::vector<uint8_t> values;  // [rows, cols] e4m3
+  std::vector<uint8_t> values;   // [rows, cols] e4m3
   std::vector<float> scale_inv;  // [ceil(rows / br), ceil(cols / bc)]
 };
 Fp8Matrix quantize_fp8(const TensorToWrite& w, int br, int bc) {
-  const int64_t rows = w.shape[0], cols = w.shape[1], rb = (rows + br - 1) / br, cb = (cols + bc - 1) / bc;
+  const int64_t rows = w.shape[0], cols = w.shape[1], rb = (rows + br - 1) / br,
+                cb = (cols + bc - 1) / bc;
   const auto* f = reinterpret_cast<const float*>(w.bytes.data());
   Fp8Matrix m{std::vector<uint8_t>(size_t(rows * cols)), std::vector<float>(size_t(rb * cb), 0.f)};
   for (int64_t r = 0; r < rows; ++r)
@@ -379,11 +401,13 @@ Fp8Matrix quantize_fp8(const TensorToWrite& w, int br, int bc) {
   for (float& s : m.scale_inv) s = s > 0.f ? s / 448.f : 1.f;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < cols; ++k)
-      m.values[size_t(r * cols + k)] = f32_to_e4m3(f[r * cols + k] / m.scale_inv[size_t(r / br * cb + k / bc)]);
+      m.values[size_t(r * cols + k)] =
+          f32_to_e4m3(f[r * cols + k] / m.scale_inv[size_t(r / br * cb + k / bc)]);
   return m;
 }
 
-TensorToWrite bytes_tensor(const std::string& name, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+TensorToWrite bytes_tensor(const std::string& name, std::vector<int64_t> shape,
+                           std::vector<uint8_t> bytes) {
   return TensorToWrite{name, DType::U8, std::move(shape), std::move(bytes)};
 }
 
@@ -394,13 +418,17 @@ void make_model(const MakeModelOptions& opt) {
   const bool mxfp4 = opt.quant == "mxfp4" || opt.quant == "mxfp4-dequantized",
              fp8 = opt.quant == "fp8" || opt.quant == "fp8-dequantized";
   if (!opt.quant.empty() && !mxfp4 && !fp8)
-    throw Error("make-model: unknown quantization \"" + opt.quant + "\" (mxfp4, mxfp4-dequantized, fp8, fp8-dequantized)");
+    throw Error("make-model: unknown quantization \"" + opt.quant +
+                "\" (mxfp4, mxfp4-dequantized, fp8, fp8-dequantized)");
   if (mxfp4 && opt.arch != "gpt_oss")
-    throw Error("make-model: --quant " + opt.quant + " is for gpt_oss (its experts are released in MXFP4)");
+    throw Error("make-model: --quant " + opt.quant +
+                " is for gpt_oss (its experts are released in MXFP4)");
   if (fp8 && opt.arch == "gpt_oss")
-    throw Error("make-model: --quant " + opt.quant + " is not for gpt_oss (released in MXFP4: --quant mxfp4)");
+    throw Error("make-model: --quant " + opt.quant +
+                " is not for gpt_oss (released in MXFP4: --quant mxfp4)");
   const int br = opt.fp8_block[0], bc = opt.fp8_block[1];
-  if (fp8 && (br < 1 || bc < 2 || bc % 2)) throw Error("make-model: the FP8 block must be rows >= 1 x an even cols >= 2");
+  if (fp8 && (br < 1 || bc < 2 || bc % 2))
+    throw Error("make-model: the FP8 block must be rows >= 1 x an even cols >= 2");
   std::string cfg_text = preset_config_json(opt.arch, opt.preset);
   if (!opt.config_patch.empty()) {
     json patch;
@@ -418,7 +446,8 @@ void make_model(const MakeModelOptions& opt) {
     json j = json::parse(cfg_text);
     j["quantization_config"] = {{"quant_method", "mxfp4"},
                                 {"modules_to_not_convert",
-                                 {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+                                 {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                  "model.embed_tokens", "lm_head"}}};
     cfg_text = j.dump(2) + "\n";
   }
   if (opt.quant == "fp8") {
@@ -445,7 +474,8 @@ void make_model(const MakeModelOptions& opt) {
   if (tok)
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
       if (fs::exists(fs::path(opt.tokenizer) / f))
-        fs::copy_file(fs::path(opt.tokenizer) / f, fs::path(opt.out) / f, fs::copy_options::overwrite_existing);
+        fs::copy_file(fs::path(opt.tokenizer) / f, fs::path(opt.out) / f,
+                      fs::copy_options::overwrite_existing);
 
   const int64_t H = c.hidden_size, hd = c.head_dim, qd = int64_t(c.num_heads) * hd,
                 kvd = int64_t(c.num_kv_heads) * hd;
@@ -462,10 +492,12 @@ void make_model(const MakeModelOptions& opt) {
   };
   // The linear layers an FP8 release quantizes (not the embedding, lm_head, routers or the
   // shared-expert gate): its e4m3 values and weight_scale_inv, or their bf16 decoding.
-  auto linear = [&](std::vector<std::function<TensorToWrite()>>& g, const std::string& n, int64_t r, int64_t col,
-                    float sd) {
+  auto linear = [&](std::vector<std::function<TensorToWrite()>>& g, const std::string& n, int64_t r,
+                    int64_t col, float sd) {
     if (!fp8) return g.push_back(mat(n, r, col, sd));
-    auto quantized = [=] { return quantize_fp8(random_tensor(n, {r, col}, DType::F32, seed, sd), br, bc); };
+    auto quantized = [=] {
+      return quantize_fp8(random_tensor(n, {r, col}, DType::F32, seed, sd), br, bc);
+    };
     if (opt.quant == "fp8") {
       // The values' generator runs first (same shard) and leaves the scales for the next one.
       auto made = std::make_shared<Fp8Matrix>();
@@ -476,7 +508,10 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back([=] {
         const std::vector<float> s = std::move(made->scale_inv);
         *made = Fp8Matrix();
-        TensorToWrite t{n + "_scale_inv", DType::F32, {(r + br - 1) / br, (col + bc - 1) / bc}, std::vector<uint8_t>(s.size() * 4)};
+        TensorToWrite t{n + "_scale_inv",
+                        DType::F32,
+                        {(r + br - 1) / br, (col + bc - 1) / bc},
+                        std::vector<uint8_t>(s.size() * 4)};
         std::memcpy(t.bytes.data(), s.data(), t.bytes.size());
         return t;
       });
@@ -494,7 +529,8 @@ void make_model(const MakeModelOptions& opt) {
       TensorToWrite t{n, dt, {r, col}, std::vector<uint8_t>(size_t(r * col) * dtype_size(dt))};
       for (int64_t i = 0; i < r * col; ++i) {
         const float x = v.at(i);
-        if (dt == DType::F32) std::memcpy(t.bytes.data() + 4 * i, &x, 4);
+        if (dt == DType::F32)
+          std::memcpy(t.bytes.data() + 4 * i, &x, 4);
         else {
           const uint16_t h = f32_to_bf16(x);
           std::memcpy(t.bytes.data() + 2 * i, &h, 2);
@@ -518,7 +554,9 @@ void make_model(const MakeModelOptions& opt) {
   for (int i = 0; i < c.num_layers; ++i) {
     std::vector<std::function<TensorToWrite()>> g;
     const LayerTensorNames& N = layer_tensor_names(c.arch);
-    auto name = [&](const std::string& relative) { return layer_tensor(i, relative, -1, c.tensor_prefix); };
+    auto name = [&](const std::string& relative) {
+      return layer_tensor(i, relative, -1, c.tensor_prefix);
+    };
     g.push_back(layer_norm(name(N.input_norm), H));
     g.push_back(layer_norm(name(N.post_norm), H));
     const AttentionSpec& attn = c.layers[size_t(i)].attention;
@@ -539,7 +577,8 @@ void make_model(const MakeModelOptions& opt) {
       // A_log in F32.
       g.push_back(tensor(name(N.dn_conv), {d.conv_dim(), 1, d.conv_kernel}, 0.4f));
       g.push_back(vec(name(N.dn_dt_bias), nv, 0.5f, dt));
-      g.push_back(vec(name(N.dn_a_log), nv, 0.3f, c.arch == Arch::Qwen3_5Moe ? DType::F32 : dt, -0.8f));
+      g.push_back(
+          vec(name(N.dn_a_log), nv, 0.3f, c.arch == Arch::Qwen3_5Moe ? DType::F32 : dt, -0.8f));
       g.push_back(norm(name(N.dn_norm), d.v_head_dim));
       linear(g, name(N.dn_out), H, vd, 1.f / std::sqrt(float(vd)));
     } else if (c.mla) {
@@ -584,7 +623,8 @@ void make_model(const MakeModelOptions& opt) {
       g.push_back(mat(router_name(c, i), c.num_experts, H, 1.5f * s_in));
       // The selection bias is fp32 in released checkpoints; spread ~0.05 against sigmoid scores
       // in (0, 1) lets it change some choices.
-      if (c.router.selection_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.05f, DType::F32));
+      if (c.router.selection_bias)
+        g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.05f, DType::F32));
       if (c.router.logit_bias) g.push_back(vec(router_bias_name(c, i), c.num_experts, 0.3f, dt));
       const int64_t I = c.moe_intermediate_size, E = c.num_experts;
       if (N.fused_experts && opt.quant.empty()) {
@@ -593,17 +633,27 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back(tensor(name(N.fused_down), {E, I, H}, 0.25f / std::sqrt(float(I))));
       } else if (N.fused_experts) {
         // MXFP4 weights of the same scales; blocks and scales, or their float decoding.
-        // Per fused tensor (name, rows, inputs, value scale): its blocks and scales, or their decoding.
+        // Per fused tensor (name, rows, inputs, value scale): its blocks and scales, or their
+        // decoding.
         const std::tuple<std::string, int64_t, int64_t, float> fused[] = {
-            {name(N.fused_gate_up), 2 * I, H, 4.f * s_in}, {name(N.fused_down), H, I, 0.25f / std::sqrt(float(I))}};
+            {name(N.fused_gate_up), 2 * I, H, 4.f * s_in},
+            {name(N.fused_down), H, I, 0.25f / std::sqrt(float(I))}};
         for (const auto& [n, rows, in, sd] : fused) {
           const int64_t count = E * rows * in;
           if (opt.quant == "mxfp4") {
-            g.push_back([=] { return bytes_tensor(n + "_blocks", {E, rows, in / 32, 16}, mxfp4_blocks(n, count, seed)); });
-            g.push_back([=] { return bytes_tensor(n + "_scales", {E, rows, in / 32}, mxfp4_scales(n, count, seed, sd)); });
+            g.push_back([=] {
+              return bytes_tensor(n + "_blocks", {E, rows, in / 32, 16},
+                                  mxfp4_blocks(n, count, seed));
+            });
+            g.push_back([=] {
+              return bytes_tensor(n + "_scales", {E, rows, in / 32},
+                                  mxfp4_scales(n, count, seed, sd));
+            });
           } else {
             g.push_back([=] {
-              return dequantized(n, {mxfp4_blocks(n, count, seed), mxfp4_scales(n, count, seed, sd)}, E, rows, in, dt);
+              return dequantized(n,
+                                 {mxfp4_blocks(n, count, seed), mxfp4_scales(n, count, seed, sd)},
+                                 E, rows, in, dt);
             });
           }
         }
@@ -622,7 +672,8 @@ void make_model(const MakeModelOptions& opt) {
           TensorToWrite t{gate_up_name, dt, {E, 2 * I, H}, {}};
           for (int64_t e = 0; e < E; ++e)
             for (const char* which : {"gate", "up"}) {
-              const TensorToWrite one = random_tensor(expert_name(c, i, int(e), which), {I, H}, dt, seed, s_in);
+              const TensorToWrite one =
+                  random_tensor(expert_name(c, i, int(e), which), {I, H}, dt, seed, s_in);
               t.bytes.insert(t.bytes.end(), one.bytes.begin(), one.bytes.end());
             }
           return t;
@@ -630,8 +681,8 @@ void make_model(const MakeModelOptions& opt) {
         g.push_back([=] {
           TensorToWrite t{down_name, dt, {E, H, I}, {}};
           for (int64_t e = 0; e < E; ++e) {
-            const TensorToWrite one =
-                random_tensor(expert_name(c, i, int(e), "down"), {H, I}, dt, seed, 1.f / std::sqrt(float(I)));
+            const TensorToWrite one = random_tensor(expert_name(c, i, int(e), "down"), {H, I}, dt,
+                                                    seed, 1.f / std::sqrt(float(I)));
             t.bytes.insert(t.bytes.end(), one.bytes.begin(), one.bytes.end());
           }
           return t;
@@ -663,16 +714,20 @@ void make_model(const MakeModelOptions& opt) {
   for (int m = 0; m < c.num_nextn_predict_layers; ++m) {
     const std::string pf = layer_prefix(c.num_layers + m);
     groups.push_back({norm(pf + "enorm.weight", H), norm(pf + "hnorm.weight", H),
-                      mat(pf + "eh_proj.weight", H, 2 * H, s_in), norm(pf + "input_layernorm.weight", H)});
+                      mat(pf + "eh_proj.weight", H, 2 * H, s_in),
+                      norm(pf + "input_layernorm.weight", H)});
   }
   // Qwen3-Next / Qwen3.5 MTP weights (mtp.*) and a vision-language release's vision tower: a few
   // of their tensors, which r3 must recognise and skip.
   if (c.num_mtp_layers > 0)
-    groups.push_back({mat("mtp.fc.weight", H, 2 * H, s_in), layer_norm("mtp.pre_fc_norm_embedding.weight", H),
-                      layer_norm("mtp.layers.0.input_layernorm.weight", H), layer_norm("mtp.norm.weight", H)});
+    groups.push_back(
+        {mat("mtp.fc.weight", H, 2 * H, s_in), layer_norm("mtp.pre_fc_norm_embedding.weight", H),
+         layer_norm("mtp.layers.0.input_layernorm.weight", H), layer_norm("mtp.norm.weight", H)});
   if (c.vision_tower)
-    groups.push_back({mat("model.visual.patch_embed.proj.weight", 16, 48, 0.1f), norm("model.visual.blocks.0.norm1.weight", 16)});
-  std::vector<std::function<TensorToWrite()>> tail = {layer_norm(c.tensor_prefix + "norm.weight", H)};
+    groups.push_back({mat("model.visual.patch_embed.proj.weight", 16, 48, 0.1f),
+                      norm("model.visual.blocks.0.norm1.weight", 16)});
+  std::vector<std::function<TensorToWrite()>> tail = {
+      layer_norm(c.tensor_prefix + "norm.weight", H)};
   if (!c.tie_word_embeddings) tail.push_back(mat("lm_head.weight", c.vocab_size, H, s_in));
   groups.push_back(tail);
 
@@ -680,7 +735,8 @@ void make_model(const MakeModelOptions& opt) {
   json weight_map = json::object();
   uint64_t total = 0;
   for (int s = 0; s < shards; ++s) {
-    size_t g0 = groups.size() * size_t(s) / size_t(shards), g1 = groups.size() * size_t(s + 1) / size_t(shards);
+    size_t g0 = groups.size() * size_t(s) / size_t(shards),
+           g1 = groups.size() * size_t(s + 1) / size_t(shards);
     std::vector<TensorToWrite> tensors;
     for (size_t g = g0; g < g1; ++g)
       for (auto& make : groups[g]) tensors.push_back(make());

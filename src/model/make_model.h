@@ -9,11 +9,12 @@
 namespace r3 {
 
 struct MakeModelOptions {
-  std::string arch = "olmoe";   // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss |
-                                // qwen3_next | qwen3_5_moe (the VL release) | qwen3_5_moe_text
+  std::string arch =
+      "olmoe";  // mixtral | qwen3_moe | olmoe | qwen2_moe | glm4_moe | deepseek_v3 | gpt_oss |
+                // qwen3_next | qwen3_5_moe (the VL release) | qwen3_5_moe_text
   std::string preset = "tiny";  // tiny | small | bench
   uint64_t seed = 0;
-  DType dtype = DType::BF16;    // BF16 or F32
+  DType dtype = DType::BF16;  // BF16 or F32
   std::string out;
   // A directory with tokenizer.json (+ tokenizer_config.json): copied into the checkpoint, the
   // vocabulary sized to it (rounded up to a multiple of 64) and bos/eos ids taken from it.

@@ -1,12 +1,12 @@
 #include "model/safetensors.h"
 
+#include <sys/stat.h>
 #include <algorithm>
-#include <cstring>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sys/stat.h>
-#include <cerrno>
 
 #include "core/error.h"
 #include "core/file_read.h"
@@ -26,7 +26,8 @@ static DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "U8") return DType::U8;
   if (s == "F8_E4M3") return DType::F8_E4M3;
   throw Error(where + ": unsupported dtype \"" + s +
-              "\" (r3 reads F32, BF16, F16, U8 for MXFP4 blocks and scales, and F8_E4M3 block-scaled weights)");
+              "\" (r3 reads F32, BF16, F16, U8 for MXFP4 blocks and scales, and F8_E4M3 "
+              "block-scaled weights)");
 }
 
 static uint64_t round_up64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
@@ -43,12 +44,14 @@ static uint64_t header_length(const uint8_t len[8], const std::string& path) {
 // The header's JSON object: begins with '{', ends with '}' and spaces only, nesting bounded.
 static json parse_header(std::string_view text, const std::string& path) {
   if (text.empty() || text[0] != '{')
-    throw Error(path + ": the header must begin with '{' (found " +
-                (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
+    throw Error(
+        path + ": the header must begin with '{' (found " +
+        (text.empty() ? std::string("nothing") : "byte " + std::to_string(uint8_t(text[0]))) + ")");
   size_t json_end = text.size();
   while (json_end > 0 && text[json_end - 1] == ' ') --json_end;  // the only padding allowed
   if (text[json_end - 1] != '}')
-    throw Error(path + ": malformed JSON header: the object must end with '}' followed only by spaces");
+    throw Error(path +
+                ": malformed JSON header: the object must end with '}' followed only by spaces");
   json header;
   try {
     header = parse_json_bounded(text.substr(0, json_end), path + ": header", 8);
@@ -85,7 +88,9 @@ static TensorView entry_view(const std::string& name, const json& entry, const s
   return t;
 }
 
-void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(64)); }
+void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const {
+  ::operator delete(p, std::align_val_t(64));
+}
 
 // The format, strictly (huggingface/safetensors): u64 little-endian N; N bytes of a JSON object
 // that begins with '{' and may be padded at the end with spaces (0x20) only; then the data
@@ -97,7 +102,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const UnreadParts* unr
   identity_ = identity_of(path);
   if (unread) unread_copy_ = *unread;
   const auto deadline = std::chrono::steady_clock::now() + kCheckpointReadLimit;
-  parse(file_->size(), [&](uint64_t offset, void* dst, size_t n) { file_->read_at(offset, dst, n, deadline); });
+  parse(file_->size(),
+        [&](uint64_t offset, void* dst, size_t n) { file_->read_at(offset, dst, n, deadline); });
 }
 
 SafetensorsFile::Identity SafetensorsFile::identity_of(const std::string& path) {
@@ -111,12 +117,14 @@ size_t SafetensorsFile::direct_bytes(const std::string& name) const {
   return RegularFile::direct_span(data_start_ + offsets_.at(name), tensors_.at(name).nbytes());
 }
 
-const uint8_t* SafetensorsFile::read_tensor_direct(const std::string& name, uint8_t* area, bool even_if_cached) const {
+const uint8_t* SafetensorsFile::read_tensor_direct(const std::string& name, uint8_t* area,
+                                                   bool even_if_cached) const {
   if (!file_ || unread_copy_.count(name)) return nullptr;
   const uint64_t begin = data_start_ + offsets_.at(name), bytes = tensors_.at(name).nbytes();
   if (begin % 8) return nullptr;  // its elements would land unaligned (a header not padded to 8)
   if (!even_if_cached && file_->mostly_cached(begin, bytes)) return nullptr;
-  return file_->read_direct(begin, size_t(bytes), area, std::chrono::steady_clock::now() + kCheckpointReadLimit);
+  return file_->read_direct(begin, size_t(bytes), area,
+                            std::chrono::steady_clock::now() + kCheckpointReadLimit);
 }
 
 void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
@@ -137,14 +145,18 @@ void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
   // Row by row of the first dimension, runs of read rows at once.
   const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
   if (int64_t(skip->size()) != rows)
-    throw Error(path_ + ": tensor \"" + name + "\": " + std::to_string(skip->size()) + " row marks for " + std::to_string(rows) + " rows");
+    throw Error(path_ + ": tensor \"" + name + "\": " + std::to_string(skip->size()) +
+                " row marks for " + std::to_string(rows) + " rows");
   const uint64_t row_bytes = rows ? bytes / uint64_t(rows) : 0;
   for (int64_t r = 0; r < rows;) {
-    if ((*skip)[size_t(r)]) { ++r; continue; }
+    if ((*skip)[size_t(r)]) {
+      ++r;
+      continue;
+    }
     int64_t e = r;
     while (e < rows && !(*skip)[size_t(e)]) ++e;
-    file_->read_at(begin + uint64_t(r) * row_bytes, dst + uint64_t(r) * row_bytes, size_t(uint64_t(e - r) * row_bytes),
-                   deadline);
+    file_->read_at(begin + uint64_t(r) * row_bytes, dst + uint64_t(r) * row_bytes,
+                   size_t(uint64_t(e - r) * row_bytes), deadline);
     r = e;
   }
 }
@@ -155,7 +167,7 @@ void SafetensorsFile::drop_cached(const std::string& name) const {
 }
 
 std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::string_view start,
-                                                                        const std::string& name) {
+                                                                         const std::string& name) {
   if (start.size() < 8) return std::nullopt;
   const uint64_t n = header_length(reinterpret_cast<const uint8_t*>(start.data()), name);
   if (start.size() - 8 < n) return std::nullopt;
@@ -166,17 +178,20 @@ std::optional<std::vector<TensorView>> SafetensorsFile::declared_tensors(std::st
   return out;
 }
 
-std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view bytes, const std::string& name) {
+std::unique_ptr<SafetensorsFile> SafetensorsFile::from_bytes(std::string_view bytes,
+                                                             const std::string& name) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = name;
   f->parse(bytes.size(), [&](uint64_t offset, void* dst, size_t n) {
-    if (offset > bytes.size() || n > bytes.size() - offset) throw Error(name + ": read past the end");
+    if (offset > bytes.size() || n > bytes.size() - offset)
+      throw Error(name + ": read past the end");
     std::memcpy(dst, bytes.data() + offset, n);
   });
   return f;
 }
 
-void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_t, void*, size_t)>& read_at) {
+void SafetensorsFile::parse(uint64_t file_size,
+                            const std::function<void(uint64_t, void*, size_t)>& read_at) {
   const std::string& path = path_;
   if (file_size < 8)
     throw Error(path + ": truncated file (" + std::to_string(file_size) +
@@ -202,14 +217,16 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
     if (name == "__metadata__") {
       if (!entry.is_object()) throw Error(path + ": __metadata__ is not an object");
       for (auto& [k, v] : entry.items()) {
-        if (!v.is_string()) throw Error(path + ": __metadata__ value of \"" + k + "\" is not a string");
+        if (!v.is_string())
+          throw Error(path + ": __metadata__ value of \"" + k + "\" is not a string");
         metadata_[k] = v.get<std::string>();
       }
       continue;
     }
     TensorView t = entry_view(name, entry, path);
     auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
       throw Error(where + ": data_offsets must be [begin, end]");
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > buffer_size)
@@ -218,7 +235,8 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
                   "-byte data buffer (truncated file or wrong header length?)");
     if (e - b != t.nbytes())
       throw Error(where + ": data offsets span " + std::to_string(e - b) + " bytes but shape " +
-                  t.shape_str() + " of " + dtype_name(t.dtype) + " needs " + std::to_string(t.nbytes()));
+                  t.shape_str() + " of " + dtype_name(t.dtype) + " needs " +
+                  std::to_string(t.nbytes()));
     entries.push_back({b, e, name});
     offsets_[name] = b;
     tensors_[name] = std::move(t);
@@ -237,7 +255,8 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   }
   if (covered != buffer_size)
     throw Error(path + ": the tensors cover " + std::to_string(covered) + " bytes of the " +
-                std::to_string(buffer_size) + "-byte data buffer (wrong header length or trailing bytes)");
+                std::to_string(buffer_size) +
+                "-byte data buffer (wrong header length or trailing bytes)");
   data_start_ = 8 + n;
   if (file_) return;  // a file: tensors are read when asked for (read_tensor)
 
@@ -245,7 +264,8 @@ void SafetensorsFile::parse(uint64_t file_size, const std::function<void(uint64_
   // bytes that pack tensors at odd offsets are read without misaligned access).
   uint64_t owned = 0;
   for (const Entry& en : entries) owned += round_up64(en.end - en.begin);
-  data_.reset(static_cast<uint8_t*>(::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
+  data_.reset(static_cast<uint8_t*>(
+      ::operator new(size_t(std::max<uint64_t>(owned, 64)), std::align_val_t(64))));
   uint64_t at = 0;
   for (const Entry& en : entries) {
     read_at(8 + n + en.begin, data_.get() + at, size_t(en.end - en.begin));
@@ -259,7 +279,8 @@ SafetensorsFile::~SafetensorsFile() = default;
 
 TensorToWrite copy_tensor(const TensorView& t) {
   TensorToWrite w{t.name, t.dtype, t.shape, {}};
-  w.bytes.assign(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+  w.bytes.assign(static_cast<const uint8_t*>(t.data),
+                 static_cast<const uint8_t*>(t.data) + t.nbytes());
   return w;
 }
 
@@ -308,7 +329,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(h.data(), std::streamsize(h.size()));
-  for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  for (auto& t : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
   if (!out) throw Error(path + ": write failed");
 }
 

@@ -6,12 +6,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -34,10 +34,12 @@ class SafetensorsFile {
   explicit SafetensorsFile(const std::string& path, const UnreadParts* unread = nullptr);
   // The same reader over bytes in memory (a trainer's weights sent over HTTP); `name` names them
   // in errors.
-  static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& name);
+  static std::unique_ptr<SafetensorsFile> from_bytes(std::string_view bytes,
+                                                     const std::string& name);
   // The tensors (name, dtype, shape; no data) a safetensors file or body declares, read from its
   // first bytes with the reader's own checks; nullopt while `start` ends before its header does.
-  static std::optional<std::vector<TensorView>> declared_tensors(std::string_view start, const std::string& name);
+  static std::optional<std::vector<TensorView>> declared_tensors(std::string_view start,
+                                                                 const std::string& name);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -52,7 +54,8 @@ class SafetensorsFile {
   // it is in the page cache (copying from there is faster), rows of it are left unread, it
   // starts off an 8-byte boundary, or the file system refuses direct reads: read_tensor then.
   // even_if_cached: read past the page cache all the same (tests).
-  const uint8_t* read_tensor_direct(const std::string& name, uint8_t* area, bool even_if_cached = false) const;
+  const uint8_t* read_tensor_direct(const std::string& name, uint8_t* area,
+                                    bool even_if_cached = false) const;
   size_t direct_bytes(const std::string& name) const;
   // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
   // untouched). Throws r3::Error naming the file when it ends early or the read fails.
@@ -87,9 +90,9 @@ class SafetensorsFile {
   std::string path_;
   std::unique_ptr<RegularFile> file_;  // a file's, until close()
   Identity identity_;
-  uint64_t data_start_ = 0;  // where the data buffer starts in the file
-  std::map<std::string, uint64_t> offsets_;  // each tensor's first byte in the data buffer
-  UnreadParts unread_copy_;  // the constructor's
+  uint64_t data_start_ = 0;                     // where the data buffer starts in the file
+  std::map<std::string, uint64_t> offsets_;     // each tensor's first byte in the data buffer
+  UnreadParts unread_copy_;                     // the constructor's
   std::unique_ptr<uint8_t, AlignedFree> data_;  // every tensor, each at a 64-byte aligned offset
   uint64_t owned_bytes_ = 0;
   std::map<std::string, TensorView> tensors_;

@@ -38,18 +38,24 @@ LayerTensorNames qwen3_5_moe() {
 
 const LayerTensorNames& layer_tensor_names(Arch a) {
   static const LayerTensorNames standard, mixtral_names = mixtral(), qwen2_names = qwen2_moe(),
-                                gpt_oss_names = gpt_oss(), qwen3_5_names = qwen3_5_moe();
+                                          gpt_oss_names = gpt_oss(), qwen3_5_names = qwen3_5_moe();
   switch (a) {
-    case Arch::Mixtral: return mixtral_names;
+    case Arch::Mixtral:
+      return mixtral_names;
     case Arch::Qwen2Moe:
-    case Arch::Qwen3Next: return qwen2_names;
-    case Arch::Qwen3_5Moe: return qwen3_5_names;
-    case Arch::GptOss: return gpt_oss_names;
-    default: return standard;  // Qwen3-MoE, OLMoE, GLM-4.5, DeepSeek-V3
+    case Arch::Qwen3Next:
+      return qwen2_names;
+    case Arch::Qwen3_5Moe:
+      return qwen3_5_names;
+    case Arch::GptOss:
+      return gpt_oss_names;
+    default:
+      return standard;  // Qwen3-MoE, OLMoE, GLM-4.5, DeepSeek-V3
   }
 }
 
-std::string layer_tensor(int layer, const std::string& relative, int expert, const std::string& prefix) {
+std::string layer_tensor(int layer, const std::string& relative, int expert,
+                         const std::string& prefix) {
   std::string name = prefix + "layers." + std::to_string(layer) + "." + relative;
   const size_t at = name.find("{e}");
   if (at != std::string::npos) name.replace(at, 3, std::to_string(expert));

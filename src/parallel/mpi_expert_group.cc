@@ -40,8 +40,10 @@ class MpiExchange : public ExpertExchange {
   ~MpiExchange() override {
     try {
       if (group_->broken_) return;
-      if (!handshook_) group_->handshake(false, kStartTimeoutS);  // this rank's engine failed to build
-      else if (group_->rank_ == 0 && started_) group_->broadcast(MpiExpertGroup::kEndEngine, engine_, nullptr, 0, timeout_s_);
+      if (!handshook_)
+        group_->handshake(false, kStartTimeoutS);  // this rank's engine failed to build
+      else if (group_->rank_ == 0 && started_)
+        group_->broadcast(MpiExpertGroup::kEndEngine, engine_, nullptr, 0, timeout_s_);
     } catch (...) {
     }
   }
@@ -66,7 +68,9 @@ class MpiExchange : public ExpertExchange {
       begin_[size_t(r)] = int64_t(offsets[first_physical(r, group_->ranks_, num_physical)]) * width;
     group_->exchange_rows(rows, begin_, timeout_s_, step_);
   }
-  std::vector<double> resident_mb_by_rank() override { return group_->resident_by_rank(timeout_s_); }
+  std::vector<double> resident_mb_by_rank() override {
+    return group_->resident_by_rank(timeout_s_);
+  }
 
  private:
   MpiExpertGroup* group_;
@@ -80,21 +84,23 @@ class MpiExchange : public ExpertExchange {
 
 MpiExpertGroup::MpiExpertGroup(int* argc, char*** argv) {
   int provided = 0;
-  if (const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided); rc != MPI_SUCCESS)
+  if (const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+      rc != MPI_SUCCESS)
     throw Error("MPI_Init_thread: " + mpi_error_text(rc));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
   if (provided < MPI_THREAD_SERIALIZED) {
     MPI_Finalize();
-    throw Error("this MPI library does not allow calls from more than one thread (MPI_THREAD_SERIALIZED)");
+    throw Error(
+        "this MPI library does not allow calls from more than one thread (MPI_THREAD_SERIALIZED)");
   }
 }
 
 MpiExpertGroup::~MpiExpertGroup() {
   if (broken_) {
-    std::fprintf(stderr, "r3 rank %d: the expert-parallel group is broken (%s): aborting the job\n", rank_,
-                 broken_why_.c_str());
+    std::fprintf(stderr, "r3 rank %d: the expert-parallel group is broken (%s): aborting the job\n",
+                 rank_, broken_why_.c_str());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   try {
@@ -116,7 +122,8 @@ void MpiExpertGroup::fail(const std::string& why) {
 }
 
 void MpiExpertGroup::check_mpi(int rc, const std::string& what) {
-  if (rc != MPI_SUCCESS) fail(what + ": " + mpi_error_text(rc));  // the ranks' call orders may now differ
+  if (rc != MPI_SUCCESS)
+    fail(what + ": " + mpi_error_text(rc));  // the ranks' call orders may now differ
 }
 
 void MpiExpertGroup::check_usable() const {
@@ -142,10 +149,11 @@ void MpiExpertGroup::abandon(MPI_Request* requests, int n, bool point_to_point) 
     }
 }
 
-void MpiExpertGroup::wait_all(MPI_Request* requests, const int* from, int n, double timeout_s, const std::string& what,
-                              bool point_to_point, bool idle) {
+void MpiExpertGroup::wait_all(MPI_Request* requests, const int* from, int n, double timeout_s,
+                              const std::string& what, bool point_to_point, bool idle) {
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   for (int i = 0; i < n; ++i) {
     for (int polls = 0;; ++polls) {
       int done = 0;
@@ -158,28 +166,36 @@ void MpiExpertGroup::wait_all(MPI_Request* requests, const int* from, int n, dou
       const auto now = Clock::now();
       if (!idle && now > deadline) {
         abandon(requests + i, n - i, point_to_point);
-        fail(who(from[i]) + " did not answer within " + std::to_string(int(timeout_s)) + " s (" + what + ")");
+        fail(who(from[i]) + " did not answer within " + std::to_string(int(timeout_s)) + " s (" +
+             what + ")");
       }
       // Idle (a follower waiting for rank 0's next command): poll hot while steps come back to
       // back, then sleep between polls so an idle group leaves the cores alone.
-      if (idle && now - last_message_ > std::chrono::milliseconds(50)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (idle && now - last_message_ > std::chrono::milliseconds(50))
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 }
 
-void MpiExpertGroup::broadcast(Command c, uint64_t engine, const void* bytes, size_t n, double timeout_s) {
+void MpiExpertGroup::broadcast(Command c, uint64_t engine, const void* bytes, size_t n,
+                               double timeout_s) {
   check_usable();
   Header h;
   h.command = c;
   h.engine = engine;
   h.bytes = n;
-  if (n > size_t(INT32_MAX)) throw Error("expert parallelism: a step message over 2 GiB");  // before any rank hears of it
+  if (n > size_t(INT32_MAX))
+    throw Error("expert parallelism: a step message over 2 GiB");  // before any rank hears of it
   MPI_Request req[2];
   const int root[2] = {kAnyFollower, kAnyFollower};  // a broadcast does not say who held it up
-  header_ = h;  // outlives a broadcast abandoned on a timeout
-  check_mpi(MPI_Ibcast(&header_, int(sizeof header_), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]), "MPI_Ibcast");
+  header_ = h;                                       // outlives a broadcast abandoned on a timeout
+  check_mpi(MPI_Ibcast(&header_, int(sizeof header_), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]),
+            "MPI_Ibcast");
   int parts = 1;
-  if (n > 0) check_mpi(MPI_Ibcast(const_cast<void*>(bytes), int(n), MPI_BYTE, 0, MPI_COMM_WORLD, &req[parts++]), "MPI_Ibcast");
+  if (n > 0)
+    check_mpi(
+        MPI_Ibcast(const_cast<void*>(bytes), int(n), MPI_BYTE, 0, MPI_COMM_WORLD, &req[parts++]),
+        "MPI_Ibcast");
   wait_all(req, root, parts, timeout_s, "sending a command to every rank", false);
 }
 
@@ -191,23 +207,24 @@ MpiExpertGroup::Header MpiExpertGroup::receive(std::vector<uint8_t>& bytes) {
   wait_all(&req, &root, 1, 0, "waiting for rank 0", false, /*idle=*/true);
   bytes.resize(size_t(h.bytes));
   if (h.bytes > 0) {
-    check_mpi(MPI_Ibcast(bytes.data(), int(h.bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &req), "MPI_Ibcast");
+    check_mpi(MPI_Ibcast(bytes.data(), int(h.bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &req),
+              "MPI_Ibcast");
     wait_all(&req, &root, 1, kBodyTimeoutS, "receiving a command from rank 0", false);
   }
   last_message_ = Clock::now();
   return h;
 }
 
-void MpiExpertGroup::receive_from_followers(void* values, MPI_Datatype type, int tag, double timeout_s,
-                                            const std::string& what) {
+void MpiExpertGroup::receive_from_followers(void* values, MPI_Datatype type, int tag,
+                                            double timeout_s, const std::string& what) {
   int size = 0;
   MPI_Type_size(type, &size);
   std::vector<MPI_Request> req(size_t(ranks_) - 1);
   std::vector<int> from(size_t(ranks_) - 1);
   for (int r = 1; r < ranks_; ++r) {
     from[size_t(r - 1)] = r;
-    check_mpi(MPI_Irecv(static_cast<char*>(values) + size_t(r) * size_t(size), 1, type, r, tag, MPI_COMM_WORLD,
-                        &req[size_t(r - 1)]),
+    check_mpi(MPI_Irecv(static_cast<char*>(values) + size_t(r) * size_t(size), 1, type, r, tag,
+                        MPI_COMM_WORLD, &req[size_t(r - 1)]),
               "MPI_Irecv");
   }
   wait_all(req.data(), from.data(), ranks_ - 1, timeout_s, what, true);
@@ -223,7 +240,8 @@ bool MpiExpertGroup::handshake(bool ok, double timeout_s) {
     receive_from_followers(status.data(), MPI_INT, kStatusTag, timeout_s, "building the engine");
     for (int r = 1; r < ranks_; ++r)
       if (!status[size_t(r)]) {
-        std::fprintf(stderr, "r3 rank 0: rank %d could not build its engine (its log says why)\n", r);
+        std::fprintf(stderr, "r3 rank 0: rank %d could not build its engine (its log says why)\n",
+                     r);
         verdict = 0;
       }
     MPI_Request b;
@@ -241,7 +259,8 @@ bool MpiExpertGroup::handshake(bool ok, double timeout_s) {
   return verdict != 0;
 }
 
-void MpiExpertGroup::exchange_rows(float* rows, const std::vector<int64_t>& begin, double timeout_s, uint64_t step) {
+void MpiExpertGroup::exchange_rows(float* rows, const std::vector<int64_t>& begin, double timeout_s,
+                                   uint64_t step) {
   check_usable();
   const int me = rank_;
   std::vector<MPI_Request> req;
@@ -253,17 +272,21 @@ void MpiExpertGroup::exchange_rows(float* rows, const std::vector<int64_t>& begi
     if (n > INT32_MAX) throw Error("expert parallelism: one rank's expert rows exceed 2^31 floats");
     req.emplace_back();
     from.push_back(r);
-    check_mpi(MPI_Irecv(rows + begin[size_t(r)], int(n), MPI_FLOAT, r, kRowsTag, MPI_COMM_WORLD, &req.back()), "MPI_Irecv");
+    check_mpi(MPI_Irecv(rows + begin[size_t(r)], int(n), MPI_FLOAT, r, kRowsTag, MPI_COMM_WORLD,
+                        &req.back()),
+              "MPI_Irecv");
   }
   const int64_t mine = begin[size_t(me + 1)] - begin[size_t(me)];
   for (int r = 0; r < ranks_; ++r) {
     if (r == me) continue;
     req.emplace_back();
     from.push_back(r);
-    check_mpi(MPI_Isend(rows + begin[size_t(me)], int(mine), MPI_FLOAT, r, kRowsTag, MPI_COMM_WORLD, &req.back()),
+    check_mpi(MPI_Isend(rows + begin[size_t(me)], int(mine), MPI_FLOAT, r, kRowsTag, MPI_COMM_WORLD,
+                        &req.back()),
               "MPI_Isend");
   }
-  wait_all(req.data(), from.data(), int(req.size()), timeout_s, "expert rows of step " + std::to_string(step), true);
+  wait_all(req.data(), from.data(), int(req.size()), timeout_s,
+           "expert rows of step " + std::to_string(step), true);
 }
 
 std::vector<double> MpiExpertGroup::resident_by_rank(double timeout_s) {
@@ -275,17 +298,20 @@ std::vector<double> MpiExpertGroup::resident_by_rank(double timeout_s) {
   return mb;
 }
 
-std::unique_ptr<ExpertExchange> MpiExpertGroup::open(int ranks, double timeout_s, const std::string& config_json) {
+std::unique_ptr<ExpertExchange> MpiExpertGroup::open(int ranks, double timeout_s,
+                                                     const std::string& config_json) {
   if (rank_ != 0) throw Error("only rank 0 opens engines");
   if (ranks != ranks_)
-    throw Error("expert_parallel " + std::to_string(ranks) + " but mpirun started " + std::to_string(ranks_) + " ranks");
+    throw Error("expert_parallel " + std::to_string(ranks) + " but mpirun started " +
+                std::to_string(ranks_) + " ranks");
   const uint64_t id = next_engine_++;
   broadcast(kNewEngine, id, config_json.data(), config_json.size(), timeout_s);
   return std::make_unique<MpiExchange>(this, id, timeout_s);
 }
 
 int MpiExpertGroup::serve() {
-  std::fprintf(stderr, "r3 rank %d of %d (pid %d): computing experts for rank 0\n", rank_, ranks_, int(getpid()));
+  std::fprintf(stderr, "r3 rank %d of %d (pid %d): computing experts for rank 0\n", rank_, ranks_,
+               int(getpid()));
   struct Served {
     std::unique_ptr<Engine> engine;
     MpiExchange* exchange;  // owned by the engine
@@ -312,14 +338,17 @@ int MpiExpertGroup::serve() {
                          (unsigned long long)h.engine, resident_mb());
           } catch (const Error& e) {
             if (broken_) throw;
-            std::fprintf(stderr, "r3 rank %d: engine %llu: %s\n", rank_, (unsigned long long)h.engine, e.what());
+            std::fprintf(stderr, "r3 rank %d: engine %llu: %s\n", rank_,
+                         (unsigned long long)h.engine, e.what());
           }
           break;
         }
         case kStep: {
           read_step(bytes, plan, token_ids);
           auto it = engines.find(h.engine);
-          if (it == engines.end()) throw Error("a step for engine " + std::to_string(h.engine) + ", which this rank does not hold");
+          if (it == engines.end())
+            throw Error("a step for engine " + std::to_string(h.engine) +
+                        ", which this rank does not hold");
           it->second.exchange->note_step(plan.iter);
           it->second.engine->compute_step(plan, token_ids.data());
           break;
@@ -331,7 +360,8 @@ int MpiExpertGroup::serve() {
           const double mb = resident_mb();
           MPI_Request req;
           const int zero = 0;
-          check_mpi(MPI_Isend(&mb, 1, MPI_DOUBLE, 0, kResidentTag, MPI_COMM_WORLD, &req), "MPI_Isend");
+          check_mpi(MPI_Isend(&mb, 1, MPI_DOUBLE, 0, kResidentTag, MPI_COMM_WORLD, &req),
+                    "MPI_Isend");
           wait_all(&req, &zero, 1, kBodyTimeoutS, "resident memory", true);
           break;
         }

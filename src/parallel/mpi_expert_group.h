@@ -56,16 +56,18 @@ class MpiExpertGroup {
   // Every rank: whether every rank built engine `id` (rank 0 collects, then tells the others).
   bool handshake(bool ok, double timeout_s);
   // Each rank's block of rows to every other rank (point to point, so a missing rank is named).
-  void exchange_rows(float* rows, const std::vector<int64_t>& begin, double timeout_s, uint64_t step);
+  void exchange_rows(float* rows, const std::vector<int64_t>& begin, double timeout_s,
+                     uint64_t step);
   std::vector<double> resident_by_rank(double timeout_s);
   // Rank 0: one value of `type` from each rank r >= 1 into values[r] (a member's buffer: the
   // receives may be abandoned pending).
-  void receive_from_followers(void* values, MPI_Datatype type, int tag, double timeout_s, const std::string& what);
+  void receive_from_followers(void* values, MPI_Datatype type, int tag, double timeout_s,
+                              const std::string& what);
   // Polls `n` requests until all completed; `from[i]` names the rank request i waits on.
   // Throws r3::Error (and breaks the group) past the deadline or on an MPI error, first
   // cancelling what is left when the requests are point to point.
-  void wait_all(MPI_Request* requests, const int* from, int n, double timeout_s, const std::string& what,
-                bool point_to_point, bool idle = false);
+  void wait_all(MPI_Request* requests, const int* from, int n, double timeout_s,
+                const std::string& what, bool point_to_point, bool idle = false);
   void abandon(MPI_Request* requests, int n, bool point_to_point);
   static constexpr int kAnyFollower = -1;  // `from` of rank 0's broadcasts
   std::string who(int rank) const;

@@ -57,7 +57,8 @@ void matvec(const TensorView& W, const float* x, float* y) {
 
 // out = x / sqrt(mean(x^2) + eps) * (offset + w): offset 1 for zero-centred norms (Qwen3-Next,
 // Qwen3.5: (1 + w), the sum in fp32 as transformers forms it). `out` may alias `x`.
-void rmsnorm(float* out, const float* x, const TensorView& w, int n, float eps, float offset = 0.f) {
+void rmsnorm(float* out, const float* x, const TensorView& w, int n, float eps,
+             float offset = 0.f) {
   float ss = 0.f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   const float inv = 1.f / std::sqrt(ss / float(n) + eps);
@@ -89,9 +90,11 @@ struct Rotary {
   Rotary(const ModelConfig& c, const AttentionSpec& a)
       : att(float(c.rope_scaling.attention_factor)), interleaved(a.rope_interleaved) {
     const int D = a.rotary_dim;
-    const std::vector<double> yarn = c.rope_scaling.yarn ? rope_inv_freq(c, D) : std::vector<double>();
+    const std::vector<double> yarn =
+        c.rope_scaling.yarn ? rope_inv_freq(c, D) : std::vector<double>();
     for (int i = 0; i < D / 2; ++i)
-      inv_freq.push_back(yarn.empty() ? 1.f / std::pow(c.rope_theta, float(2 * i) / float(D)) : float(yarn[size_t(i)]));
+      inv_freq.push_back(yarn.empty() ? 1.f / std::pow(c.rope_theta, float(2 * i) / float(D))
+                                      : float(yarn[size_t(i)]));
   }
 
   void apply(float* v, int pos) const {
@@ -123,10 +126,12 @@ float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 // per head (plain w); x += out_proj(out).
 void deltanet(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x, int S) {
   const DeltaNetSpec& d = *c.deltanet;
-  const int H = c.hidden_size, C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(), nv = d.v_heads;
+  const int H = c.hidden_size, C = d.conv_dim(), kd = d.key_dim(), vd = d.value_dim(),
+            nv = d.v_heads;
   const int dk = d.k_head_dim, dv = d.v_head_dim, r = d.v_heads / d.k_heads, K = d.conv_kernel;
   const float eps = c.rms_norm_eps, zc = c.zero_centred_norms ? 1.f : 0.f;
-  std::vector<float> h(H), mixed(size_t(S) * C), z(size_t(S) * vd), b(size_t(S) * nv), a(size_t(S) * nv);
+  std::vector<float> h(H), mixed(size_t(S) * C), z(size_t(S) * vd), b(size_t(S) * nv),
+      a(size_t(S) * nv);
   for (int p = 0; p < S; ++p) {
     rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps, zc);
     matvec(L.dn_qkv, h.data(), &mixed[size_t(p) * C]);
@@ -156,12 +161,14 @@ void deltanet(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x
     const float* row = &conv[size_t(p) * C];
     for (int hv = 0; hv < nv; ++hv) {
       const int hk = hv / r;
-      for (int i = 0; i < dk; ++i) q[size_t(i)] = row[hk * dk + i], k[size_t(i)] = row[kd + hk * dk + i];
+      for (int i = 0; i < dk; ++i)
+        q[size_t(i)] = row[hk * dk + i], k[size_t(i)] = row[kd + hk * dk + i];
       l2norm(q.data(), dk);
       l2norm(k.data(), dk);
       for (float& v : q) v *= qscale;
       const float* v = row + 2 * kd + hv * dv;
-      const float g = -std::exp(wt(L.dn_a_log, hv)) * softplus(a[size_t(p) * nv + hv] + wt(L.dn_dt_bias, hv));
+      const float g =
+          -std::exp(wt(L.dn_a_log, hv)) * softplus(a[size_t(p) * nv + hv] + wt(L.dn_dt_bias, hv));
       const float decay = std::exp(g), beta = sigmoid(b[size_t(p) * nv + hv]);
       float* st = &state[size_t(hv) * dk * dv];  // [dk][dv]
       for (int i = 0; i < dk * dv; ++i) st[i] *= decay;
@@ -193,15 +200,17 @@ void deltanet(const ModelConfig& c, const LayerWeights& L, std::vector<float>& x
 // DeepseekV3Attention computes it: per position the query (through the low-rank path when
 // q_lora_rank is set), the latent and its rotary key part; kv_b expands the normed latent into
 // each head's key (nope part) and value; causal softmax attention per head; x += o_proj(out).
-void mla_attention(const ModelConfig& c, const Rotary& rotary, const LayerWeights& L, std::vector<float>& x,
-                   int S) {
+void mla_attention(const ModelConfig& c, const Rotary& rotary, const LayerWeights& L,
+                   std::vector<float>& x, int S) {
   const MlaSpec& m = *c.mla;
   const int H = c.hidden_size, nh = c.num_heads, qk = m.qk_head_dim(), nope = m.qk_nope_head_dim,
             rope_d = m.qk_rope_head_dim, vd = m.v_head_dim, kvr = m.kv_lora_rank;
   // qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepseekV3Attention).
-  const float eps = c.rms_norm_eps, scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
+  const float eps = c.rms_norm_eps,
+              scale = float(1.0 / std::sqrt(double(qk)) * c.rope_scaling.softmax_mscale);
   std::vector<float> q(size_t(S) * nh * qk), k(size_t(S) * nh * qk), v(size_t(S) * nh * vd);
-  std::vector<float> h(static_cast<size_t>(H)), qa(size_t(std::max(m.q_lora_rank, 1))), lat(size_t(m.latent_width()));
+  std::vector<float> h(static_cast<size_t>(H)), qa(size_t(std::max(m.q_lora_rank, 1))),
+      lat(size_t(m.latent_width()));
   std::vector<float> kvb(size_t(nh) * (nope + vd));
   for (int p = 0; p < S; ++p) {
     rmsnorm(h.data(), &x[size_t(p) * H], L.input_norm, H, eps);
@@ -227,7 +236,8 @@ void mla_attention(const ModelConfig& c, const Rotary& rotary, const LayerWeight
       for (int i = 0; i < vd; ++i) v[(size_t(p) * nh + hh) * vd + i] = src[nope + i];
     }
   }
-  std::vector<float> scores(static_cast<size_t>(S)), att(size_t(nh) * vd), delta(static_cast<size_t>(H));
+  std::vector<float> scores(static_cast<size_t>(S)), att(size_t(nh) * vd),
+      delta(static_cast<size_t>(H));
   for (int p = 0; p < S; ++p) {
     for (int hh = 0; hh < nh; ++hh) {
       const float* qh = &q[(size_t(p) * nh + hh) * qk];
@@ -241,7 +251,8 @@ void mla_attention(const ModelConfig& c, const Rotary& rotary, const LayerWeight
       float* out = &att[size_t(hh) * vd];
       for (int i = 0; i < vd; ++i) out[i] = 0.f;
       for (int j = 0; j <= p; ++j)
-        for (int i = 0; i < vd; ++i) out[i] += scores[size_t(j)] * v[(size_t(j) * nh + hh) * vd + i];
+        for (int i = 0; i < vd; ++i)
+          out[i] += scores[size_t(j)] * v[(size_t(j) * nh + hh) * vd + i];
     }
     matvec(L.o, att.data(), delta.data());
     for (int i = 0; i < H; ++i) x[size_t(p) * H + i] += delta[size_t(i)];
@@ -268,7 +279,8 @@ void argmax_k(const float* score, int n, const std::vector<bool>* ok, int K, int
 
 // The sigmoid router's own choice (DeepseekV3TopkRouter): biased scores, the topk_group groups
 // with the best sum of their two best biased scores, then the K best eligible experts.
-void sigmoid_choice(const RouterSpec& rs, const float* s, const TensorView& bias, int E, int K, int16_t* chosen) {
+void sigmoid_choice(const RouterSpec& rs, const float* s, const TensorView& bias, int E, int K,
+                    int16_t* chosen) {
   std::vector<float> choice(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) choice[size_t(e)] = s[e] + (bias.empty() ? 0.f : wt(bias, e));
   std::vector<bool> ok(size_t(E), true);
@@ -300,7 +312,8 @@ void ffn(const ExpertWeights& e, const float* h, float* out, std::vector<float>&
   matvec(e.gate, h, g.data());
   matvec(e.up, h, u.data());
   if (!e.gate_bias.empty())
-    for (size_t i = 0; i < I; ++i) g[i] += wt(e.gate_bias, int64_t(i)), u[i] += wt(e.up_bias, int64_t(i));
+    for (size_t i = 0; i < I; ++i)
+      g[i] += wt(e.gate_bias, int64_t(i)), u[i] += wt(e.up_bias, int64_t(i));
   for (size_t i = 0; i < I; ++i) {
     if (act.clamped) {
       const float gi = std::min(g[i], act.limit), ui = std::clamp(u[i], -act.limit, act.limit);
@@ -324,10 +337,12 @@ std::string row_str(const int16_t* row, int K) {
 // staging bug the trainer must hear about, so it fails before any compute.
 void check_replay(const ModelConfig& c, int S, const int16_t* replay, int rows) {
   if (rows < 0 || rows > S)
-    throw Error("reference_forward: replay has " + std::to_string(rows) + " rows for a sequence of " +
-                std::to_string(S) + " tokens (must be 0.." + std::to_string(S) + ")");
+    throw Error("reference_forward: replay has " + std::to_string(rows) +
+                " rows for a sequence of " + std::to_string(S) + " tokens (must be 0.." +
+                std::to_string(S) + ")");
   if (rows > 0 && replay == nullptr)
-    throw Error("reference_forward: replay_rows is " + std::to_string(rows) + " but replay is null");
+    throw Error("reference_forward: replay_rows is " + std::to_string(rows) +
+                " but replay is null");
   const int Lm = c.num_moe_layers(), K = c.top_k, E = c.num_experts;
   const std::vector<int> moe_layers = c.moe_layers();
   for (int p = 0; p < rows; ++p)
@@ -385,11 +400,13 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
 
   // The residual stream of every position, and per-layer activations of the whole sequence.
   std::vector<float> x(size_t(S) * H);
-  std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd), gate(size_t(S) * qd), qg(2 * qd);
+  std::vector<float> h(H), q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd),
+      gate(size_t(S) * qd), qg(2 * qd);
   std::vector<float> att(qd), scores(S + 1), delta(H), eo(H), g, u, logits(E);
 
   for (int p = 0; p < S; ++p)
-    for (int i = 0; i < H; ++i) x[size_t(p) * H + i] = wt(w.embed, int64_t(tokens[size_t(p)]) * H + i);
+    for (int i = 0; i < H; ++i)
+      x[size_t(p) * H + i] = wt(w.embed, int64_t(tokens[size_t(p)]) * H + i);
 
   int col = 0;  // MoE column of the current layer
   for (int layer = 0; layer < c.num_layers; ++layer) {
@@ -493,8 +510,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
           softmax(probs, E);
 
         int16_t* chosen = &r.routes[(size_t(p) * Lm + col) * K];
-        const int16_t* forced =
-            p < replay_rows ? replay + (size_t(p) * Lm + col) * K : nullptr;
+        const int16_t* forced = p < replay_rows ? replay + (size_t(p) * Lm + col) * K : nullptr;
         if (forced && forced[0] != -1) {  // check_replay: a valid row, keep its order
           for (int kk = 0; kk < K; ++kk) chosen[kk] = forced[kk];
         } else if (sigmoid_router) {
@@ -522,7 +538,8 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         // Weighted sum of the experts, accumulated in router (or replayed) order.
         for (int i = 0; i < H; ++i) delta[size_t(i)] = 0.f;
         for (int kk = 0; kk < K; ++kk) {
-          ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u, c.layers[size_t(layer)].activation);
+          ffn(L.experts[size_t(chosen[kk])], h.data(), eo.data(), g, u,
+              c.layers[size_t(layer)].activation);
           for (int i = 0; i < H; ++i) delta[size_t(i)] += gate[size_t(kk)] * eo[size_t(i)];
         }
         if (!L.shared.gate.empty()) {  // shared experts, after the routed sum

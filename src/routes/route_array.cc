@@ -170,8 +170,8 @@ void check_shape(const RouteArray& r, const std::string& what) {
   const size_t n = size_t(r.rows) * size_t(r.layers) * size_t(r.k);
   if (r.rows < 0 || r.layers < 0 || r.k < 0 || r.data.size() != n)
     throw Error(what + ": data holds " + std::to_string(r.data.size()) + " values but shape [" +
-                std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " + std::to_string(r.k) + "] needs " +
-                std::to_string(n));
+                std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " +
+                std::to_string(r.k) + "] needs " + std::to_string(n));
 }
 
 }  // namespace
@@ -209,8 +209,11 @@ RouteArray routes_from_json(const json& j) {
   const json& dt = j.at("dtype");
   const std::string dtype = dt.is_string() ? dt.get<std::string>() : "";
   if (dtype != "int8" && dtype != "uint8" && dtype != "int16")
-    throw Error(where + ": field \"dtype\" must be \"int8\", \"uint8\" or \"int16\", got " + dt.dump());
-  const RouteIdType type = dtype == "int8" ? RouteIdType::Int8 : dtype == "uint8" ? RouteIdType::Uint8 : RouteIdType::Int16;
+    throw Error(where + ": field \"dtype\" must be \"int8\", \"uint8\" or \"int16\", got " +
+                dt.dump());
+  const RouteIdType type = dtype == "int8"    ? RouteIdType::Int8
+                           : dtype == "uint8" ? RouteIdType::Uint8
+                                              : RouteIdType::Int16;
 
   RouteArray r;
   r.rows = dims[0];
@@ -241,7 +244,8 @@ RouteArray routes_from_json(const json& j) {
   if (!j.contains("data")) throw Error(where + ": missing field \"data\"");
   const json& d = j.at("data");
   if (!d.is_string()) throw Error(where + ": field \"data\" must be a base64 string");
-  const size_t need = route_bytes(uint64_t(r.rows), uint64_t(r.layers), uint64_t(r.k), where) / 2 * id_bytes(type);
+  const size_t need =
+      route_bytes(uint64_t(r.rows), uint64_t(r.layers), uint64_t(r.k), where) / 2 * id_bytes(type);
   std::vector<uint8_t> bytes;
   try {
     bytes = base64_decode(d.get_ref<const std::string&>());
@@ -294,8 +298,14 @@ struct NpyHeaderParser {
   }
   bool boolean() {
     ws();
-    if (s.compare(i, 4, "True") == 0) { i += 4; return true; }
-    if (s.compare(i, 5, "False") == 0) { i += 5; return false; }
+    if (s.compare(i, 4, "True") == 0) {
+      i += 4;
+      return true;
+    }
+    if (s.compare(i, 5, "False") == 0) {
+      i += 5;
+      return false;
+    }
     fail("expected True or False");
   }
   uint64_t integer() {
@@ -316,8 +326,10 @@ struct NpyHeaderParser {
     std::vector<uint64_t> out;
     while (!peek(')')) {
       out.push_back(integer());
-      if (peek(',')) ++i;
-      else if (!peek(')')) fail("expected ',' or ')' in shape");
+      if (peek(','))
+        ++i;
+      else if (!peek(')'))
+        fail("expected ',' or ')' in shape");
     }
     ++i;
     return out;
@@ -331,7 +343,8 @@ std::string npy_bytes(const RouteArray& r, const std::string& path) {
   const RouteIdType t = route_id_type(r);
   const char* descr = t == RouteIdType::Int8 ? "|i1" : t == RouteIdType::Uint8 ? "|u1" : "<i2";
   std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
-                     std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " + std::to_string(r.k) + "), }";
+                     std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " +
+                     std::to_string(r.k) + "), }";
   // magic (6) + version (2) + header length (2) + dict + spaces + '\n' = multiple of 64.
   size_t total = 10 + dict.size() + 1;
   size_t padded = (total + 63) / 64 * 64;
@@ -374,8 +387,8 @@ RouteArray parse_npy(const std::string& buf, const std::string& path) {
     hstart = 10;
   } else if (major == 2 || major == 3) {
     if (buf.size() < 12) throw Error(path + ": truncated .npy header");
-    hlen = size_t(uint8_t(buf[8])) | size_t(uint8_t(buf[9])) << 8 |
-           size_t(uint8_t(buf[10])) << 16 | size_t(uint8_t(buf[11])) << 24;
+    hlen = size_t(uint8_t(buf[8])) | size_t(uint8_t(buf[9])) << 8 | size_t(uint8_t(buf[10])) << 16 |
+           size_t(uint8_t(buf[11])) << 24;
     hstart = 12;
   } else {
     throw Error(path + ": unsupported .npy format version " + std::to_string(major));
@@ -405,19 +418,25 @@ RouteArray parse_npy(const std::string& buf, const std::string& path) {
     } else {
       p.fail("unexpected key '" + key + "'");
     }
-    if (p.peek(',')) ++p.i;
-    else if (!p.peek('}')) p.fail("expected ',' or '}'");
+    if (p.peek(','))
+      ++p.i;
+    else if (!p.peek('}'))
+      p.fail("expected ',' or '}'");
   }
   if (!have_descr || !have_order || !have_shape)
     p.fail("needs the keys 'descr', 'fortran_order' and 'shape'");
 
   size_t itemsize = 0;
   const bool unsigned_bytes = descr == "<u1" || descr == "|u1" || descr == "u1";
-  if (descr == "<i1" || descr == "|i1" || descr == "i1" || unsigned_bytes) itemsize = 1;
-  else if (descr == "<i2") itemsize = 2;
-  else if (descr == "<i4") itemsize = 4;
+  if (descr == "<i1" || descr == "|i1" || descr == "i1" || unsigned_bytes)
+    itemsize = 1;
+  else if (descr == "<i2")
+    itemsize = 2;
+  else if (descr == "<i4")
+    itemsize = 4;
   else
-    throw Error(path + ": .npy dtype '" + descr + "' is not supported (routes are i1, u1, <i2 or <i4)");
+    throw Error(path + ": .npy dtype '" + descr +
+                "' is not supported (routes are i1, u1, <i2 or <i4)");
   if (fortran) throw Error(path + ": .npy array is in Fortran order; routes need C order");
   if (shape.size() != 3)
     throw Error(path + ": .npy array has rank " + std::to_string(shape.size()) +

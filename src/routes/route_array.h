@@ -1,5 +1,5 @@
-// A block of routes: int16 [rows, layers, k], C order (on the wire as narrow as the expert count allows). The unit every part of r3 exchanges
-// (engine output, transport, staging, replay).
+// A block of routes: int16 [rows, layers, k], C order (on the wire as narrow as the expert count
+// allows). The unit every part of r3 exchanges (engine output, transport, staging, replay).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,18 +11,22 @@ namespace r3 {
 
 struct RouteArray {
   int rows = 0, layers = 0, k = 0;
-  int start = 0;                   // absolute position of row 0 (delta start N)
-  std::vector<int> moe_layers;     // decoder-layer index of each column (may be empty)
-  int num_experts = 0;             // the model's expert count, when known (sizes the wire id type)
-  std::vector<int16_t> data;       // rows * layers * k
+  int start = 0;                // absolute position of row 0 (delta start N)
+  std::vector<int> moe_layers;  // decoder-layer index of each column (may be empty)
+  int num_experts = 0;          // the model's expert count, when known (sizes the wire id type)
+  std::vector<int16_t> data;    // rows * layers * k
 
   RouteArray() = default;
   RouteArray(int r, int l, int kk, int16_t fill = -1)
       : rows(r), layers(l), k(kk), data(size_t(r) * size_t(l) * size_t(kk), fill) {}
   int16_t* row(int r) { return data.data() + size_t(r) * size_t(layers) * size_t(k); }
   const int16_t* row(int r) const { return data.data() + size_t(r) * size_t(layers) * size_t(k); }
-  int16_t& at(int r, int l, int j) { return data[(size_t(r) * size_t(layers) + size_t(l)) * size_t(k) + size_t(j)]; }
-  int16_t at(int r, int l, int j) const { return data[(size_t(r) * size_t(layers) + size_t(l)) * size_t(k) + size_t(j)]; }
+  int16_t& at(int r, int l, int j) {
+    return data[(size_t(r) * size_t(layers) + size_t(l)) * size_t(k) + size_t(j)];
+  }
+  int16_t at(int r, int l, int j) const {
+    return data[(size_t(r) * size_t(layers) + size_t(l)) * size_t(k) + size_t(j)];
+  }
 };
 
 // Base64 (RFC 4648, with padding). decode throws r3::Error on malformed input.

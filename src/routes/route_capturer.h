@@ -21,7 +21,9 @@ struct CaptureSlot {
     std::memcpy(data.data() + (size_t(token) * size_t(layers) + size_t(moe_layer)) * size_t(k), ids,
                 size_t(k) * sizeof(int16_t));
   }
-  const int16_t* row(int token) const { return data.data() + size_t(token) * size_t(layers) * size_t(k); }
+  const int16_t* row(int token) const {
+    return data.data() + size_t(token) * size_t(layers) * size_t(k);
+  }
 };
 
 class RouteCapturer {

@@ -145,8 +145,8 @@ EnvelopeIds decode_envelope_ids(const std::string& s) {
   }
   if (bytes.size() != nbytes) {
     std::ostringstream o;
-    o << "payload holds " << bytes.size() << " bytes, shape " << f[2] << " of " << f[1]
-      << " needs " << nbytes;
+    o << "payload holds " << bytes.size() << " bytes, shape " << f[2] << " of " << f[1] << " needs "
+      << nbytes;
     throw fail(o.str());
   }
   out.data.resize(n);
@@ -154,9 +154,12 @@ EnvelopeIds decode_envelope_ids(const std::string& s) {
     uint32_t u = 0;
     for (int b = 0; b < w; ++b) u |= uint32_t(bytes[i * w + b]) << (8 * b);
     int32_t v;
-    if (w == 1) v = int8_t(uint8_t(u));
-    else if (w == 2) v = int16_t(uint16_t(u));
-    else v = int32_t(u);
+    if (w == 1)
+      v = int8_t(uint8_t(u));
+    else if (w == 2)
+      v = int16_t(uint16_t(u));
+    else
+      v = int32_t(u);
     if (v < -1) {
       std::ostringstream o;
       o << "id " << v << " at flat index " << i << " is below -1";

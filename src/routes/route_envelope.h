@@ -13,15 +13,15 @@ namespace r3 {
 // NeMo-RL route envelope: "nrlre1:<int8|int16|int32>:<S>x<L>x<K>:<base64 of C-order bytes>",
 // written with the narrowest signed type holding both the largest id and -1.
 std::string encode_envelope(const RouteArray& r);
-RouteArray decode_envelope(const std::string& s);  // throws r3::Error on malformed input
-                                                   // (also when an id does not fit RouteArray's int16)
+// Throws r3::Error on malformed input (also when an id does not fit RouteArray's int16).
+RouteArray decode_envelope(const std::string& s);
 
 // The same envelope over int32 ids, for vocabularies of experts past int16 (Megatron switches
 // to int32 above 32767 experts). `ids` is [S, L, K] C order; ids must be >= -1.
 struct EnvelopeIds {
   int s = 0, l = 0, k = 0;
-  std::string dtype;             // "int8" | "int16" | "int32", as found in the envelope
-  std::vector<int32_t> data;     // s * l * k
+  std::string dtype;          // "int8" | "int16" | "int32", as found in the envelope
+  std::vector<int32_t> data;  // s * l * k
 };
 std::string encode_envelope(const std::vector<int32_t>& ids, int S, int L, int K);
 EnvelopeIds decode_envelope_ids(const std::string& s);  // throws r3::Error on malformed input

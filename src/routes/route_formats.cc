@@ -17,10 +17,14 @@ RouteFormat parse_route_format(const std::string& name) {
 
 const char* route_format_name(RouteFormat f) {
   switch (f) {
-    case RouteFormat::R3: return "r3";
-    case RouteFormat::Sglang: return "sglang";
-    case RouteFormat::Vllm: return "vllm";
-    case RouteFormat::Nrlre1: return "nrlre1";
+    case RouteFormat::R3:
+      return "r3";
+    case RouteFormat::Sglang:
+      return "sglang";
+    case RouteFormat::Vllm:
+      return "vllm";
+    case RouteFormat::Nrlre1:
+      return "nrlre1";
   }
   return "?";
 }
@@ -32,10 +36,14 @@ std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers) {
   for (int row = 0; row < r.rows; ++row)
     for (int l = 0; l < r.layers; ++l) {
       const int layer = r.moe_layers[size_t(l)];
-      if (layer < 0 || layer >= num_hidden_layers) throw Error("encode_sglang_routes: layer id out of range");
+      if (layer < 0 || layer >= num_hidden_layers)
+        throw Error("encode_sglang_routes: layer id out of range");
       for (int j = 0; j < r.k; ++j) {
         const uint32_t v = uint32_t(int32_t(r.at(row, l, j)));
-        uint8_t* d = out.data() + ((size_t(row) * size_t(num_hidden_layers) + size_t(layer)) * size_t(r.k) + size_t(j)) * 4;
+        uint8_t* d =
+            out.data() +
+            ((size_t(row) * size_t(num_hidden_layers) + size_t(layer)) * size_t(r.k) + size_t(j)) *
+                4;
         for (int b = 0; b < 4; ++b) d[b] = uint8_t(v >> (8 * b));  // little-endian
       }
     }
@@ -47,16 +55,19 @@ RouteArray decode_sglang_routes(const std::string& b64, int num_hidden_layers, i
   const std::vector<uint8_t> bytes = base64_decode(b64);
   const size_t per_row = size_t(num_hidden_layers) * size_t(k) * 4;
   if (per_row == 0 || bytes.size() % per_row)
-    throw Error("sglang routes: " + std::to_string(bytes.size()) + " bytes are not whole rows of [" +
-                std::to_string(num_hidden_layers) + ", " + std::to_string(k) + "] int32");
+    throw Error("sglang routes: " + std::to_string(bytes.size()) +
+                " bytes are not whole rows of [" + std::to_string(num_hidden_layers) + ", " +
+                std::to_string(k) + "] int32");
   RouteArray r(int(bytes.size() / per_row), int(moe_layers.size()), k);
   r.start = start;
   r.moe_layers = moe_layers;
   for (int row = 0; row < r.rows; ++row)
     for (int l = 0; l < r.layers; ++l)
       for (int j = 0; j < k; ++j) {
-        const uint8_t* d = bytes.data() + row * per_row + (size_t(moe_layers[size_t(l)]) * size_t(k) + size_t(j)) * 4;
-        const int32_t v = int32_t(uint32_t(d[0]) | uint32_t(d[1]) << 8 | uint32_t(d[2]) << 16 | uint32_t(d[3]) << 24);
+        const uint8_t* d = bytes.data() + row * per_row +
+                           (size_t(moe_layers[size_t(l)]) * size_t(k) + size_t(j)) * 4;
+        const int32_t v = int32_t(uint32_t(d[0]) | uint32_t(d[1]) << 8 | uint32_t(d[2]) << 16 |
+                                  uint32_t(d[3]) << 24);
         r.at(row, l, j) = int16_t(v);
       }
   return r;

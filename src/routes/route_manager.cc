@@ -41,10 +41,12 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
     // generation the block had when the request took it.
     for (int pos = 0; pos < s.prefix_hit_tokens; ++pos) {
       const int bi = pos / block_size_;
-      const size_t c = size_t(plan.block_table(s)[bi]) * size_t(block_size_) + size_t(pos % block_size_);
+      const size_t c =
+          size_t(plan.block_table(s)[bi]) * size_t(block_size_) + size_t(pos % block_size_);
       if (size_t(pos) >= st->written.size()) break;
       if (stamps_[c] != 0 && stamps_[c] == plan.hit_generation(s, bi)) {
-        std::memcpy(st->rows.data() + size_t(pos) * rs, cache_.data() + c * rs, rs * sizeof(int16_t));
+        std::memcpy(st->rows.data() + size_t(pos) * rs, cache_.data() + c * rs,
+                    rs * sizeof(int16_t));
         st->written[size_t(pos)] = 1;
         ++stats_.prefix_rows_copied;
       } else {

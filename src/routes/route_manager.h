@@ -10,15 +10,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "step/step_plan.h"
 #include "routes/route_array.h"
 #include "routes/route_capturer.h"
+#include "step/step_plan.h"
 
 namespace r3 {
 
 struct RouteStats {
-  uint64_t commits = 0, rows_committed = 0, prefix_rows_copied = 0, stale_prefix_rows = 0,
-           gaps = 0, route_bytes_returned = 0;
+  uint64_t commits = 0, rows_committed = 0, prefix_rows_copied = 0, stale_prefix_rows = 0, gaps = 0,
+           route_bytes_returned = 0;
 };
 
 class RouteManager {
@@ -48,13 +48,13 @@ class RouteManager {
 
  private:
   struct Store {
-    std::vector<int16_t> rows;   // [max_positions, L, K]
+    std::vector<int16_t> rows;  // [max_positions, L, K]
     std::vector<uint8_t> written;
   };
   int layers_, k_, num_blocks_, block_size_;
   std::unordered_map<uint64_t, Store> stores_;
-  std::vector<int16_t> cache_;      // [num_blocks * block_size, L, K]
-  std::vector<uint64_t> stamps_;    // generation each cache row was written under (0 = never)
+  std::vector<int16_t> cache_;     // [num_blocks * block_size, L, K]
+  std::vector<uint64_t> stamps_;   // generation each cache row was written under (0 = never)
   std::vector<Store*> seq_store_;  // scratch of commit()
   uint64_t next_iter_ = 0;
   bool started_ = false;

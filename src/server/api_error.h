@@ -15,7 +15,10 @@ class ApiError : public std::runtime_error {
  public:
   ApiError(int status, const std::string& message, std::string type = "invalid_request_error",
            std::string param = "")
-      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
+      : std::runtime_error(message),
+        status_(status),
+        type_(std::move(type)),
+        param_(std::move(param)) {}
   int status() const { return status_; }
   const std::string& type() const { return type_; }
   const std::string& param() const { return param_; }

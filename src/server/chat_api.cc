@@ -26,54 +26,100 @@ json chat_logprobs(const RequestOutput& o, size_t from, const CompletionRequest&
     if (i < o.top_logprobs.size())
       for (int j = 0; j < o.top_logprobs[i].n; ++j) {
         const std::string a = token_text(req.tok, o.top_logprobs[i].ids[j]);
-        top.push_back({{"token", a}, {"logprob", double(o.top_logprobs[i].logprobs[j])}, {"bytes", bytes_of(a)}});
+        top.push_back({{"token", a},
+                       {"logprob", double(o.top_logprobs[i].logprobs[j])},
+                       {"bytes", bytes_of(a)}});
       }
-    content.push_back({{"token", t},
-                       {"logprob", i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr)},
-                       {"bytes", bytes_of(t)},
-                       {"top_logprobs", top}});
+    content.push_back(
+        {{"token", t},
+         {"logprob", i < o.logprobs.size() ? json(double(o.logprobs[i])) : json(nullptr)},
+         {"bytes", bytes_of(t)},
+         {"top_logprobs", top}});
   }
   return {{"content", content}};
 }
 
 }  // namespace
 
-CompletionRequest parse_chat_request(const json& b, const std::string& raw, const std::function<uint64_t()>& seeds,
+CompletionRequest parse_chat_request(const json& b, const std::string& raw,
+                                     const std::function<uint64_t()>& seeds,
                                      std::shared_ptr<const text::Tokenizer> tok, int max_context,
                                      const ChatTemplatePolicy& policy) {
-  refuse_unknown_fields(
-      b, "", {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
-              "stream", "stream_options", "logprobs", "top_logprobs", "stop", "stop_token_ids", "seed",
-              "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "user", "ignore_eos",
-              "tools", "tool_choice", "parallel_tool_calls", "chat_template", "chat_template_kwargs",
-              "add_generation_prompt", "continue_final_message", "include_stop_str_in_output",
-              "skip_special_tokens", "spaces_between_special_tokens", "return_token_ids", "request_id",
-              "return_routed_experts", "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format",
-              "prompt_logprobs", "echo",
-              "response_format", "add_special_tokens"});
-  if (!tok) throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)", "messages");
+  refuse_unknown_fields(b, "",
+                        {"model",
+                         "messages",
+                         "max_tokens",
+                         "max_completion_tokens",
+                         "temperature",
+                         "top_p",
+                         "top_k",
+                         "n",
+                         "stream",
+                         "stream_options",
+                         "logprobs",
+                         "top_logprobs",
+                         "stop",
+                         "stop_token_ids",
+                         "seed",
+                         "presence_penalty",
+                         "frequency_penalty",
+                         "repetition_penalty",
+                         "logit_bias",
+                         "user",
+                         "ignore_eos",
+                         "tools",
+                         "tool_choice",
+                         "parallel_tool_calls",
+                         "chat_template",
+                         "chat_template_kwargs",
+                         "add_generation_prompt",
+                         "continue_final_message",
+                         "include_stop_str_in_output",
+                         "skip_special_tokens",
+                         "spaces_between_special_tokens",
+                         "return_token_ids",
+                         "request_id",
+                         "return_routed_experts",
+                         "routed_experts_start",
+                         "routed_experts_prompt_start",
+                         "routed_experts_format",
+                         "prompt_logprobs",
+                         "echo",
+                         "response_format",
+                         "add_special_tokens"});
+  if (!tok)
+    throw bad_request(
+        "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)",
+        "messages");
   // vLLM's rule and words: a template sent with the request (or in chat_template_kwargs) is code
   // from the client, rendered only when the server was told to trust it.
-  const bool sends_template = (b.contains("chat_template") && !b["chat_template"].is_null()) ||
-                              (b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object() &&
-                               b["chat_template_kwargs"].contains("chat_template") &&
-                               !b["chat_template_kwargs"]["chat_template"].is_null());
+  const bool sends_template =
+      (b.contains("chat_template") && !b["chat_template"].is_null()) ||
+      (b.contains("chat_template_kwargs") && b["chat_template_kwargs"].is_object() &&
+       b["chat_template_kwargs"].contains("chat_template") &&
+       !b["chat_template_kwargs"]["chat_template"].is_null());
   if (sends_template && !policy.trust_request_chat_template)
-    throw bad_request("Chat template is passed with request, but --trust-request-chat-template is not set. "
-                      "Refused request with untrusted chat template.",
-                      "chat_template");
-  if (auto e = opt_bool(b, "echo", "echo"); e && *e) throw bad_request("\"echo\" is not supported by r3", "echo");
+    throw bad_request(
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template.",
+        "chat_template");
+  if (auto e = opt_bool(b, "echo", "echo"); e && *e)
+    throw bad_request("\"echo\" is not supported by r3", "echo");
   if (b.contains("response_format") && !b["response_format"].is_null()) {
     const json& rf = b["response_format"];
     if (!rf.is_object() || rf.value("type", "") != "text")
-      throw bad_request("\"response_format\" other than {\"type\": \"text\"} is not supported by r3 (no constrained decoding)",
-                        "response_format");
+      throw bad_request(
+          "\"response_format\" other than {\"type\": \"text\"} is not supported by r3 (no "
+          "constrained decoding)",
+          "response_format");
   }
   if (b.contains("tool_choice") && !b["tool_choice"].is_null()) {
     const json& tc = b["tool_choice"];
     if (!tc.is_string() || (tc != "none" && tc != "auto"))
-      throw bad_request("\"tool_choice\" other than \"none\" or \"auto\" is not supported by r3 (it parses no tool calls)",
-                        "tool_choice");
+      throw bad_request(
+          "\"tool_choice\" other than \"none\" or \"auto\" is not supported by r3 (it parses no "
+          "tool calls)",
+          "tool_choice");
   }
   const ojson ob = ojson::parse(raw);  // key order of messages and tools, for the template
   text::ChatRequest cr;
@@ -87,8 +133,10 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
     if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
     for (const ojson& part : m["content"])
       if (part.is_object() && part.contains("type") && part["type"] != "text")
-        throw bad_request("messages[" + std::to_string(i) + "]: content of type " + part["type"].dump() +
-                              " is not supported by r3 (text only; a vision-language model's vision tower is not run)",
+        throw bad_request("messages[" + std::to_string(i) + "]: content of type " +
+                              part["type"].dump() +
+                              " is not supported by r3 (text only; a vision-language model's "
+                              "vision tower is not run)",
                           "messages");
   }
   if (ob.contains("tools") && !ob["tools"].is_null()) {
@@ -100,9 +148,10 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
       throw bad_request("\"chat_template_kwargs\" must be an object", "chat_template_kwargs");
     cr.kwargs = ob["chat_template_kwargs"];
   }
-  cr.continue_final_message = opt_bool(b, "continue_final_message", "continue_final_message").value_or(false);
-  cr.add_generation_prompt =
-      opt_bool(b, "add_generation_prompt", "add_generation_prompt").value_or(!cr.continue_final_message);
+  cr.continue_final_message =
+      opt_bool(b, "continue_final_message", "continue_final_message").value_or(false);
+  cr.add_generation_prompt = opt_bool(b, "add_generation_prompt", "add_generation_prompt")
+                                 .value_or(!cr.continue_final_message);
   std::vector<int32_t> ids;
   try {
     const text::ChatTemplate ct(tok, opt_string(b, "chat_template", "chat_template").value_or(""));
@@ -111,11 +160,13 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
     // cost 12 s of encoding before its 400).
     const size_t at_least = prompt.size() / (4 * tok->max_token_bytes());
     if (at_least > size_t(max_context))
-      throw bad_request("the rendered prompt has " + std::to_string(prompt.size()) + " bytes, at least " +
-                            std::to_string(at_least) + " tokens: more than the " + std::to_string(max_context) +
+      throw bad_request("the rendered prompt has " + std::to_string(prompt.size()) +
+                            " bytes, at least " + std::to_string(at_least) +
+                            " tokens: more than the " + std::to_string(max_context) +
                             " the model and KV pool hold",
                         "messages");
-    ids = tok->encode(prompt, opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(false));
+    ids = tok->encode(prompt,
+                      opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(false));
   } catch (const ApiError&) {
     throw;
   } catch (const Error& e) {
@@ -123,20 +174,44 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
   }
   // The rest is a completion of the rendered prompt.
   json cb = json::object();
-  for (const char* k : {"model", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
-                        "stop_token_ids", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                        "logit_bias", "user", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
-                        "spaces_between_special_tokens", "return_token_ids", "request_id", "return_routed_experts",
-                        "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format", "prompt_logprobs"})
+  for (const char* k : {"model",
+                        "temperature",
+                        "top_p",
+                        "top_k",
+                        "n",
+                        "stream",
+                        "stream_options",
+                        "stop",
+                        "stop_token_ids",
+                        "seed",
+                        "presence_penalty",
+                        "frequency_penalty",
+                        "repetition_penalty",
+                        "logit_bias",
+                        "user",
+                        "ignore_eos",
+                        "include_stop_str_in_output",
+                        "skip_special_tokens",
+                        "spaces_between_special_tokens",
+                        "return_token_ids",
+                        "request_id",
+                        "return_routed_experts",
+                        "routed_experts_start",
+                        "routed_experts_prompt_start",
+                        "routed_experts_format",
+                        "prompt_logprobs"})
     if (b.contains(k)) cb[k] = b[k];
-  if (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null()) cb["max_tokens"] = b["max_completion_tokens"];
-  else if (b.contains("max_tokens")) cb["max_tokens"] = b["max_tokens"];
+  if (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null())
+    cb["max_tokens"] = b["max_completion_tokens"];
+  else if (b.contains("max_tokens"))
+    cb["max_tokens"] = b["max_tokens"];
   // vLLM's chat default: as many tokens as the context leaves.
   if (!cb.contains("max_tokens") || cb["max_tokens"].is_null())
     cb["max_tokens"] = std::max<int64_t>(1, int64_t(max_context) - int64_t(ids.size()));
   const bool logprobs = opt_bool(b, "logprobs", "logprobs").value_or(false);
   const auto top = opt_int(b, "top_logprobs", "top_logprobs", 0, kMaxTopLogprobs);
-  if (top && *top > 0 && !logprobs) throw bad_request("\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
+  if (top && *top > 0 && !logprobs)
+    throw bad_request("\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
   if (logprobs) cb["logprobs"] = top.value_or(0);
   cb["prompt"] = ids;
   CompletionRequest r = parse_completion_request(cb, seeds, tok.get());
@@ -146,7 +221,11 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw, cons
 
 json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
   json c = {{"index", index},
-            {"message", {{"role", "assistant"}, {"content", o.text}, {"reasoning_content", nullptr}, {"tool_calls", json::array()}}},
+            {"message",
+             {{"role", "assistant"},
+              {"content", o.text},
+              {"reasoning_content", nullptr},
+              {"tool_calls", json::array()}}},
             {"logprobs", req.logprobs ? chat_logprobs(o, 0, req) : json(nullptr)},
             {"finish_reason", o.finish_reason},
             {"stop_reason", completion_stop_reason(o)},
@@ -156,13 +235,14 @@ json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& 
   return c;
 }
 
-json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from, bool first,
-                       const CompletionRequest& req) {
+json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from,
+                       bool first, const CompletionRequest& req) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   const std::string text = o.text.substr(std::min(text_from, o.text.size()));
   if (first || !text.empty()) delta["content"] = text;
-  std::vector<int> ids(o.token_ids.begin() + long(std::min(from, o.token_ids.size())), o.token_ids.end());
+  std::vector<int> ids(o.token_ids.begin() + long(std::min(from, o.token_ids.size())),
+                       o.token_ids.end());
   json c = {{"index", index}, {"delta", delta}, {"token_ids", ids}};
   c["logprobs"] = req.logprobs ? chat_logprobs(o, from, req) : json(nullptr);
   if (o.finished) {

@@ -36,7 +36,7 @@ CompletionRequest parse_chat_request(const nlohmann::json& body, const std::stri
 nlohmann::json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& req);
 // One streamed choice delta (tokens [from, end), text bytes [text_from, end)); `first` adds the
 // assistant role.
-nlohmann::json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from, bool first,
-                                 const CompletionRequest& req);
+nlohmann::json chat_chunk_choice(const RequestOutput& o, size_t index, size_t from,
+                                 size_t text_from, bool first, const CompletionRequest& req);
 
 }  // namespace r3::server

@@ -106,12 +106,15 @@ class FdStream : public httplib::Stream {
 // The Content-Length a header block declares (0 when none or not a plain number).
 size_t content_length(std::string_view headers) {
   static constexpr std::string_view kName = "\r\ncontent-length:";
-  for (size_t at = headers.find("\r\n"); at != std::string_view::npos; at = headers.find("\r\n", at + 2)) {
-    if (headers.size() - at < kName.size() || strncasecmp(headers.data() + at, kName.data(), kName.size()) != 0)
+  for (size_t at = headers.find("\r\n"); at != std::string_view::npos;
+       at = headers.find("\r\n", at + 2)) {
+    if (headers.size() - at < kName.size() ||
+        strncasecmp(headers.data() + at, kName.data(), kName.size()) != 0)
       continue;
     size_t i = at + kName.size(), v = 0;
     while (i < headers.size() && (headers[i] == ' ' || headers[i] == '\t')) ++i;
-    for (; i < headers.size() && headers[i] >= '0' && headers[i] <= '9' && v < (size_t(1) << 50); ++i)
+    for (; i < headers.size() && headers[i] >= '0' && headers[i] <= '9' && v < (size_t(1) << 50);
+         ++i)
       v = v * 10 + size_t(headers[i] - '0');
     return v;
   }
@@ -120,20 +123,23 @@ size_t content_length(std::string_view headers) {
 
 // A whole reply the gate sends itself (r3's error body), then closes.
 std::string reply(int status, const char* reason, const std::string& message, const char* type) {
-  const std::string body = "{\"error\": {\"message\": \"" + message + "\", \"type\": \"" + type + "\", \"param\": null, " +
-                           "\"code\": " + std::to_string(status) + "}}";
-  return "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: application/json\r\nConnection: close\r\n" +
+  const std::string body = "{\"error\": {\"message\": \"" + message + "\", \"type\": \"" + type +
+                           "\", \"param\": null, " + "\"code\": " + std::to_string(status) + "}}";
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason +
+         "\r\nContent-Type: application/json\r\nConnection: close\r\n" +
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
-const std::string kTimeoutReply =
-    reply(408, "Request Timeout", "the request headers did not arrive in time", "invalid_request_error");
-const std::string kTooLargeReply = reply(431, "Request Header Fields Too Large",
-                                         "the request headers exceed " + std::to_string(kMaxGatedHeaderBytes) + " bytes",
-                                         "invalid_request_error");
-const std::string kBusyReply = reply(503, "Service Unavailable", "too many connections are open; retry", "server_error");
+const std::string kTimeoutReply = reply(
+    408, "Request Timeout", "the request headers did not arrive in time", "invalid_request_error");
+const std::string kTooLargeReply =
+    reply(431, "Request Header Fields Too Large",
+          "the request headers exceed " + std::to_string(kMaxGatedHeaderBytes) + " bytes",
+          "invalid_request_error");
+const std::string kBusyReply =
+    reply(503, "Service Unavailable", "too many connections are open; retry", "server_error");
 
 thread_local socket_t handled_socket = -1;  // the worker's connection, while process_request runs
-thread_local bool close_requested = false;   // close_after_reply() was called for it
+thread_local bool close_requested = false;  // close_after_reply() was called for it
 
 }  // namespace
 
@@ -164,7 +170,8 @@ void GatedHttpServer::set_gate_limits(const GateLimits& limits) { limits_ = limi
 
 void GatedHttpServer::start_threads() {
   gate_ = std::thread([this] { gate_loop(); });
-  for (int i = 0; i < std::max(1, limits_.workers); ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < std::max(1, limits_.workers); ++i)
+    workers_.emplace_back([this] { worker_loop(); });
 }
 
 void GatedHttpServer::stop_gate() {
@@ -271,7 +278,9 @@ void GatedHttpServer::gate_loop() {
         close_socket(sock);
         continue;
       }
-      held_[sock] = {now + std::chrono::seconds(idle ? limits_.idle_seconds : limits_.header_seconds), ++admissions_, idle};
+      held_[sock] = {
+          now + std::chrono::seconds(idle ? limits_.idle_seconds : limits_.header_seconds),
+          ++admissions_, idle};
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
       ev.data.fd = sock;
@@ -312,13 +321,15 @@ void GatedHttpServer::worker_loop() {
     do {  // again while a pipelined request sits in the stream's buffer
       bool closed = false;
       close_requested = false;
-      keep = process_request(strm, /*close_connection=*/stopping_.load(), closed, nullptr) && !closed &&
-             !close_requested && !stopping_;
+      keep = process_request(strm, /*close_connection=*/stopping_.load(), closed, nullptr) &&
+             !closed && !close_requested && !stopping_;
     } while (keep && strm.has_buffered());
     handled_socket = -1;
     --busy_;
-    if (keep) admit(sock, true);  // back to the gate until its next request arrives
-    else close_socket(sock);
+    if (keep)
+      admit(sock, true);  // back to the gate until its next request arrives
+    else
+      close_socket(sock);
   }
 }
 

@@ -17,9 +17,9 @@
 #include <httplib.h>
 
 #include <atomic>
-#include <cstdint>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -35,11 +35,11 @@ inline constexpr size_t kMaxGatedHeaderBytes = 32 * 1024;
 inline constexpr size_t kGatedBodyBytes = 16 * 1024;
 
 struct GateLimits {
-  int header_seconds = 10;         // request line + headers (+ a small body) must arrive within this
-  int idle_seconds = 5;            // a keep-alive connection waiting for its next request
-  int io_seconds = 10;             // one read or write by a worker (a large body, a reply)
-  size_t max_connections = 4096;   // connections held at once, gate and workers together
-  int workers = 16;                // requests handled at once
+  int header_seconds = 10;        // request line + headers (+ a small body) must arrive within this
+  int idle_seconds = 5;           // a keep-alive connection waiting for its next request
+  int io_seconds = 10;            // one read or write by a worker (a large body, a reply)
+  size_t max_connections = 4096;  // connections held at once, gate and workers together
+  int workers = 16;               // requests handled at once
 };
 
 class GatedHttpServer : public httplib::Server {
@@ -61,17 +61,17 @@ class GatedHttpServer : public httplib::Server {
   struct Held {
     std::chrono::steady_clock::time_point deadline;
     uint64_t admitted = 0;  // admission order: ties of the clock must not decide who is oldest
-    bool idle = false;  // between requests (shed first), else inside a request's headers
+    bool idle = false;      // between requests (shed first), else inside a request's headers
   };
 
   bool process_and_close_socket(socket_t sock) override;
   void start_threads();
   void gate_loop();
   void worker_loop();
-  void admit(socket_t sock, bool idle);           // into the gate (epoll), any thread
-  void check_ready(socket_t sock);                // gate thread: a whole request peekable?
+  void admit(socket_t sock, bool idle);                    // into the gate (epoll), any thread
+  void check_ready(socket_t sock);                         // gate thread: a whole request peekable?
   void release(socket_t sock, const std::string* answer);  // gate thread: forget, answer, close
-  void shed_one();                                // gate thread: make room for one more
+  void shed_one();                                         // gate thread: make room for one more
 
   GateLimits limits_;
   int epoll_ = -1, wake_ = -1;  // wake_: an eventfd for admissions and stop
@@ -82,10 +82,10 @@ class GatedHttpServer : public httplib::Server {
   std::mutex mu_;  // guards incoming_ and ready_
   std::condition_variable ready_cv_;
   std::deque<std::pair<socket_t, bool>> incoming_;  // (socket, idle) to be added by the gate thread
-  std::deque<socket_t> ready_;                       // whole requests, for the workers
-  std::unordered_map<socket_t, Held> held_;          // gate thread only
-  std::atomic<size_t> busy_{0};                      // sockets with a worker or queued for one
-  uint64_t admissions_ = 0;                          // gate thread only: numbers held_ entries
+  std::deque<socket_t> ready_;                      // whole requests, for the workers
+  std::unordered_map<socket_t, Held> held_;         // gate thread only
+  std::atomic<size_t> busy_{0};                     // sockets with a worker or queued for one
+  uint64_t admissions_ = 0;                         // gate thread only: numbers held_ entries
 };
 
 }  // namespace r3::server

@@ -37,8 +37,9 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t stop_i
   size_t ids = 0;
   for (const auto& p : prompts) ids += p.size() + stop_ids;
   if (prompts.size() > kMaxPrompts || ids > kMaxExpandedIds)
-    throw bad_request("the request is too large: " + std::to_string(prompts.size()) + " prompts holding " +
-                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
+    throw bad_request("the request is too large: " + std::to_string(prompts.size()) +
+                          " prompts holding " + std::to_string(ids) +
+                          " token ids with their stop_token_ids; the limits are " +
                           std::to_string(kMaxPrompts) + " and " + std::to_string(kMaxExpandedIds) +
                           ": split it into several requests",
                       "input_ids");
@@ -50,13 +51,16 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
                                        const text::Tokenizer* tok) {
   // SGLang's GenerateReqInput fields r3 reads or checks; any other (image_data, lora_path,
   // return_hidden_states, ...) is refused by name.
-  refuse_unknown_fields(b, "", {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
-                                "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
-                                "return_routed_experts", "routed_experts_start", "routed_experts_start_len",
-                                "routed_experts_format", "sampling_seed", "log_metrics"});
+  refuse_unknown_fields(
+      b, "",
+      {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
+       "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "return_routed_experts",
+       "routed_experts_start", "routed_experts_start_len", "routed_experts_format", "sampling_seed",
+       "log_metrics"});
   GenerateRequest r;
   r.tok = tok;
-  r.return_text_in_logprobs = opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs").value_or(false);
+  r.return_text_in_logprobs =
+      opt_bool(b, "return_text_in_logprobs", "return_text_in_logprobs").value_or(false);
   if (r.return_text_in_logprobs && !tok)
     throw bad_request("the model has no tokenizer: \"return_text_in_logprobs\" cannot be served",
                       "return_text_in_logprobs");
@@ -68,36 +72,64 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     throw bad_request("\"text\" must be a string or a list of strings", "text");
   r.stream = opt_bool(b, "stream", "stream").value_or(false);
   const json& prompt = has_text ? b["text"] : b["input_ids"];
-  r.batch = has_text ? prompt.is_array() : (prompt.is_array() && !prompt.empty() && prompt[0].is_array());
+  r.batch =
+      has_text ? prompt.is_array() : (prompt.is_array() && !prompt.empty() && prompt[0].is_array());
   if (r.stream && r.batch)
-    throw bad_request("\"stream\" with a list of prompts is not supported by r3: stream each prompt as its own call",
-                      "stream");
-  std::vector<std::vector<int>> prompts = prompt_batch(prompt, has_text ? "text" : "input_ids", tok);
+    throw bad_request(
+        "\"stream\" with a list of prompts is not supported by r3: stream each prompt as its own "
+        "call",
+        "stream");
+  std::vector<std::vector<int>> prompts =
+      prompt_batch(prompt, has_text ? "text" : "input_ids", tok);
   if (b.contains("rid") && !b["rid"].is_null()) {
     if (b["rid"].is_string()) {
       if (!b["rid"].get<std::string>().empty()) r.rid = b["rid"].get<std::string>();
-    }
-    else if (b["rid"].is_number_integer()) r.rid = b["rid"].dump();
-    else throw bad_request("\"rid\" must be a string", "rid");
+    } else if (b["rid"].is_number_integer())
+      r.rid = b["rid"].dump();
+    else
+      throw bad_request("\"rid\" must be a string", "rid");
   }
   r.return_logprob = opt_bool(b, "return_logprob", "return_logprob").value_or(true);
   r.routes_format = opt_route_format(b);
 
   static const json kEmpty = json::object();
-  const json& sp = b.contains("sampling_params") && !b["sampling_params"].is_null() ? b["sampling_params"] : kEmpty;
-  if (!sp.is_object()) throw bad_request("\"sampling_params\" must be an object", "sampling_params");
+  const json& sp = b.contains("sampling_params") && !b["sampling_params"].is_null()
+                       ? b["sampling_params"]
+                       : kEmpty;
+  if (!sp.is_object())
+    throw bad_request("\"sampling_params\" must be an object", "sampling_params");
   reject_unsupported(sp);
   refuse_unknown_fields(sp, "sampling_params.",
-                        {"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos",
-                         "stop", "stop_token_ids", "seed", "sampling_seed", "n", "frequency_penalty",
-                         "presence_penalty", "repetition_penalty", "regex", "json_schema", "ebnf", "structural_tag",
-                         "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval"});
+                        {"max_new_tokens",
+                         "min_new_tokens",
+                         "temperature",
+                         "top_p",
+                         "top_k",
+                         "min_p",
+                         "ignore_eos",
+                         "stop",
+                         "stop_token_ids",
+                         "seed",
+                         "sampling_seed",
+                         "n",
+                         "frequency_penalty",
+                         "presence_penalty",
+                         "repetition_penalty",
+                         "regex",
+                         "json_schema",
+                         "ebnf",
+                         "structural_tag",
+                         "skip_special_tokens",
+                         "spaces_between_special_tokens",
+                         "no_stop_trim",
+                         "stream_interval"});
   if (auto v = opt_number(sp, "min_p", "sampling_params.min_p"); v && *v != 0.0)
     throw bad_request("\"sampling_params.min_p\" is not supported by r3", "sampling_params.min_p");
   SamplingParams p;
   const std::string pre = "sampling_params.";
   // 0: prefill only (scoring: input_token_logprobs and routes, nothing generated).
-  p.max_tokens = int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 0, INT32_MAX).value_or(128));
+  p.max_tokens =
+      int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 0, INT32_MAX).value_or(128));
   p.temperature = float(opt_number(sp, "temperature", pre + "temperature").value_or(1.0));
   p.top_p = float(opt_number(sp, "top_p", pre + "top_p").value_or(1.0));
   p.top_k = int(opt_int(sp, "top_k", pre + "top_k", -1, INT32_MAX).value_or(-1));
@@ -106,11 +138,13 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
   if (sp.contains("stop")) p.stop = stop_strings(sp["stop"], pre + "stop");
   if (!p.stop.empty() && !tok)
-    throw bad_request("the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
-                      pre + "stop");
+    throw bad_request(
+        "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
+        pre + "stop");
   // SGLang's no_stop_trim keeps the matched stop string in the text.
   p.include_stop_str_in_output = opt_bool(sp, "no_stop_trim", pre + "no_stop_trim").value_or(false);
-  p.skip_special_tokens = opt_bool(sp, "skip_special_tokens", pre + "skip_special_tokens").value_or(true);
+  p.skip_special_tokens =
+      opt_bool(sp, "skip_special_tokens", pre + "skip_special_tokens").value_or(true);
   // Accepted for compatibility: it only changes SentencePiece "slow" tokenizers, and r3 reads
   // tokenizer.json (vLLM and SGLang ignore it for those too).
   (void)opt_bool(sp, "spaces_between_special_tokens", pre + "spaces_between_special_tokens");
@@ -118,20 +152,26 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   // SGLang's scoring fields: logprob_start_len -1 (default) = output tokens only, N = input
   // tokens from position N as well; top_logprobs_num = alternatives per position.
   if (r.return_logprob) {
-    p.prompt_logprobs_start = int(opt_int(b, "logprob_start_len", "logprob_start_len", -1, INT32_MAX).value_or(-1));
-    p.top_logprobs = int(opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, kMaxTopLogprobs).value_or(0));
+    p.prompt_logprobs_start =
+        int(opt_int(b, "logprob_start_len", "logprob_start_len", -1, INT32_MAX).value_or(-1));
+    p.top_logprobs =
+        int(opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, kMaxTopLogprobs).value_or(0));
   }
-  p.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  p.return_routed_experts =
+      opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   // SGLang's name is routed_experts_start_len; r3's routed_experts_start means the same.
-  const char* start_key = b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()
-                              ? "routed_experts_start_len"
-                              : "routed_experts_start";
+  const char* start_key =
+      b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()
+          ? "routed_experts_start_len"
+          : "routed_experts_start";
   if (std::string(start_key) == "routed_experts_start_len" && b.contains("routed_experts_start") &&
       !b["routed_experts_start"].is_null())
-    throw bad_request("give one of \"routed_experts_start_len\" and \"routed_experts_start\"", "routed_experts_start");
+    throw bad_request("give one of \"routed_experts_start_len\" and \"routed_experts_start\"",
+                      "routed_experts_start");
   p.routed_experts_start = int(opt_int(b, start_key, start_key, 0, INT32_MAX).value_or(0));
   if (!p.return_routed_experts && p.routed_experts_start)
-    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true", start_key);
+    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true",
+                      start_key);
   std::optional<uint64_t> seed = opt_seed(sp, "seed", pre + "seed");
   if (!seed) seed = opt_seed(sp, "sampling_seed", pre + "sampling_seed");
   if (!seed) seed = opt_seed(b, "sampling_seed", "sampling_seed");
@@ -148,9 +188,9 @@ json generate_finish_reason(const RequestOutput& o) {
   json fr;
   if (o.finish_reason == "stop") {
     fr = {{"type", "stop"},
-          {"matched", !o.stop_str.empty()     ? json(o.stop_str)
-                      : o.token_ids.empty()   ? json(nullptr)
-                                              : json(o.token_ids.back())}};
+          {"matched", !o.stop_str.empty()   ? json(o.stop_str)
+                      : o.token_ids.empty() ? json(nullptr)
+                                            : json(o.token_ids.back())}};
   } else if (o.finish_reason == "length") {
     fr = {{"type", "length"}, {"length", o.token_ids.size()}};
   } else {
@@ -173,7 +213,9 @@ json generate_reply(const RequestOutput& o, const std::string& rid, const Genera
     // return_text_in_logprobs, else null), and per position a list of such triples for the top
     // alternatives.
     auto triple = [&](float lp, int id) {
-      const json txt = req.return_text_in_logprobs ? json(req.tok->decode(std::vector<int32_t>{id}, false, false)) : json(nullptr);
+      const json txt = req.return_text_in_logprobs
+                           ? json(req.tok->decode(std::vector<int32_t>{id}, false, false))
+                           : json(nullptr);
       return json::array({std::isnan(lp) ? json(nullptr) : json(double(lp)), id, txt});
     };
     auto tops = [&](const TopLogprobs& t) {

@@ -23,28 +23,35 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-static bool given(const json& j, const std::string& key) { return j.contains(key) && !j[key].is_null(); }
+static bool given(const json& j, const std::string& key) {
+  return j.contains(key) && !j[key].is_null();
+}
 
-void refuse_unknown_fields(const json& obj, const std::string& prefix, std::initializer_list<const char*> known) {
+void refuse_unknown_fields(const json& obj, const std::string& prefix,
+                           std::initializer_list<const char*> known) {
   for (auto& [k, v] : obj.items()) {
     if (v.is_null()) continue;
     bool ok = false;
     for (const char* n : known) ok = ok || k == n;
-    if (!ok) throw bad_request("unknown field \"" + prefix + k + "\" (r3 does not implement it)", prefix + k);
+    if (!ok)
+      throw bad_request("unknown field \"" + prefix + k + "\" (r3 does not implement it)",
+                        prefix + k);
   }
 }
 
-std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param, int64_t lo,
-                               int64_t hi) {
+std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param,
+                               int64_t lo, int64_t hi) {
   if (!given(j, key)) return std::nullopt;
   const json& v = j[key];
   if (!v.is_number_integer()) throw bad_request("\"" + param + "\" must be an integer", param);
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]",
                       param);
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi)
-    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]",
                       param);
   return x;
 }
@@ -71,7 +78,8 @@ std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const st
   return uint64_t(x);
 }
 
-std::optional<std::string> opt_string(const json& j, const std::string& key, const std::string& param) {
+std::optional<std::string> opt_string(const json& j, const std::string& key,
+                                      const std::string& param) {
   if (!given(j, key)) return std::nullopt;
   if (!j[key].is_string()) throw bad_request("\"" + param + "\" must be a string", param);
   return j[key].get<std::string>();
@@ -91,12 +99,14 @@ std::vector<int> token_id_list(const json& v, const std::string& param) {
   for (size_t i = 0; i < v.size(); ++i) {
     const json& x = v[i];
     if (!x.is_number_integer())
-      throw bad_request("\"" + param + "\" must hold integer token ids (element " + std::to_string(i) + " is not)",
+      throw bad_request("\"" + param + "\" must hold integer token ids (element " +
+                            std::to_string(i) + " is not)",
                         param);
     if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
                                : (x.get<int64_t>() < std::numeric_limits<int>::min() ||
                                   x.get<int64_t>() > std::numeric_limits<int>::max()))
-      throw bad_request("\"" + param + "\" element " + std::to_string(i) + " is not a valid token id", param);
+      throw bad_request(
+          "\"" + param + "\" element " + std::to_string(i) + " is not a valid token id", param);
     out.push_back(int(x.get<int64_t>()));
   }
   return out;
@@ -110,13 +120,15 @@ static bool is_text(const json& v) {
   return true;
 }
 
-std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param, const text::Tokenizer* tok,
-                                           bool add_special_tokens) {
+std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param,
+                                           const text::Tokenizer* tok, bool add_special_tokens) {
   if (is_text(v)) {
     if (!tok)
-      throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); send "
-                        "token ids",
-                        param);
+      throw bad_request(
+          "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR); "
+          "send "
+          "token ids",
+          param);
     std::vector<std::vector<int>> out;
     auto encode = [&](const json& s) {
       const std::string t = s.get<std::string>();
@@ -129,13 +141,16 @@ std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& par
       }
       out.emplace_back(ids.begin(), ids.end());
     };
-    if (v.is_string()) encode(v);
+    if (v.is_string())
+      encode(v);
     else
       for (const auto& s : v) encode(s);
     return out;
   }
   if (!v.is_array() || v.empty())
-    throw bad_request("\"" + param + "\" must be text, a list of texts, a non-empty list of token ids or a list of such lists",
+    throw bad_request("\"" + param +
+                          "\" must be text, a list of texts, a non-empty list of token ids or a "
+                          "list of such lists",
                       param);
   std::vector<std::vector<int>> out;
   if (v[0].is_array()) {
@@ -153,10 +168,12 @@ std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& par
 std::vector<std::string> stop_strings(const json& v, const std::string& param) {
   std::vector<std::string> out;
   if (v.is_null()) return out;
-  if (v.is_string()) out.push_back(v.get<std::string>());
+  if (v.is_string())
+    out.push_back(v.get<std::string>());
   else if (v.is_array()) {
     for (const auto& s : v) {
-      if (!s.is_string()) throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
+      if (!s.is_string())
+        throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
       out.push_back(s.get<std::string>());
     }
   } else

@@ -25,10 +25,12 @@ std::optional<int64_t> opt_int(const json& j, const std::string& key, const std:
 std::optional<double> opt_number(const json& j, const std::string& key, const std::string& param);
 std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param);
 std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param);
-std::optional<std::string> opt_string(const json& j, const std::string& key, const std::string& param);
+std::optional<std::string> opt_string(const json& j, const std::string& key,
+                                      const std::string& param);
 // A field outside `known` with a non-null value is a 400 naming it (prefix + key): an option a
 // client relies on must never be silently ignored. null counts as absent.
-void refuse_unknown_fields(const json& obj, const std::string& prefix, std::initializer_list<const char*> known);
+void refuse_unknown_fields(const json& obj, const std::string& prefix,
+                           std::initializer_list<const char*> known);
 
 // A list of token ids (int32 range; the engine checks them against the vocabulary).
 std::vector<int> token_id_list(const json& v, const std::string& param);
@@ -38,7 +40,8 @@ bool is_token_id_list(const json& v);  // an array whose elements are all intege
 // (encoded with `tok`, its template's special tokens added as Hugging Face's tokenizer(text)
 // does; a 400 when the model has no tokenizer).
 std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param,
-                                           const text::Tokenizer* tok = nullptr, bool add_special_tokens = true);
+                                           const text::Tokenizer* tok = nullptr,
+                                           bool add_special_tokens = true);
 // Stop strings: a string or a list of strings (empty list: none).
 std::vector<std::string> stop_strings(const json& v, const std::string& param);
 

@@ -12,6 +12,7 @@ struct HttpCounters {
   std::map<std::pair<std::string, int>, uint64_t> responses;  // (endpoint, status) -> count
 };
 
-std::string prometheus_text(const LoopStats& s, const HttpCounters& http, const std::string& model_name);
+std::string prometheus_text(const LoopStats& s, const HttpCounters& http,
+                            const std::string& model_name);
 
 }  // namespace r3::server

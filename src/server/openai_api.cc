@@ -20,13 +20,13 @@ void reject_unsupported(const json& b) {
   if (auto v = opt_number(b, "repetition_penalty", "repetition_penalty"); v && *v != 1.0)
     throw bad_request("\"repetition_penalty\" is not supported by r3", "repetition_penalty");
   if (auto e = opt_bool(b, "echo", "echo"); e && *e)
-    throw bad_request("\"echo\" is not supported by r3 (the prompt ids are known to the caller)", "echo");
+    throw bad_request("\"echo\" is not supported by r3 (the prompt ids are known to the caller)",
+                      "echo");
   if (auto s = opt_string(b, "suffix", "suffix"); s && !s->empty())
     throw bad_request("\"suffix\" is not supported by r3", "suffix");
   if (b.contains("logit_bias") && !b["logit_bias"].is_null() && !b["logit_bias"].empty())
     throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
 }
-
 
 json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* tok) {
   json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
@@ -40,7 +40,8 @@ json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* t
     if (tok) offset += name.size();
     if (i < o.top_logprobs.size()) {
       json d = json::object();
-      for (int j = 0; j < o.top_logprobs[i].n; ++j) d[token_text(tok, o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
+      for (int j = 0; j < o.top_logprobs[i].n; ++j)
+        d[token_text(tok, o.top_logprobs[i].ids[j])] = double(o.top_logprobs[i].logprobs[j]);
       tops.push_back(d);
     }
   }
@@ -49,7 +50,6 @@ json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* t
           {"top_logprobs", o.top_logprobs.empty() ? json(nullptr) : tops},
           {"text_offset", offs}};
 }
-
 
 // Every choice gets its own copy of its prompt and of stop_token_ids, so a small body could
 // expand to gigabytes (prompts x n x stop ids). A request may expand to at most this much.
@@ -61,8 +61,9 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, siz
   for (const auto& p : prompts) ids += (p.size() + stop_ids) * n;
   const size_t choices = prompts.size() * n;
   if (choices > kMaxChoices || ids > kMaxExpandedIds)
-    throw bad_request("the request is too large: " + std::to_string(choices) + " choices (prompts x n) holding " +
-                          std::to_string(ids) + " token ids with their stop_token_ids; the limits are " +
+    throw bad_request("the request is too large: " + std::to_string(choices) +
+                          " choices (prompts x n) holding " + std::to_string(ids) +
+                          " token ids with their stop_token_ids; the limits are " +
                           std::to_string(kMaxChoices) + " and " + std::to_string(kMaxExpandedIds) +
                           ": split it into several requests",
                       "prompt");
@@ -78,7 +79,8 @@ std::string token_text(const text::Tokenizer* tok, int id) {
 
 json completion_stop_reason(const RequestOutput& o) {
   if (o.finish_reason != "stop") return nullptr;
-  if (!o.stop_str.empty()) return o.stop_str;  // vLLM: the matched stop string, or the stop token id
+  if (!o.stop_str.empty())
+    return o.stop_str;  // vLLM: the matched stop string, or the stop token id
   if (o.token_ids.empty()) return nullptr;
   return o.token_ids.back();
 }
@@ -101,11 +103,14 @@ json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
     if (i < o.prompt_top_logprobs.size())
       for (int j = 0; j < o.prompt_top_logprobs[i].n; ++j)
         d[std::to_string(o.prompt_top_logprobs[i].ids[j])] = {
-            {"logprob", double(o.prompt_top_logprobs[i].logprobs[j])}, {"rank", j + 1},
+            {"logprob", double(o.prompt_top_logprobs[i].logprobs[j])},
+            {"rank", j + 1},
             {"decoded_token", decoded(o.prompt_top_logprobs[i].ids[j])}};
     const std::string id = std::to_string(o.prompt_token_ids[pos]);
     if (!d.contains(id))
-      d[id] = {{"logprob", double(o.prompt_logprobs[i])}, {"rank", nullptr}, {"decoded_token", decoded(o.prompt_token_ids[pos])}};
+      d[id] = {{"logprob", double(o.prompt_logprobs[i])},
+               {"rank", nullptr},
+               {"decoded_token", decoded(o.prompt_token_ids[pos])}};
     out.push_back(d);
   }
   return out;
@@ -114,13 +119,40 @@ json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
 CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok) {
   // OpenAI's and vLLM's completion fields r3 reads or checks; any other is refused by name.
-  refuse_unknown_fields(b, "", {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "best_of",
-                                "stream", "stream_options", "logprobs", "echo", "suffix", "stop", "stop_token_ids",
-                                "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                                "user", "ignore_eos", "return_token_ids", "request_id", "return_routed_experts",
-                                "routed_experts_start", "routed_experts_prompt_start", "routed_experts_format",
-                                "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
-                                "add_special_tokens"});
+  refuse_unknown_fields(b, "",
+                        {"model",
+                         "prompt",
+                         "max_tokens",
+                         "temperature",
+                         "top_p",
+                         "top_k",
+                         "n",
+                         "best_of",
+                         "stream",
+                         "stream_options",
+                         "logprobs",
+                         "echo",
+                         "suffix",
+                         "stop",
+                         "stop_token_ids",
+                         "seed",
+                         "presence_penalty",
+                         "frequency_penalty",
+                         "repetition_penalty",
+                         "logit_bias",
+                         "user",
+                         "ignore_eos",
+                         "return_token_ids",
+                         "request_id",
+                         "return_routed_experts",
+                         "routed_experts_start",
+                         "routed_experts_prompt_start",
+                         "routed_experts_format",
+                         "prompt_logprobs",
+                         "include_stop_str_in_output",
+                         "skip_special_tokens",
+                         "spaces_between_special_tokens",
+                         "add_special_tokens"});
   reject_unsupported(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
   CompletionRequest r;
@@ -146,7 +178,8 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   }
   r.return_token_ids = opt_bool(b, "return_token_ids", "return_token_ids").value_or(false);
   r.request_id = opt_string(b, "request_id", "request_id");
-  if (r.request_id && r.request_id->empty()) throw bad_request("\"request_id\" must not be empty", "request_id");
+  if (r.request_id && r.request_id->empty())
+    throw bad_request("\"request_id\" must not be empty", "request_id");
 
   SamplingParams base;
   base.max_tokens = int(opt_int(b, "max_tokens", "max_tokens", 0, INT32_MAX).value_or(16));
@@ -158,10 +191,13 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
     base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
   if (b.contains("stop")) base.stop = stop_strings(b["stop"], "stop");
   if (!base.stop.empty() && !tok)
-    throw bad_request("the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")", "stop");
+    throw bad_request(
+        "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
+        "stop");
   base.include_stop_str_in_output =
       opt_bool(b, "include_stop_str_in_output", "include_stop_str_in_output").value_or(false);
-  base.skip_special_tokens = opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
+  base.skip_special_tokens =
+      opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
   // Accepted for compatibility: vLLM applies it to SentencePiece "slow" tokenizers only; r3 reads
   // tokenizer.json.
   (void)opt_bool(b, "spaces_between_special_tokens", "spaces_between_special_tokens");
@@ -173,7 +209,8 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
     r.prompt_logprobs = true;
   }
   r.routes_format = opt_route_format(b);
-  base.return_routed_experts = opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  base.return_routed_experts =
+      opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
   base.routed_experts_start =
       int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
   // vLLM's name (vllm #51906): the same cut, within the prompt ([0, P]; P returns no prompt rows).
@@ -187,14 +224,16 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
     base.routed_experts_start = int(*prompt_start);
   }
   if (!base.return_routed_experts && base.routed_experts_start)
-    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true", start_key);
+    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true",
+                      start_key);
   const std::optional<uint64_t> seed = opt_seed(b, "seed", "seed");
   check_expansion(prompts, r.n, base.stop_token_ids.size());
 
   for (auto& p : prompts) {
     if (prompt_start && size_t(*prompt_start) > p.size())
-      throw bad_request("\"routed_experts_prompt_start\" " + std::to_string(*prompt_start) + " is past the prompt's " +
-                            std::to_string(p.size()) + " tokens (it cuts the prompt's routes only)",
+      throw bad_request("\"routed_experts_prompt_start\" " + std::to_string(*prompt_start) +
+                            " is past the prompt's " + std::to_string(p.size()) +
+                            " tokens (it cuts the prompt's routes only)",
                         "routed_experts_prompt_start");
     r.prompt_lens.push_back(p.size());
     for (size_t j = 0; j < r.n; ++j) {
@@ -207,7 +246,10 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
 }
 
 json completion_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {
-  json c = {{"index", index}, {"text", o.text}, {"token_ids", o.token_ids}, {"finish_reason", o.finish_reason}};
+  json c = {{"index", index},
+            {"text", o.text},
+            {"token_ids", o.token_ids},
+            {"finish_reason", o.finish_reason}};
   c["stop_reason"] = completion_stop_reason(o);
   c["logprobs"] = req.logprobs ? logprobs_json(o, 0, req.tok) : json(nullptr);
   if (req.prompt_logprobs) c["prompt_logprobs"] = prompt_logprobs_json(o, req.tok);
@@ -225,8 +267,11 @@ json completion_usage(const CompletionRequest& req, const std::vector<size_t>& c
 
 json completion_chunk_choice(const RequestOutput& o, size_t index, size_t from, size_t text_from,
                              const CompletionRequest& req) {
-  std::vector<int> delta(o.token_ids.begin() + long(std::min(from, o.token_ids.size())), o.token_ids.end());
-  json c = {{"index", index}, {"text", o.text.substr(std::min(text_from, o.text.size()))}, {"token_ids", delta}};
+  std::vector<int> delta(o.token_ids.begin() + long(std::min(from, o.token_ids.size())),
+                         o.token_ids.end());
+  json c = {{"index", index},
+            {"text", o.text.substr(std::min(text_from, o.text.size()))},
+            {"token_ids", delta}};
   c["logprobs"] = req.logprobs ? logprobs_json(o, from, req.tok) : json(nullptr);
   if (o.finished) {
     c["finish_reason"] = o.finish_reason;

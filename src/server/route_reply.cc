@@ -9,7 +9,8 @@ namespace r3::server {
 using json = nlohmann::json;
 
 std::optional<RouteFormat> opt_route_format(const json& body) {
-  if (!body.contains("routed_experts_format") || body["routed_experts_format"].is_null()) return std::nullopt;
+  if (!body.contains("routed_experts_format") || body["routed_experts_format"].is_null())
+    return std::nullopt;
   if (!body["routed_experts_format"].is_string())
     throw bad_request("\"routed_experts_format\" must be a string", "routed_experts_format");
   try {
@@ -35,7 +36,8 @@ void put_routes(json& obj, const RequestOutput& o, const RouteReply& how, bool c
       break;
     case RouteFormat::Vllm: {
       const int P = int(o.prompt_token_ids.size());
-      if (!chunk || r.start < P) obj["prompt_routed_experts"] = npy_base64(route_rows(r, r.start, P));
+      if (!chunk || r.start < P)
+        obj["prompt_routed_experts"] = npy_base64(route_rows(r, r.start, P));
       obj["routed_experts"] = npy_base64(route_rows(r, P, r.start + r.rows));
       break;
     }

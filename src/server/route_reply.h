@@ -20,6 +20,7 @@ std::optional<RouteFormat> opt_route_format(const nlohmann::json& body);
 
 // Writes o's routes (if any) into obj. chunk: a streamed chunk's rows, where the vllm format
 // leaves out an empty prompt part (only the first chunk has prompt rows).
-void put_routes(nlohmann::json& obj, const RequestOutput& o, const RouteReply& how, bool chunk = false);
+void put_routes(nlohmann::json& obj, const RequestOutput& o, const RouteReply& how,
+                bool chunk = false);
 
 }  // namespace r3::server

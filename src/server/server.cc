@@ -10,20 +10,20 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
-#include <semaphore>
 #include <random>
+#include <semaphore>
 #include <thread>
 
 #include "core/cancellation.h"
 #include "core/error.h"
 #include "server/api_error.h"
-#include "server/serving_names.h"
+#include "server/chat_api.h"
 #include "server/gated_http_server.h"
 #include "server/generate_api.h"
 #include "server/json_fields.h"
 #include "server/metrics.h"
-#include "server/chat_api.h"
 #include "server/openai_api.h"
+#include "server/serving_names.h"
 #include "server/tokenize_api.h"
 #include "text/jinja_budget.h"
 
@@ -57,10 +57,14 @@ std::string sse(const json& j) { return "data: " + dumps(j) + "\n\n"; }
 
 const char* status_type(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -91,7 +95,8 @@ struct SseStream {
   bool take(httplib::DataSink& sink, std::vector<std::optional<RequestOutput>>& outs, bool* alive) {
     *alive = true;
     if (ch->take(seen, std::chrono::milliseconds(200), outs)) return true;
-    if (Clock::now() - last_write >= std::chrono::seconds(1)) *alive = write(sink, ": keep-alive\n\n");
+    if (Clock::now() - last_write >= std::chrono::seconds(1))
+      *alive = write(sink, ": keep-alive\n\n");
     return false;
   }
   // A chunk's route rows: those of r past what earlier chunks sent (absolute positions before
@@ -108,7 +113,8 @@ struct SseStream {
     if (!o.finished) return "";
     if (!o.error.empty()) return "choice " + std::to_string(i) + ": " + o.error;
     if (!o.routes_error.empty())
-      return "choice " + std::to_string(i) + ": routes are incomplete (" + o.routes_error + "); the request fails closed";
+      return "choice " + std::to_string(i) + ": routes are incomplete (" + o.routes_error +
+             "); the request fails closed";
     return "";
   }
 };
@@ -119,14 +125,17 @@ struct CompletionStream : SseStream {
   std::string id, model;
   int64_t created = 0;
   std::vector<size_t> sent, sent_text;  // tokens and text bytes streamed, per choice
-  std::vector<int> rows_sent;           // route rows streamed: absolute positions before this, per choice
-  std::vector<bool> started;            // chat: the role delta went out
+  std::vector<int> rows_sent;  // route rows streamed: absolute positions before this, per choice
+  std::vector<bool> started;   // chat: the role delta went out
   std::vector<bool> done;
   size_t num_done = 0;
 
   json chunk(json choices) const {
-    return {{"id", id}, {"object", req.chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-            {"model", model}, {"choices", std::move(choices)}};
+    return {{"id", id},
+            {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", std::move(choices)}};
   }
 
   // One call of the chunked content provider. False: the client is gone (or the write failed).
@@ -134,7 +143,8 @@ struct CompletionStream : SseStream {
     std::vector<std::optional<RequestOutput>> outs;
     bool alive = true;
     if (!take(sink, outs, &alive)) return alive;
-    if (std::string f = ch->failure(); !f.empty()) return close_with(sink, sse(error_body(f, "server_error", "", 503)));
+    if (std::string f = ch->failure(); !f.empty())
+      return close_with(sink, sse(error_body(f, "server_error", "", 503)));
     std::string out;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i] || done[i]) continue;
@@ -148,7 +158,9 @@ struct CompletionStream : SseStream {
       // its tokens (and the prompt's with the first), or the rest of a finished output's.
       if (o.routed_experts) o.routed_experts = rows_not_sent(*o.routed_experts, &rows_sent[i]);
       const bool new_rows = o.routed_experts && o.routed_experts->rows > 0;
-      if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished && !new_rows) continue;
+      if (o.token_ids.size() <= sent[i] && o.text.size() <= sent_text[i] && !o.finished &&
+          !new_rows)
+        continue;
       json choice = req.chat ? chat_chunk_choice(o, i, sent[i], sent_text[i], !started[i], req)
                              : completion_chunk_choice(o, i, sent[i], sent_text[i], req);
       started[i] = true;
@@ -185,7 +197,9 @@ struct GenerateStream : SseStream {
   // logprobs with the first chunk only).
   RequestOutput delta(const RequestOutput& o) {
     RequestOutput d;
-    auto tail = [&](const auto& v) { return std::decay_t<decltype(v)>(v.begin() + long(std::min(sent, v.size())), v.end()); };
+    auto tail = [&](const auto& v) {
+      return std::decay_t<decltype(v)>(v.begin() + long(std::min(sent, v.size())), v.end());
+    };
     d.token_ids = tail(o.token_ids);
     d.logprobs = tail(o.logprobs);
     d.top_logprobs = tail(o.top_logprobs);
@@ -206,7 +220,8 @@ struct GenerateStream : SseStream {
     std::vector<std::optional<RequestOutput>> outs;
     bool alive = true;
     if (!take(sink, outs, &alive)) return alive;
-    if (std::string f = ch->failure(); !f.empty()) return close_with(sink, sse(error_body(f, "server_error", "", 503)));
+    if (std::string f = ch->failure(); !f.empty())
+      return close_with(sink, sse(error_body(f, "server_error", "", 503)));
     if (!outs[0]) return true;
     RequestOutput& o = *outs[0];
     std::string type;
@@ -271,10 +286,11 @@ struct Server::Impl {
   // Chat templates render on at most this many HTTP threads at once (the machine's cores): a
   // render is CPU work within its budget, so more at once would only multiply the memory that
   // hostile templates can hold; the others wait, at most one render's time budget.
-  std::counting_semaphore<> render_slots{std::max<std::ptrdiff_t>(1, std::thread::hardware_concurrency())};
+  std::counting_semaphore<> render_slots{
+      std::max<std::ptrdiff_t>(1, std::thread::hardware_concurrency())};
   std::mutex stop_mu;
-  std::mutex health_mu;                  // /health_generate: one generation at a time
-  Clock::time_point health_ok_at{};      // its last success
+  std::mutex health_mu;              // /health_generate: one generation at a time
+  Clock::time_point health_ok_at{};  // its last success
   int64_t started = int64_t(std::time(nullptr));
   std::atomic<uint64_t> next_id{0};
   std::mutex rng_mu;
@@ -288,7 +304,8 @@ struct Server::Impl {
   }
   std::string fresh_id(const char* prefix) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s-%llx%04llx", prefix, (unsigned long long)next_id.fetch_add(1),
+    std::snprintf(buf, sizeof buf, "%s-%llx%04llx", prefix,
+                  (unsigned long long)next_id.fetch_add(1),
                   (unsigned long long)(fresh_seed() & 0xffff));
     return buf;
   }
@@ -304,11 +321,13 @@ struct Server::Impl {
   bool request_cancelled() const { return stopped || draining || GatedHttpServer::client_gone(); }
 
   // Handler wrapper: API key, and every exception becomes a JSON error reply.
-  httplib::Server::Handler wrap(bool auth, std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+  httplib::Server::Handler wrap(
+      bool auth, std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, auth, fn](const httplib::Request& req, httplib::Response& res) {
       try {
         if (auth && !authorized(req))
-          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
+          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"",
+                         "authentication_error");
         CancellationScope cancel([this] { return request_cancelled(); });
         fn(req, res);
       } catch (const ApiError& e) {
@@ -325,8 +344,10 @@ struct Server::Impl {
 
   RouteReply route_reply(std::optional<RouteFormat> asked, RouteFormat endpoint_default) const {
     RouteFormat f = endpoint_default;
-    if (asked) f = *asked;
-    else if (!opts.routed_experts_format.empty()) f = parse_route_format(opts.routed_experts_format);
+    if (asked)
+      f = *asked;
+    else if (!opts.routed_experts_format.empty())
+      f = parse_route_format(opts.routed_experts_format);
     return {f, loop->model_config().num_layers};
   }
 
@@ -337,9 +358,11 @@ struct Server::Impl {
   }
 
   [[noreturn]] void throw_too_large(size_t cap) const {
-    throw ApiError(413, "request body is larger than " + std::to_string(cap) + " bytes (" +
-                            (cap == opts.max_body_bytes ? "--max-body-bytes" : "--max-weights-body-bytes") + ")",
-                   "request_too_large");
+    throw ApiError(
+        413,
+        "request body is larger than " + std::to_string(cap) + " bytes (" +
+            (cap == opts.max_body_bytes ? "--max-body-bytes" : "--max-weights-body-bytes") + ")",
+        "request_too_large");
   }
 
   // A POST endpoint: the API key is checked before a byte of the body is read, and the body is
@@ -353,14 +376,17 @@ struct Server::Impl {
     std::function<bool(std::string_view)> check;
     std::function<void(httplib::Response&, const std::string&)> refuse;
   };
-  httplib::Server::HandlerWithContentReader post(std::function<void(httplib::Request&, httplib::Response&)> fn, bool auth,
-                                                 size_t cap, BodyStart body_start = {}) {
+  httplib::Server::HandlerWithContentReader post(
+      std::function<void(httplib::Request&, httplib::Response&)> fn, bool auth, size_t cap,
+      BodyStart body_start = {}) {
     return [this, fn, auth, cap, body_start](const httplib::Request& req, httplib::Response& res,
                                              const httplib::ContentReader& reader) {
       try {
         if (auth && !authorized(req))
-          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "authentication_error");
-        const size_t declared = size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
+          throw ApiError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"",
+                         "authentication_error");
+        const size_t declared =
+            size_t(std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10));
         if (declared > cap) throw_too_large(cap);
         std::string body;
         body.reserve(declared);  // one allocation of the declared size, not a doubling series
@@ -388,9 +414,13 @@ struct Server::Impl {
           return;
         }
         if (too_slow)
-          throw ApiError(408, "request body took longer than " + std::to_string(opts.body_timeout_seconds) +
-                                  " s to arrive", "invalid_request_error");
-        if (!read_all) throw ApiError(400, "the request body could not be read (connection closed or malformed)");
+          throw ApiError(408,
+                         "request body took longer than " +
+                             std::to_string(opts.body_timeout_seconds) + " s to arrive",
+                         "invalid_request_error");
+        if (!read_all)
+          throw ApiError(400,
+                         "the request body could not be read (connection closed or malformed)");
         httplib::Request full = req;
         full.body = std::move(body);
         CancellationScope cancel([this] { return request_cancelled(); });
@@ -409,15 +439,16 @@ struct Server::Impl {
   }
 
   // Submits jobs; an engine refusal becomes a 400 naming the request field.
-  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid,
-                               const std::string& prompt_field, const std::string& max_tokens_field,
-                               size_t per_prompt) {
+  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch,
+                               const std::string& rid, const std::string& prompt_field,
+                               const std::string& max_tokens_field, size_t per_prompt) {
     const size_t n = jobs.size();
     try {
       return loop->submit(std::move(jobs), std::move(ch), rid);
     } catch (const SubmitError& e) {
       std::string msg = e.what();
-      if (n > per_prompt) msg = prompt_field + " " + std::to_string(e.index / per_prompt) + ": " + msg;
+      if (n > per_prompt)
+        msg = prompt_field + " " + std::to_string(e.index / per_prompt) + ": " + msg;
       throw bad_request(msg, param_of_engine_error(e.what(), prompt_field, max_tokens_field));
     }
   }
@@ -442,8 +473,8 @@ struct Server::Impl {
         throw ApiError(500, "request " + std::to_string(i) + ": " + got[i]->error, "model_error");
       if (!got[i]->routes_error.empty())
         throw ApiError(500,
-                       "request " + std::to_string(i) + ": routes are incomplete (" + got[i]->routes_error +
-                           "); the request fails closed",
+                       "request " + std::to_string(i) + ": routes are incomplete (" +
+                           got[i]->routes_error + "); the request fails closed",
                        "routes_error");
       r.push_back(std::move(*got[i]));
     }
@@ -460,16 +491,18 @@ struct Server::Impl {
       ChatTemplatePolicy policy;
       policy.trust_request_chat_template = opts.trust_request_chat_template;
       policy.cancelled = [this] { return request_cancelled(); };
-      if (!render_slots.try_acquire_for(std::chrono::duration<double>(text::jinja::RenderLimits{}.max_seconds)))
+      if (!render_slots.try_acquire_for(
+              std::chrono::duration<double>(text::jinja::RenderLimits{}.max_seconds)))
         throw ApiError(503, "every chat-template render slot stayed busy; retry", "server_error");
       struct Release {
         std::counting_semaphore<>& s;
         ~Release() { s.release(); }
       } release{render_slots};
-      st->req = parse_chat_request(body, hreq.body, [this] { return fresh_seed(); }, loop->tokenizer(), max_context,
-                                   policy);
+      st->req = parse_chat_request(
+          body, hreq.body, [this] { return fresh_seed(); }, loop->tokenizer(), max_context, policy);
     } else {
-      st->req = parse_completion_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
+      st->req = parse_completion_request(
+          body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     }
     st->req.routes = route_reply(st->req.routes_format, RouteFormat::Vllm);
     st->id = st->req.request_id ? *st->req.request_id : fresh_id(chat ? "chatcmpl" : "cmpl");
@@ -480,18 +513,23 @@ struct Server::Impl {
     st->ch = std::make_shared<Channel>(choices, st->req.stream);
     if (st->req.stream)  // each chunk carries its tokens' route rows (when it asked for routes)
       for (Job& j : st->req.jobs) j.params.stream_routes = true;
-    const std::vector<int> prompt_ids = chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
-    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt", "max_tokens", st->req.n);
+    const std::vector<int> prompt_ids =
+        chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
+    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt",
+                     "max_tokens", st->req.n);
     if (!st->req.stream) {
       std::vector<RequestOutput> outs = wait_all(*st->ch);
       json cs = json::array();
       std::vector<size_t> ntok;
       for (size_t i = 0; i < outs.size(); ++i) {
-        cs.push_back(chat ? chat_choice(outs[i], i, st->req) : completion_choice(outs[i], i, st->req));
+        cs.push_back(chat ? chat_choice(outs[i], i, st->req)
+                          : completion_choice(outs[i], i, st->req));
         ntok.push_back(outs[i].token_ids.size());
       }
-      json reply = {{"id", st->id},     {"object", chat ? "chat.completion" : "text_completion"}, {"created", st->created},
-                    {"model", st->model}, {"choices", cs}, {"usage", completion_usage(st->req, ntok)}};
+      json reply = {
+          {"id", st->id},           {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", st->created}, {"model", st->model},
+          {"choices", cs},          {"usage", completion_usage(st->req, ntok)}};
       if (chat) reply["prompt_token_ids"] = prompt_ids;
       // vLLM puts the prompt's routes at the top level: there when the call has one prompt (each
       // choice also carries its own, so batches keep them apart).
@@ -510,7 +548,8 @@ struct Server::Impl {
 
   void generate(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
-    GenerateRequest g = parse_generate_request(body, [this] { return fresh_seed(); }, loop->tokenizer().get());
+    GenerateRequest g = parse_generate_request(
+        body, [this] { return fresh_seed(); }, loop->tokenizer().get());
     g.routes = route_reply(g.routes_format, RouteFormat::Sglang);
     const std::string rid = g.rid ? *g.rid : fresh_id("gen");
     if (g.stream) {
@@ -522,7 +561,8 @@ struct Server::Impl {
       st->incremental = opts.incremental_streaming_output;
       if (st->incremental)  // each chunk carries its tokens' route rows (when it asked for routes)
         for (Job& j : g.jobs) j.params.stream_routes = true;
-      st->ids = submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
+      st->ids =
+          submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
       st->req = std::move(g);
       serve_stream(res, st, rid);
       return;
@@ -536,7 +576,8 @@ struct Server::Impl {
       return;
     }
     json arr = json::array();
-    for (size_t i = 0; i < outs.size(); ++i) arr.push_back(generate_reply(outs[i], rid + "-" + std::to_string(i), g, v));
+    for (size_t i = 0; i < outs.size(); ++i)
+      arr.push_back(generate_reply(outs[i], rid + "-" + std::to_string(i), g, v));
     send_json(res, 200, arr);
   }
 
@@ -544,20 +585,28 @@ struct Server::Impl {
   // "message"}; the old weights keep serving after a failure.
   void update_weights(const httplib::Request& hreq, httplib::Response& res) {
     json body = parse_body(hreq.body);
-    refuse_unknown_fields(body, "", {"model_path", "load_format", "flush_cache", "weight_version", "abort_all_requests",
-                                 "torch_empty_cache", "keep_pause", "is_async", "recapture_cuda_graph", "token_step"});
+    refuse_unknown_fields(
+        body, "",
+        {"model_path", "load_format", "flush_cache", "weight_version", "abort_all_requests",
+         "torch_empty_cache", "keep_pause", "is_async", "recapture_cuda_graph", "token_step"});
     auto path = opt_string(body, "model_path", "model_path");
-    if (!path || path->empty()) throw bad_request("missing \"model_path\" (a checkpoint directory)", "model_path");
-    if (auto f = opt_string(body, "load_format", "load_format"); f && *f != "auto" && *f != "safetensors")
-      throw bad_request("\"load_format\" \"" + *f + "\" is not supported (r3 reads safetensors)", "load_format");
+    if (!path || path->empty())
+      throw bad_request("missing \"model_path\" (a checkpoint directory)", "model_path");
+    if (auto f = opt_string(body, "load_format", "load_format");
+        f && *f != "auto" && *f != "safetensors")
+      throw bad_request("\"load_format\" \"" + *f + "\" is not supported (r3 reads safetensors)",
+                        "load_format");
     if (opt_bool(body, "is_async", "is_async").value_or(false))
-      throw bad_request("\"is_async\" is not supported: r3 loads the checkpoint before it replies", "is_async");
+      throw bad_request("\"is_async\" is not supported: r3 loads the checkpoint before it replies",
+                        "is_async");
     const bool flush = opt_bool(body, "flush_cache", "flush_cache").value_or(true);
-    const bool abort_all = opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false);
+    const bool abort_all =
+        opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false);
     std::optional<std::string> label;
     if (body.contains("weight_version") && !body["weight_version"].is_null()) {
       const json& w = body["weight_version"];
-      if (!w.is_string() && !w.is_number_integer()) throw bad_request("\"weight_version\" must be a string", "weight_version");
+      if (!w.is_string() && !w.is_number_integer())
+        throw bad_request("\"weight_version\" must be a string", "weight_version");
       label = w.is_string() ? w.get<std::string>() : w.dump();
     }
     try {
@@ -569,7 +618,8 @@ struct Server::Impl {
     const std::string v = loop->weight_label();
     send_json(res, 200,
               {{"success", true},
-               {"message", "Succeeded to update model weights from " + *path + (flush ? " (prefix cache flushed)." : ".") +
+               {"message", "Succeeded to update model weights from " + *path +
+                               (flush ? " (prefix cache flushed)." : ".") +
                                " Weight version updated to " + v + "."},
                {"num_paused_requests", 0},
                {"weight_version", v}});
@@ -580,7 +630,8 @@ struct Server::Impl {
   // as it arrives (Engine::stage_weights); the bucket that says finished ends the refit.
   void update_weights_from_tensor(httplib::Request& hreq, httplib::Response& res) {
     for (auto& [k, v] : hreq.params)
-      if (k != "flush_cache" && k != "weight_version" && k != "finished" && k != "abort_all_requests")
+      if (k != "flush_cache" && k != "weight_version" && k != "finished" &&
+          k != "abort_all_requests")
         throw bad_request("unknown query parameter \"" + k + "\"", k);
     auto flag = [&](const char* k, bool dflt) {
       if (!hreq.has_param(k)) return dflt;
@@ -594,11 +645,14 @@ struct Server::Impl {
     std::optional<std::string> label;
     if (hreq.has_param("weight_version")) label = hreq.get_param_value("weight_version");
     try {
-      auto [n, v] = loop->update_weights_from_tensors(std::move(hreq.body), flush, label, finished, abort_all);
+      auto [n, v] = loop->update_weights_from_tensors(std::move(hreq.body), flush, label, finished,
+                                                      abort_all);
       send_json(res, 200,
                 {{"success", true},
-                 {"message", finished ? "applied " + std::to_string(n) + " tensors; weight version " + loop->weight_label()
-                                      : "staged " + std::to_string(n) + " tensors; send finished=true to apply"},
+                 {"message", finished ? "applied " + std::to_string(n) +
+                                            " tensors; weight version " + loop->weight_label()
+                                      : "staged " + std::to_string(n) +
+                                            " tensors; send finished=true to apply"},
                  {"num_tensors", n},
                  {"finished", finished},
                  {"weight_version", loop->weight_label()}});
@@ -616,7 +670,8 @@ struct Server::Impl {
 
   void continue_generation(const httplib::Request& hreq, httplib::Response& res) {
     json body = hreq.body.empty() ? json::object() : parse_body(hreq.body);
-    refuse_unknown_fields(body, "", {"torch_empty_cache"});  // a GPU allocator call: nothing to do on a CPU
+    refuse_unknown_fields(body, "",
+                          {"torch_empty_cache"});  // a GPU allocator call: nothing to do on a CPU
     loop->continue_generation();
     send_json(res, 200, {{"message", "Generation continued successfully."}, {"status", "ok"}});
   }
@@ -626,7 +681,8 @@ struct Server::Impl {
     const bool ok = loop->flush_cache();
     res.status = ok ? 200 : 400;
     res.set_content(ok ? "Cache flushed.\n"
-                       : "Cache not flushed: requests are running or waiting (flush_cache needs an idle engine).\n",
+                       : "Cache not flushed: requests are running or waiting (flush_cache needs an "
+                         "idle engine).\n",
                     "text/plain");
   }
 
@@ -634,11 +690,14 @@ struct Server::Impl {
   // SGLang it needs no API key (probes carry none), so it is rate-limited instead: one
   // generation at a time, and callers within a second of a success share it.
   void health_generate(httplib::Response& res) {
-    if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+    if (std::string f = loop->failure(); !f.empty())
+      throw ApiError(503, "the engine failed: " + f, "server_error");
     if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
-    if (loop->paused()) throw ApiError(503, "generation is paused (/continue_generation resumes it)", "server_error");
+    if (loop->paused())
+      throw ApiError(503, "generation is paused (/continue_generation resumes it)", "server_error");
     if (loop->memory_released())
-      throw ApiError(503, "memory is released (/resume_memory_occupation restores it)", "server_error");
+      throw ApiError(503, "memory is released (/resume_memory_occupation restores it)",
+                     "server_error");
     std::unique_lock<std::mutex> one_at_a_time(health_mu);
     if (Clock::now() - health_ok_at < std::chrono::seconds(1)) {
       res.status = 200;
@@ -654,7 +713,8 @@ struct Server::Impl {
     std::vector<Job> jobs;
     jobs.push_back(std::move(j));
     const std::vector<uint64_t> ids = loop->submit(std::move(jobs), ch, rid);
-    const auto deadline = Clock::now() + std::chrono::duration<double>(opts.health_generate_timeout_seconds);
+    const auto deadline =
+        Clock::now() + std::chrono::duration<double>(opts.health_generate_timeout_seconds);
     std::vector<std::optional<RequestOutput>> outs;
     uint64_t seen = 0;
     while (Clock::now() < deadline) {
@@ -666,8 +726,11 @@ struct Server::Impl {
       }
     }
     loop->abort(ids);
-    throw ApiError(503, "health_generate: no token within " + std::to_string(int(opts.health_generate_timeout_seconds)) +
-                            " s (engine paused, stalled or overloaded)", "server_error");
+    throw ApiError(503,
+                   "health_generate: no token within " +
+                       std::to_string(int(opts.health_generate_timeout_seconds)) +
+                       " s (engine paused, stalled or overloaded)",
+                   "server_error");
   }
 
   json server_info() {
@@ -708,7 +771,7 @@ struct Server::Impl {
   json model_info() {
     const ModelConfig& m = loop->model_config();
     return {{"model_path", engine_cfg.model},
-            {"tokenizer_path", !loop->tokenizer()           ? json(nullptr)
+            {"tokenizer_path", !loop->tokenizer()             ? json(nullptr)
                                : engine_cfg.tokenizer.empty() ? json(engine_cfg.model)
                                                               : json(engine_cfg.tokenizer)},
             {"is_generation", true},
@@ -727,7 +790,9 @@ struct Server::Impl {
     const int64_t total = int64_t(e.num_blocks) * e.block_size;
     const int64_t used = int64_t(e.num_blocks - e.free_blocks) * e.block_size;
     const double usage = total ? double(used) / double(total) : 0.0;
-    const double hit = e.prefix_queried_tokens ? double(e.prefix_hit_tokens) / double(e.prefix_queried_tokens) : 0.0;
+    const double hit = e.prefix_queried_tokens
+                           ? double(e.prefix_hit_tokens) / double(e.prefix_queried_tokens)
+                           : 0.0;
     json load = {{"dp_rank", 0},
                  {"num_running_reqs", e.running},
                  {"num_waiting_reqs", e.waiting},
@@ -765,17 +830,22 @@ struct Server::Impl {
       if (!body["tags"].empty()) kv = weights = false;
       for (auto& t : body["tags"]) {
         const std::string tag = t.is_string() ? t.get<std::string>() : t.dump();
-        if (tag == "kv_cache") kv = true;
-        else if (tag == "weights") weights = true;
+        if (tag == "kv_cache")
+          kv = true;
+        else if (tag == "weights")
+          weights = true;
         else if (tag != "cuda_graph")
           throw bad_request("unknown tag \"" + tag + "\" (kv_cache, weights, cuda_graph)", "tags");
       }
     }
-    if (release) loop->release_memory(kv, weights);
-    else loop->resume_memory(kv, weights);
-    send_json(res, 200, {{"success", true},
-                         {"message", std::string(release ? "released" : "resumed") + (kv ? " kv_cache" : "") +
-                                         (weights ? " weights" : "")}});
+    if (release)
+      loop->release_memory(kv, weights);
+    else
+      loop->resume_memory(kv, weights);
+    send_json(res, 200,
+              {{"success", true},
+               {"message", std::string(release ? "released" : "resumed") + (kv ? " kv_cache" : "") +
+                               (weights ? " weights" : "")}});
   }
 
   void abort(const httplib::Request& hreq, httplib::Response& res) {
@@ -787,9 +857,12 @@ struct Server::Impl {
     std::string rid;
     for (const char* k : {"rid", "request_id"}) {
       if (!body.contains(k) || body[k].is_null()) continue;
-      if (body[k].is_string()) rid = body[k].get<std::string>();
-      else if (body[k].is_number_integer()) rid = body[k].dump();
-      else throw bad_request(std::string("\"") + k + "\" must be a string", k);
+      if (body[k].is_string())
+        rid = body[k].get<std::string>();
+      else if (body[k].is_number_integer())
+        rid = body[k].dump();
+      else
+        throw bad_request(std::string("\"") + k + "\" must be a string", k);
       break;
     }
     if (rid.empty()) throw bad_request("missing \"rid\" (or \"request_id\")", "rid");
@@ -818,36 +891,44 @@ struct Server::Impl {
     gate.idle_seconds = 5;
     gate.max_connections = opts.max_connections;
     srv.set_gate_limits(gate);
-    srv.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&,
-                                                                     httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      std::string msg;
-      if (res.status == 404) msg = "no such endpoint (or wrong method)";
-      else if (res.status == 413)
-        msg = "request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (--max-body-bytes)";
-      else msg = "HTTP error " + std::to_string(res.status);
-      send_json(res, res.status, error_body(msg, status_type(res.status), "", res.status));
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-      send_json(res, 500, error_body("internal error", "server_error", "", 500));
-    });
+    srv.set_error_handler(httplib::Server::HandlerWithResponse(
+        [this](const httplib::Request&, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          std::string msg;
+          if (res.status == 404)
+            msg = "no such endpoint (or wrong method)";
+          else if (res.status == 413)
+            msg = "request body is larger than " + std::to_string(opts.max_body_bytes) +
+                  " bytes (--max-body-bytes)";
+          else
+            msg = "HTTP error " + std::to_string(res.status);
+          send_json(res, res.status, error_body(msg, status_type(res.status), "", res.status));
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+    srv.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+          send_json(res, 500, error_body("internal error", "server_error", "", 500));
+        });
     srv.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const std::string ep = is_served(req.path) ? req.path : "other";  // unknown paths are not labels
+      const std::string ep =
+          is_served(req.path) ? req.path : "other";  // unknown paths are not labels
       {
         std::lock_guard<std::mutex> lk(counters_mu);
         ++counters.responses[{ep, res.status}];
       }
       if (opts.log_requests)
-        std::fprintf(stderr, "r3 serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+        std::fprintf(stderr, "r3 serve: %s %s %d\n", req.method.c_str(), req.path.c_str(),
+                     res.status);
     });
   }
 
   void health(httplib::Response& res) {
-    if (std::string f = loop->failure(); !f.empty()) throw ApiError(503, "the engine failed: " + f, "server_error");
+    if (std::string f = loop->failure(); !f.empty())
+      throw ApiError(503, "the engine failed: " + f, "server_error");
     if (const double t = loop->seconds_in_step(); t > opts.stall_seconds)
-      throw ApiError(503, "the engine loop is stalled: one step has run for " + std::to_string(int(t)) + " s",
-                     "server_error");
+      throw ApiError(
+          503, "the engine loop is stalled: one step has run for " + std::to_string(int(t)) + " s",
+          "server_error");
     if (stopped || draining) throw ApiError(503, "server shutting down", "server_error");
     send_json(res, 200, {{"status", "ok"}});
   }
@@ -859,7 +940,8 @@ struct Server::Impl {
       std::lock_guard<std::mutex> lk(counters_mu);
       c = counters;
     }
-    res.set_content(prometheus_text(st, c, opts.model_name), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(prometheus_text(st, c, opts.model_name),
+                    "text/plain; version=0.0.4; charset=utf-8");
   }
 
   void update_weight_version(const httplib::Request& q, httplib::Response& res) {
@@ -867,15 +949,21 @@ struct Server::Impl {
     refuse_unknown_fields(body, "", {"new_version", "abort_all_requests"});
     auto v = opt_string(body, "new_version", "new_version");
     if (!v) throw bad_request("missing \"new_version\"", "new_version");
-    if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false)) loop->abort_all();
+    if (opt_bool(body, "abort_all_requests", "abort_all_requests").value_or(false))
+      loop->abort_all();
     loop->set_weight_label(*v);
-    send_json(res, 200, {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
+    send_json(
+        res, 200,
+        {{"success", true}, {"message", "Weight version updated to " + *v}, {"new_version", *v}});
   }
 
   json models() const {
-    json m = {{"id", opts.model_name},         {"object", "model"},
-              {"created", started},            {"owned_by", "r3"},
-              {"root", engine_cfg.model},      {"max_model_len", loop->model_config().max_position_embeddings}};
+    json m = {{"id", opts.model_name},
+              {"object", "model"},
+              {"created", started},
+              {"owned_by", "r3"},
+              {"root", engine_cfg.model},
+              {"max_model_len", loop->model_config().max_position_embeddings}};
     return {{"object", "list"}, {"data", json::array({m})}};
   }
 
@@ -883,7 +971,10 @@ struct Server::Impl {
   // the API-key check, the body cap, /metrics' endpoint labels, Server::endpoints() and the
   // README's table test all derive. Adding an endpoint is one row (and its README line).
   enum class Access { ApiKey, Open };  // Open: probes, as SGLang's middleware lets /health* through
-  enum class Cap { Request, Weights };  // a POST body's: --max-body-bytes or --max-weights-body-bytes
+  enum class Cap {
+    Request,
+    Weights
+  };  // a POST body's: --max-body-bytes or --max-weights-body-bytes
   enum class Port { Main, AlsoControl };
   using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
   // The handler of the one endpoint that takes its body (the request post() read, its only copy).
@@ -902,7 +993,8 @@ struct Server::Impl {
   std::vector<Endpoint> endpoint_table() {
     using R = const httplib::Request&;
     using W = httplib::Response&;
-    auto get = [](std::vector<const char*> paths, Handler h, Access a = Access::ApiKey, Port port = Port::Main) {
+    auto get = [](std::vector<const char*> paths, Handler h, Access a = Access::ApiKey,
+                  Port port = Port::Main) {
       return Endpoint{"GET", std::move(paths), std::move(h), a, port};
     };
     auto post = [](std::vector<const char*> paths, Handler h, Port port = Port::Main) {
@@ -910,21 +1002,30 @@ struct Server::Impl {
     };
     Endpoint tensor_update{"POST", {"/update_weights_from_tensor"}, nullptr};
     tensor_update.cap = Cap::Weights;
-    tensor_update.takes_body = [this](httplib::Request& q, W s) { update_weights_from_tensor(q, s); };
-    tensor_update.body_start = {[this](std::string_view got) { return loop->check_tensor_body_start(got); },
-                                [](httplib::Response& s, const std::string& why) {
-                                  send_json(s, 400, {{"success", false}, {"message", why}});
-                                }};
+    tensor_update.takes_body = [this](httplib::Request& q, W s) {
+      update_weights_from_tensor(q, s);
+    };
+    tensor_update.body_start = {
+        [this](std::string_view got) { return loop->check_tensor_body_start(got); },
+        [](httplib::Response& s, const std::string& why) {
+          send_json(s, 400, {{"success", false}, {"message", why}});
+        }};
     return {
         post({"/v1/completions"}, [this](R q, W s) { completions(q, s, false); }),
         post({"/v1/chat/completions"}, [this](R q, W s) { completions(q, s, true); }),
         post({"/generate"}, [this](R q, W s) { generate(q, s); }),
-        post({"/tokenize"}, [this](R q, W s) {
-          send_json(s, 200, tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
-                                           loop->model_config().max_position_embeddings));
-        }),
-        post({"/detokenize"}, [this](R q, W s) { send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get())); }),
-        post({"/update_weights", "/update_weights_from_disk"}, [this](R q, W s) { update_weights(q, s); }),
+        post({"/tokenize"},
+             [this](R q, W s) {
+               send_json(s, 200,
+                         tokenize_reply(parse_body(q.body), loop->tokenizer().get(),
+                                        loop->model_config().max_position_embeddings));
+             }),
+        post({"/detokenize"},
+             [this](R q, W s) {
+               send_json(s, 200, detokenize_reply(parse_body(q.body), loop->tokenizer().get()));
+             }),
+        post({"/update_weights", "/update_weights_from_disk"},
+             [this](R q, W s) { update_weights(q, s); }),
         tensor_update,
         post({"/update_weight_version"}, [this](R q, W s) { update_weight_version(q, s); }),
         post({"/pause_generation"}, [this](R q, W s) { pause_generation(q, s); }),
@@ -933,21 +1034,32 @@ struct Server::Impl {
         post({"/flush_cache"}, [this](R, W s) { flush_cache(s); }),
         post({"/release_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, true); }),
         post({"/resume_memory_occupation"}, [this](R q, W s) { memory_occupation(q, s, false); }),
-        post({"/abort", "/abort_request"}, [this](R q, W s) { abort(q, s); }, Port::AlsoControl),
-        get({"/get_server_info", "/server_info"}, [this](R, W s) { send_json(s, 200, server_info()); }),
-        get({"/get_model_info", "/model_info"}, [this](R, W s) { send_json(s, 200, model_info()); }),
-        get({"/get_weight_version", "/weight_version"}, [this](R, W s) { send_json(s, 200, {{"weight_version", loop->weight_label()}}); }),
+        post(
+            {"/abort", "/abort_request"}, [this](R q, W s) { abort(q, s); }, Port::AlsoControl),
+        get({"/get_server_info", "/server_info"},
+            [this](R, W s) { send_json(s, 200, server_info()); }),
+        get({"/get_model_info", "/model_info"},
+            [this](R, W s) { send_json(s, 200, model_info()); }),
+        get({"/get_weight_version", "/weight_version"},
+            [this](R, W s) {
+              send_json(s, 200, {{"weight_version", loop->weight_label()}});
+            }),
         get({"/v1/loads"}, [this](R, W s) { send_json(s, 200, loads()); }),
         get({"/v1/models"}, [this](R, W s) { send_json(s, 200, models()); }),
-        get({"/metrics"}, [this](R, W s) { metrics(s); }, Access::ApiKey, Port::AlsoControl),
-        get({"/health"}, [this](R, W s) { health(s); }, Access::Open, Port::AlsoControl),
-        get({"/health_generate"}, [this](R, W s) { health_generate(s); }, Access::Open),
+        get(
+            {"/metrics"}, [this](R, W s) { metrics(s); }, Access::ApiKey, Port::AlsoControl),
+        get(
+            {"/health"}, [this](R, W s) { health(s); }, Access::Open, Port::AlsoControl),
+        get(
+            {"/health_generate"}, [this](R, W s) { health_generate(s); }, Access::Open),
     };
   }
 
   void serve(GatedHttpServer& s, const Endpoint& e) {
     const bool key = e.access == Access::ApiKey, is_get = std::string(e.method) == "GET";
-    const size_t cap = is_get ? 0 : e.cap == Cap::Weights ? opts.max_weights_body_bytes : opts.max_body_bytes;
+    const size_t cap = is_get                  ? 0
+                       : e.cap == Cap::Weights ? opts.max_weights_body_bytes
+                                               : opts.max_body_bytes;
     for (const char* path : e.paths) {
       if (is_get) {
         s.Get(path, wrap(key, e.handler));
@@ -1005,10 +1117,13 @@ int Server::bind() {
   // (1 s). Listening again on the bound socket raises the backlog.
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   if (o.control_port >= 0) {
-    if (o.control_port == 0) impl_->control_port = impl_->control.bind_to_any_port(o.host);
-    else if (impl_->control.bind_to_port(o.host, o.control_port)) impl_->control_port = o.control_port;
+    if (o.control_port == 0)
+      impl_->control_port = impl_->control.bind_to_any_port(o.host);
+    else if (impl_->control.bind_to_port(o.host, o.control_port))
+      impl_->control_port = o.control_port;
     if (impl_->control_port < 0)
-      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.control_port) + " (--control-port)");
+      throw Error("cannot listen on " + o.host + ":" + std::to_string(o.control_port) +
+                  " (--control-port)");
     impl_->control_bg = std::thread([this] { impl_->control.listen_after_bind(); });
     while (!impl_->control.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

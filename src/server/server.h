@@ -20,24 +20,26 @@ namespace r3::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                     // 0 = any free port (see Server::port())
+  int port = 8000;  // 0 = any free port (see Server::port())
   // A second listener for /health, /metrics and /abort with threads of its own, so they answer
   // while slow or idle clients hold every slot of the main port. -1 = none, 0 = any free port.
   int control_port = -1;
-  std::string api_key;                 // non-empty: every endpoint but /health needs "Bearer KEY"
-  size_t max_body_bytes = 16u << 20;   // larger bodies get 413
-  size_t max_weights_body_bytes = size_t(4) << 30;  // /update_weights_from_tensor (a bucket of weights)
-  int http_threads = 128;              // requests handled at once (whole requests: see max_connections)
+  std::string api_key;                // non-empty: every endpoint but /health needs "Bearer KEY"
+  size_t max_body_bytes = 16u << 20;  // larger bodies get 413
+  size_t max_weights_body_bytes = size_t(4)
+                                  << 30;  // /update_weights_from_tensor (a bucket of weights)
+  int http_threads = 128;  // requests handled at once (whole requests: see max_connections)
   // Connections held at once; slow and idle ones wait without a thread, and past this the
   // longest-idle is closed first (gated_http_server.h).
   size_t max_connections = 4096;
-  std::string model_name;              // reported by /v1/models; default: the model path
-  bool log_requests = false;           // one line per request on stderr
-  int read_timeout_seconds = 10;       // a request's headers in all; one read of a body chunk
-  int body_timeout_seconds = 60;       // a whole request body
-  double stall_seconds = 120;          // /health says 503 while one engine step runs longer
-  double health_generate_timeout_seconds = 20;  // /health_generate's one-token generation (SGLang: 20)
-  std::string weight_version = "0";    // the initial weight version label
+  std::string model_name;         // reported by /v1/models; default: the model path
+  bool log_requests = false;      // one line per request on stderr
+  int read_timeout_seconds = 10;  // a request's headers in all; one read of a body chunk
+  int body_timeout_seconds = 60;  // a whole request body
+  double stall_seconds = 120;     // /health says 503 while one engine step runs longer
+  double health_generate_timeout_seconds =
+      20;                            // /health_generate's one-token generation (SGLang: 20)
+  std::string weight_version = "0";  // the initial weight version label
   // vLLM's --trust-request-chat-template: render a chat request's own "chat_template" (code
   // from the client; every render runs within text/jinja_budget.h's budget either way).
   bool trust_request_chat_template = false;
@@ -55,9 +57,10 @@ struct ServerOptions {
 // A route as served: from the endpoint table in server.cc (one row per endpoint).
 struct ServedEndpoint {
   std::string method, path;
-  bool control = false;      // on the control port (the same endpoint is also listed for the main one)
-  bool needs_key = true;     // the API key is checked (when --api-key is set); false for the probes
-  size_t body_cap = 0;       // POST: bytes of body accepted (--max-body-bytes or --max-weights-body-bytes)
+  bool control = false;   // on the control port (the same endpoint is also listed for the main one)
+  bool needs_key = true;  // the API key is checked (when --api-key is set); false for the probes
+  size_t body_cap =
+      0;  // POST: bytes of body accepted (--max-body-bytes or --max-weights-body-bytes)
 };
 
 class Server {

@@ -9,7 +9,9 @@ namespace r3::server {
 namespace {
 const text::Tokenizer& need(const text::Tokenizer* tok, const char* param) {
   if (!tok)
-    throw bad_request("the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)", param);
+    throw bad_request(
+        "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)",
+        param);
   return *tok;
 }
 }  // namespace
@@ -30,17 +32,22 @@ json tokenize_reply(const json& b, const text::Tokenizer* tok, int max_model_len
     strs = json::array();
     for (int32_t id : ids) strs.push_back(t.id_to_token(id).value_or(""));
   }
-  return {{"count", ids.size()}, {"max_model_len", max_model_len}, {"tokens", ids}, {"token_strs", strs}};
+  return {{"count", ids.size()},
+          {"max_model_len", max_model_len},
+          {"tokens", ids},
+          {"token_strs", strs}};
 }
 
 json detokenize_reply(const json& b, const text::Tokenizer* tok) {
   refuse_unknown_fields(b, "", {"model", "tokens"});
   const text::Tokenizer& t = need(tok, "tokens");
-  if (!b.contains("tokens") || b["tokens"].is_null()) throw bad_request("missing \"tokens\" (a list of ids)", "tokens");
+  if (!b.contains("tokens") || b["tokens"].is_null())
+    throw bad_request("missing \"tokens\" (a list of ids)", "tokens");
   const std::vector<int> ids = token_id_list(b["tokens"], "tokens");
   for (int id : ids)
     if (id < 0 || id >= t.vocab_size())
-      throw bad_request("\"tokens\" holds " + std::to_string(id) + ", outside the tokenizer's vocabulary [0, " +
+      throw bad_request("\"tokens\" holds " + std::to_string(id) +
+                            ", outside the tokenizer's vocabulary [0, " +
                             std::to_string(t.vocab_size()) + ")",
                         "tokens");
   try {

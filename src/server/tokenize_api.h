@@ -9,7 +9,8 @@
 
 namespace r3::server {
 
-nlohmann::json tokenize_reply(const nlohmann::json& body, const text::Tokenizer* tok, int max_model_len);
+nlohmann::json tokenize_reply(const nlohmann::json& body, const text::Tokenizer* tok,
+                              int max_model_len);
 nlohmann::json detokenize_reply(const nlohmann::json& body, const text::Tokenizer* tok);
 
 }  // namespace r3::server

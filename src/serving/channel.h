@@ -17,7 +17,8 @@ namespace r3::serving {
 class Channel {
  public:
   // partial: also keep unfinished outputs (streaming); otherwise only finished ones are kept.
-  Channel(size_t choices, bool partial) : latest_(choices), finished_(choices, false), partial_(partial) {}
+  Channel(size_t choices, bool partial)
+      : latest_(choices), finished_(choices, false), partial_(partial) {}
 
   // Loop side.
   void publish(size_t choice, RequestOutput&& o) {
@@ -32,7 +33,8 @@ class Channel {
     // carries every row itself).
     if (!o.finished && o.routed_experts && latest_[choice] && latest_[choice]->routed_experts) {
       RouteArray& earlier = *latest_[choice]->routed_experts;
-      earlier.data.insert(earlier.data.end(), o.routed_experts->data.begin(), o.routed_experts->data.end());
+      earlier.data.insert(earlier.data.end(), o.routed_experts->data.begin(),
+                          o.routed_experts->data.end());
       earlier.rows += o.routed_experts->rows;
       o.routed_experts = std::move(earlier);
     }
@@ -49,7 +51,8 @@ class Channel {
 
   // HTTP side: waits until something was published after *seen (or a failure, or timeout);
   // moves the new outputs into out (nullopt where nothing new). False on timeout.
-  bool take(uint64_t& seen, std::chrono::milliseconds timeout, std::vector<std::optional<RequestOutput>>& out) {
+  bool take(uint64_t& seen, std::chrono::milliseconds timeout,
+            std::vector<std::optional<RequestOutput>>& out) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!cv_.wait_for(lk, timeout, [&] { return version_ != seen; })) return false;
     seen = version_;

@@ -49,7 +49,8 @@ std::string EngineLoop::failure() const {
   return failure_;
 }
 
-std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid) {
+std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch,
+                                         const std::string& rid) {
   if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   return call([&]() -> std::vector<uint64_t> {
     if (draining_) throw unavailable("server shutting down: not accepting new requests");
@@ -100,8 +101,8 @@ void EngineLoop::abort(const std::vector<uint64_t>& ids) {
   }
 }
 
-uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label,
-                                    bool abort_all) {
+uint64_t EngineLoop::update_weights(const std::string& dir, bool flush_cache,
+                                    const std::optional<std::string>& label, bool abort_all) {
   if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   // The description and headers are read on the calling (HTTP) thread, so a slow or bad path
   // never stalls the engine loop; the weights are then read and packed in place between two
@@ -125,17 +126,19 @@ bool EngineLoop::check_tensor_body_start(std::string_view received) const {
   if (!declared) return false;
   for (TensorView& t : *declared) {
     auto have = catalog_.find(t.name);
-    Checkpoint::check_sent_tensor(have == catalog_.end() ? nullptr : &have->second, t.name, t.dtype, t.shape);
+    Checkpoint::check_sent_tensor(have == catalog_.end() ? nullptr : &have->second, t.name, t.dtype,
+                                  t.shape);
   }
   return true;
 }
 
-std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string&& bytes, bool flush_cache,
-                                                                    const std::optional<std::string>& label,
-                                                                    bool finished, bool abort_all) {
+std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(
+    std::string&& bytes, bool flush_cache, const std::optional<std::string>& label, bool finished,
+    bool abort_all) {
   if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   engine_->refuse_under_expert_parallel("update_weights_from_tensors (refit)");
-  std::unique_ptr<SafetensorsFile> f = SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
+  std::unique_ptr<SafetensorsFile> f =
+      SafetensorsFile::from_bytes(bytes, "update_weights_from_tensor body");
   std::string().swap(bytes);  // the parsed copy holds every tensor now: give the body back
   std::vector<TensorToWrite> tensors;
   for (auto& [name, t] : f->tensors()) tensors.push_back(copy_tensor(t));
@@ -143,10 +146,9 @@ std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::string&
   return update_weights_from_tensors(std::move(tensors), flush_cache, label, finished, abort_all);
 }
 
-std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(std::vector<TensorToWrite> tensors,
-                                                                    bool flush_cache,
-                                                                    const std::optional<std::string>& label,
-                                                                    bool finished, bool abort_all) {
+std::pair<size_t, uint64_t> EngineLoop::update_weights_from_tensors(
+    std::vector<TensorToWrite> tensors, bool flush_cache, const std::optional<std::string>& label,
+    bool finished, bool abort_all) {
   if (!failure().empty()) throw unavailable("the engine failed: " + failure());
   auto [n, v] = call([&]() -> std::pair<size_t, uint64_t> {
     engine_->stage_weights(std::move(tensors));
@@ -174,7 +176,8 @@ void EngineLoop::set_weight_label(const std::string& label) {
 
 void EngineLoop::pause_generation(const std::string& mode) {
   if (mode != "abort" && mode != "in_place" && mode != "retract")
-    throw bad_call("\"mode\" must be \"abort\", \"in_place\" or \"retract\", got \"" + mode + "\"", "mode");
+    throw bad_call("\"mode\" must be \"abort\", \"in_place\" or \"retract\", got \"" + mode + "\"",
+                   "mode");
   call([&] {
     paused_ = true;
     if (mode == "retract") engine_->retract_all();

@@ -1,7 +1,7 @@
 // The one thread that owns the Engine. Its callers (the HTTP threads, the Python AsyncLLM) never
 // call the engine: they post commands (add requests, abort, refit, read stats) to a queue this
-// thread drains between steps, and wait on a Channel for their outputs. While any request is unfinished the thread steps the engine;
-// otherwise it sleeps on the queue.
+// thread drains between steps, and wait on a Channel for their outputs. While any request is
+// unfinished the thread steps the engine; otherwise it sleeps on the queue.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -10,16 +10,16 @@
 #include <functional>
 #include <future>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "serving/channel.h"
 #include "serving/serving_error.h"
 
@@ -57,7 +57,7 @@ struct StepLatency {
 struct LoopStats {
   EngineStats engine;
   StepLatency step_latency;
-  size_t in_flight = 0;  // engine requests with a waiting HTTP call
+  size_t in_flight = 0;      // engine requests with a waiting HTTP call
   std::string weight_label;  // the weight version label
   bool paused = false;
 };
@@ -68,8 +68,8 @@ class EngineLoop {
   explicit EngineLoop(EngineConfig cfg);
   // Stops the loop (shutdown()); the engine is freed.
   ~EngineLoop();
-  // Ends the loop thread: pending and later calls fail with "server shutting down" (ServingError Unavailable).
-  // Idempotent, any thread but the loop's.
+  // Ends the loop thread: pending and later calls fail with "server shutting down" (ServingError
+  // Unavailable). Idempotent, any thread but the loop's.
   void shutdown();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -83,7 +83,8 @@ class EngineLoop {
   // Queues every job under the external id rid (unique among calls in flight); outputs go to
   // ch, choice i = jobs[i]. Returns the engine ids. Throws SubmitError (nothing queued),
   // ServingError BadRequest (field "rid") for a duplicate rid, Unavailable when the engine failed.
-  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch, const std::string& rid);
+  std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch,
+                               const std::string& rid);
   // Aborts every request of rid; returns how many were still running.
   size_t abort_rid(const std::string& rid);
   size_t abort_all();
@@ -91,23 +92,25 @@ class EngineLoop {
   // Refit from a checkpoint directory (read here, on the caller's thread); `label` becomes the
   // weight version label (default: the refit counter in decimal). With abort_all, requests in
   // flight are aborted first. Returns the new counter (throws r3::Error).
-  uint64_t update_weights(const std::string& dir, bool flush_cache, const std::optional<std::string>& label = {},
-                          bool abort_all = false);
+  uint64_t update_weights(const std::string& dir, bool flush_cache,
+                          const std::optional<std::string>& label = {}, bool abort_all = false);
   // In-memory refit from safetensors bytes (parsed and checked on the calling thread; the bytes
   // are freed once parsed, so a body costs twice its size at most): the tensors are staged; with
   // `finished` every staged tensor is applied between two steps and the counter (and label) move
   // on. Returns {tensors staged so far or applied, the counter}.
-  std::pair<size_t, uint64_t> update_weights_from_tensors(std::string&& safetensors_bytes, bool flush_cache,
-                                                          const std::optional<std::string>& label, bool finished,
-                                                          bool abort_all);
+  std::pair<size_t, uint64_t> update_weights_from_tensors(std::string&& safetensors_bytes,
+                                                          bool flush_cache,
+                                                          const std::optional<std::string>& label,
+                                                          bool finished, bool abort_all);
   // The first bytes of a safetensors body as they arrive: false until its header is complete,
   // then true once the header names only tensors the served model holds, with their dtypes and
   // shapes (throws r3::Error naming the first that does not), so a bad body is refused before
   // its data is read.
   bool check_tensor_body_start(std::string_view received) const;
-  std::pair<size_t, uint64_t> update_weights_from_tensors(std::vector<TensorToWrite> tensors, bool flush_cache,
-                                                          const std::optional<std::string>& label, bool finished,
-                                                          bool abort_all);
+  std::pair<size_t, uint64_t> update_weights_from_tensors(std::vector<TensorToWrite> tensors,
+                                                          bool flush_cache,
+                                                          const std::optional<std::string>& label,
+                                                          bool finished, bool abort_all);
   // The weight version label SGLang clients compare (a string); set by refits.
   std::string weight_label() const;
   void set_weight_label(const std::string& label);
@@ -131,9 +134,9 @@ class EngineLoop {
   // Seconds the step now running has been running (0 when the loop is between steps): a step
   // that never ends (a hung kernel, a deadlock) shows here while /health reports it.
   double seconds_in_step() const;
-  // Graceful stop: new submissions are refused at once (Unavailable); requests in flight run to completion until
-  // `grace` has passed, then the rest are aborted (their callers get an "abort" reply). Returns
-  // how many were aborted. The loop keeps running; shutdown() ends it.
+  // Graceful stop: new submissions are refused at once (Unavailable); requests in flight run to
+  // completion until `grace` has passed, then the rest are aborted (their callers get an "abort"
+  // reply). Returns how many were aborted. The loop keeps running; shutdown() ends it.
   size_t drain(std::chrono::milliseconds grace);
   uint64_t weight_version() const { return weight_version_.load(); }
 
@@ -185,7 +188,8 @@ class EngineLoop {
   ModelConfig model_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
-  std::map<std::string, TensorView> catalog_;  // the served tensors' descriptions (Checkpoint::catalog)
+  std::map<std::string, TensorView>
+      catalog_;               // the served tensors' descriptions (Checkpoint::catalog)
   uint64_t submissions_ = 0;  // loop thread: the fairness group of each submit()
   StartupReport startup_;     // the engine's, copied before the loop starts
   // Loop-thread state.
@@ -202,9 +206,10 @@ class EngineLoop {
   bool draining_ = false;  // refuse new submissions (graceful stop under way)
   std::atomic<bool> paused_{false};
   std::atomic<bool> released_{false};  // memory given back: no step may run
-  std::string weight_label_;  // under mu_
+  std::string weight_label_;           // under mu_
   std::string failure_;
-  std::atomic<int64_t> step_started_ns_{0};  // steady clock at the start of the running step, 0 = none
+  std::atomic<int64_t> step_started_ns_{
+      0};  // steady clock at the start of the running step, 0 = none
   std::atomic<uint64_t> weight_version_{0};
   std::thread thread_;
 };

@@ -12,7 +12,8 @@ namespace r3::serving {
 class ServingError : public std::runtime_error {
  public:
   enum class Kind {
-    BadRequest,   // the call itself is wrong (a duplicate request id, an unknown mode): `field` names it
+    BadRequest,   // the call itself is wrong (a duplicate request id, an unknown mode): `field`
+                  // names it
     Unavailable,  // the engine cannot take it now (shutting down, draining, failed)
   };
   ServingError(Kind kind, const std::string& message, std::string field = "")

@@ -48,13 +48,14 @@ AlignmentMetrics compute_alignment(const RouteArray& engine, const RouteArray& t
     throw Error("compute_alignment: route data does not match its shape " + shape(engine));
   if (engine_logprobs.size() != trainer_logprobs.size())
     throw Error("compute_alignment: " + std::to_string(engine_logprobs.size()) +
-                " engine logprobs but " + std::to_string(trainer_logprobs.size()) + " trainer logprobs");
+                " engine logprobs but " + std::to_string(trainer_logprobs.size()) +
+                " trainer logprobs");
   const int T = int(engine_logprobs.size());
   if (engine.rows != T)
-    throw Error("compute_alignment: routes have " + std::to_string(engine.rows) + " rows but there are " +
-                std::to_string(T) + " logprobs; expected one row per token");
-  if (!(extreme_threshold >= 1.0))
-    throw Error("compute_alignment: extreme_threshold must be >= 1");
+    throw Error("compute_alignment: routes have " + std::to_string(engine.rows) +
+                " rows but there are " + std::to_string(T) +
+                " logprobs; expected one row per token");
+  if (!(extreme_threshold >= 1.0)) throw Error("compute_alignment: extreme_threshold must be >= 1");
 
   AlignmentMetrics m;
   m.tokens = T;
@@ -77,7 +78,8 @@ AlignmentMetrics compute_alignment(const RouteArray& engine, const RouteArray& t
   if (m.router_tokens > 0) {
     m.mean_differing_layers = double(differing_pairs) / m.router_tokens;
     m.router_disagreement_tokens = double(differing_tokens) / m.router_tokens;
-    m.router_disagreement_pairs = L > 0 ? double(differing_pairs) / (double(m.router_tokens) * L) : 0.0;
+    m.router_disagreement_pairs =
+        L > 0 ? double(differing_pairs) / (double(m.router_tokens) * L) : 0.0;
   }
 
   // Logprob metrics over all T.
@@ -117,8 +119,9 @@ nlohmann::json to_json(const AlignmentMetrics& m) {
 std::vector<double> abs_dlogprobs(const std::vector<float>& engine_logprobs,
                                   const std::vector<float>& trainer_logprobs) {
   if (engine_logprobs.size() != trainer_logprobs.size())
-    throw Error("abs_dlogprobs: " + std::to_string(engine_logprobs.size()) + " engine logprobs but " +
-                std::to_string(trainer_logprobs.size()) + " trainer logprobs");
+    throw Error("abs_dlogprobs: " + std::to_string(engine_logprobs.size()) +
+                " engine logprobs but " + std::to_string(trainer_logprobs.size()) +
+                " trainer logprobs");
   std::vector<double> out(engine_logprobs.size());
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = std::abs(double(trainer_logprobs[i]) - double(engine_logprobs[i]));
@@ -199,7 +202,9 @@ std::string dlogprob_histogram_svg(const std::vector<double>& without_replay,
 
   // x layout: the underflow bin, a gap of half a bin, then nb log bins.
   const double slot = double(pw) / (nb + 1.5);
-  auto bin_x = [&](int i) { return i == 0 ? double(ML) : ML + slot * (i + 0.5); };  // i: 0 = underflow
+  auto bin_x = [&](int i) {
+    return i == 0 ? double(ML) : ML + slot * (i + 0.5);
+  };  // i: 0 = underflow
   auto y_of = [&](double f) { return MT + ph * (1.0 - f / ytop); };
 
   std::ostringstream o;
@@ -229,8 +234,8 @@ std::string dlogprob_histogram_svg(const std::vector<double>& without_replay,
     o << "</g>\n";
   }
   // Axes.
-  o << "<line x1=\"" << ML << "\" y1=\"" << MT + ph << "\" x2=\"" << ML + pw << "\" y2=\"" << MT + ph
-    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << ML << "\" y1=\"" << MT + ph << "\" x2=\"" << ML + pw << "\" y2=\""
+    << MT + ph << "\" stroke=\"black\"/>\n";
   o << "<line x1=\"" << ML << "\" y1=\"" << MT << "\" x2=\"" << ML << "\" y2=\"" << MT + ph
     << "\" stroke=\"black\"/>\n";
   // x ticks: the underflow bin, then every decade boundary.
@@ -240,26 +245,29 @@ std::string dlogprob_histogram_svg(const std::vector<double>& without_replay,
     const double x = bin_x(1 + d * kBinsPerDecade);
     o << "<line x1=\"" << fmt("%.2f", x) << "\" y1=\"" << MT + ph << "\" x2=\"" << fmt("%.2f", x)
       << "\" y2=\"" << MT + ph + 5 << "\" stroke=\"black\"/>\n";
-    o << "<text x=\"" << fmt("%.2f", x) << "\" y=\"" << MT + ph + 18 << "\" text-anchor=\"middle\">1e"
-      << lo_exp + d << "</text>\n";
+    o << "<text x=\"" << fmt("%.2f", x) << "\" y=\"" << MT + ph + 18
+      << "\" text-anchor=\"middle\">1e" << lo_exp + d << "</text>\n";
   }
   // Axis labels.
   o << "<text x=\"" << ML + pw / 2 << "\" y=\"" << H - 18 << "\" text-anchor=\"middle\">"
-    << "|\xCE\x94 logprob| = |log \xCF\x80_train \xE2\x88\x92 log \xCF\x80_infer| (log-scaled bins, "
+    << "|\xCE\x94 logprob| = |log \xCF\x80_train \xE2\x88\x92 log \xCF\x80_infer| (log-scaled "
+       "bins, "
     << kBinsPerDecade << " per decade)</text>\n";
-  o << "<text x=\"18\" y=\"" << MT + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
-    << MT + ph / 2 << ")\">fraction of tokens</text>\n";
+  o << "<text x=\"18\" y=\"" << MT + ph / 2
+    << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 " << MT + ph / 2
+    << ")\">fraction of tokens</text>\n";
   // Legend: one row between the title and the plot, so it never hides a bar.
   const int ly = 36;
   for (int s = 0; s < 2; ++s) {
     const int x = ML + s * (pw / 2);
-    o << "<rect x=\"" << x << "\" y=\"" << ly << "\" width=\"14\" height=\"12\" fill=\"" << colors[s]
-      << "\" fill-opacity=\"0.45\" stroke=\"" << colors[s] << "\"/>\n";
-    o << "<text x=\"" << x + 20 << "\" y=\"" << ly + 11 << "\">" << names[s] << " (n=" << series[s].size()
-      << ", mean " << fmt("%.3g", mean[s]) << ")</text>\n";
+    o << "<rect x=\"" << x << "\" y=\"" << ly << "\" width=\"14\" height=\"12\" fill=\""
+      << colors[s] << "\" fill-opacity=\"0.45\" stroke=\"" << colors[s] << "\"/>\n";
+    o << "<text x=\"" << x + 20 << "\" y=\"" << ly + 11 << "\">" << names[s]
+      << " (n=" << series[s].size() << ", mean " << fmt("%.3g", mean[s]) << ")</text>\n";
   }
   if (series[0].empty() && series[1].empty())
-    o << "<text x=\"" << ML + pw / 2 << "\" y=\"" << MT + ph / 2 << "\" text-anchor=\"middle\">no data</text>\n";
+    o << "<text x=\"" << ML + pw / 2 << "\" y=\"" << MT + ph / 2
+      << "\" text-anchor=\"middle\">no data</text>\n";
   o << "</svg>\n";
   return o.str();
 }

@@ -13,23 +13,24 @@
 namespace r3 {
 
 struct AlignmentMetrics {
-  int tokens = 0;                          // tokens scored (all T, for the logprob metrics)
-  double router_disagreement_pairs = 0;    // fraction of (token, MoE layer) pairs whose expert SETS differ
-  double router_disagreement_tokens = 0;   // fraction of tokens with >= 1 differing layer
-  double mean_differing_layers = 0;        // mean differing layers per token
-  double k3_kl = 0;                        // mean of r - 1 - log r, r = pi_train / pi_infer of the sampled token
-  double extreme_token_fraction = 0;       // fraction with max(r, 1/r) > threshold (default 2)
+  int tokens = 0;  // tokens scored (all T, for the logprob metrics)
+  double router_disagreement_pairs =
+      0;  // fraction of (token, MoE layer) pairs whose expert SETS differ
+  double router_disagreement_tokens = 0;  // fraction of tokens with >= 1 differing layer
+  double mean_differing_layers = 0;       // mean differing layers per token
+  double k3_kl = 0;  // mean of r - 1 - log r, r = pi_train / pi_infer of the sampled token
+  double extreme_token_fraction = 0;  // fraction with max(r, 1/r) > threshold (default 2)
   double mean_abs_dlogprob = 0, max_abs_dlogprob = 0;
   // Not in to_json (its keys are fixed): how the router metrics were counted.
-  int router_tokens = 0;                   // rows scored for the router metrics (denominator)
-  int skipped_route_rows = 0;              // rows with any -1 in either array, left out of them
+  int router_tokens = 0;       // rows scored for the router metrics (denominator)
+  int skipped_route_rows = 0;  // rows with any -1 in either array, left out of them
 };
 
 // engine/trainer routes [T, L, K] (rows with any -1 in either are skipped for the router metrics
-// and counted in skipped_route_rows), logprobs [T] of the sampled tokens (log pi; engine = pi_infer,
-// trainer = pi_train); the logprob metrics use all T. The router fractions are over the scored
-// rows (0 when none). Throws r3::Error when shapes disagree (routes vs each other, rows vs T,
-// the two logprob vectors) or a logprob is not finite.
+// and counted in skipped_route_rows), logprobs [T] of the sampled tokens (log pi; engine =
+// pi_infer, trainer = pi_train); the logprob metrics use all T. The router fractions are over the
+// scored rows (0 when none). Throws r3::Error when shapes disagree (routes vs each other, rows vs
+// T, the two logprob vectors) or a logprob is not finite.
 AlignmentMetrics compute_alignment(const RouteArray& engine, const RouteArray& trainer,
                                    const std::vector<float>& engine_logprobs,
                                    const std::vector<float>& trainer_logprobs,

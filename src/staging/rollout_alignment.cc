@@ -35,10 +35,12 @@ std::vector<int> token_list(const json& j, const std::string& what) {
   out.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
     const json& v = j[i];
-    if (!v.is_number_integer()) throw Error(what + "[" + std::to_string(i) + "] is not an integer token id");
+    if (!v.is_number_integer())
+      throw Error(what + "[" + std::to_string(i) + "] is not an integer token id");
     const int64_t x = v.get<int64_t>();
     if (x < 0 || x > std::numeric_limits<int>::max())
-      throw Error(what + "[" + std::to_string(i) + "] = " + std::to_string(x) + " is not a valid token id");
+      throw Error(what + "[" + std::to_string(i) + "] = " + std::to_string(x) +
+                  " is not a valid token id");
     out.push_back(int(x));
   }
   return out;
@@ -85,12 +87,14 @@ std::vector<RolloutSpec> read_rollouts_jsonl(std::istream& in, const std::string
   return out;
 }
 
-std::vector<RolloutSpec> random_rollouts(const RandomRolloutOptions& o, int vocab, int bos_id, int eos_id) {
+std::vector<RolloutSpec> random_rollouts(const RandomRolloutOptions& o, int vocab, int bos_id,
+                                         int eos_id) {
   if (o.num_rollouts < 0) throw Error("random_rollouts: num_rollouts must be >= 0");
   if (o.turns < 1) throw Error("random_rollouts: turns must be >= 1");
   if (o.min_prompt < 1 || o.max_prompt < o.min_prompt || o.min_user < 1 || o.max_user < o.min_user)
     throw Error("random_rollouts: lengths must satisfy 1 <= min <= max");
-  const int specials = (bos_id >= 0 && bos_id < vocab) + (eos_id >= 0 && eos_id < vocab && eos_id != bos_id);
+  const int specials =
+      (bos_id >= 0 && bos_id < vocab) + (eos_id >= 0 && eos_id < vocab && eos_id != bos_id);
   if (vocab - specials < 1) throw Error("random_rollouts: vocabulary has no ordinary tokens");
   // Counter-based draws: portable and independent of call order.
   uint64_t counter = 0;
@@ -170,8 +174,9 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
     throw Error("r3 align: the engine must be started with enable_return_routed_experts");
   if (trainer.config.vocab_size != mc.vocab_size || trainer.config.num_moe_layers() != L ||
       trainer.config.top_k != K || trainer.config.num_experts != E)
-    throw Error("r3 align: the trainer weights are not the engine's model (vocab, MoE layers, "
-                "top-k or experts differ)");
+    throw Error(
+        "r3 align: the trainer weights are not the engine's model (vocab, MoE layers, "
+        "top-k or experts differ)");
   if (opt.max_tokens < 1) throw Error("r3 align: max_tokens must be >= 1");
   if (L < 1) throw Error("r3 align: the model has no MoE layers");
 
@@ -180,7 +185,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
   std::vector<std::vector<StagedCall>> staged(static_cast<size_t>(n));
   int max_turns = 0;
   for (int i = 0; i < n; ++i) {
-    if (rollouts[size_t(i)].prompt.empty()) throw Error(rollout_name(i, 0) + ": the prompt is empty");
+    if (rollouts[size_t(i)].prompt.empty())
+      throw Error(rollout_name(i, 0) + ": the prompt is empty");
     tr[size_t(i)].index = i;
     tr[size_t(i)].tokens = rollouts[size_t(i)].prompt;
     tr[size_t(i)].generated.assign(tr[size_t(i)].tokens.size(), false);
@@ -235,8 +241,9 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
       }
       idle = (outs.empty() && !engine.has_unfinished()) ? idle + 1 : 0;
       if (idle > 8)
-        throw Error("r3 align: the engine stopped with " + std::to_string(rollout_of.size() - done.size()) +
-                    " requests of turn " + std::to_string(t + 1) + " unfinished");
+        throw Error("r3 align: the engine stopped with " +
+                    std::to_string(rollout_of.size() - done.size()) + " requests of turn " +
+                    std::to_string(t + 1) + " unfinished");
     }
 
     for (auto& [i, o] : done) {
@@ -249,17 +256,21 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
       }
       if (o.logprobs.size() != o.token_ids.size()) {
         x.dropped = true;
-        x.warning = rollout_name(i, t) + ": the engine returned " + std::to_string(o.logprobs.size()) +
-                    " logprobs for " + std::to_string(o.token_ids.size()) + " tokens";
+        x.warning = rollout_name(i, t) + ": the engine returned " +
+                    std::to_string(o.logprobs.size()) + " logprobs for " +
+                    std::to_string(o.token_ids.size()) + " tokens";
         continue;
       }
       const int T = int(x.tokens.size());
       x.call_lens.push_back(T);
       RouteArray reply;  // empty reply: lenient staging turns it into -1 rows
       std::string missing;
-      if (!o.routes_error.empty()) missing = o.routes_error;
-      else if (!o.routed_experts) missing = "the engine returned no routes";
-      else reply = *o.routed_experts;
+      if (!o.routes_error.empty())
+        missing = o.routes_error;
+      else if (!o.routed_experts)
+        missing = "the engine returned no routes";
+      else
+        reply = *o.routed_experts;
       if (!missing.empty() && opt.policy == StagePolicy::Strict) {
         x.dropped = true;
         x.warning = rollout_name(i, t) + ": " + missing;
@@ -286,9 +297,9 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
     RolloutTrace& x = tr[size_t(i)];
     if (x.dropped) continue;
     try {
-      x.routes = assemble_rollout(staged[size_t(i)],
-                                  opt.repair_boundaries ? x.engine_replies : std::vector<RouteArray>{},
-                                  opt.repair_boundaries, &x.report);
+      x.routes = assemble_rollout(
+          staged[size_t(i)], opt.repair_boundaries ? x.engine_replies : std::vector<RouteArray>{},
+          opt.repair_boundaries, &x.report);
     } catch (const Error& e) {
       if (opt.policy == StagePolicy::Strict) {
         x.dropped = true;
@@ -333,8 +344,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
           const auto [i, replay] = jobs[j];
           RolloutTrace& x = tr[size_t(i)];
           const int S = int(x.tokens.size());
-          ReferenceResult rr = reference_forward(trainer, x.tokens, replay ? x.routes.data.data() : nullptr,
-                                                 replay ? S : 0);
+          ReferenceResult rr = reference_forward(
+              trainer, x.tokens, replay ? x.routes.data.data() : nullptr, replay ? S : 0);
           RouteArray routes(S, L, K);
           routes.moe_layers = x.routes.moe_layers;
           if (rr.routes.size() != routes.data.size())
@@ -343,7 +354,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
           std::vector<float> lp(size_t(S), std::nanf(""));
           for (int p = 1; p < S; ++p) {
             if (!x.generated[size_t(p)]) continue;
-            const std::vector<float> ls = log_softmax(rr.logits.data() + size_t(p - 1) * size_t(V), V);
+            const std::vector<float> ls =
+                log_softmax(rr.logits.data() + size_t(p - 1) * size_t(V), V);
             lp[size_t(p)] = ls[size_t(x.tokens[size_t(p)])];
           }
           if (replay) {
@@ -360,7 +372,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
         }
       }
     };
-    int threads = opt.trainer_threads > 0 ? opt.trainer_threads : int(std::thread::hardware_concurrency());
+    int threads =
+        opt.trainer_threads > 0 ? opt.trainer_threads : int(std::thread::hardware_concurrency());
     threads = std::max(1, std::min<int>(threads, int(jobs.size())));
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back(work);
@@ -391,7 +404,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
     res.filler_rows += x.report.filler_rows;
     const int S = int(x.tokens.size());
     for (int p = 0; p < S; ++p, ++at) {
-      if (x.real_route[size_t(p)]) std::memcpy(eng_all.row(at), x.routes.row(p), row_size * sizeof(int16_t));
+      if (x.real_route[size_t(p)])
+        std::memcpy(eng_all.row(at), x.routes.row(p), row_size * sizeof(int16_t));
       std::memcpy(without_all.row(at), x.trainer_routes_without.row(p), row_size * sizeof(int16_t));
       std::memcpy(with_all.row(at), x.trainer_routes_with.row(p), row_size * sizeof(int16_t));
       if (!x.generated[size_t(p)]) continue;
@@ -403,7 +417,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
   const std::vector<float> zeros(size_t(all_rows), 0.f);
   const RouteArray same(int(eng_lp.size()), 1, 1, int16_t(0));
   auto combine = [&](const RouteArray& trainer_routes, const std::vector<float>& trainer_lp) {
-    AlignmentMetrics routers = compute_alignment(eng_all, trainer_routes, zeros, zeros, opt.extreme_threshold);
+    AlignmentMetrics routers =
+        compute_alignment(eng_all, trainer_routes, zeros, zeros, opt.extreme_threshold);
     AlignmentMetrics m = compute_alignment(same, same, eng_lp, trainer_lp, opt.extreme_threshold);
     m.router_disagreement_pairs = routers.router_disagreement_pairs;
     m.router_disagreement_tokens = routers.router_disagreement_tokens;
@@ -422,7 +437,8 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
   return res;
 }
 
-RolloutAlignmentResult run_rollout_alignment(EngineConfig cfg, const std::vector<RolloutSpec>& rollouts,
+RolloutAlignmentResult run_rollout_alignment(EngineConfig cfg,
+                                             const std::vector<RolloutSpec>& rollouts,
                                              const RolloutAlignmentOptions& opt) {
   cfg.enable_return_routed_experts = true;
   std::shared_ptr<Checkpoint> ckpt = Checkpoint::open(cfg.model);
@@ -452,8 +468,10 @@ json to_json(const RolloutAlignmentResult& r) {
 std::string format_alignment_table(const RolloutAlignmentResult& r) {
   std::ostringstream o;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-28s | %16s | %16s\n", "metric", "without replay", "with replay");
-  o << buf << std::string(28, '-') << "-+-" << std::string(16, '-') << "-+-" << std::string(16, '-') << "\n";
+  std::snprintf(buf, sizeof buf, "%-28s | %16s | %16s\n", "metric", "without replay",
+                "with replay");
+  o << buf << std::string(28, '-') << "-+-" << std::string(16, '-') << "-+-" << std::string(16, '-')
+    << "\n";
   auto line = [&](const char* name, double a, double b, const char* fmt) {
     char x[64], y[64];
     std::snprintf(x, sizeof x, fmt, a);
@@ -463,21 +481,24 @@ std::string format_alignment_table(const RolloutAlignmentResult& r) {
   };
   const auto& a = r.without_replay;
   const auto& b = r.with_replay;
-  line("router_disagreement_pairs", a.router_disagreement_pairs, b.router_disagreement_pairs, "%.6f");
-  line("router_disagreement_tokens", a.router_disagreement_tokens, b.router_disagreement_tokens, "%.6f");
+  line("router_disagreement_pairs", a.router_disagreement_pairs, b.router_disagreement_pairs,
+       "%.6f");
+  line("router_disagreement_tokens", a.router_disagreement_tokens, b.router_disagreement_tokens,
+       "%.6f");
   line("mean_differing_layers", a.mean_differing_layers, b.mean_differing_layers, "%.6f");
   line("k3_kl", a.k3_kl, b.k3_kl, "%.6e");
   line("extreme_token_fraction", a.extreme_token_fraction, b.extreme_token_fraction, "%.6f");
   line("mean_abs_dlogprob", a.mean_abs_dlogprob, b.mean_abs_dlogprob, "%.6e");
   line("max_abs_dlogprob", a.max_abs_dlogprob, b.max_abs_dlogprob, "%.6e");
-  o << "\ntokens                  " << r.tokens << "   (generated tokens, scored for the logprob metrics)\n"
+  o << "\ntokens                  " << r.tokens
+    << "   (generated tokens, scored for the logprob metrics)\n"
     << "route rows              " << r.route_rows
     << "   (positions with a real engine route, scored for the router metrics; "
     << b.skipped_route_rows << " filler or -1 rows left out)\n"
     << "repaired_boundary_rows  " << r.repaired_boundary_rows << "\n"
     << "filler_rows             " << r.filler_rows << "\n"
-    << "rollouts                " << r.rollouts - r.dropped_rollouts << " kept, " << r.dropped_rollouts
-    << " dropped\n";
+    << "rollouts                " << r.rollouts - r.dropped_rollouts << " kept, "
+    << r.dropped_rollouts << " dropped\n";
   return o.str();
 }
 

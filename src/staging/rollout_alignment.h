@@ -57,32 +57,32 @@ std::vector<RolloutSpec> random_rollouts(const RandomRolloutOptions& o, int voca
                                          int eos_id);
 
 struct RolloutAlignmentOptions {
-  int max_tokens = 16;          // generated per turn
-  float temperature = 1.0f;     // engine sampling (0 = greedy)
+  int max_tokens = 16;       // generated per turn
+  float temperature = 1.0f;  // engine sampling (0 = greedy)
   float top_p = 1.0f;
   int top_k = 0;
-  bool ignore_eos = true;       // every turn generates max_tokens (random models hit eos at random)
-  uint64_t seed = 0;            // request seed of (rollout i, turn t) = hash(seed, i, t)
+  bool ignore_eos = true;  // every turn generates max_tokens (random models hit eos at random)
+  uint64_t seed = 0;       // request seed of (rollout i, turn t) = hash(seed, i, t)
   Filler filler = Filler::MinusOne;
   StagePolicy policy = StagePolicy::Strict;  // strict: a bad call drops its rollout
   bool repair_boundaries = true;
   double extreme_threshold = 2.0;
-  int trainer_threads = 0;      // reference forwards run in parallel over rollouts (0 = all cores)
-  bool keep_traces = true;      // fill RolloutAlignmentResult::traces
+  int trainer_threads = 0;  // reference forwards run in parallel over rollouts (0 = all cores)
+  bool keep_traces = true;  // fill RolloutAlignmentResult::traces
 };
 
 // Everything about one rollout (for tests and debugging).
 struct RolloutTrace {
-  int index = 0;                        // position in the input
-  bool dropped = false;                 // strict policy: a call failed to stage
-  std::string warning;                  // why dropped, or lenient warnings
-  std::vector<int> tokens;              // the full sequence S
-  std::vector<int> call_lens;           // T of each call (prompt + generated so far)
-  std::vector<bool> generated;          // [S] sampled by the engine
-  std::vector<float> engine_logprobs;   // [S], NaN where not generated
+  int index = 0;                           // position in the input
+  bool dropped = false;                    // strict policy: a call failed to stage
+  std::string warning;                     // why dropped, or lenient warnings
+  std::vector<int> tokens;                 // the full sequence S
+  std::vector<int> call_lens;              // T of each call (prompt + generated so far)
+  std::vector<bool> generated;             // [S] sampled by the engine
+  std::vector<float> engine_logprobs;      // [S], NaN where not generated
   std::vector<RouteArray> engine_replies;  // raw routed_experts of each call
-  RouteArray routes;                    // assembled [S, L, K] (what the trainer replays)
-  std::vector<bool> real_route;         // [S] row holds a real engine route (scored for routers)
+  RouteArray routes;                       // assembled [S, L, K] (what the trainer replays)
+  std::vector<bool> real_route;            // [S] row holds a real engine route (scored for routers)
   AssembleReport report;
   // Trainer side: [S, L, K] experts used and [S] logprobs (NaN where not generated).
   RouteArray trainer_routes_without, trainer_routes_with;
@@ -111,11 +111,12 @@ RolloutAlignmentResult run_rollout_alignment(Engine& engine, const ModelWeights&
                                              const RolloutAlignmentOptions& opt);
 // Starts its own engine (enable_return_routed_experts forced on) and opens the checkpoint
 // cfg.model for the trainer forward.
-RolloutAlignmentResult run_rollout_alignment(EngineConfig cfg, const std::vector<RolloutSpec>& rollouts,
+RolloutAlignmentResult run_rollout_alignment(EngineConfig cfg,
+                                             const std::vector<RolloutSpec>& rollouts,
                                              const RolloutAlignmentOptions& opt);
 
-// {"tokens", "repaired_boundary_rows", "filler_rows", "without_replay": {...}, "with_replay": {...}}
-// with exactly the keys router_disagreement_pairs, router_disagreement_tokens,
+// {"tokens", "repaired_boundary_rows", "filler_rows", "without_replay": {...}, "with_replay":
+// {...}} with exactly the keys router_disagreement_pairs, router_disagreement_tokens,
 // mean_differing_layers, k3_kl, extreme_token_fraction, mean_abs_dlogprob, max_abs_dlogprob
 // in each of the two objects.
 nlohmann::json to_json(const RolloutAlignmentResult& r);

@@ -89,8 +89,8 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
   {
     std::ostringstream o;
     const long long expected = (N >= 0 && N <= T - 1) ? (T - 1 - N) : (T - 1);
-    const size_t want_values = size_t(std::max(0, routes.rows)) * size_t(std::max(0, routes.layers)) *
-                               size_t(std::max(0, routes.k));
+    const size_t want_values = size_t(std::max(0, routes.rows)) *
+                               size_t(std::max(0, routes.layers)) * size_t(std::max(0, routes.k));
     if (N < 0 || N > T - 1) {
       o << "delta start " << N << " outside [0, T-1=" << T - 1 << "]; expected " << expected
         << " rows, found " << routes.rows;
@@ -99,8 +99,8 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
         << routes.rows;
     } else if (N > prev_len) {
       o << "reply starts at position " << N << ", after prev_len, so positions [" << prev_len
-        << ", " << N << ") have no route; expected " << (T - 1 - prev_len)
-        << " rows from position " << prev_len << ", found " << routes.rows << " rows from " << N;
+        << ", " << N << ") have no route; expected " << (T - 1 - prev_len) << " rows from position "
+        << prev_len << ", found " << routes.rows << " rows from " << N;
     } else if (routes.layers < 1 || routes.k < 1) {
       o << "bad shape [" << routes.rows << ", " << routes.layers << ", " << routes.k
         << "] (layers and k must be >= 1); expected " << expected << " rows, found " << routes.rows;
@@ -128,8 +128,8 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
     out.ok = false;
     out.reply_well_formed = false;
     out.bad_rows = new_rows;
-    out.warning = where + problem + "; routes dropped, " + std::to_string(new_rows) +
-                  " rows set to -1";
+    out.warning =
+        where + problem + "; routes dropped, " + std::to_string(new_rows) + " rows set to -1";
     return out;
   }
 
@@ -143,7 +143,8 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
     const int16_t* src = routes.row(p - N);
     bool all_minus_one = false;
     std::string why = check_row(src, L, K, num_experts, &all_minus_one);
-    if (why.empty() && all_minus_one) why = "row is all -1 (the engine has no route for this token)";
+    if (why.empty() && all_minus_one)
+      why = "row is all -1 (the engine has no route for this token)";
     if (!why.empty()) {
       std::ostringstream o;
       o << "route row for position " << p << ": " << why << "; expected " << routes.rows
@@ -161,8 +162,10 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
     for (int l = 0; l < L; ++l)
       for (int j = 0; j < K; ++j) {
         int16_t id = -1;
-        if (filler == Filler::Arange) id = int16_t(j);
-        else if (filler == Filler::Spread) id = int16_t(((pos * L + l) * K + j) % num_experts);
+        if (filler == Filler::Arange)
+          id = int16_t(j);
+        else if (filler == Filler::Spread)
+          id = int16_t(((pos * L + l) * K + j) % num_experts);
         f[size_t(l) * K + j] = id;
       }
     out.filler_rows = 1;
@@ -183,18 +186,21 @@ StagedCall stage_call(const RouteArray& routes, int prev_len, int T, Filler fill
   return out;
 }
 
-std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len, int T) {
+std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len,
+                                   int T) {
   const int generated = int(weight_versions.size());
   if (generated == 0) return {};
   if (prev_len < 0 || prev_len > T || generated > T) {
     std::ostringstream o;
-    o << "row_versions: " << generated << " generated tokens do not fit a call of positions [" << prev_len << ", " << T << ")";
+    o << "row_versions: " << generated << " generated tokens do not fit a call of positions ["
+      << prev_len << ", " << T << ")";
     throw Error(o.str());
   }
   const int P = T - generated;
   std::vector<uint64_t> v;
   v.reserve(size_t(T - prev_len));
-  for (int p = prev_len; p < T; ++p) v.push_back(weight_versions[size_t(std::clamp(p - P + 1, 0, generated - 1))]);
+  for (int p = prev_len; p < T; ++p)
+    v.push_back(weight_versions[size_t(std::clamp(p - P + 1, 0, generated - 1))]);
   return v;
 }
 
@@ -208,16 +214,18 @@ VersionPolicy parse_version_policy(const std::string& name) {
 namespace {
 
 // The rollout's per-row versions (when every call has them), the mixed flag, and the policy.
-void apply_version_policy(const std::vector<StagedCall>& calls, VersionPolicy policy, RouteArray& out,
-                          AssembleReport& rep) {
+void apply_version_policy(const std::vector<StagedCall>& calls, VersionPolicy policy,
+                          RouteArray& out, AssembleReport& rep) {
   const bool known = std::all_of(calls.begin(), calls.end(), [](const StagedCall& c) {
     return int(c.versions.size()) == c.total_len - c.prev_len;
   });
   if (!known) {
     rep.versions.clear();
     if (policy == VersionPolicy::Keep) return;
-    throw Error("assemble_rollout: the drop_call and fail version policies need every call's weight versions "
-                "(stage_call with weight_versions)");
+    throw Error(
+        "assemble_rollout: the drop_call and fail version policies need every call's weight "
+        "versions "
+        "(stage_call with weight_versions)");
   }
   if (rep.versions.empty()) return;
   const auto [lo, hi] = std::minmax_element(rep.versions.begin(), rep.versions.end());
@@ -227,17 +235,20 @@ void apply_version_policy(const std::vector<StagedCall>& calls, VersionPolicy po
   for (size_t i = 0; i < calls.size(); ++i) {
     const StagedCall& c = calls[i];
     const int from = c.prev_len - calls.front().prev_len, rows = c.total_len - c.prev_len;
-    const auto oldest = std::min_element(rep.versions.begin() + from, rep.versions.begin() + from + rows);
+    const auto oldest =
+        std::min_element(rep.versions.begin() + from, rep.versions.begin() + from + rows);
     if (rows == 0 || *oldest == *hi) continue;
-    stale << (stale.tellp() ? ", " : "") << "call " << c.call_index << " (#" << i << ") has rows of version " << *oldest;
+    stale << (stale.tellp() ? ", " : "") << "call " << c.call_index << " (#" << i
+          << ") has rows of version " << *oldest;
     if (policy == VersionPolicy::DropCall) {
-      std::fill(out.row(from), out.row(from) + size_t(rows) * size_t(out.layers) * size_t(out.k), int16_t(-1));
+      std::fill(out.row(from), out.row(from) + size_t(rows) * size_t(out.layers) * size_t(out.k),
+                int16_t(-1));
       ++rep.version_dropped_calls;
     }
   }
   if (policy == VersionPolicy::Fail)
-    throw Error("assemble_rollout: the rollout's rows span weight versions " + std::to_string(*lo) + " to " +
-                std::to_string(*hi) + ": " + stale.str() + " (version policy fail)");
+    throw Error("assemble_rollout: the rollout's rows span weight versions " + std::to_string(*lo) +
+                " to " + std::to_string(*hi) + ": " + stale.str() + " (version policy fail)");
 }
 
 }  // namespace
@@ -278,14 +289,16 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
         << "); expected rows from position " << covered << ", found rows from " << c.prev_len;
       throw Error(o.str());
     }
-    if (c.rows.rows != want || c.rows.data.size() != size_t(c.rows.rows) * c.rows.layers * c.rows.k) {
+    if (c.rows.rows != want ||
+        c.rows.data.size() != size_t(c.rows.rows) * c.rows.layers * c.rows.k) {
       std::ostringstream o;
       o << "assemble_rollout: call " << c.call_index << " (#" << i << "): expected " << want
         << " rows (total_len - prev_len), found " << c.rows.rows;
       throw Error(o.str());
     }
     if (want > 0 && (c.rows.layers != L || c.rows.k != K)) {
-      bool all_minus = std::all_of(c.rows.data.begin(), c.rows.data.end(), [](int16_t v) { return v == -1; });
+      bool all_minus =
+          std::all_of(c.rows.data.begin(), c.rows.data.end(), [](int16_t v) { return v == -1; });
       if (c.ok || !all_minus) {
         std::ostringstream o;
         o << "assemble_rollout: call " << c.call_index << " (#" << i << "): shape [" << c.rows.rows
@@ -303,7 +316,8 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
   const size_t row_size = size_t(L) * size_t(K);
   for (const auto& c : calls) {
     if (c.rows.layers == L && c.rows.k == K && c.rows.rows > 0)
-      std::memcpy(out.row(c.prev_len - first), c.rows.data.data(), c.rows.data.size() * sizeof(int16_t));
+      std::memcpy(out.row(c.prev_len - first), c.rows.data.data(),
+                  c.rows.data.size() * sizeof(int16_t));
     // else: a failed lenient call without a usable shape stays -1
     rep.filler_rows += c.filler_rows;
     rep.versions.insert(rep.versions.end(), c.versions.begin(), c.versions.end());
@@ -320,9 +334,9 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
       const StagedCall& prev = calls[i - 1];
       const StagedCall& next = calls[i];
       const RouteArray& eng = engine_routes[i];
-      const int p = next.prev_len - 1;  // the previous call's last token
+      const int p = next.prev_len - 1;                   // the previous call's last token
       if (prev.total_len - prev.prev_len < 1) continue;  // previous call holds no row for p
-      if (!next.reply_well_formed) continue;  // its rows cannot be located by position
+      if (!next.reply_well_formed) continue;             // its rows cannot be located by position
       if (eng.layers != L || eng.k != K) continue;
       if (eng.data.size() != size_t(eng.rows) * row_size) continue;
       if (p < eng.start || p >= eng.start + eng.rows) continue;  // reply does not cover p
@@ -334,7 +348,8 @@ RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
       ++rep.repaired_boundary_rows;
       if (prev.filler_rows > 0) --rep.filler_rows;
       // The repaired row was computed in the next call's prefill.
-      if (!next.versions.empty() && size_t(p - first) < rep.versions.size()) rep.versions[size_t(p - first)] = next.versions.front();
+      if (!next.versions.empty() && size_t(p - first) < rep.versions.size())
+        rep.versions[size_t(p - first)] = next.versions.front();
     }
   }
   apply_version_policy(calls, versions, out, rep);

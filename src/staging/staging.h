@@ -21,15 +21,15 @@ Filler parse_filler(const std::string& name);
 enum class StagePolicy { Strict, Lenient };
 
 struct StagedCall {
-  RouteArray rows;           // [T - prev_len, L, K]
+  RouteArray rows;  // [T - prev_len, L, K]
   int prev_len = 0, total_len = 0;
-  int filler_rows = 0;       // rows holding filler
-  bool ok = true;            // false under lenient policy when routes were bad (rows are -1)
+  int filler_rows = 0;            // rows holding filler
+  bool ok = true;                 // false under lenient policy when routes were bad (rows are -1)
   bool reply_well_formed = true;  // false when the reply's shape, row count or start was wrong
-  std::string warning;       // why, under lenient
-  int call_index = 0;        // as passed to stage_call (names the call in later errors)
-  int bad_rows = 0;          // lenient: kept rows that were bad or missing and became -1
-  int num_experts = 0;       // as passed to stage_call (validates boundary-repair rows)
+  std::string warning;            // why, under lenient
+  int call_index = 0;             // as passed to stage_call (names the call in later errors)
+  int bad_rows = 0;               // lenient: kept rows that were bad or missing and became -1
+  int num_experts = 0;            // as passed to stage_call (validates boundary-repair rows)
   // The weight version each kept row was computed under (row_versions), when the caller knows
   // the call's per-token versions; empty: unknown.
   std::vector<uint64_t> versions;
@@ -42,7 +42,8 @@ struct StagedCall {
 // row in the call's prefill, which ended in the first token's step; the last token's row (the
 // filler) takes the last token's version. Empty when nothing was generated (the versions are
 // unknown). Throws r3::Error when more tokens are given than the call holds.
-std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len, int T);
+std::vector<uint64_t> row_versions(const std::vector<uint64_t>& weight_versions, int prev_len,
+                                   int T);
 
 // routes: the engine's rows for this call. If routes.start == 0 it must hold T-1 rows; a delta
 // reply (routes.start == N) holds rows [N, T-1). One filler row is appended for the last token,
@@ -70,11 +71,12 @@ enum class VersionPolicy { Keep, DropCall, Fail };
 VersionPolicy parse_version_policy(const std::string& name);
 
 struct AssembleReport {
-  int repaired_boundary_rows = 0;   // previous call's last row overwritten with the next call's real route
-  int filler_rows = 0;              // filler rows left in the assembled rollout
-  std::vector<uint64_t> versions;   // per assembled row (empty unless every call had versions)
-  bool mixed_versions = false;      // the rows span more than one weight version
-  int version_dropped_calls = 0;    // DropCall: calls whose routes became -1
+  int repaired_boundary_rows =
+      0;                // previous call's last row overwritten with the next call's real route
+  int filler_rows = 0;  // filler rows left in the assembled rollout
+  std::vector<uint64_t> versions;  // per assembled row (empty unless every call had versions)
+  bool mixed_versions = false;     // the rows span more than one weight version
+  int version_dropped_calls = 0;   // DropCall: calls whose routes became -1
 };
 
 // Joins staged calls in order into [sum of rows, L, K]. Turn-boundary repair (on by default):
@@ -85,9 +87,11 @@ struct AssembleReport {
 // Details: calls must be contiguous (call i+1's prev_len == call i's total_len) or r3::Error is
 // thrown naming the call. A row is repaired from a well-formed engine reply of the rollout's
 // [L, K] whose row for that position is fully valid (not -1), even when other rows of that call
-// were bad (the call itself then stays dropped); engine_routes[0] is never read. A failed lenient call whose rows have no shape is laid out as -1 rows.
+// were bad (the call itself then stays dropped); engine_routes[0] is never read. A failed lenient
+// call whose rows have no shape is laid out as -1 rows.
 RouteArray assemble_rollout(const std::vector<StagedCall>& calls,
                             const std::vector<RouteArray>& engine_routes, bool repair_boundaries,
-                            AssembleReport* report = nullptr, VersionPolicy versions = VersionPolicy::Keep);
+                            AssembleReport* report = nullptr,
+                            VersionPolicy versions = VersionPolicy::Keep);
 
 }  // namespace r3

@@ -12,7 +12,7 @@ struct SamplerParams {
   float top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
-  int top_logprobs = 0;        // alternatives reported per scored position
+  int top_logprobs = 0;            // alternatives reported per scored position
   int prompt_logprobs_start = -1;  // score prompt tokens from this position (-1: none)
 };
 
@@ -29,9 +29,9 @@ struct TopLogprobs {
 // One sequence's sampled token, as a step result reports it.
 struct Sample {
   int token = 0;
-  float logprob = 0.f;  // log-softmax of the raw logits at the sampled token
+  float logprob = 0.f;     // log-softmax of the raw logits at the sampled token
   bool nonfinite = false;  // a logit was NaN or infinite: nothing was sampled
-  TopLogprobs top;      // the top_logprobs alternatives (n = 0 when not asked)
+  TopLogprobs top;         // the top_logprobs alternatives (n = 0 when not asked)
 };
 
 }  // namespace r3

@@ -1,9 +1,10 @@
 // The seam between planning and computing: one engine step, planned by the scheduler and then
 // immutable, and what computing it returns. A second backend (another device, another process)
 // plugs in here: it takes a StepPlan and fills a StepResult (docs/ARCHITECTURE.md says what it
-// must reproduce). One engine step, planned by the scheduler and then immutable: its `iter` id and, for every
-// computed token, the request, absolute position and KV block id + generation. Capture, copy and
-// commit of routes read only this snapshot, never live request state (DESIGN.md, lifetimes).
+// must reproduce). One engine step, planned by the scheduler and then immutable: its `iter` id and,
+// for every computed token, the request, absolute position and KV block id + generation. Capture,
+// copy and commit of routes read only this snapshot, never live request state (DESIGN.md,
+// lifetimes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -15,28 +16,29 @@ namespace r3 {
 
 struct PlannedSeq {
   uint64_t request_id = 0;
-  uint64_t epoch = 0;        // the request's preemption epoch when planned
-  int first_token = 0;       // index of its first token in StepPlan::tokens
+  uint64_t epoch = 0;   // the request's preemption epoch when planned
+  int first_token = 0;  // index of its first token in StepPlan::tokens
   int num_tokens = 0;
-  int start_pos = 0;         // absolute position of its first token
-  int table_offset = 0;      // its block table: StepPlan::block_tables[table_offset ...], covering
-  int table_len = 0;         //   positions [0, start_pos + num_tokens)
+  int start_pos = 0;     // absolute position of its first token
+  int table_offset = 0;  // its block table: StepPlan::block_tables[table_offset ...], covering
+  int table_len = 0;     //   positions [0, start_pos + num_tokens)
   // Its sliding-window layers' block table (models with sliding_window layers):
   // StepPlan::window_tables[window_offset, + table_len), -1 where blocks wholly before every
   // query's window were freed.
   int window_offset = 0;
-  int state_slot = -1;       // its recurrent state (models with Gated DeltaNet layers), else -1
+  int state_slot = -1;  // its recurrent state (models with Gated DeltaNet layers), else -1
   // Prefix caching of that state (engine/state_snapshots.h): before its first token the slot is
   // loaded from snapshot `snapshot_restore` (a prefix hit's end), and after `snapshot_tokens` of
   // its tokens the state is copied into snapshot `snapshot_write` (a block boundary); -1: none.
   int snapshot_restore = -1, snapshot_write = -1, snapshot_tokens = 0;
-  bool sample = false;       // the last token's logits are sampled (position start_pos + num_tokens)
-  SamplerParams sampler;     // copied: sampling must not read live request state
-  bool first_token_pending = false;  // overlap: token 0 is the one being sampled by the previous step
+  bool sample = false;    // the last token's logits are sampled (position start_pos + num_tokens)
+  SamplerParams sampler;  // copied: sampling must not read live request state
+  bool first_token_pending =
+      false;  // overlap: token 0 is the one being sampled by the previous step
   // Routes.
   bool wants_routes = false;
   int prefix_hit_tokens = 0;  // rows [0, hit) copied from the SharedRouteCache
-  int hit_offset = 0;         // StepPlan::hit_generations[hit_offset + i]: generation of hit block i
+  int hit_offset = 0;  // StepPlan::hit_generations[hit_offset + i]: generation of hit block i
   // Prompt scoring: StepPlan::scores[score_offset, score_offset + score_count).
   int score_offset = 0, score_count = 0;
 };
@@ -51,13 +53,13 @@ struct ScoreTarget {
 };
 
 struct PlannedToken {
-  int seq = -1;              // index into StepPlan::seqs; -1 = padding
+  int seq = -1;  // index into StepPlan::seqs; -1 = padding
   int position = 0;
   int token = 0;
-  int block = 0;             // KV block id (the scratch block for padding)
+  int block = 0;  // KV block id (the scratch block for padding)
   uint64_t block_generation = 0;
-  int slot = 0;              // offset in the block
-  int window_block = 0;      // the same position's block in the sliding-window layers' pool
+  int slot = 0;          // offset in the block
+  int window_block = 0;  // the same position's block in the sliding-window layers' pool
 };
 
 // Flat vectors only: a plan object is reused step after step without allocating.
@@ -74,8 +76,12 @@ struct StepPlan {
   bool any_routes = false;
 
   const int* block_table(const PlannedSeq& s) const { return block_tables.data() + s.table_offset; }
-  const int* window_table(const PlannedSeq& s) const { return window_tables.data() + s.window_offset; }
-  uint64_t hit_generation(const PlannedSeq& s, int block) const { return hit_generations[size_t(s.hit_offset + block)]; }
+  const int* window_table(const PlannedSeq& s) const {
+    return window_tables.data() + s.window_offset;
+  }
+  uint64_t hit_generation(const PlannedSeq& s, int block) const {
+    return hit_generations[size_t(s.hit_offset + block)];
+  }
   void clear() {
     seqs.clear();
     tokens.clear();

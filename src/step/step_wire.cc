@@ -9,7 +9,8 @@ namespace r3 {
 
 namespace {
 
-static_assert(std::is_trivially_copyable_v<PlannedSeq> && std::is_trivially_copyable_v<PlannedToken> &&
+static_assert(std::is_trivially_copyable_v<PlannedSeq> &&
+              std::is_trivially_copyable_v<PlannedToken> &&
               std::is_trivially_copyable_v<ScoreTarget>);
 
 struct Header {
@@ -40,9 +41,16 @@ struct Reader {
 }  // namespace
 
 void write_step(const StepPlan& plan, const int* token_ids, std::vector<uint8_t>& bytes) {
-  const Header h{plan.iter,          plan.weight_version,       int32_t(plan.num_padding), int32_t(plan.any_routes),
-                 plan.seqs.size(),   plan.tokens.size(),        plan.block_tables.size(),  plan.window_tables.size(),
-                 plan.hit_generations.size(), plan.scores.size()};
+  const Header h{plan.iter,
+                 plan.weight_version,
+                 int32_t(plan.num_padding),
+                 int32_t(plan.any_routes),
+                 plan.seqs.size(),
+                 plan.tokens.size(),
+                 plan.block_tables.size(),
+                 plan.window_tables.size(),
+                 plan.hit_generations.size(),
+                 plan.scores.size()};
   bytes.clear();
   put(bytes, &h, 1);
   put(bytes, plan.seqs.data(), plan.seqs.size());
@@ -70,7 +78,8 @@ void read_step(const std::vector<uint8_t>& bytes, StepPlan& plan, std::vector<in
   r.get(plan.hit_generations, h.hit_generations);
   r.get(plan.scores, h.scores);
   r.get(token_ids, h.tokens);
-  if (r.at != bytes.size()) throw Error("step message: " + std::to_string(bytes.size() - r.at) + " trailing bytes");
+  if (r.at != bytes.size())
+    throw Error("step message: " + std::to_string(bytes.size() - r.at) + " trailing bytes");
 }
 
 }  // namespace r3

@@ -18,8 +18,10 @@ Bpe Bpe::parse(const json& m) {
     throw Error("tokenizer.json: model type \"" + type + "\" is not supported by r3 (only BPE)");
   if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0)
     throw Error("tokenizer.json: BPE dropout is not supported by r3 (it makes encoding random)");
-  if (!m.contains("vocab") || !m["vocab"].is_object()) throw Error("tokenizer.json: BPE model without a vocab object");
-  if (!m.contains("merges") || !m["merges"].is_array()) throw Error("tokenizer.json: BPE model without a merges list");
+  if (!m.contains("vocab") || !m["vocab"].is_object())
+    throw Error("tokenizer.json: BPE model without a vocab object");
+  if (!m.contains("merges") || !m["merges"].is_array())
+    throw Error("tokenizer.json: BPE model without a merges list");
   Bpe b;
   for (auto& [tok, id] : m["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t(1) << 30))
@@ -29,7 +31,8 @@ Bpe Bpe::parse(const json& m) {
       b.tokens_.resize(size_t(i) + 1);
       b.has_token_.resize(size_t(i) + 1, false);
     }
-    if (b.has_token_[size_t(i)]) throw Error("tokenizer.json: vocab id " + std::to_string(i) + " appears twice");
+    if (b.has_token_[size_t(i)])
+      throw Error("tokenizer.json: vocab id " + std::to_string(i) + " appears twice");
     b.tokens_[size_t(i)] = tok;
     b.has_token_[size_t(i)] = true;
     b.vocab_.emplace(tok, i);
@@ -40,20 +43,25 @@ Bpe Bpe::parse(const json& m) {
     if (mg.is_string()) {  // "a b" (older files)
       const std::string s = mg;
       const size_t sp = s.find(' ', 1);
-      if (sp == std::string::npos) throw Error("tokenizer.json: merge \"" + s + "\" is not two tokens");
+      if (sp == std::string::npos)
+        throw Error("tokenizer.json: merge \"" + s + "\" is not two tokens");
       a = s.substr(0, sp);
       c = s.substr(sp + 1);
     } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
       a = mg[0];
       c = mg[1];
     } else
-      throw Error("tokenizer.json: merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+      throw Error("tokenizer.json: merge " + std::to_string(rank) +
+                  " is neither \"a b\" nor [a, b]");
     auto ia = b.vocab_.find(a), ic = b.vocab_.find(c), ir = b.vocab_.find(a + c);
     if (ia == b.vocab_.end() || ic == b.vocab_.end())
-      throw Error("tokenizer.json: merge " + std::to_string(rank) + " (\"" + a + "\", \"" + c + "\") uses a token not in the vocab");
+      throw Error("tokenizer.json: merge " + std::to_string(rank) + " (\"" + a + "\", \"" + c +
+                  "\") uses a token not in the vocab");
     if (ir == b.vocab_.end())
-      throw Error("tokenizer.json: merge " + std::to_string(rank) + " makes \"" + a + c + "\", which is not in the vocab");
-    b.merges_.emplace(pair_key(ia->second, ic->second), Merge{rank, ir->second});  // the first rank wins
+      throw Error("tokenizer.json: merge " + std::to_string(rank) + " makes \"" + a + c +
+                  "\", which is not in the vocab");
+    b.merges_.emplace(pair_key(ia->second, ic->second),
+                      Merge{rank, ir->second});  // the first rank wins
     ++rank;
   }
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
@@ -66,7 +74,8 @@ Bpe Bpe::parse(const json& m) {
   b.ignore_merges_ = m.value("ignore_merges", false);
   if (m.contains("continuing_subword_prefix") && m["continuing_subword_prefix"].is_string())
     b.prefix_ = m["continuing_subword_prefix"];
-  if (m.contains("end_of_word_suffix") && m["end_of_word_suffix"].is_string()) b.suffix_ = m["end_of_word_suffix"];
+  if (m.contains("end_of_word_suffix") && m["end_of_word_suffix"].is_string())
+    b.suffix_ = m["end_of_word_suffix"];
   return b;
 }
 
@@ -132,7 +141,8 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
       }
     }
     if (!unk_)
-      throw Error("tokenizer: \"" + std::string(chars[i]) + "\" is not in the vocabulary and the model has no unk_token");
+      throw Error("tokenizer: \"" + std::string(chars[i]) +
+                  "\" is not in the vocabulary and the model has no unk_token");
     if (!(fuse_unk_ && last_unk)) sym.push_back({*unk_, 0, 0, true});
     last_unk = true;
   }
@@ -146,7 +156,9 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
     int32_t rank;
     int pos;
     int32_t result;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
   auto consider = [&](int pos) {

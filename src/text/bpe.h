@@ -27,7 +27,9 @@ class Bpe {
   struct Merge {
     int32_t rank, result;
   };
-  static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+  }
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> tokens_;
   std::vector<bool> has_token_;

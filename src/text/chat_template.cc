@@ -12,18 +12,21 @@ constexpr size_t kBytesPerRequestByte = 32;
 
 ChatTemplate::ChatTemplate(std::shared_ptr<const Tokenizer> tok, const std::string& source)
     : tok_(std::move(tok)),
-      tpl_(source.empty() ? tok_->parsed_chat_template() : std::make_shared<const jinja::Template>(source)) {}
+      tpl_(source.empty() ? tok_->parsed_chat_template()
+                          : std::make_shared<const jinja::Template>(source)) {}
 
 jinja::RenderLimits ChatTemplate::limits_for(const ChatRequest& req) {
   jinja::RenderLimits l;
-  const size_t sent =
-      req.messages.dump().size() + (req.tools.is_null() ? 0 : req.tools.dump().size()) + req.kwargs.dump().size();
+  const size_t sent = req.messages.dump().size() +
+                      (req.tools.is_null() ? 0 : req.tools.dump().size()) +
+                      req.kwargs.dump().size();
   l.max_bytes += int64_t(kBytesPerRequestByte * sent);
   return l;
 }
 
 std::string ChatTemplate::render(const ChatRequest& req, std::function<bool()> cancelled) const {
-  if (!req.messages.is_array() || req.messages.empty()) throw Error("messages must be a non-empty list");
+  if (!req.messages.is_array() || req.messages.empty())
+    throw Error("messages must be a non-empty list");
   for (size_t i = 0; i < req.messages.size(); ++i) {
     const auto& m = req.messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
@@ -40,7 +43,8 @@ std::string ChatTemplate::render(const ChatRequest& req, std::function<bool()> c
     ctx.emplace_back("tools", jinja::from_json(req.tools));
     ctx.emplace_back("documents", jinja::Value::none());
     ctx.emplace_back("add_generation_prompt", jinja::Value::boolean(req.add_generation_prompt));
-    for (const auto& [name, content] : tok_->special_tokens()) ctx.emplace_back(name, jinja::Value::string(content));
+    for (const auto& [name, content] : tok_->special_tokens())
+      ctx.emplace_back(name, jinja::Value::string(content));
     for (auto it = req.kwargs.begin(); it != req.kwargs.end(); ++it) {
       bool replaced = false;
       for (auto& kv : ctx)
@@ -60,12 +64,15 @@ std::string ChatTemplate::render(const ChatRequest& req, std::function<bool()> c
     const std::string content = last["content"];
     const size_t at = text.rfind(content);
     if (content.empty() || at == std::string::npos)
-      throw Error("continue_final_message: the final message's content is not in the rendered prompt");
+      throw Error(
+          "continue_final_message: the final message's content is not in the rendered prompt");
     text.resize(at + content.size());
   }
   return text;
 }
 
-std::vector<int32_t> ChatTemplate::encode(const ChatRequest& req) const { return tok_->encode(render(req), false); }
+std::vector<int32_t> ChatTemplate::encode(const ChatRequest& req) const {
+  return tok_->encode(render(req), false);
+}
 
 }  // namespace r3::text

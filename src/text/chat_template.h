@@ -16,7 +16,7 @@ namespace r3::text {
 
 struct ChatRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // [{"role", "content", ...}]
-  nlohmann::ordered_json tools;                 // null or a list of tool schemas
+  nlohmann::ordered_json tools;  // null or a list of tool schemas
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs

@@ -13,9 +13,12 @@ using json = nlohmann::json;
 Decoder::Step Decoder::parse_step(const json& j) {
   const std::string type = j["type"];
   Step s{};
-  if (type == "ByteLevel") s.kind = Step::ByteLevel;
-  else if (type == "ByteFallback") s.kind = Step::ByteFallback;
-  else if (type == "Fuse") s.kind = Step::Fuse;
+  if (type == "ByteLevel")
+    s.kind = Step::ByteLevel;
+  else if (type == "ByteFallback")
+    s.kind = Step::ByteFallback;
+  else if (type == "Fuse")
+    s.kind = Step::Fuse;
   else if (type == "Strip") {
     s.kind = Step::Strip;
     s.content = j.value("content", " ");
@@ -28,17 +31,21 @@ Decoder::Step Decoder::parse_step(const json& j) {
   } else if (type == "Metaspace") {
     s.kind = Step::Metaspace;
     s.content = j.value("replacement", "\xE2\x96\x81");
-    if (j.contains("prepend_scheme")) s.prepend = j["prepend_scheme"] != "never";
-    else s.prepend = j.value("add_prefix_space", true);
+    if (j.contains("prepend_scheme"))
+      s.prepend = j["prepend_scheme"] != "never";
+    else
+      s.prepend = j.value("add_prefix_space", true);
   } else
-    throw Error("tokenizer.json: decoder \"" + type + "\" is not supported by r3 (supported: ByteLevel, ByteFallback, "
+    throw Error("tokenizer.json: decoder \"" + type +
+                "\" is not supported by r3 (supported: ByteLevel, ByteFallback, "
                 "Fuse, Strip, Replace, Metaspace, Sequence)");
   return s;
 }
 
 Decoder Decoder::parse(const json& j) {
   Decoder d;
-  for (const json& step : component_steps(j, "decoder", "decoders")) d.steps_.push_back(parse_step(step));
+  for (const json& step : component_steps(j, "decoder", "decoders"))
+    d.steps_.push_back(parse_step(step));
   return d;
 }
 
@@ -69,8 +76,10 @@ std::vector<std::string> Decoder::decode(std::vector<std::string> tokens, bool r
           for (size_t i = 0; i < t.size() && all;) {
             size_t n;
             const int b = byte_level_byte(utf8_decode_one(t, i, &n));
-            if (b < 0) all = false;
-            else mine += char(b);
+            if (b < 0)
+              all = false;
+            else
+              mine += char(b);
             i += n;
           }
           bytes += all ? mine : t;
@@ -82,14 +91,16 @@ std::vector<std::string> Decoder::decode(std::vector<std::string> tokens, bool r
         std::string pending;
         auto flush = [&] {
           if (pending.empty()) return;
-          if (raw || is_valid_utf8(pending)) out.push_back(pending);
+          if (raw || is_valid_utf8(pending))
+            out.push_back(pending);
           else
             for (size_t i = 0; i < pending.size(); ++i) out.push_back("\xEF\xBF\xBD");
           pending.clear();
         };
         for (std::string& t : tokens) {
           const int b = byte_token(t);
-          if (b >= 0) pending += char(b);
+          if (b >= 0)
+            pending += char(b);
           else {
             flush();
             out.push_back(std::move(t));
@@ -107,7 +118,8 @@ std::vector<std::string> Decoder::decode(std::vector<std::string> tokens, bool r
       case Step::Strip:
         for (std::string& t : tokens) {
           size_t b = 0, e = t.size();
-          for (int k = 0; k < st.start && b < e && t.compare(b, st.content.size(), st.content) == 0; ++k)
+          for (int k = 0; k < st.start && b < e && t.compare(b, st.content.size(), st.content) == 0;
+               ++k)
             b += st.content.size();
           for (int k = 0; k < st.stop && e >= b + st.content.size() &&
                           t.compare(e - st.content.size(), st.content.size(), st.content) == 0;

@@ -15,13 +15,15 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tok, std::span<c
                                                bool skip_special_tokens)
     : tok_(tok), skip_special_(skip_special_tokens) {
   const size_t n = std::min(context.size(), kContextTokens);
-  for (size_t i = context.size() - n; i < context.size(); ++i) tokens_.push_back(int32_t(context[i]));
+  for (size_t i = context.size() - n; i < context.size(); ++i)
+    tokens_.push_back(int32_t(context[i]));
   prefix_ = 0;
   read_ = tokens_.size();
 }
 
 std::string IncrementalDetokenizer::decode(size_t begin, size_t end) const {
-  return tok_.decode_raw(std::span<const int32_t>(tokens_.data() + begin, end - begin), skip_special_);
+  return tok_.decode_raw(std::span<const int32_t>(tokens_.data() + begin, end - begin),
+                         skip_special_);
 }
 
 size_t IncrementalDetokenizer::emit(size_t upto) {
@@ -48,7 +50,8 @@ size_t IncrementalDetokenizer::push(int token) {
 size_t IncrementalDetokenizer::finish() {
   if (read_ < tokens_.size()) {  // tokens a window never took: the best the decoder gives
     const std::string before = decode(prefix_, read_), now = decode(prefix_, tokens_.size());
-    raw_ += now.compare(0, before.size(), before) == 0 ? now.substr(before.size()) : decode(read_, tokens_.size());
+    raw_ += now.compare(0, before.size(), before) == 0 ? now.substr(before.size())
+                                                       : decode(read_, tokens_.size());
     prefix_ = read_ = tokens_.size();
   }
   return emit(raw_.size());

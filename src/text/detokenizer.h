@@ -18,7 +18,8 @@ class IncrementalDetokenizer {
  public:
   // context: the prompt's last tokens, decoded only so the first generated token is decoded in
   // context (decoders strip a leading space from the first token of a decode).
-  IncrementalDetokenizer(const Tokenizer& tok, std::span<const int> context, bool skip_special_tokens);
+  IncrementalDetokenizer(const Tokenizer& tok, std::span<const int> context,
+                         bool skip_special_tokens);
   // Appends a generated token; returns how many bytes text() grew by (0 while the bytes end in
   // the middle of a character).
   size_t push(int token);
@@ -32,9 +33,10 @@ class IncrementalDetokenizer {
   const Tokenizer& tok_;
   bool skip_special_;
   std::vector<int32_t> tokens_;  // context + generated
-  size_t prefix_ = 0, read_ = 0;  // tokens_[read_..] are not in raw_ yet; [prefix_, read_) is the window
-  std::string raw_;              // the generated tokens' bytes
-  size_t emitted_ = 0;           // raw_[0, emitted_) is in text_
+  size_t prefix_ = 0,
+         read_ = 0;     // tokens_[read_..] are not in raw_ yet; [prefix_, read_) is the window
+  std::string raw_;     // the generated tokens' bytes
+  size_t emitted_ = 0;  // raw_[0, emitted_) is in text_
   std::string text_;
 };
 

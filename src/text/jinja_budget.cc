@@ -41,14 +41,17 @@ void RenderBudget::step(int line) {
 
 void RenderBudget::work(uint64_t n) {
   const int64_t before = steps_;
-  if (n > uint64_t(limits_.max_steps - steps_)) steps_ = limits_.max_steps + 1;
-  else steps_ += int64_t(n);
+  if (n > uint64_t(limits_.max_steps - steps_))
+    steps_ = limits_.max_steps + 1;
+  else
+    steps_ += int64_t(n);
   if (steps_ > limits_.max_steps)
     exceeded("the template ran past its budget of " + std::to_string(limits_.max_steps) + " steps");
   if (steps_ / kPollEvery == before / kPollEvery) return;
   if (limits_.cancelled && limits_.cancelled()) exceeded("rendering was cancelled");
   if (std::chrono::steady_clock::now() > deadline_)
-    exceeded("the template ran past its time budget of " + std::to_string(limits_.max_seconds) + " s");
+    exceeded("the template ran past its time budget of " + std::to_string(limits_.max_seconds) +
+             " s");
 }
 
 void RenderBudget::produce(uint64_t bytes) {

@@ -12,7 +12,6 @@ namespace r3::text::jinja {
 
 // ---- segments: text and tags, with Hugging Face's whitespace rules applied ----
 
-
 std::vector<Segment> segments(const std::string& src) {
   struct Raw {
     Segment seg;
@@ -30,7 +29,8 @@ std::vector<Segment> segments(const std::string& src) {
   };
   auto next_opener = [&](size_t from) {
     for (size_t at = src.find('{', from); at != std::string::npos; at = src.find('{', at + 1))
-      if (at + 1 < src.size() && (src[at + 1] == '{' || src[at + 1] == '%' || src[at + 1] == '#')) return at;
+      if (at + 1 < src.size() && (src[at + 1] == '{' || src[at + 1] == '%' || src[at + 1] == '#'))
+        return at;
     return std::string::npos;
   };
   size_t pos = 0;
@@ -45,9 +45,12 @@ std::vector<Segment> segments(const std::string& src) {
     const int line = line_of(open);
     size_t i = open + 2;
     Raw r;
-    if (i < src.size() && src[i] == '-') r.strip_before = true, ++i;
-    else if (i < src.size() && src[i] == '+') ++i;
-    else r.lstrip = kind != '{';  // lstrip_blocks: block and comment tags
+    if (i < src.size() && src[i] == '-')
+      r.strip_before = true, ++i;
+    else if (i < src.size() && src[i] == '+')
+      ++i;
+    else
+      r.lstrip = kind != '{';  // lstrip_blocks: block and comment tags
     const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
     size_t end;
     if (kind == '#') {
@@ -59,8 +62,10 @@ std::vector<Segment> segments(const std::string& src) {
       for (end = i; end < src.size(); ++end) {
         const char c = src[end];
         if (quote) {
-          if (c == '\\') ++end;
-          else if (c == quote) quote = 0;
+          if (c == '\\')
+            ++end;
+          else if (c == quote)
+            quote = 0;
         } else if (c == '\'' || c == '"') {
           quote = c;
         } else if (src.compare(end, 2, close) == 0) {
@@ -70,9 +75,12 @@ std::vector<Segment> segments(const std::string& src) {
       if (end >= src.size()) fail(line, "unclosed " + std::string(kind == '{' ? "{{" : "{%"));
     }
     size_t body_end = end;
-    if (body_end > i && src[body_end - 1] == '-') r.strip_after = true, --body_end;
-    else if (body_end > i && src[body_end - 1] == '+') --body_end;
-    else r.trim = kind != '{';  // trim_blocks
+    if (body_end > i && src[body_end - 1] == '-')
+      r.strip_after = true, --body_end;
+    else if (body_end > i && src[body_end - 1] == '+')
+      --body_end;
+    else
+      r.trim = kind != '{';  // trim_blocks
     r.seg = {kind == '{' ? Segment::Expr : Segment::Stmt, src.substr(i, body_end - i), line};
     // A comment renders nothing; it stays as a marked empty text (line -1) so its whitespace
     // rules still apply to its neighbours.
@@ -103,19 +111,21 @@ std::vector<Segment> segments(const std::string& src) {
         while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
         t.erase(0, b);
       } else if (r.trim) {
-        if (t.compare(0, 1, "\n") == 0) t.erase(0, 1);
-        else if (t.compare(0, 2, "\r\n") == 0) t.erase(0, 2);
+        if (t.compare(0, 1, "\n") == 0)
+          t.erase(0, 1);
+        else if (t.compare(0, 2, "\r\n") == 0)
+          t.erase(0, 2);
       }
     }
   }
   std::vector<Segment> out;
   for (Raw& r : raw)
-    if (!(r.seg.kind == Segment::Text && (r.seg.line == -1 || r.seg.body.empty()))) out.push_back(std::move(r.seg));
+    if (!(r.seg.kind == Segment::Text && (r.seg.line == -1 || r.seg.body.empty())))
+      out.push_back(std::move(r.seg));
   return out;
 }
 
 // ---- tokens inside a tag ----
-
 
 std::vector<Tok> tokenize(const std::string& s, int line) {
   std::vector<Tok> out;
@@ -167,22 +177,38 @@ std::vector<Tok> tokenize(const std::string& s, int line) {
         }
         const char e = s[++j];
         switch (e) {
-          case 'n': v += '\n'; break;
-          case 't': v += '\t'; break;
-          case 'r': v += '\r'; break;
-          case '\\': v += '\\'; break;
-          case '\'': v += '\''; break;
-          case '"': v += '"'; break;
-          case '0': v += '\0'; break;
+          case 'n':
+            v += '\n';
+            break;
+          case 't':
+            v += '\t';
+            break;
+          case 'r':
+            v += '\r';
+            break;
+          case '\\':
+            v += '\\';
+            break;
+          case '\'':
+            v += '\'';
+            break;
+          case '"':
+            v += '"';
+            break;
+          case '0':
+            v += '\0';
+            break;
           case 'u': {
-            if (j + 4 >= s.size() || !std::all_of(s.begin() + long(j) + 1, s.begin() + long(j) + 5,
-                                                  [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); }))
+            if (j + 4 >= s.size() ||
+                !std::all_of(s.begin() + long(j) + 1, s.begin() + long(j) + 5,
+                             [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); }))
               fail(line, "bad \\u escape (\\u takes four hex digits)");
             v += utf8_encode(char32_t(std::strtoul(s.substr(j + 1, 4).c_str(), nullptr, 16)));
             j += 4;
             break;
           }
-          default: v += '\\', v += e;  // Python keeps unknown escapes as written
+          default:
+            v += '\\', v += e;  // Python keeps unknown escapes as written
         }
       }
       if (j >= s.size()) fail(line, "unterminated string");
@@ -190,8 +216,9 @@ std::vector<Tok> tokenize(const std::string& s, int line) {
       i = j + 1;
       continue;
     }
-    static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "|", ".",
-                                 ",", ":", "(", ")", "[", "]", "{", "}", "<", ">", "="};
+    static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                 "/",  "%",  "~",  "|",  ".",  ",",  ":", "(", ")",
+                                 "[",  "]",  "{",  "}",  "<",  ">",  "="};
     bool found = false;
     for (const char* op : kOps)
       if (s.compare(i, std::strlen(op), op) == 0) {

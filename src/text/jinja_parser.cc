@@ -13,13 +13,16 @@
 namespace r3::text::jinja {
 
 const std::set<std::string> kFilters = {
-    "trim", "length", "count", "tojson", "string", "upper", "lower", "title", "capitalize", "default", "d", "first",
-    "last", "join", "items", "list", "replace", "reverse", "unique", "map", "selectattr", "rejectattr", "select",
-    "reject", "int", "float", "abs", "round", "safe", "escape", "e", "indent", "wordcount", "sum"};
-const std::set<std::string> kTests = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
-                                      "number", "string", "mapping", "iterable", "sequence", "callable", "odd",
-                                      "even", "divisibleby", "eq", "equalto", "ne", "lt", "le", "gt", "ge", "in",
-                                      "sameas", "lower", "upper"};
+    "trim",       "length",     "count",   "tojson",  "string",    "upper", "lower",
+    "title",      "capitalize", "default", "d",       "first",     "last",  "join",
+    "items",      "list",       "replace", "reverse", "unique",    "map",   "selectattr",
+    "rejectattr", "select",     "reject",  "int",     "float",     "abs",   "round",
+    "safe",       "escape",     "e",       "indent",  "wordcount", "sum"};
+const std::set<std::string> kTests = {
+    "defined", "undefined", "none",        "boolean", "false",    "true",     "integer",
+    "float",   "number",    "string",      "mapping", "iterable", "sequence", "callable",
+    "odd",     "even",      "divisibleby", "eq",      "equalto",  "ne",       "lt",
+    "le",      "gt",        "ge",          "in",      "sameas",   "lower",    "upper"};
 
 namespace {
 
@@ -34,7 +37,8 @@ class Parser {
    public:
     explicit Nest(Parser& p) : p_(p) {
       if (++p_.nesting_ > kMaxTemplateNesting)
-        fail(p_.line_, "the template nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
+        fail(p_.line_,
+             "the template nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
     }
     ~Nest() { --p_.nesting_; }
     Nest(const Nest&) = delete;
@@ -52,14 +56,16 @@ class Parser {
     for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
     e->depth = d + 1;
     if (e->depth > kMaxTemplateNesting)
-      fail(line_, "an expression nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
+      fail(line_,
+           "an expression nests deeper than " + std::to_string(kMaxTemplateNesting) + " levels");
     return e;
   }
 
  public:
   std::vector<NodeP> parse_all() {
     std::vector<NodeP> out = parse_block({});
-    if (seg_ < segs_.size()) fail(segs_[seg_].line, "unexpected {% " + first_word(segs_[seg_]) + " %}");
+    if (seg_ < segs_.size())
+      fail(segs_[seg_].line, "unexpected {% " + first_word(segs_[seg_]) + " %}");
     return out;
   }
 
@@ -68,7 +74,9 @@ class Parser {
     size_t b = s.body.find_first_not_of(" \t\r\n");
     if (b == std::string::npos) return "";
     size_t e = b;
-    while (e < s.body.size() && (std::isalnum(static_cast<unsigned char>(s.body[e])) || s.body[e] == '_')) ++e;
+    while (e < s.body.size() &&
+           (std::isalnum(static_cast<unsigned char>(s.body[e])) || s.body[e] == '_'))
+      ++e;
     return s.body.substr(b, e - b);
   }
 
@@ -111,7 +119,8 @@ class Parser {
 
   // The tag that closes a block: its first word must be `w`; returns with its tokens loaded.
   void close_tag(const std::string& w) {
-    if (seg_ >= segs_.size() || first_word(segs_[seg_]) != w) fail(line_, "missing {% " + w + " %}");
+    if (seg_ >= segs_.size() || first_word(segs_[seg_]) != w)
+      fail(line_, "missing {% " + w + " %}");
     start(segs_[seg_]);
     name_token();
   }
@@ -160,7 +169,8 @@ class Parser {
         name_token();
         n->filter = or_expr();
       }
-      if (peek_name("recursive")) fail(line_, "recursive loops are not supported by r3's template renderer");
+      if (peek_name("recursive"))
+        fail(line_, "recursive loops are not supported by r3's template renderer");
       expect_end();
       n->body = parse_block({"else", "endfor"});
       const std::string k = first_word(segs_[seg_]);
@@ -186,7 +196,8 @@ class Parser {
         n->kind = Node::Set;
       }
       if (at_end()) {  // {% set x %}...{% endset %}
-        if (n->targets.size() != 1 || !n->attr.empty()) fail(line_, "a {% set %} block assigns one name");
+        if (n->targets.size() != 1 || !n->attr.empty())
+          fail(line_, "a {% set %} block assigns one name");
         n->kind = Node::SetBlock;
         n->body = parse_block({"endset"});
         close_tag("endset");
@@ -256,10 +267,13 @@ class Parser {
     return true;
   }
   void expect_op(const char* op) {
-    if (!accept_op(op)) fail(line_, std::string("expected '") + op + "'" + (at_end() ? "" : " before '" + peek().v + "'"));
+    if (!accept_op(op))
+      fail(line_,
+           std::string("expected '") + op + "'" + (at_end() ? "" : " before '" + peek().v + "'"));
   }
   std::string name_token() {
-    if (peek().kind != Tok::Name) fail(line_, "expected a name" + (at_end() ? std::string() : " before '" + peek().v + "'"));
+    if (peek().kind != Tok::Name)
+      fail(line_, "expected a name" + (at_end() ? std::string() : " before '" + peek().v + "'"));
     return toks_[tok_++].v;
   }
   ExprP make(Expr::Kind k, std::string name = {}) {
@@ -321,14 +335,15 @@ class Parser {
   ExprP compare() {
     ExprP e = math1();
     for (;;) {
-      if (peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!=" || peek().v == "<" || peek().v == ">" ||
-                                     peek().v == "<=" || peek().v == ">=")) {
+      if (peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!=" || peek().v == "<" ||
+                                     peek().v == ">" || peek().v == "<=" || peek().v == ">=")) {
         const std::string op = toks_[tok_++].v;
         e = binary(op, e, math1());
       } else if (peek_name("in")) {
         name_token();
         e = binary("in", e, math1());
-      } else if (peek_name("not") && toks_[tok_ + 1].kind == Tok::Name && toks_[tok_ + 1].v == "in") {
+      } else if (peek_name("not") && toks_[tok_ + 1].kind == Tok::Name &&
+                 toks_[tok_ + 1].v == "in") {
         tok_ += 2;
         e = binary("not in", e, math1());
       } else {
@@ -388,7 +403,8 @@ class Parser {
     for (;;) {
       if (accept_op("|")) {
         std::string name = name_token();
-        if (!kFilters.count(name)) fail(line_, "filter '" + name + "' is not supported by r3's chat template renderer");
+        if (!kFilters.count(name))
+          fail(line_, "filter '" + name + "' is not supported by r3's chat template renderer");
         ExprP f = make(Expr::Filter, name);
         f->args.push_back(e);
         if (accept_op("(")) call_args(f);
@@ -401,7 +417,8 @@ class Parser {
           neg = true;
         }
         std::string name = peek().kind == Tok::Name ? name_token() : "";
-        if (name.empty() && peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!=")) name = toks_[tok_++].v == "==" ? "eq" : "ne";
+        if (name.empty() && peek().kind == Tok::Op && (peek().v == "==" || peek().v == "!="))
+          name = toks_[tok_++].v == "==" ? "eq" : "ne";
         if (name == "none" || name == "true" || name == "false") {
         } else if (!kTests.count(name)) {
           fail(line_, "test '" + name + "' is not supported by r3's chat template renderer");
@@ -409,9 +426,12 @@ class Parser {
         ExprP t = make(Expr::Test, name);
         t->negated = neg;
         t->args.push_back(e);
-        if (accept_op("(")) call_args(t);
+        if (accept_op("("))
+          call_args(t);
         else if (peek().kind == Tok::Str || peek().kind == Tok::Int || peek().kind == Tok::Float ||
-                 (peek().kind == Tok::Name && !std::set<std::string>{"and", "or", "else", "if", "is", "not", "in"}.count(peek().v)))
+                 (peek().kind == Tok::Name &&
+                  !std::set<std::string>{"and", "or", "else", "if", "is", "not", "in"}.count(
+                      peek().v)))
           t->args.push_back(postfix(primary()));
         e = deepen(t);
       } else {
@@ -469,22 +489,28 @@ class Parser {
       ++tok_;
       ExprP e = make(Expr::Literal);
       if (t.kind == Tok::Float) {
-        e->literal = Value::number(std::strtod(t.v.c_str(), nullptr));  // 1e999 is inf, as in Python
+        e->literal =
+            Value::number(std::strtod(t.v.c_str(), nullptr));  // 1e999 is inf, as in Python
         return e;
       }
       errno = 0;
       const long long x = std::strtoll(t.v.c_str(), nullptr, 10);
-      if (errno == ERANGE) fail(line_, "integer literal " + t.v.substr(0, 40) + " does not fit in 64 bits");
+      if (errno == ERANGE)
+        fail(line_, "integer literal " + t.v.substr(0, 40) + " does not fit in 64 bits");
       e->literal = Value::integer(x);
       return e;
     }
     if (t.kind == Tok::Name) {
       ++tok_;
       ExprP e = make(Expr::Literal);
-      if (t.v == "true" || t.v == "True") e->literal = Value::boolean(true);
-      else if (t.v == "false" || t.v == "False") e->literal = Value::boolean(false);
-      else if (t.v == "none" || t.v == "None") e->literal = Value::none();
-      else e = make(Expr::Name, t.v);
+      if (t.v == "true" || t.v == "True")
+        e->literal = Value::boolean(true);
+      else if (t.v == "false" || t.v == "False")
+        e->literal = Value::boolean(false);
+      else if (t.v == "none" || t.v == "None")
+        e->literal = Value::none();
+      else
+        e = make(Expr::Name, t.v);
       return e;
     }
     if (accept_op("(")) {

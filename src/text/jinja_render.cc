@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <set>
 
 #include "core/error.h"
@@ -71,10 +71,16 @@ std::string map_case(const std::string& s, int mode) {  // 0 lower, 1 upper, 2 t
     char32_t m = c;
     const bool alpha = utf8proc_category(utf8proc_int32_t(c)) <= UTF8PROC_CATEGORY_LO &&
                        utf8proc_category(utf8proc_int32_t(c)) >= UTF8PROC_CATEGORY_LU;
-    if (mode == 0) m = char32_t(utf8proc_tolower(utf8proc_int32_t(c)));
-    else if (mode == 1) m = char32_t(utf8proc_toupper(utf8proc_int32_t(c)));
-    else if (mode == 2) m = char32_t(start ? utf8proc_totitle(utf8proc_int32_t(c)) : utf8proc_tolower(utf8proc_int32_t(c)));
-    else m = char32_t(i == 0 ? utf8proc_toupper(utf8proc_int32_t(c)) : utf8proc_tolower(utf8proc_int32_t(c)));
+    if (mode == 0)
+      m = char32_t(utf8proc_tolower(utf8proc_int32_t(c)));
+    else if (mode == 1)
+      m = char32_t(utf8proc_toupper(utf8proc_int32_t(c)));
+    else if (mode == 2)
+      m = char32_t(start ? utf8proc_totitle(utf8proc_int32_t(c))
+                         : utf8proc_tolower(utf8proc_int32_t(c)));
+    else
+      m = char32_t(i == 0 ? utf8proc_toupper(utf8proc_int32_t(c))
+                          : utf8proc_tolower(utf8proc_int32_t(c)));
     if (mode == 2) start = !alpha;
     out += utf8_encode(m);
     i += n;
@@ -129,18 +135,26 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
 int64_t py_len(const Value& v, int line) {
   switch (v.kind) {
     case Value::Kind::String:  // code points: the bytes that do not continue a UTF-8 sequence
-      return int64_t(std::count_if(v.s.begin(), v.s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
-    case Value::Kind::List: return int64_t(v.list->size());
-    case Value::Kind::Dict: return int64_t(v.dict->size());
-    case Value::Kind::Undefined: return 0;
-    default: fail(line, "length of a value that has none");
+      return int64_t(std::count_if(v.s.begin(), v.s.end(), [](char c) {
+        return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      }));
+    case Value::Kind::List:
+      return int64_t(v.list->size());
+    case Value::Kind::Dict:
+      return int64_t(v.dict->size());
+    case Value::Kind::Undefined:
+      return 0;
+    default:
+      fail(line, "length of a value that has none");
   }
 }
 
 // The items a for loop (or a filter) walks: a list's elements, a dict's keys, a string's chars.
 List iterate(const Value& v, int line) {
   switch (v.kind) {
-    case Value::Kind::List: charge_bytes(v.list->size() * sizeof(Value)); return *v.list;
+    case Value::Kind::List:
+      charge_bytes(v.list->size() * sizeof(Value));
+      return *v.list;
     case Value::Kind::Dict: {
       charge_bytes(v.dict->size() * sizeof(Value));
       List keys;
@@ -153,8 +167,10 @@ List iterate(const Value& v, int line) {
       for (std::string& c : chars_of(v.s)) cs.push_back(Value::string(c));
       return cs;
     }
-    case Value::Kind::Undefined: return {};
-    default: fail(line, "cannot iterate over " + to_str(v));
+    case Value::Kind::Undefined:
+      return {};
+    default:
+      fail(line, "cannot iterate over " + to_str(v));
   }
 }
 
@@ -172,7 +188,8 @@ int64_t to_int(const Value& v, int line, const std::string& what) {
   if (v.kind == Value::Kind::Int) return v.i;
   if (v.kind == Value::Kind::Bool) return v.b;
   if (v.kind != Value::Kind::Float) fail(line, what + " needs a number, not " + to_str(v));
-  if (!std::isfinite(v.f) || v.f >= 9.2233720368547758e18 || v.f < -9.2233720368547758e18) overflow(line, what);
+  if (!std::isfinite(v.f) || v.f >= 9.2233720368547758e18 || v.f < -9.2233720368547758e18)
+    overflow(line, what);
   return int64_t(v.f);
 }
 
@@ -186,7 +203,8 @@ int64_t int_pow(int64_t base, int64_t exp, int line) {
   return r;
 }
 
-Value arg(const Args& a, const Kwargs& kw, size_t pos, const char* name, Value dflt = Value::undefined()) {
+Value arg(const Args& a, const Kwargs& kw, size_t pos, const char* name,
+          Value dflt = Value::undefined()) {
   for (const auto& [k, v] : kw)
     if (k == name) return v;
   return pos < a.size() ? a[pos] : dflt;
@@ -208,14 +226,18 @@ class Renderer {
     budget_.step(n.line);
     const DepthGuard depth(budget_);
     switch (n.kind) {
-      case Node::Text: budget_.produce(n.text.size()); out += n.text; return Flow::Normal;
+      case Node::Text:
+        budget_.produce(n.text.size());
+        out += n.text;
+        return Flow::Normal;
       case Node::Output: {
         const std::string text = to_str(eval(*n.expr, scope));
         budget_.produce(text.size());
         out += text;
         return Flow::Normal;
       }
-      case Node::Block: return exec(n.body, scope, out);
+      case Node::Block:
+        return exec(n.body, scope, out);
       case Node::If:
         for (const auto& [cond, body] : n.branches)
           if (eval(*cond, scope).truthy()) return exec(body, scope, out);
@@ -238,15 +260,16 @@ class Renderer {
           budget_.step(n.line);  // an iteration is a step even when its body is empty
           Scope s{{}, &scope};
           bind(n, items[size_t(k)], s);
-          Dict loop = {{"index0", Value::integer(k)},
-                       {"index", Value::integer(k + 1)},
-                       {"revindex0", Value::integer(len - k - 1)},
-                       {"revindex", Value::integer(len - k)},
-                       {"first", Value::boolean(k == 0)},
-                       {"last", Value::boolean(k == len - 1)},
-                       {"length", Value::integer(len)},
-                       {"previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem")},
-                       {"nextitem", k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem")}};
+          Dict loop = {
+              {"index0", Value::integer(k)},
+              {"index", Value::integer(k + 1)},
+              {"revindex0", Value::integer(len - k - 1)},
+              {"revindex", Value::integer(len - k)},
+              {"first", Value::boolean(k == 0)},
+              {"last", Value::boolean(k == len - 1)},
+              {"length", Value::integer(len)},
+              {"previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem")},
+              {"nextitem", k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem")}};
           s.vars["loop"] = Value::new_dict(std::move(loop));
           const Flow f = exec(n.body, s, out);
           if (f == Flow::Break) break;
@@ -258,7 +281,8 @@ class Renderer {
         if (!n.attr.empty()) {
           const Value* ns = scope.find(n.targets[0]);
           if (!ns || ns->kind != Value::Kind::Namespace)
-            fail(n.line, "'" + n.targets[0] + "' is not a namespace (set " + n.targets[0] + "." + n.attr + ")");
+            fail(n.line, "'" + n.targets[0] + "' is not a namespace (set " + n.targets[0] + "." +
+                             n.attr + ")");
           ns->ns->attrs[n.attr] = std::move(v);
         } else if (n.targets.size() == 1) {
           scope.vars[n.targets[0]] = std::move(v);
@@ -292,8 +316,10 @@ class Renderer {
         });
         return Flow::Normal;
       }
-      case Node::Break: return Flow::Break;
-      case Node::Continue: return Flow::Continue;
+      case Node::Break:
+        return Flow::Break;
+      case Node::Continue:
+        return Flow::Continue;
     }
     return Flow::Normal;
   }
@@ -305,7 +331,8 @@ class Renderer {
       return;
     }
     List parts = iterate(item, n.line);
-    if (parts.size() != n.targets.size()) fail(n.line, "cannot unpack " + to_str(item) + " into the loop variables");
+    if (parts.size() != n.targets.size())
+      fail(n.line, "cannot unpack " + to_str(item) + " into the loop variables");
     for (size_t k = 0; k < parts.size(); ++k) s.vars[n.targets[k]] = parts[k];
   }
 
@@ -321,18 +348,21 @@ class Renderer {
 
   Value evaluate(const Expr& e, Scope& scope) {
     switch (e.kind) {
-      case Expr::Literal: return e.literal;
+      case Expr::Literal:
+        return e.literal;
       case Expr::Name: {
         if (const Value* v = scope.find(e.name)) return *v;
         return Value::undefined(e.name);
       }
-      case Expr::Attr: return attribute(eval(*e.args[0], scope), e.name, e.line);
+      case Expr::Attr:
+        return attribute(eval(*e.args[0], scope), e.name, e.line);
       case Expr::Item: {
         const Value obj = eval(*e.args[0], scope);
         const Value key = eval(*e.args[1], scope);
         return item(obj, key, e.line);
       }
-      case Expr::Slice: return slice(e, scope);
+      case Expr::Slice:
+        return slice(e, scope);
       case Expr::Call: {
         const Value f = eval(*e.args[0], scope);
         Args a;
@@ -340,10 +370,12 @@ class Renderer {
         Kwargs kw;
         for (const auto& [k, x] : e.kwargs) kw.emplace_back(k, eval(*x, scope));
         if (f.kind != Value::Kind::Function)
-          fail(e.line, (f.is_undefined() ? "'" + f.undefined_name + "' is undefined" : to_str(f) + " is not callable"));
+          fail(e.line, (f.is_undefined() ? "'" + f.undefined_name + "' is undefined"
+                                         : to_str(f) + " is not callable"));
         return (*f.fn)(a, kw);
       }
-      case Expr::Filter: return filter(e, scope);
+      case Expr::Filter:
+        return filter(e, scope);
       case Expr::Test: {
         const bool r = test(e, scope);
         return Value::boolean(e.negated ? !r : r);
@@ -355,10 +387,13 @@ class Renderer {
         if (e.name == "+") return v;
         if (v.kind == Value::Kind::Float) return Value::number(-v.f);
         int64_t neg;
-        if (__builtin_sub_overflow(int64_t(0), v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i, &neg)) overflow(e.line, "unary -");
+        if (__builtin_sub_overflow(int64_t(0), v.kind == Value::Kind::Bool ? int64_t(v.b) : v.i,
+                                   &neg))
+          overflow(e.line, "unary -");
         return Value::integer(neg);
       }
-      case Expr::Binary: return binary(e, scope);
+      case Expr::Binary:
+        return binary(e, scope);
       case Expr::Cond:
         if (eval(*e.args[0], scope).truthy()) return eval(*e.args[1], scope);
         return e.args[2] ? eval(*e.args[2], scope) : Value::undefined();
@@ -371,7 +406,8 @@ class Renderer {
         Dict d;
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           const Value key = eval(*e.args[k], scope);
-          if (!key.is_string()) fail(e.line, "dict keys must be strings in r3's chat template renderer");
+          if (!key.is_string())
+            fail(e.line, "dict keys must be strings in r3's chat template renderer");
           set_key(d, key.s, eval(*e.args[k + 1], scope));
         }
         return Value::new_dict(std::move(d));
@@ -382,7 +418,8 @@ class Renderer {
 
   // A filter or test node applied to values (map('filter'), selectattr(attr, 'test', ...)), so
   // those run through filter() and test() themselves.
-  static ExprP applied(Expr::Kind kind, const std::string& name, const std::vector<Value>& args, int line) {
+  static ExprP applied(Expr::Kind kind, const std::string& name, const std::vector<Value>& args,
+                       int line) {
     auto e = std::make_shared<Expr>();
     e->kind = kind;
     e->name = name;
@@ -405,7 +442,9 @@ class Renderer {
     d.emplace_back(k, std::move(v));
   }
 
-  Value bound(std::function<Value(const Args&, const Kwargs&)> f) { return Value::function(std::move(f)); }
+  Value bound(std::function<Value(const Args&, const Kwargs&)> f) {
+    return Value::function(std::move(f));
+  }
 
   Value attribute(const Value& obj, const std::string& name, int line) {
     switch (obj.kind) {
@@ -420,7 +459,8 @@ class Renderer {
         if (name == "items")
           return bound([obj](const Args&, const Kwargs&) {
             List l;
-            for (const auto& [k, v] : *obj.dict) l.push_back(Value::new_list({Value::string(k), v}));
+            for (const auto& [k, v] : *obj.dict)
+              l.push_back(Value::new_list({Value::string(k), v}));
             return Value::new_list(std::move(l));
           });
         if (name == "keys" || name == "values")
@@ -438,7 +478,8 @@ class Renderer {
         const Value* v = obj.get(name);
         return v ? *v : Value::undefined(name);
       }
-      case Value::Kind::String: return string_method(obj.s, name, line);
+      case Value::Kind::String:
+        return string_method(obj.s, name, line);
       case Value::Kind::List:
         if (name == "append")
           return bound([obj](const Args& a, const Kwargs&) {
@@ -447,7 +488,8 @@ class Renderer {
             return Value::none();
           });
         return Value::undefined(name);
-      default: return Value::undefined(name);
+      default:
+        return Value::undefined(name);
     }
   }
 
@@ -455,12 +497,15 @@ class Renderer {
     if (name == "startswith" || name == "endswith") {
       const bool start = name == "startswith";
       return bound([s, start](const Args& a, const Kwargs&) {
-        if (a.empty()) throw Error("chat template: " + std::string(start ? "startswith" : "endswith") + " needs an argument");
+        if (a.empty())
+          throw Error("chat template: " + std::string(start ? "startswith" : "endswith") +
+                      " needs an argument");
         List cands = a[0].kind == Value::Kind::List ? *a[0].list : List{a[0]};
         for (const Value& c : cands) {
           if (!c.is_string()) continue;
           if (c.s.size() <= s.size() &&
-              (start ? s.compare(0, c.s.size(), c.s) == 0 : s.compare(s.size() - c.s.size(), c.s.size(), c.s) == 0))
+              (start ? s.compare(0, c.s.size(), c.s) == 0
+                     : s.compare(s.size() - c.s.size(), c.s.size(), c.s) == 0))
             return Value::boolean(true);
         }
         return Value::boolean(false);
@@ -473,19 +518,22 @@ class Renderer {
       });
     }
     if (name == "split" || name == "rsplit") {
-      if (name == "rsplit") fail(line, "str.rsplit is not supported by r3's chat template renderer");
+      if (name == "rsplit")
+        fail(line, "str.rsplit is not supported by r3's chat template renderer");
       return bound([s](const Args& a, const Kwargs& kw) {
         const Value sep = arg(a, kw, 0, "sep");
         const Value max = arg(a, kw, 1, "maxsplit", Value::integer(-1));
         List l;
-        for (std::string& p : py_split(s, sep.is_none() ? Value::undefined() : sep, max.is_number() ? int64_t(max.as_double()) : -1))
+        for (std::string& p : py_split(s, sep.is_none() ? Value::undefined() : sep,
+                                       max.is_number() ? int64_t(max.as_double()) : -1))
           l.push_back(Value::string(p));
         return Value::new_list(std::move(l));
       });
     }
     if (name == "replace")
       return bound([s](const Args& a, const Kwargs&) {
-        if (a.size() < 2 || !a[0].is_string() || !a[1].is_string()) throw Error("chat template: replace needs two strings");
+        if (a.size() < 2 || !a[0].is_string() || !a[1].is_string())
+          throw Error("chat template: replace needs two strings");
         int64_t count = a.size() > 2 && a[2].is_number() ? int64_t(a[2].as_double()) : -1;
         std::string out;
         size_t at = 0;
@@ -498,7 +546,9 @@ class Renderer {
         return Value::string(out + s.substr(at));
       });
     for (auto [n, mode] : {std::pair{"lower", 0}, {"upper", 1}, {"title", 2}, {"capitalize", 3}})
-      if (name == n) return bound([s, m = mode](const Args&, const Kwargs&) { return Value::string(map_case(s, m)); });
+      if (name == n)
+        return bound(
+            [s, m = mode](const Args&, const Kwargs&) { return Value::string(map_case(s, m)); });
     if (name == "join")
       return bound([s](const Args& a, const Kwargs&) {
         std::string out;
@@ -512,14 +562,18 @@ class Renderer {
       });
     if (name == "find" || name == "count")
       return bound([s, name](const Args& a, const Kwargs&) {
-        if (a.empty() || !a[0].is_string()) throw Error("chat template: " + name + " needs a string");
+        if (a.empty() || !a[0].is_string())
+          throw Error("chat template: " + name + " needs a string");
         if (name == "count") {
           int64_t c = 0;
-          for (size_t at = s.find(a[0].s); !a[0].s.empty() && at != std::string::npos; at = s.find(a[0].s, at + a[0].s.size())) ++c;
+          for (size_t at = s.find(a[0].s); !a[0].s.empty() && at != std::string::npos;
+               at = s.find(a[0].s, at + a[0].s.size()))
+            ++c;
           return Value::integer(c);
         }
         const size_t at = s.find(a[0].s);
-        return Value::integer(at == std::string::npos ? -1 : int64_t(utf8_chars(s.substr(0, at)).size()));
+        return Value::integer(
+            at == std::string::npos ? -1 : int64_t(utf8_chars(s.substr(0, at)).size()));
       });
     fail(line, "str." + name + " is not supported by r3's chat template renderer");
   }
@@ -537,7 +591,8 @@ class Renderer {
       }
       if (obj.kind == Value::Kind::List) {
         const int64_t i = normalise_index(key.i, int64_t(obj.list->size()));
-        return i >= 0 && i < int64_t(obj.list->size()) ? (*obj.list)[size_t(i)] : Value::undefined();
+        return i >= 0 && i < int64_t(obj.list->size()) ? (*obj.list)[size_t(i)]
+                                                       : Value::undefined();
       }
       std::vector<std::string> cs = chars_of(obj.s);
       const int64_t i = normalise_index(key.i, int64_t(cs.size()));
@@ -563,9 +618,12 @@ class Renderer {
     List items;
     std::vector<std::string> cs;
     int64_t n;
-    if (obj.kind == Value::Kind::List) n = int64_t(obj.list->size()), budget_.produce(obj.list->size() * sizeof(Value));
-    else if (obj.kind == Value::Kind::String) cs = chars_of(obj.s), n = int64_t(cs.size());
-    else fail(e.line, "cannot slice " + to_str(obj));
+    if (obj.kind == Value::Kind::List)
+      n = int64_t(obj.list->size()), budget_.produce(obj.list->size() * sizeof(Value));
+    else if (obj.kind == Value::Kind::String)
+      cs = chars_of(obj.s), n = int64_t(cs.size());
+    else
+      fail(e.line, "cannot slice " + to_str(obj));
     // Python's slice.indices.
     auto clamp = [&](std::optional<int64_t> v, int64_t dflt, bool is_start) {
       if (!v) return dflt;
@@ -574,11 +632,14 @@ class Renderer {
       (void)is_start;
       return std::clamp<int64_t>(x, -1, n - 1);
     };
-    const int64_t b = clamp(start, step > 0 ? 0 : n - 1, true), en = clamp(stop, step > 0 ? n : -1, false);
+    const int64_t b = clamp(start, step > 0 ? 0 : n - 1, true),
+                  en = clamp(stop, step > 0 ? n : -1, false);
     std::string str;
     for (int64_t k = b; step > 0 ? k < en : k > en; k += step) {
-      if (obj.kind == Value::Kind::List) items.push_back((*obj.list)[size_t(k)]);
-      else str += cs[size_t(k)];
+      if (obj.kind == Value::Kind::List)
+        items.push_back((*obj.list)[size_t(k)]);
+      else
+        str += cs[size_t(k)];
     }
     return obj.kind == Value::Kind::List ? Value::new_list(std::move(items)) : Value::string(str);
   }
@@ -613,9 +674,12 @@ class Renderer {
     if (op == "~") return Value::string(to_str(a) + to_str(b));
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       int c;
-      if (a.is_number() && b.is_number()) c = a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
-      else if (a.is_string() && b.is_string()) c = a.s.compare(b.s);
-      else fail(e.line, "cannot compare " + to_str(a) + " and " + to_str(b));
+      if (a.is_number() && b.is_number())
+        c = a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
+      else if (a.is_string() && b.is_string())
+        c = a.s.compare(b.s);
+      else
+        fail(e.line, "cannot compare " + to_str(a) + " and " + to_str(b));
       return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
     if (op == "+") {
@@ -627,7 +691,8 @@ class Renderer {
         return Value::new_list(std::move(l));
       }
     }
-    if (op == "*" && ((a.is_string() && b.kind == Value::Kind::Int) || (b.is_string() && a.kind == Value::Kind::Int))) {
+    if (op == "*" && ((a.is_string() && b.kind == Value::Kind::Int) ||
+                      (b.is_string() && a.kind == Value::Kind::Int))) {
       const std::string& s = a.is_string() ? a.s : b.s;
       const int64_t times = std::max<int64_t>(0, a.is_string() ? b.i : a.i);
       uint64_t bytes;
@@ -643,7 +708,8 @@ class Renderer {
                        (a.is_undefined() ? " ('" + a.undefined_name + "' is undefined)" : "") +
                        (b.is_undefined() ? " ('" + b.undefined_name + "' is undefined)" : ""));
     const bool ints = a.kind != Value::Kind::Float && b.kind != Value::Kind::Float;
-    const int64_t ai = a.kind == Value::Kind::Bool ? a.b : a.i, bi = b.kind == Value::Kind::Bool ? b.b : b.i;
+    const int64_t ai = a.kind == Value::Kind::Bool ? a.b : a.i,
+                  bi = b.kind == Value::Kind::Bool ? b.b : b.i;
     const double x = a.as_double(), y = b.as_double();
     int64_t r;
     if (op == "+") {
@@ -679,7 +745,9 @@ class Renderer {
       const double q = std::floor(x / y);
       return Value::number(op == "//" ? q : x - q * y);
     }
-    if (op == "**") return ints && bi >= 0 ? Value::integer(int_pow(ai, bi, e.line)) : Value::number(std::pow(x, y));
+    if (op == "**")
+      return ints && bi >= 0 ? Value::integer(int_pow(ai, bi, e.line))
+                             : Value::number(std::pow(x, y));
     fail(e.line, "unknown operator " + op);
   }
 
@@ -699,8 +767,10 @@ class Renderer {
     if (t == "number") return v.is_number();
     if (t == "string") return v.is_string();
     if (t == "mapping") return v.kind == Value::Kind::Dict;
-    if (t == "iterable") return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
-    if (t == "sequence") return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
+    if (t == "iterable")
+      return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
+    if (t == "sequence")
+      return v.kind == Value::Kind::List || v.kind == Value::Kind::Dict || v.is_string();
     if (t == "callable") return v.kind == Value::Kind::Function;
     if (t == "lower") return v.is_string() && map_case(v.s, 0) == v.s;
     if (t == "upper") return v.is_string() && map_case(v.s, 1) == v.s;
@@ -710,14 +780,16 @@ class Renderer {
       return (v.i % 2 != 0) == (t == "odd");
     }
     if (t == "divisibleby")  // x % -1 is 0 for every x (INT64_MIN % -1 traps in C++)
-      return v.kind == Value::Kind::Int && a[0].kind == Value::Kind::Int && a[0].i && (a[0].i == -1 || v.i % a[0].i == 0);
+      return v.kind == Value::Kind::Int && a[0].kind == Value::Kind::Int && a[0].i &&
+             (a[0].i == -1 || v.i % a[0].i == 0);
     if (t == "eq" || t == "equalto" || t == "sameas") return equal(v, a[0]);
     if (t == "ne") return !equal(v, a[0]);
     if (t == "in") {
       const Value& b = a[0];
       if (b.is_string()) return v.is_string() && b.s.find(v.s) != std::string::npos;
       if (b.kind == Value::Kind::List)
-        return std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equal(v, x); });
+        return std::any_of(b.list->begin(), b.list->end(),
+                           [&](const Value& x) { return equal(v, x); });
       if (b.kind == Value::Kind::Dict) return v.is_string() && b.get(v.s);
       return false;
     }
@@ -737,7 +809,8 @@ class Renderer {
     for (const auto& [k, x] : e.kwargs) kw.emplace_back(k, eval(*x, scope));
     const std::string& f = e.name;
     const int line = e.line;
-    if (f == "trim") return Value::string(strip_chars(to_str(v), arg(a, kw, 0, "chars"), true, true));
+    if (f == "trim")
+      return Value::string(strip_chars(to_str(v), arg(a, kw, 0, "chars"), true, true));
     if (f == "length" || f == "count") return Value::integer(py_len(v, line));
     if (f == "string") return Value::string(to_str(v));
     if (f == "safe") return v;
@@ -750,16 +823,20 @@ class Renderer {
       const Value sort = arg(a, kw, 3, "sort_keys", Value::boolean(false));
       const Value seps = arg(a, kw, 2, "separators", Value::none());
       std::string item_sep = ", ", key_sep = ": ";
-      if (seps.kind == Value::Kind::List && seps.list->size() == 2) item_sep = to_str((*seps.list)[0]), key_sep = to_str((*seps.list)[1]);
-      else if (ind.is_number()) item_sep = ",";
+      if (seps.kind == Value::Kind::List && seps.list->size() == 2)
+        item_sep = to_str((*seps.list)[0]), key_sep = to_str((*seps.list)[1]);
+      else if (ind.is_number())
+        item_sep = ",";
       std::optional<int> indent;  // json.dumps: a negative indent is newlines without spaces
-      if (ind.is_number()) indent = int(std::clamp<int64_t>(to_int(ind, line, "tojson indent"), -1, INT32_MAX));
+      if (ind.is_number())
+        indent = int(std::clamp<int64_t>(to_int(ind, line, "tojson indent"), -1, INT32_MAX));
       std::string out = to_json(v, indent, sort.truthy(), item_sep, key_sep);
       return Value::string(out);
     }
     if (f == "default" || f == "d") {
       const bool boolean = arg(a, kw, 1, "boolean", Value::boolean(false)).truthy();
-      if (v.is_undefined() || (boolean && !v.truthy())) return arg(a, kw, 0, "default_value", Value::string(""));
+      if (v.is_undefined() || (boolean && !v.truthy()))
+        return arg(a, kw, 0, "default_value", Value::string(""));
       return v;
     }
     if (f == "first" || f == "last") {
@@ -811,7 +888,8 @@ class Renderer {
       const Value attr = f == "map" ? arg(a, kw, 99, "attribute") : Value::undefined();
       for (const Value& x : items) {
         if (f == "map") {
-          if (attr.is_string()) out.push_back(attribute(x, attr.s, line));
+          if (attr.is_string())
+            out.push_back(attribute(x, attr.s, line));
           else if (!a.empty() && a[0].is_string()) {
             if (!kFilters.count(a[0].s)) fail(line, "filter '" + a[0].s + "' is not supported");
             out.push_back(filter(*applied(Expr::Filter, a[0].s, {x}, line), scope));
@@ -824,7 +902,8 @@ class Renderer {
         const Value subject = by_attr ? attribute(x, a[0].s, line) : x;
         const size_t ti = by_attr ? 1 : 0;
         bool ok;
-        if (a.size() <= ti) ok = subject.truthy();
+        if (a.size() <= ti)
+          ok = subject.truthy();
         else {
           if (!a[ti].is_string() || !kTests.count(a[ti].s)) fail(line, f + ": unsupported test");
           std::vector<Value> test_args = {subject};
@@ -871,19 +950,31 @@ class Renderer {
       std::string out;
       for (char c : to_str(v)) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value::string(out);
     }
     if (f == "indent") {
       // Python's " " * width: a negative width indents by nothing.
-      const int64_t width = std::max<int64_t>(0, to_int(arg(a, kw, 0, "width", Value::integer(4)), line, "indent"));
+      const int64_t width =
+          std::max<int64_t>(0, to_int(arg(a, kw, 0, "width", Value::integer(4)), line, "indent"));
       const bool first = arg(a, kw, 1, "first", Value::boolean(false)).truthy();
       const bool blank = arg(a, kw, 2, "blank", Value::boolean(false)).truthy();
       budget_.produce(uint64_t(width));
@@ -904,11 +995,13 @@ class Renderer {
       }
       return Value::string(out);
     }
-    if (f == "wordcount") return Value::integer(int64_t(py_split(to_str(v), Value::undefined(), -1).size()));
+    if (f == "wordcount")
+      return Value::integer(int64_t(py_split(to_str(v), Value::undefined(), -1).size()));
     if (f == "unique") {
       List out;
       for (const Value& x : iterate(v, line))
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); })) out.push_back(x);
+        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); }))
+          out.push_back(x);
       return Value::new_list(std::move(out));
     }
     if (f == "sum") {
@@ -923,7 +1016,9 @@ class Renderer {
       }
       return acc;
     }
-    fail(line, "filter '" + f + "' is not supported by r3's chat template renderer");  // kFilters lists only the above
+    fail(line,
+         "filter '" + f +
+             "' is not supported by r3's chat template renderer");  // kFilters lists only the above
   }
 
   Scope* globals_;
@@ -938,7 +1033,8 @@ namespace {
 Value owned_copy(const Value& v, int depth) {
   if (v.kind != Value::Kind::List && v.kind != Value::Kind::Dict) return v;
   if (depth > kMaxValueDepth)
-    throw Error("chat template: a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+    throw Error("chat template: a value nested deeper than " + std::to_string(kMaxValueDepth) +
+                " levels");
   if (v.kind == Value::Kind::List) {
     List l;
     l.reserve(v.list->size());
@@ -954,11 +1050,13 @@ Value owned_copy(const Value& v, int depth) {
 
 std::string Template::render(const Dict& context, const RenderLimits& limits) const {
   // Copied inside the budget: the render owns its values, whatever the caller's hold.
-  return render_building_context([&context] {
-    Dict copy;
-    for (const auto& [k, v] : context) copy.emplace_back(k, owned_copy(v, 0));
-    return copy;
-  }, limits);
+  return render_building_context(
+      [&context] {
+        Dict copy;
+        for (const auto& [k, v] : context) copy.emplace_back(k, owned_copy(v, 0));
+        return copy;
+      },
+      limits);
 }
 
 std::string Template::render_building_context(const std::function<Dict()>& make_context,
@@ -978,14 +1076,20 @@ std::string Template::render_building_context(const std::function<Dict()>& make_
   globals.vars["range"] = Value::function([&budget](const Args& a, const Kwargs&) {
     const int line = budget.line();
     int64_t start = 0, stop = 0, step = 1;
-    if (a.size() == 1) stop = to_int(a[0], line, "range");
-    else if (a.size() >= 2) start = to_int(a[0], line, "range"), stop = to_int(a[1], line, "range");
+    if (a.size() == 1)
+      stop = to_int(a[0], line, "range");
+    else if (a.size() >= 2)
+      start = to_int(a[0], line, "range"), stop = to_int(a[1], line, "range");
     if (a.size() >= 3) step = to_int(a[2], line, "range");
     if (step == 0) fail(line, "range() step must not be zero");
     // The length first (in 128 bits: stop - start can overflow 64), refused before allocating.
     const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
-    const __int128 count = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128(step)) - 1) / (step > 0 ? step : -__int128(step));
-    budget.produce(count > __int128(INT64_MAX / int64_t(sizeof(Value))) ? UINT64_MAX : uint64_t(count) * sizeof(Value));
+    const __int128 count = span <= 0 ? 0
+                                     : (span + (step > 0 ? step : -__int128(step)) - 1) /
+                                           (step > 0 ? step : -__int128(step));
+    budget.produce(count > __int128(INT64_MAX / int64_t(sizeof(Value)))
+                       ? UINT64_MAX
+                       : uint64_t(count) * sizeof(Value));
     List l;
     l.reserve(size_t(count));
     for (__int128 k = 0; k < count; ++k) l.push_back(Value::integer(int64_t(start + k * step)));
@@ -1000,7 +1104,8 @@ std::string Template::render_building_context(const std::function<Dict()>& make_
     std::tm tm{};
     localtime_r(&t, &tm);
     char buf[256];
-    const size_t n = std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_str(a[0]).c_str(), &tm);
+    const size_t n =
+        std::strftime(buf, sizeof buf, a.empty() ? "%Y-%m-%d" : to_str(a[0]).c_str(), &tm);
     return Value::string(std::string(buf, n));
   });
   Scope top{{}, &globals};

@@ -39,11 +39,26 @@ std::vector<Tok> tokenize(const std::string& s, int line);
 // ---- syntax tree ----
 
 struct Expr {
-  enum Kind { Literal, Name, Attr, Item, Slice, Call, Filter, Test, Unary, Binary, Cond, ListLit, DictLit } kind;
+  enum Kind {
+    Literal,
+    Name,
+    Attr,
+    Item,
+    Slice,
+    Call,
+    Filter,
+    Test,
+    Unary,
+    Binary,
+    Cond,
+    ListLit,
+    DictLit
+  } kind;
   int line = 0;
   Value literal;
   std::string name;  // Name, Attr, Filter, Test; Unary/Binary: the operator
-  std::vector<std::shared_ptr<Expr>> args;  // operands, call args, list items, dict keys/values interleaved
+  std::vector<std::shared_ptr<Expr>>
+      args;  // operands, call args, list items, dict keys/values interleaved
   std::vector<std::pair<std::string, std::shared_ptr<Expr>>> kwargs;
   bool negated = false;  // Test: "is not"
   int depth = 1;         // of this node's tree, bounded at parse time (kMaxTemplateNesting)
@@ -54,13 +69,13 @@ struct Node {
   enum Kind { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, Block } kind;
   int line = 0;
   std::string text;
-  ExprP expr;                                        // Output; For: iterable; Set: value
+  ExprP expr;  // Output; For: iterable; Set: value
   std::vector<std::pair<ExprP, std::vector<std::shared_ptr<Node>>>> branches;  // If
   std::vector<std::shared_ptr<Node>> body, else_body;
-  std::vector<std::string> targets;                  // For / Set (a.b: "a", attr in `attr`)
-  std::string attr;                                  // Set ns.attr
-  ExprP filter;                                      // For ... if cond
-  std::vector<std::pair<std::string, ExprP>> params; // Macro (default may be null)
+  std::vector<std::string> targets;                   // For / Set (a.b: "a", attr in `attr`)
+  std::string attr;                                   // Set ns.attr
+  ExprP filter;                                       // For ... if cond
+  std::vector<std::pair<std::string, ExprP>> params;  // Macro (default may be null)
 };
 using NodeP = std::shared_ptr<Node>;
 

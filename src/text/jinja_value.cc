@@ -14,15 +14,23 @@ namespace r3::text::jinja {
 bool Value::truthy() const {
   switch (kind) {
     case Kind::Undefined:
-    case Kind::None: return false;
-    case Kind::Bool: return b;
-    case Kind::Int: return i != 0;
-    case Kind::Float: return f != 0;
-    case Kind::String: return !s.empty();
-    case Kind::List: return !list->empty();
-    case Kind::Dict: return !dict->empty();
+    case Kind::None:
+      return false;
+    case Kind::Bool:
+      return b;
+    case Kind::Int:
+      return i != 0;
+    case Kind::Float:
+      return f != 0;
+    case Kind::String:
+      return !s.empty();
+    case Kind::List:
+      return !list->empty();
+    case Kind::Dict:
+      return !dict->empty();
     case Kind::Namespace:
-    case Kind::Function: return true;
+    case Kind::Function:
+      return true;
   }
   return false;
 }
@@ -78,11 +86,16 @@ Value Value::new_namespace() {
 Value from_json(const nlohmann::ordered_json& j) {
   charge_work(1);
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(int64_t(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Value::number(j.get<double>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::integer(int64_t(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::number(j.get<double>());
     case nlohmann::ordered_json::value_t::string: {
       const auto& s = j.get_ref<const std::string&>();
       charge_bytes(s.size());
@@ -113,7 +126,8 @@ Value from_json(const nlohmann::ordered_json& j) {
       v.dict = std::move(d);
       return v;
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
@@ -142,8 +156,10 @@ std::string python_float(double x) {
   std::string out;
   if (exp >= -4 && exp < 16) {
     if (exp >= 0) {
-      if (int(digits.size()) <= exp + 1) out = digits + std::string(size_t(exp + 1 - int(digits.size())), '0') + ".0";
-      else out = digits.substr(0, size_t(exp + 1)) + "." + digits.substr(size_t(exp + 1));
+      if (int(digits.size()) <= exp + 1)
+        out = digits + std::string(size_t(exp + 1 - int(digits.size())), '0') + ".0";
+      else
+        out = digits.substr(0, size_t(exp + 1)) + "." + digits.substr(size_t(exp + 1));
     } else {
       out = "0." + std::string(size_t(-exp - 1), '0') + digits;
     }
@@ -164,11 +180,16 @@ std::string py_repr_string(const std::string& s) {
   const char q = use_double ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + char(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + char(c);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char b[8];
       std::snprintf(b, sizeof b, "\\x%02x", c);
@@ -186,7 +207,8 @@ std::string py_repr_string(const std::string& s) {
 }
 
 void check_depth(int depth) {
-  if (depth > kMaxValueDepth) value_error("a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  if (depth > kMaxValueDepth)
+    value_error("a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
 }
 
 // Python's str (top level) or repr (inside a container); `open` holds the containers being
@@ -197,19 +219,29 @@ void print(const Value& v, bool top, std::vector<const void*>& open, std::string
     out += piece;
   };
   switch (v.kind) {
-    case Value::Kind::Undefined: return;
-    case Value::Kind::None: return put("None");
-    case Value::Kind::Bool: return put(v.b ? "True" : "False");
-    case Value::Kind::Int: return put(std::to_string(v.i));
-    case Value::Kind::Float: return put(python_float(v.f));
-    case Value::Kind::String: return put(top ? v.s : py_repr_string(v.s));
-    case Value::Kind::Namespace: return put("<Namespace>");
-    case Value::Kind::Function: return put("<function>");
+    case Value::Kind::Undefined:
+      return;
+    case Value::Kind::None:
+      return put("None");
+    case Value::Kind::Bool:
+      return put(v.b ? "True" : "False");
+    case Value::Kind::Int:
+      return put(std::to_string(v.i));
+    case Value::Kind::Float:
+      return put(python_float(v.f));
+    case Value::Kind::String:
+      return put(top ? v.s : py_repr_string(v.s));
+    case Value::Kind::Namespace:
+      return put("<Namespace>");
+    case Value::Kind::Function:
+      return put("<function>");
     case Value::Kind::List:
-    case Value::Kind::Dict: break;
+    case Value::Kind::Dict:
+      break;
   }
   const bool list = v.kind == Value::Kind::List;
-  const void* id = list ? static_cast<const void*>(v.list.get()) : static_cast<const void*>(v.dict.get());
+  const void* id =
+      list ? static_cast<const void*>(v.list.get()) : static_cast<const void*>(v.dict.get());
   if (std::find(open.begin(), open.end(), id) != open.end()) return put(list ? "[...]" : "{...}");
   check_depth(int(open.size()) + 1);
   open.push_back(id);
@@ -233,13 +265,27 @@ void json_string(const std::string& s, std::string& out) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char b[8];
@@ -267,19 +313,31 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
     open.push_back(id);
   };
   charge_bytes(item_sep.size() + key_sep.size() + 8);
-  // With indent, Python puts items on their own lines and drops the item separator's trailing space.
+  // With indent, Python puts items on their own lines and drops the item separator's trailing
+  // space.
   const std::string sep = indent ? (item_sep == ", " ? "," : item_sep) : item_sep;
   switch (v.kind) {
     case Value::Kind::Undefined:
-    case Value::Kind::None: out += "null"; break;
-    case Value::Kind::Bool: out += v.b ? "true" : "false"; break;
-    case Value::Kind::Int: out += std::to_string(v.i); break;
-    case Value::Kind::Float:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
-      else out += python_float(v.f);
+    case Value::Kind::None:
+      out += "null";
       break;
-    case Value::Kind::String: json_string(v.s, out); break;
+    case Value::Kind::Bool:
+      out += v.b ? "true" : "false";
+      break;
+    case Value::Kind::Int:
+      out += std::to_string(v.i);
+      break;
+    case Value::Kind::Float:
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f > 0 ? "Infinity" : "-Infinity";
+      else
+        out += python_float(v.f);
+      break;
+    case Value::Kind::String:
+      json_string(v.s, out);
+      break;
     case Value::Kind::List:
       if (v.list->empty()) {
         out += "[]";
@@ -304,7 +362,8 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : *v.dict) items.push_back(&kv);
       if (sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+        std::stable_sort(items.begin(), items.end(),
+                         [](auto* a, auto* b) { return a->first < b->first; });
       enter(v.dict.get());
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
@@ -320,7 +379,8 @@ void dump(const Value& v, std::optional<int> indent, bool sort_keys, const std::
       break;
     }
     case Value::Kind::Namespace:
-    case Value::Kind::Function: throw Error("chat template: tojson of a value JSON cannot hold");
+    case Value::Kind::Function:
+      throw Error("chat template: tojson of a value JSON cannot hold");
   }
 }
 }  // namespace
@@ -333,8 +393,8 @@ std::string to_str(const Value& v) {
   return out;
 }
 
-std::string to_json(const Value& v, std::optional<int> indent, bool sort_keys, const std::string& item_sep,
-                    const std::string& key_sep) {
+std::string to_json(const Value& v, std::optional<int> indent, bool sort_keys,
+                    const std::string& item_sep, const std::string& key_sep) {
   std::string out;
   std::vector<const void*> open;
   dump(v, indent, sort_keys, item_sep, key_sep, 0, open, out);
@@ -344,11 +404,15 @@ std::string to_json(const Value& v, std::optional<int> indent, bool sort_keys, c
 namespace {
 bool equal_at(const Value& a, const Value& b, int depth) {
   if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
-  if (a.kind != b.kind) return (a.is_undefined() || a.is_none()) && (b.is_undefined() || b.is_none()) && a.kind == b.kind;
+  if (a.kind != b.kind)
+    return (a.is_undefined() || a.is_none()) && (b.is_undefined() || b.is_none()) &&
+           a.kind == b.kind;
   switch (a.kind) {
     case Value::Kind::Undefined:
-    case Value::Kind::None: return true;
-    case Value::Kind::String: return a.s == b.s;
+    case Value::Kind::None:
+      return true;
+    case Value::Kind::String:
+      return a.s == b.s;
     case Value::Kind::List:
       if (a.list == b.list) return true;  // Python compares a container's items by identity first
       if (a.list->size() != b.list->size()) return false;
@@ -367,7 +431,8 @@ bool equal_at(const Value& a, const Value& b, int depth) {
         if (!o || !equal_at(v, *o, depth + 1)) return false;
       }
       return true;
-    default: return a.ns == b.ns && a.fn == b.fn;
+    default:
+      return a.ns == b.ns && a.fn == b.fn;
   }
 }
 }  // namespace

@@ -34,23 +34,56 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::string s;
-  std::shared_ptr<List> list;            // shared, mutable: Python's reference semantics
+  std::shared_ptr<List> list;  // shared, mutable: Python's reference semantics
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Namespace> ns;
   std::shared_ptr<Function> fn;
-  std::string undefined_name;            // what was looked up, for "x is undefined" errors
+  std::string undefined_name;  // what was looked up, for "x is undefined" errors
 
-  static Value none() { Value v; v.kind = Kind::None; return v; }
-  static Value boolean(bool x) { Value v; v.kind = Kind::Bool; v.b = x; return v; }
-  static Value integer(int64_t x) { Value v; v.kind = Kind::Int; v.i = x; return v; }
-  static Value number(double x) { Value v; v.kind = Kind::Float; v.f = x; return v; }
-  static Value string(std::string x) { Value v; v.kind = Kind::String; v.s = std::move(x); return v; }
+  static Value none() {
+    Value v;
+    v.kind = Kind::None;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = Kind::Bool;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = Kind::Int;
+    v.i = x;
+    return v;
+  }
+  static Value number(double x) {
+    Value v;
+    v.kind = Kind::Float;
+    v.f = x;
+    return v;
+  }
+  static Value string(std::string x) {
+    Value v;
+    v.kind = Kind::String;
+    v.s = std::move(x);
+    return v;
+  }
   // Containers made during a render belong to its RenderBudget (text/jinja_budget.h).
   static Value new_list(List x = {});
   static Value new_dict(Dict x = {});
   static Value new_namespace();
-  static Value function(Function f) { Value v; v.kind = Kind::Function; v.fn = std::make_shared<Function>(std::move(f)); return v; }
-  static Value undefined(std::string name = {}) { Value v; v.undefined_name = std::move(name); return v; }
+  static Value function(Function f) {
+    Value v;
+    v.kind = Kind::Function;
+    v.fn = std::make_shared<Function>(std::move(f));
+    return v;
+  }
+  static Value undefined(std::string name = {}) {
+    Value v;
+    v.undefined_name = std::move(name);
+    return v;
+  }
 
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_none() const { return kind == Kind::None; }
@@ -73,8 +106,9 @@ std::string python_float(double x);
 // tojson filter of Hugging Face's chat-template environment does (a value that contains itself is
 // an error, as Python's "Circular reference detected"). A negative indent is Python's: newlines
 // without spaces.
-std::string to_json(const Value& v, std::optional<int> indent = std::nullopt, bool sort_keys = false,
-                    const std::string& item_sep = ", ", const std::string& key_sep = ": ");
+std::string to_json(const Value& v, std::optional<int> indent = std::nullopt,
+                    bool sort_keys = false, const std::string& item_sep = ", ",
+                    const std::string& key_sep = ": ");
 // Python's == between two values (a container equals itself without a look inside). Values
 // nested deeper than kMaxValueDepth are an r3::Error in these three.
 bool equal(const Value& a, const Value& b);

@@ -11,9 +11,12 @@ using json = nlohmann::json;
 
 Pattern Pattern::parse(const json& j, const char* where) {
   Pattern p;
-  if (j.is_object() && j.contains("String") && j["String"].is_string()) p.literal = j["String"];
-  else if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) p.regex = std::make_shared<Regex>(j["Regex"]);
-  else throw Error(std::string(where) + ": pattern must be {\"String\": ...} or {\"Regex\": ...}");
+  if (j.is_object() && j.contains("String") && j["String"].is_string())
+    p.literal = j["String"];
+  else if (j.is_object() && j.contains("Regex") && j["Regex"].is_string())
+    p.regex = std::make_shared<Regex>(j["Regex"]);
+  else
+    throw Error(std::string(where) + ": pattern must be {\"String\": ...} or {\"Regex\": ...}");
   return p;
 }
 
@@ -21,7 +24,8 @@ std::vector<std::pair<size_t, size_t>> Pattern::find_all(std::string_view s) con
   if (regex) return regex->find_all(s);
   std::vector<std::pair<size_t, size_t>> out;
   if (literal.empty()) return out;
-  for (size_t i = s.find(literal); i != std::string_view::npos; i = s.find(literal, i + literal.size()))
+  for (size_t i = s.find(literal); i != std::string_view::npos;
+       i = s.find(literal, i + literal.size()))
     out.emplace_back(i, i + literal.size());
   return out;
 }
@@ -48,7 +52,9 @@ std::vector<json> component_steps(const json& j, const char* what, const char* l
     return out;
   }
   const json items = j.value(list_key, json::array());
-  if (!items.is_array()) throw Error(std::string("tokenizer.json: ") + what + " Sequence without a \"" + list_key + "\" list");
+  if (!items.is_array())
+    throw Error(std::string("tokenizer.json: ") + what + " Sequence without a \"" + list_key +
+                "\" list");
   for (const json& item : items)
     for (json& step : component_steps(item, what, list_key)) out.push_back(std::move(step));
   return out;
@@ -57,11 +63,16 @@ std::vector<json> component_steps(const json& j, const char* what, const char* l
 Normalizer::Step Normalizer::parse_step(const json& j) {
   const std::string type = j["type"];
   Step s{};
-  if (type == "NFC") s.kind = Step::NFC;
-  else if (type == "NFD") s.kind = Step::NFD;
-  else if (type == "NFKC") s.kind = Step::NFKC;
-  else if (type == "NFKD") s.kind = Step::NFKD;
-  else if (type == "Lowercase") s.kind = Step::Lowercase;
+  if (type == "NFC")
+    s.kind = Step::NFC;
+  else if (type == "NFD")
+    s.kind = Step::NFD;
+  else if (type == "NFKC")
+    s.kind = Step::NFKC;
+  else if (type == "NFKD")
+    s.kind = Step::NFKD;
+  else if (type == "Lowercase")
+    s.kind = Step::Lowercase;
   else if (type == "Replace") {
     Pattern p = Pattern::parse(j.value("pattern", json()), "tokenizer.json: Replace normalizer");
     s.kind = p.regex ? Step::ReplaceRegex : Step::ReplaceString;
@@ -76,14 +87,16 @@ Normalizer::Step Normalizer::parse_step(const json& j) {
     s.left = j.value("strip_left", false);
     s.right = j.value("strip_right", false);
   } else
-    throw Error("tokenizer.json: normalizer \"" + type + "\" is not supported by r3 (supported: NFC, NFD, NFKC, NFKD, "
+    throw Error("tokenizer.json: normalizer \"" + type +
+                "\" is not supported by r3 (supported: NFC, NFD, NFKC, NFKD, "
                 "Lowercase, Replace, Prepend, Strip, Sequence)");
   return s;
 }
 
 Normalizer Normalizer::parse(const json& j) {
   Normalizer n;
-  for (const json& step : component_steps(j, "normalizer", "normalizers")) n.steps_.push_back(parse_step(step));
+  for (const json& step : component_steps(j, "normalizer", "normalizers"))
+    n.steps_.push_back(parse_step(step));
   return n;
 }
 
@@ -110,17 +123,33 @@ std::string Normalizer::apply(std::string_view in) const {
   std::string s(in);
   for (const Step& st : steps_) {
     switch (st.kind) {
-      case Step::NFC: s = unicode_normalize(s, NormalForm::NFC); break;
-      case Step::NFD: s = unicode_normalize(s, NormalForm::NFD); break;
-      case Step::NFKC: s = unicode_normalize(s, NormalForm::NFKC); break;
-      case Step::NFKD: s = unicode_normalize(s, NormalForm::NFKD); break;
-      case Step::Lowercase: s = unicode_lowercase(s); break;
-      case Step::ReplaceString: s = replace_all(s, st.pattern, st.content); break;
-      case Step::ReplaceRegex: s = Pattern{{}, st.regex}.replace_all(s, st.content); break;
+      case Step::NFC:
+        s = unicode_normalize(s, NormalForm::NFC);
+        break;
+      case Step::NFD:
+        s = unicode_normalize(s, NormalForm::NFD);
+        break;
+      case Step::NFKC:
+        s = unicode_normalize(s, NormalForm::NFKC);
+        break;
+      case Step::NFKD:
+        s = unicode_normalize(s, NormalForm::NFKD);
+        break;
+      case Step::Lowercase:
+        s = unicode_lowercase(s);
+        break;
+      case Step::ReplaceString:
+        s = replace_all(s, st.pattern, st.content);
+        break;
+      case Step::ReplaceRegex:
+        s = Pattern{{}, st.regex}.replace_all(s, st.content);
+        break;
       case Step::Prepend:
         if (!s.empty()) s = st.content + s;
         break;
-      case Step::Strip: s = strip(s, st.left, st.right); break;
+      case Step::Strip:
+        s = strip(s, st.left, st.right);
+        break;
     }
   }
   return s;

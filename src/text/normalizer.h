@@ -32,7 +32,8 @@ class Normalizer {
 // The steps of one tokenizer.json component (`what`: "normalizer", "pre_tokenizer", ...): none
 // for null, the items of a Sequence (under `list_key`, nested Sequences flattened), or the one
 // object; each has a string "type" (r3::Error naming the component otherwise).
-std::vector<nlohmann::json> component_steps(const nlohmann::json& j, const char* what, const char* list_key);
+std::vector<nlohmann::json> component_steps(const nlohmann::json& j, const char* what,
+                                            const char* list_key);
 
 // A Replace pattern ({"String": s} or {"Regex": r}): the literal string, or the compiled regex.
 struct Pattern {

@@ -12,7 +12,8 @@ using json = nlohmann::json;
 
 namespace {
 // GPT-2's byte-level split, which ByteLevel applies itself when use_regex is true.
-const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 struct ByteTables {
   std::array<std::string, 256> chars;
@@ -21,7 +22,8 @@ struct ByteTables {
     bytes.fill(-1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const char32_t c = printable ? char32_t(b) : char32_t(256 + n++);
       chars[size_t(b)] = utf8_encode(c);
       bytes[size_t(c)] = b;
@@ -44,12 +46,18 @@ PreTokenizer::Step PreTokenizer::parse_step(const json& j) {
     s.kind = Step::Split;
     s.pattern = Pattern::parse(j.value("pattern", json()), "tokenizer.json: Split pre_tokenizer");
     const std::string b = j.value("behavior", "Isolated");
-    if (b == "Removed") s.behavior = Behavior::Removed;
-    else if (b == "Isolated") s.behavior = Behavior::Isolated;
-    else if (b == "MergedWithPrevious") s.behavior = Behavior::MergedWithPrevious;
-    else if (b == "MergedWithNext") s.behavior = Behavior::MergedWithNext;
-    else if (b == "Contiguous") s.behavior = Behavior::Contiguous;
-    else throw Error("tokenizer.json: Split behavior \"" + b + "\" is not supported by r3");
+    if (b == "Removed")
+      s.behavior = Behavior::Removed;
+    else if (b == "Isolated")
+      s.behavior = Behavior::Isolated;
+    else if (b == "MergedWithPrevious")
+      s.behavior = Behavior::MergedWithPrevious;
+    else if (b == "MergedWithNext")
+      s.behavior = Behavior::MergedWithNext;
+    else if (b == "Contiguous")
+      s.behavior = Behavior::Contiguous;
+    else
+      throw Error("tokenizer.json: Split behavior \"" + b + "\" is not supported by r3");
     s.invert = j.value("invert", false);
   } else if (type == "ByteLevel") {
     s.kind = Step::ByteLevel;
@@ -63,30 +71,36 @@ PreTokenizer::Step PreTokenizer::parse_step(const json& j) {
   } else if (type == "Metaspace") {
     s.kind = Step::Metaspace;
     s.replacement = j.value("replacement", "\xE2\x96\x81");
-    if (j.contains("prepend_scheme")) s.prepend_scheme = j["prepend_scheme"];
-    else s.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
+    if (j.contains("prepend_scheme"))
+      s.prepend_scheme = j["prepend_scheme"];
+    else
+      s.prepend_scheme = j.value("add_prefix_space", true) ? "always" : "never";
     if (s.prepend_scheme != "always" && s.prepend_scheme != "first" && s.prepend_scheme != "never")
-      throw Error("tokenizer.json: Metaspace prepend_scheme \"" + s.prepend_scheme + "\" is not supported by r3");
+      throw Error("tokenizer.json: Metaspace prepend_scheme \"" + s.prepend_scheme +
+                  "\" is not supported by r3");
     s.split_words = j.value("split", true);
     s.pattern.literal = s.replacement;
   } else if (type == "WhitespaceSplit") {
     s.kind = Step::WhitespaceSplit;
     s.pattern.regex = std::make_shared<Regex>("\\s+");
   } else
-    throw Error("tokenizer.json: pre_tokenizer \"" + type + "\" is not supported by r3 (supported: Split, ByteLevel, "
+    throw Error("tokenizer.json: pre_tokenizer \"" + type +
+                "\" is not supported by r3 (supported: Split, ByteLevel, "
                 "Digits, Metaspace, WhitespaceSplit, Sequence)");
   return s;
 }
 
 PreTokenizer PreTokenizer::parse(const json& j) {
   PreTokenizer p;
-  for (const json& step : component_steps(j, "pre_tokenizer", "pretokenizers")) p.steps_.push_back(parse_step(step));
+  for (const json& step : component_steps(j, "pre_tokenizer", "pretokenizers"))
+    p.steps_.push_back(parse_step(step));
   return p;
 }
 
 // The pieces of `s` around `matches` (the delimiters, or with invert the content), as Hugging
 // Face's SplitDelimiterBehavior defines them. Empty pieces are dropped.
-void PreTokenizer::split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, Behavior b,
+void PreTokenizer::split_by(const std::string& s,
+                            const std::vector<std::pair<size_t, size_t>>& matches, Behavior b,
                             bool invert, std::vector<std::string>& out) {
   struct Part {
     size_t begin, end;
@@ -112,23 +126,29 @@ void PreTokenizer::split_by(const std::string& s, const std::vector<std::pair<si
       break;
     case Behavior::MergedWithPrevious:
       for (const Part& p : parts) {
-        if (p.delim && !previous && !pieces.empty()) pieces.back().second = p.end;
-        else pieces.emplace_back(p.begin, p.end);
+        if (p.delim && !previous && !pieces.empty())
+          pieces.back().second = p.end;
+        else
+          pieces.emplace_back(p.begin, p.end);
         previous = p.delim;
       }
       break;
     case Behavior::MergedWithNext:  // the same, walking backwards
       for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-        if (it->delim && !previous && !pieces.empty()) pieces.back().first = it->begin;
-        else pieces.emplace_back(it->begin, it->end);
+        if (it->delim && !previous && !pieces.empty())
+          pieces.back().first = it->begin;
+        else
+          pieces.emplace_back(it->begin, it->end);
         previous = it->delim;
       }
       std::reverse(pieces.begin(), pieces.end());
       break;
     case Behavior::Contiguous:
       for (const Part& p : parts) {
-        if (p.delim == previous && !pieces.empty()) pieces.back().second = p.end;
-        else pieces.emplace_back(p.begin, p.end);
+        if (p.delim == previous && !pieces.empty())
+          pieces.back().second = p.end;
+        else
+          pieces.emplace_back(p.begin, p.end);
         previous = p.delim;
       }
       break;
@@ -151,15 +171,20 @@ std::vector<std::string> PreTokenizer::split(std::string section, bool first) co
           split_by(word, st.pattern.find_all(word), st.behavior, st.invert, next);
           break;
         case Step::Digits:
-          split_by(word, st.pattern.find_all(word), st.individual_digits ? Behavior::Isolated : Behavior::Contiguous,
-                   false, next);
+          split_by(word, st.pattern.find_all(word),
+                   st.individual_digits ? Behavior::Isolated : Behavior::Contiguous, false, next);
           break;
-        case Step::WhitespaceSplit: split_by(word, st.pattern.find_all(word), Behavior::Removed, false, next); break;
+        case Step::WhitespaceSplit:
+          split_by(word, st.pattern.find_all(word), Behavior::Removed, false, next);
+          break;
         case Step::ByteLevel: {
-          if (st.add_prefix_space && !word.empty() && word[0] != ' ') word.insert(word.begin(), ' ');
+          if (st.add_prefix_space && !word.empty() && word[0] != ' ')
+            word.insert(word.begin(), ' ');
           std::vector<std::string> parts;
-          if (st.use_regex) split_by(word, st.pattern.find_all(word), Behavior::Isolated, false, parts);
-          else parts.push_back(std::move(word));
+          if (st.use_regex)
+            split_by(word, st.pattern.find_all(word), Behavior::Isolated, false, parts);
+          else
+            parts.push_back(std::move(word));
           const auto& chars = byte_level_chars();
           for (const std::string& p : parts) {
             std::string mapped;
@@ -171,10 +196,14 @@ std::vector<std::string> PreTokenizer::split(std::string section, bool first) co
         }
         case Step::Metaspace: {
           std::string m = replace_all(word, " ", st.replacement);
-          const bool prepend = st.prepend_scheme == "always" || (st.prepend_scheme == "first" && first && w == 0);
-          if (prepend && m.compare(0, st.replacement.size(), st.replacement) != 0) m = st.replacement + m;
-          if (st.split_words) split_by(m, st.pattern.find_all(m), Behavior::MergedWithNext, false, next);
-          else next.push_back(std::move(m));
+          const bool prepend =
+              st.prepend_scheme == "always" || (st.prepend_scheme == "first" && first && w == 0);
+          if (prepend && m.compare(0, st.replacement.size(), st.replacement) != 0)
+            m = st.replacement + m;
+          if (st.split_words)
+            split_by(m, st.pattern.find_all(m), Behavior::MergedWithNext, false, next);
+          else
+            next.push_back(std::move(m));
           break;
         }
       }

@@ -39,8 +39,8 @@ class PreTokenizer {
     bool split_words = true;
   };
   static Step parse_step(const nlohmann::json& j);
-  static void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, Behavior b,
-                       bool invert, std::vector<std::string>& out);
+  static void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches,
+                       Behavior b, bool invert, std::vector<std::string>& out);
   std::vector<Step> steps_;
 };
 

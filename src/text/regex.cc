@@ -19,15 +19,16 @@ struct Regex::Impl {
 Regex::Regex(const std::string& pattern) : pattern_(pattern), impl_(std::make_unique<Impl>()) {
   int err = 0;
   PCRE2_SIZE offset = 0;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                              &err, &offset, nullptr);
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                              PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
   if (!impl_->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
     throw Error("regex \"" + pattern + "\" at offset " + std::to_string(offset) + ": " +
                 reinterpret_cast<const char*>(msg));
   }
-  pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE);  // the interpreter runs when JIT is unavailable
+  pcre2_jit_compile(impl_->code,
+                    PCRE2_JIT_COMPLETE);  // the interpreter runs when JIT is unavailable
 }
 
 Regex::~Regex() = default;
@@ -47,11 +48,12 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
     pcre2_match_data_free(md);
     throw Error("regex: out of memory");
   }
-  pcre2_set_match_limit(mc, uint32_t(std::min<uint64_t>(UINT32_MAX, 10'000'000 + uint64_t(s.size()) * 64)));
+  pcre2_set_match_limit(
+      mc, uint32_t(std::min<uint64_t>(UINT32_MAX, 10'000'000 + uint64_t(s.size()) * 64)));
   size_t at = 0;
   while (at <= s.size()) {
-    const int rc = pcre2_match(impl_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK,
-                               md, mc);
+    const int rc = pcre2_match(impl_->code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
+                               PCRE2_NO_UTF_CHECK, md, mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);

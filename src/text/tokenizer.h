@@ -32,7 +32,8 @@ class Tokenizer {
   // as in transformers, replaces tokenizer_config.json's chat_template).
   static std::shared_ptr<Tokenizer> load(const std::string& dir);
   // The same from the files' text; `where` names them in errors.
-  static std::shared_ptr<Tokenizer> from_json(const std::string& tokenizer_json, const std::string& config_json,
+  static std::shared_ptr<Tokenizer> from_json(const std::string& tokenizer_json,
+                                              const std::string& config_json,
                                               const std::string& where);
   // Whether dir has a tokenizer r3 can load (tokenizer.json).
   static bool present(const std::string& dir);
@@ -62,11 +63,17 @@ class Tokenizer {
 
   // bos_token, eos_token, unk_token, pad_token of tokenizer_config.json (those it sets), as a
   // chat template sees them.
-  const std::vector<std::pair<std::string, std::string>>& special_tokens() const { return special_tokens_; }
+  const std::vector<std::pair<std::string, std::string>>& special_tokens() const {
+    return special_tokens_;
+  }
   const std::string& bos_token() const { return bos_token_; }  // empty when none
   const std::string& eos_token() const { return eos_token_; }
-  std::optional<int32_t> bos_id() const { return bos_token_.empty() ? std::nullopt : token_to_id(bos_token_); }
-  std::optional<int32_t> eos_id() const { return eos_token_.empty() ? std::nullopt : token_to_id(eos_token_); }
+  std::optional<int32_t> bos_id() const {
+    return bos_token_.empty() ? std::nullopt : token_to_id(bos_token_);
+  }
+  std::optional<int32_t> eos_id() const {
+    return eos_token_.empty() ? std::nullopt : token_to_id(eos_token_);
+  }
   // The default chat template (tokenizer_config's chat_template), empty when none.
   const std::string& chat_template() const { return chat_template_; }
   // A named template of a list-form chat_template (e.g. "tool_use"), or nullptr.
@@ -90,7 +97,7 @@ class Tokenizer {
   Bpe model_;
   Decoder decoder_;
   std::vector<AddedToken> added_;
-  std::vector<int32_t> added_by_id_;  // index into added_, or -1; by id
+  std::vector<int32_t> added_by_id_;                      // index into added_, or -1; by id
   std::vector<std::vector<size_t>> added_by_first_byte_;  // [256] indices, longest first
   // The post-processor's single-sequence template: ids before and after the text.
   std::vector<int32_t> template_prefix_, template_suffix_;

@@ -15,7 +15,9 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   const unsigned c = b(i);
   if (c < 0x80) return 1;
   if (c < 0xC2) return 0;
-  auto cont = [&](size_t k, unsigned lo, unsigned hi) { return k < s.size() && b(k) >= lo && b(k) <= hi; };
+  auto cont = [&](size_t k, unsigned lo, unsigned hi) {
+    return k < s.size() && b(k) >= lo && b(k) <= hi;
+  };
   if (c < 0xE0) return n >= 2 && cont(i + 1, 0x80, 0xBF) ? 2 : 0;
   if (c < 0xF0) {
     const unsigned lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
@@ -45,7 +47,8 @@ size_t maximal_subpart(std::string_view s, size_t i) {
   const unsigned c = b(i);
   size_t need;
   unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c < 0xE0) need = 1;
+  if (c >= 0xC2 && c < 0xE0)
+    need = 1;
   else if (c >= 0xE0 && c < 0xF0) {
     need = 2;
     if (c == 0xE0) lo = 0xA0;
@@ -107,7 +110,8 @@ std::vector<std::string_view> utf8_chars(std::string_view s) {
 
 std::string utf8_encode(char32_t c) {
   std::string out;
-  if (c < 0x80) out += char(c);
+  if (c < 0x80)
+    out += char(c);
   else if (c < 0x800) {
     out += char(0xC0 | (c >> 6));
     out += char(0x80 | (c & 0x3F));
@@ -135,20 +139,30 @@ char32_t utf8_decode_one(std::string_view s, size_t i, size_t* len) {
   if (n == 1) return b(i);
   if (n == 2) return ((b(i) & 0x1F) << 6) | (b(i + 1) & 0x3F);
   if (n == 3) return ((b(i) & 0x0F) << 12) | ((b(i + 1) & 0x3F) << 6) | (b(i + 2) & 0x3F);
-  return ((b(i) & 0x07) << 18) | ((b(i + 1) & 0x3F) << 12) | ((b(i + 2) & 0x3F) << 6) | (b(i + 3) & 0x3F);
+  return ((b(i) & 0x07) << 18) | ((b(i + 1) & 0x3F) << 12) | ((b(i + 2) & 0x3F) << 6) |
+         (b(i + 3) & 0x3F);
 }
 
 bool is_unicode_space(char32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 bool is_word_char(char32_t c) {
   if (c == '_') return true;
   switch (utf8proc_category(utf8proc_int32_t(c))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
       return true;
     default:
       return false;
@@ -159,8 +173,9 @@ namespace {
 std::string utf8proc_apply(std::string_view s, int options, const char* what) {
   if (s.empty()) return {};
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                          utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(options));
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), utf8proc_ssize_t(s.size()),
+                   &out, utf8proc_option_t(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(out, &std::free);
   if (n < 0) throw Error(std::string(what) + ": " + utf8proc_errmsg(n));
   return std::string(reinterpret_cast<const char*>(out), size_t(n));
@@ -170,10 +185,18 @@ std::string utf8proc_apply(std::string_view s, int options, const char* what) {
 std::string unicode_normalize(std::string_view s, NormalForm form) {
   int opt = UTF8PROC_STABLE;
   switch (form) {
-    case NormalForm::NFC: opt |= UTF8PROC_COMPOSE; break;
-    case NormalForm::NFD: opt |= UTF8PROC_DECOMPOSE; break;
-    case NormalForm::NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalForm::NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormalForm::NFC:
+      opt |= UTF8PROC_COMPOSE;
+      break;
+    case NormalForm::NFD:
+      opt |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalForm::NFKC:
+      opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalForm::NFKD:
+      opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   return utf8proc_apply(s, opt, "unicode normalisation");
 }
