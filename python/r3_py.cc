@@ -82,6 +82,9 @@ struct CompletionOutput {
   std::string finish_reason;
   std::vector<uint64_t> weight_versions;
   py::object routed_experts = py::none();  // numpy int16 [rows, L_moe, K] or None
+  // SamplingParams(return_routed_expert_weights=True): numpy float32 [rows, L_moe, K], each
+  // chosen expert's gate weight in the ids' order; else None.
+  py::object routed_expert_weights = py::none();
   int routed_experts_start = 0;
   std::vector<int> moe_layers;
   py::object top_logprobs =
@@ -99,6 +102,7 @@ struct PyRequestOutput {
   py::object prompt_logprobs = py::none();
   // The prompt part of the routes (rows [start, P)), as vLLM's RequestOutput.prompt_routed_experts.
   py::object prompt_routed_experts = py::none();
+  py::object prompt_routed_expert_weights = py::none();  // their gate weights, when asked for
   py::object routed_experts() const {
     return outputs.empty() ? py::none() : outputs[0].routed_experts;
   }
@@ -108,6 +112,14 @@ py::object routes_to_numpy(const r3::RouteArray& r) {
   py::array_t<int16_t> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
   if (!r.data.empty())
     std::memcpy(a.mutable_data(), r.data.data(), r.data.size() * sizeof(int16_t));
+  return a;
+}
+
+// The gate weights of r as float32 [rows, layers, k], or None when r carries none.
+py::object route_weights_to_numpy(const r3::RouteArray& r) {
+  if (!r.has_weights()) return py::none();
+  py::array_t<float> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
+  std::memcpy(a.mutable_data(), r.weights.data(), r.weights.size() * sizeof(float));
   return a;
 }
 
@@ -166,11 +178,13 @@ PyRequestOutput to_python(RequestOutput&& o, const std::string& request_id, bool
   c.weight_versions = std::move(o.weight_versions);
   if (o.routed_experts) {
     const int P = int(r.prompt_token_ids.size());
-    r.prompt_routed_experts =
-        routes_to_numpy(r3::route_rows(*o.routed_experts, o.routed_experts->start, P));
+    const r3::RouteArray prompt = r3::route_rows(*o.routed_experts, o.routed_experts->start, P);
+    r.prompt_routed_experts = routes_to_numpy(prompt);
+    r.prompt_routed_expert_weights = route_weights_to_numpy(prompt);
     const r3::RouteArray generated =
         r3::route_rows(*o.routed_experts, P, o.routed_experts->start + o.routed_experts->rows);
     c.routed_experts = routes_to_numpy(vllm_split ? generated : *o.routed_experts);
+    c.routed_expert_weights = route_weights_to_numpy(vllm_split ? generated : *o.routed_experts);
     c.routed_experts_start = vllm_split ? generated.start : o.routed_experts->start;
     c.moe_layers = o.routed_experts->moe_layers;
   }
@@ -694,7 +708,8 @@ PYBIND11_MODULE(_r3, m) {
                       std::optional<bool> return_routed_experts, int routed_experts_start, int n,
                       std::optional<int> logprobs, std::optional<int> prompt_logprobs,
                       const py::object& stop, bool include_stop_str_in_output,
-                      bool skip_special_tokens, std::optional<int> routed_experts_prompt_start) {
+                      bool skip_special_tokens, std::optional<int> routed_experts_prompt_start,
+                      bool return_routed_expert_weights) {
             PySamplingParams s;
             if (routed_experts_prompt_start) {
               if (routed_experts_start != 0)
@@ -726,6 +741,7 @@ PYBIND11_MODULE(_r3, m) {
             s.p.logprobs = true;
             s.p.routed_experts_start = routed_experts_start;
             s.return_routed_experts = return_routed_experts;
+            s.p.return_routed_expert_weights = return_routed_expert_weights;
             return s;
           }),
           py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 1.0f,
@@ -735,7 +751,8 @@ PYBIND11_MODULE(_r3, m) {
           py::arg("n") = 1, py::arg("logprobs") = py::none(),
           py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
           py::arg("include_stop_str_in_output") = false, py::arg("skip_special_tokens") = true,
-          py::arg("routed_experts_prompt_start") = py::none())
+          py::arg("routed_experts_prompt_start") = py::none(),
+          py::arg("return_routed_expert_weights") = false)
       .def_property(
           "stop", [](const PySamplingParams& s) { return s.p.stop; },
           [](PySamplingParams& s, std::vector<std::string> v) { s.p.stop = std::move(v); })
@@ -760,6 +777,10 @@ PYBIND11_MODULE(_r3, m) {
           [](PySamplingParams& s, bool v) { s.p.ignore_eos = v; })
       .def_readwrite("return_routed_experts", &PySamplingParams::return_routed_experts)
       .def_property(
+          "return_routed_expert_weights",
+          [](const PySamplingParams& s) { return s.p.return_routed_expert_weights; },
+          [](PySamplingParams& s, bool v) { s.p.return_routed_expert_weights = v; })
+      .def_property(
           "routed_experts_start",
           [](const PySamplingParams& s) { return s.p.routed_experts_start; },
           [](PySamplingParams& s, int v) { s.p.routed_experts_start = v; })
@@ -780,6 +801,7 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("stop_reason", &CompletionOutput::stop_reason)
       .def_readonly("weight_versions", &CompletionOutput::weight_versions)
       .def_readonly("routed_experts", &CompletionOutput::routed_experts)
+      .def_readonly("routed_expert_weights", &CompletionOutput::routed_expert_weights)
       .def_readonly("routed_experts_start", &CompletionOutput::routed_experts_start)
       .def_readonly("moe_layers", &CompletionOutput::moe_layers)
       .def_readonly("top_logprobs", &CompletionOutput::top_logprobs);
@@ -792,6 +814,7 @@ PYBIND11_MODULE(_r3, m) {
       .def_readonly("num_cached_tokens", &PyRequestOutput::num_cached_tokens)
       .def_readonly("prompt_logprobs", &PyRequestOutput::prompt_logprobs)
       .def_readonly("prompt_routed_experts", &PyRequestOutput::prompt_routed_experts)
+      .def_readonly("prompt_routed_expert_weights", &PyRequestOutput::prompt_routed_expert_weights)
       .def_property_readonly("routed_experts", &PyRequestOutput::routed_experts);
 
   py::class_<PyTokenizer>(m, "Tokenizer")

@@ -50,7 +50,7 @@ TEST(Cli, GenerateReturnsRoutesOfShapeSMinusOne) {
   const std::string model = test_model("qwen3_moe");
   fs::path d = temp_dir("gen");
   std::ofstream(d / "in.jsonl")
-      << R"({"prompt_token_ids":[1,5,9,33],"max_tokens":5,"temperature":0,"ignore_eos":true,"return_routed_experts":true})"
+      << R"({"prompt_token_ids":[1,5,9,33],"max_tokens":5,"temperature":0,"ignore_eos":true,"return_routed_experts":true,"return_routed_expert_weights":true})"
       << "\n\n"
       << R"({"prompt_token_ids":[7],"max_tokens":1,"temperature":1,"seed":3,"return_routed_experts":true})"
       << "\n";
@@ -76,6 +76,14 @@ TEST(Cli, GenerateReturnsRoutesOfShapeSMinusOne) {
     for (int16_t id : routes.data) {
       EXPECT_GE(id, 0);
       EXPECT_LT(id, 8);
+    }
+    // Gate weights where the line asked (the first): one per id, top-2 renormalised (Qwen3-MoE).
+    if (index == 0) {
+      const std::vector<float> w = route_weights_from_json(j["routed_expert_weights"]);
+      ASSERT_EQ(w.size(), routes.data.size());
+      for (size_t i = 0; i < w.size(); i += 2) EXPECT_NEAR(w[i] + w[i + 1], 1.f, 1e-5f);
+    } else {
+      EXPECT_FALSE(j.contains("routed_expert_weights"));
     }
     // The .npy export holds the same array.
     RouteArray npy = read_npy((d / "routes" / (std::to_string(index) + ".npy")).string());

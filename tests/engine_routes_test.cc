@@ -170,6 +170,7 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   slot.layers = 1;
   slot.k = 2;
   slot.data = {3, 4, 5, 6, 0, 0, 0, 0};
+  slot.weights = {0.75f, 0.25f, 0.5f, 0.5f, 0.f, 0.f, 0.f, 0.f};
   // Step 0: request 7 writes positions 0,1 into block 2 under generation 1.
   StepPlan p0;
   p0.iter = 0;
@@ -204,8 +205,8 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   EXPECT_EQ(gaps, 2u);  // the stale rows are -1 and counted, never the old content
   EXPECT_EQ(r.at(0, 0, 0), -1);
   EXPECT_EQ(r.at(2, 0, 0), 3);
-  // With the matching generation the rows are copied.
-  m.open(9, 4);
+  // With the matching generation the rows are copied, with their gate weights when asked for.
+  m.open(9, 4, /*with_weights=*/true);
   StepPlan p2 = p1;
   p2.iter = 2;
   p2.seqs[0].request_id = 9;
@@ -213,6 +214,11 @@ TEST(EngineRoutes, GenerationStampsRejectReusedBlocks) {
   // Block 2 was rewritten by p1? No: p1 wrote block 3 only; block 2 still holds generation 1.
   m.commit(p2, slot);
   EXPECT_EQ(m.stats().prefix_rows_copied, 2u);
+  const RouteArray w = m.assemble(9, 4, 0, &gaps);
+  EXPECT_EQ(gaps, 0u);
+  EXPECT_EQ(w.data, (std::vector<int16_t>{3, 4, 5, 6, 3, 4}));
+  EXPECT_EQ(w.weights, (std::vector<float>{0.75f, 0.25f, 0.5f, 0.5f, 0.75f, 0.25f}));
+  EXPECT_FALSE(r.has_weights());  // request 8 did not ask
   // Commits must come in iter order.
   EXPECT_THROW(m.commit(p1, slot), Error);
 }
@@ -499,9 +505,11 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
   const ModelConfig& mc = ck->config();
   Workload w = make_workload(5, 6, mc.vocab_size);
   int pairs = 0, agree = 0, agree_given_history = 0, tokens = 0, token_agree = 0;
-  double max_dlogprob = 0;
+  double max_dlogprob = 0, max_dweight = 0;
   for (size_t i = 0; i < w.prompts.size(); ++i) {
-    auto o = e.generate({w.prompts[i]}, {greedy(12)})[0];
+    SamplingParams sp = greedy(12);
+    sp.return_routed_expert_weights = true;
+    auto o = e.generate({w.prompts[i]}, {sp})[0];
     std::vector<int> seq = o.prompt_token_ids;
     seq.insert(seq.end(), o.token_ids.begin(), o.token_ids.end());
     ReferenceResult ref = reference_forward(ck->weights(), seq);
@@ -527,6 +535,11 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
             << "greedy token differs beyond a near-tie";
     }
     const RouteArray& r = *o.routed_experts;
+    // The gate weights the engine combined its experts with are the reference's for the same
+    // experts (with the engine's routes replayed), up to bf16 activations.
+    ASSERT_EQ(r.weights.size(), r.data.size());
+    for (size_t j = 0; j < r.weights.size(); ++j)
+      max_dweight = std::max(max_dweight, double(std::abs(r.weights[j] - rep.gate_weights[j])));
     for (int p = 0; p < r.rows; ++p)
       for (int l = 0; l < r.layers; ++l) {
         std::vector<int> a(r.row(p) + l * r.k, r.row(p) + (l + 1) * r.k);
@@ -558,12 +571,17 @@ TEST_P(EngineVsReference, TokensLogprobsAndRoutes) {
   // engine does. So hybrids get a wider bound; the routes' and tokens' checks are the same.
   const double gap = mc.hybrid() ? 0.08 : 0.05;
   EXPECT_LT(max_dlogprob, gap) << "engine (bf16 activations) vs reference (fp32) logprob gap";
+  // Gate weights move with the router logits: the same reasoning (and measured spread: at most
+  // 0.016 elsewhere, 0.046 on qwen3_5_moe tiny) gives hybrids the wider bound.
+  EXPECT_LT(max_dweight, (mc.hybrid() ? 0.08 : 0.03) * mc.router.routed_scaling_factor)
+      << "engine vs reference gate weight of the same expert";
   std::printf(
       "[ %s/%s kv %s ] route sets agree on %d/%d (token, layer) pairs (%.4f), %d (%.4f) judging "
-      "each router "
-      "given the engine's history; greedy tokens %d/%d; max |dlogprob| %.4f\n",
+      "each router given the engine's history; greedy tokens %d/%d; max |dlogprob| %.4f; max "
+      "|dweight| %.4f\n",
       arch.c_str(), preset.c_str(), kv_dtype.c_str(), agree, pairs, double(agree) / pairs,
-      agree_given_history, double(agree_given_history) / pairs, token_agree, tokens, max_dlogprob);
+      agree_given_history, double(agree_given_history) / pairs, token_agree, tokens, max_dlogprob,
+      max_dweight);
   EXPECT_GT(double(agree) / pairs, 0.9);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -45,6 +46,9 @@ inline Workload make_workload(uint64_t seed, int n, int vocab, double abort_frac
     sp.ignore_eos = uni(0, 1);
     if (uni(0, 4) == 0) sp.stop_token_ids = {uni(3, vocab - 1)};
     sp.return_routed_experts = uni(0, 5) > 0;
+    // Half of them with gate weights (from the seed's low bit: no extra draw, so every seeded
+    // workload keeps its requests).
+    sp.return_routed_expert_weights = sp.return_routed_experts && (sp.seed & 1);
     w.prompts.push_back(p);
     w.params.push_back(sp);
     w.arrival_step.push_back(uni(0, n));
@@ -95,6 +99,7 @@ inline std::vector<RequestOutput> solo_runs(const std::string& model, const Work
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     SamplingParams p = w.params[i];
     p.return_routed_experts = true;
+    p.return_routed_expert_weights = true;
     out.push_back(e.generate({w.prompts[i]}, {p})[0]);
   }
   return out;
@@ -135,8 +140,26 @@ inline RunResult run_workload(const EngineConfig& cfg, const Workload& w) {
   return r;
 }
 
-// Bitwise: tokens, logprobs and routes of a finished request equal its solo run's; an aborted
-// one's are a prefix of them.
+// Gate weights: present exactly when asked for, one per id, and bitwise the solo run's from the
+// same absolute row on (solo runs carry weights for every row).
+inline void expect_weights_match_solo(const RouteArray& g, const RouteArray& solo,
+                                      const SamplingParams& p) {
+  if (!p.return_routed_expert_weights) {
+    EXPECT_FALSE(g.has_weights()) << "weights that were not asked for";
+    return;
+  }
+  ASSERT_EQ(g.weights.size(), g.data.size());
+  ASSERT_EQ(solo.weights.size(), solo.data.size());
+  const size_t row = size_t(g.layers) * size_t(g.k);
+  for (int r = 0; r < g.rows; ++r)
+    ASSERT_EQ(0, std::memcmp(g.weights.data() + size_t(r) * row,
+                             solo.weights.data() + size_t(r + g.start - solo.start) * row,
+                             row * sizeof(float)))
+        << "gate weights of row " << r + g.start;
+}
+
+// Bitwise: tokens, logprobs, routes (and gate weights) of a finished request equal its solo run's;
+// an aborted one's are a prefix of them.
 inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& solo, bool aborted,
                                 const SamplingParams& p, const std::string& what) {
   SCOPED_TRACE(what);
@@ -154,6 +177,7 @@ inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& s
       for (int r = 0; r < g.rows; ++r)
         for (int j = 0; j < g.layers * g.k; ++j)
           ASSERT_EQ(g.row(r)[j], solo.routed_experts->row(r)[j]) << "row " << r;
+      expect_weights_match_solo(g, *solo.routed_experts, p);
     }
     return;
   }
@@ -179,6 +203,7 @@ inline void expect_matches_solo(const RequestOutput& got, const RequestOutput& s
       ASSERT_GE(g.row(r)[j], 0) << "missing route at row " << r;
       ASSERT_EQ(g.row(r)[j], s.row(r + g.start)[j]) << "row " << r + g.start;
     }
+  expect_weights_match_solo(g, s, p);
 }
 
 // The same workload (routes asked for) on two checkpoints holding the same values in different

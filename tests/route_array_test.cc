@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "routes/route_formats.h"
 
 namespace r3 {
 namespace {
@@ -565,6 +566,82 @@ TEST(RouteArrayNpy, WriteErrorsNameTheFile) {
   bad.data.resize(3);
   TmpFile f("bad.npy");
   expect_error([&] { write_npy(f.path, bad); }, {f.path});
+}
+
+// Gate weights (return_routed_expert_weights): float32 beside the ids in every encoding, sliced
+// and joined with their rows.
+RouteArray weighted(int rows, int layers, int k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RouteArray r(rows, layers, k);
+  r.start = 3;
+  for (int l = 0; l < layers; ++l) r.moe_layers.push_back(2 * l + 1);
+  for (auto& v : r.data) v = int16_t(rng() % 64);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (size_t n = 0; n < r.data.size(); ++n) r.weights.push_back(unit(rng));
+  return r;
+}
+
+TEST(RouteWeights, JsonNpyAndSglangCarryTheExactFloats) {
+  const RouteArray r = weighted(7, 3, 4, 1);
+  const json j = route_weights_to_json(r);
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_EQ(j["shape"], json::array({7, 3, 4}));
+  EXPECT_EQ(j["start"], 3);
+  EXPECT_EQ(route_weights_from_json(j), r.weights);
+  expect_error(
+      [&] {
+        route_weights_from_json(
+            json{{"shape", {7, 3, 4}}, {"dtype", "int16"}, {"data", j["data"]}});
+      },
+      {"dtype", "float32"});
+  expect_error(
+      [&] {
+        route_weights_from_json(
+            json{{"shape", {7, 3, 5}}, {"dtype", "float32"}, {"data", j["data"]}});
+      },
+      {"data", "bytes"});
+  const std::string npy = npy_weight_bytes(r);
+  EXPECT_NE(npy.find("'descr': '<f4'"), std::string::npos);
+  EXPECT_NE(npy.find("'shape': (7, 3, 4)"), std::string::npos);
+  const size_t header = 10 + (size_t(uint8_t(npy[8])) | size_t(uint8_t(npy[9])) << 8);
+  EXPECT_EQ(header % 64, 0u);
+  EXPECT_EQ(floats_of_bytes(std::vector<uint8_t>(npy.begin() + ptrdiff_t(header), npy.end())),
+            r.weights);
+  // SGLang's layout: every decoder layer (7 here), a dense layer's weights 0.
+  const std::vector<uint8_t> b = base64_decode(encode_sglang_route_weights(r, 7));
+  const std::vector<float> all = floats_of_bytes(b);
+  ASSERT_EQ(all.size(), size_t(7 * 7 * 4));
+  for (int row = 0; row < 7; ++row)
+    for (int layer = 0; layer < 7; ++layer)
+      for (int j2 = 0; j2 < 4; ++j2) {
+        const float got = all[(size_t(row) * 7 + size_t(layer)) * 4 + size_t(j2)];
+        if (layer % 2 == 0)
+          EXPECT_EQ(got, 0.f);
+        else
+          EXPECT_EQ(got, r.weights[(size_t(row) * 3 + size_t(layer / 2)) * 4 + size_t(j2)]);
+      }
+  RouteArray unweighted = r;
+  unweighted.weights.clear();
+  expect_error([&] { encode_sglang_route_weights(unweighted, 7); }, {"no weights"});
+  expect_error([&] { npy_weight_bytes(unweighted); }, {"weights"});
+}
+
+TEST(RouteWeights, RowsSliceAndJoinWithTheirWeights) {
+  const RouteArray r = weighted(9, 2, 3, 2);
+  const RouteArray mid = route_rows(r, 5, 9);
+  ASSERT_EQ(mid.rows, 4);
+  ASSERT_EQ(mid.weights.size(), mid.data.size());
+  EXPECT_TRUE(std::equal(mid.weights.begin(), mid.weights.end(), r.weights.begin() + 2 * 6));
+  RouteArray joined = route_rows(r, 3, 5);
+  joined.append(mid);
+  EXPECT_EQ(joined.rows, 6);
+  EXPECT_EQ(joined.weights, std::vector<float>(r.weights.begin(), r.weights.begin() + 6 * 6));
+  EXPECT_EQ(joined.data, std::vector<int16_t>(r.data.begin(), r.data.begin() + 6 * 6));
+  RouteArray without = route_rows(r, 3, 4);
+  without.weights.clear();
+  without.append(mid);  // rows without weights never pair with some that have them
+  EXPECT_FALSE(without.has_weights());
+  EXPECT_EQ(without.rows, 5);
 }
 
 }  // namespace

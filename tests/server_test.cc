@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <set>
@@ -398,6 +399,118 @@ TEST_F(ServerTest, StreamedCompletionsEqualSoloRuns) {
     rows[i].moe_layers = load_config(*model_ + "/config.json").moe_layers();
     got.routed_experts = rows[i];
     expect_matches_solo(got, solo(prompts[i], p), false, p, "streamed choice " + std::to_string(i));
+  }
+}
+
+// The gate weights of a reply's or a streamed chunk's rows (routed_expert_weights, and the vllm
+// format's prompt_routed_expert_weights), MoE columns, rows in order; empty when it has none.
+std::vector<float> chunk_weights(const json& obj) {
+  const std::string fmt = obj.value("routed_experts_format", "r3");
+  std::vector<float> out;
+  auto floats = [](const std::string& b64, size_t skip) {
+    const std::vector<uint8_t> b = base64_decode(b64);
+    return floats_of_bytes(std::vector<uint8_t>(b.begin() + ptrdiff_t(skip), b.end()));
+  };
+  if (fmt == "vllm") {
+    for (const char* k : {"prompt_routed_expert_weights", "routed_expert_weights"}) {
+      if (!obj.contains(k)) continue;
+      const std::vector<uint8_t> b = base64_decode(obj[k].get<std::string>());
+      const std::string head(b.begin(), b.begin() + 128);
+      EXPECT_NE(head.find("'descr': '<f4'"), std::string::npos) << head;
+      const size_t header = 10 + (size_t(b[8]) | size_t(b[9]) << 8);  // npy 1.0
+      const std::vector<float> part = floats(obj[k].get<std::string>(), header);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+  }
+  if (!obj.contains("routed_expert_weights")) return out;
+  if (fmt == "sglang") {  // every decoder layer: keep the MoE ones
+    const ModelConfig c = load_config(test_model("olmoe") + "/config.json");
+    const std::vector<float> all = floats(obj["routed_expert_weights"].get<std::string>(), 0);
+    const size_t row = size_t(c.num_layers) * size_t(c.top_k);
+    for (size_t r = 0; r < all.size() / row; ++r)
+      for (int l : c.moe_layers())
+        for (int j = 0; j < c.top_k; ++j)
+          out.push_back(all[r * row + size_t(l) * size_t(c.top_k) + size_t(j)]);
+    return out;
+  }
+  return route_weights_from_json(obj["routed_expert_weights"]);  // r3, nrlre1
+}
+
+// return_routed_expert_weights: every route row comes with the gate weight of each chosen expert
+// (float32, the ids' order), in every format, non-streamed and streamed, /generate and
+// /v1/completions, bitwise the engine's own (its solo run), from the requested start; absent
+// unless asked for, and asking without routes is a 400 naming the field.
+TEST_F(ServerTest, GateWeightsComeWithTheirRoutesInEveryFormat) {
+  std::mt19937 rng(3523);
+  const char* formats[] = {"r3", "sglang", "vllm", "nrlre1"};
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::string fmt = formats[trial % 4];
+    const int P = std::uniform_int_distribution<int>(2, 40)(rng);
+    const int start = std::uniform_int_distribution<int>(0, P)(rng);
+    const int max_tokens = std::uniform_int_distribution<int>(1, 24)(rng);
+    const std::vector<int> prompt = prompt_of(P, 300 + trial);
+    SCOPED_TRACE("trial " + std::to_string(trial) + " " + fmt + " P " + std::to_string(P) +
+                 " start " + std::to_string(start) + " max_tokens " + std::to_string(max_tokens));
+    SamplingParams sp = testing::greedy(max_tokens);
+    sp.return_routed_expert_weights = true;
+    const RouteArray want = *solo(prompt, sp).routed_experts;
+    ASSERT_EQ(want.weights.size(), want.data.size());
+    const size_t row = size_t(want.layers) * size_t(want.k);
+    const std::vector<float> expected(want.weights.begin() + ptrdiff_t(size_t(start) * row),
+                                      want.weights.end());
+    auto expect_bits = [&](const std::vector<float>& got, const std::string& where) {
+      ASSERT_EQ(got.size(), expected.size()) << where;
+      EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), got.size() * sizeof(float))) << where;
+    };
+    const json g = {{"input_ids", prompt},
+                    {"sampling_params",
+                     {{"max_new_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}}},
+                    {"return_routed_experts", true},
+                    {"return_routed_expert_weights", true},
+                    {"routed_experts_start_len", start},
+                    {"routed_experts_format", fmt}};
+    expect_bits(chunk_weights(post("/generate", g)["meta_info"]), "/generate");
+    json c = {{"prompt", prompt},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"return_routed_experts", true},
+              {"return_routed_expert_weights", true},
+              {"routed_experts_start", start},
+              {"routed_experts_format", fmt}};
+    const json whole = post("/v1/completions", c)["choices"][0];
+    expect_bits(chunk_weights(whole), "/v1/completions");
+    EXPECT_EQ(
+        chunk_routes(whole).data,
+        std::vector<int16_t>(want.data.begin() + ptrdiff_t(size_t(start) * row), want.data.end()));
+    // Streamed: each chunk's weights with its rows, concatenating to the whole.
+    c["stream"] = true;
+    auto res = server_->client().Post("/v1/completions", c.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    bool done = false;
+    std::vector<float> streamed;
+    for (const json& ev : sse_events(res->body, &done))
+      for (const json& ch : ev["choices"]) {
+        if (!ch.contains("routed_experts")) continue;
+        const std::vector<float> w = chunk_weights(ch);
+        EXPECT_EQ(w.size(), chunk_routes(ch).data.size());  // a weight for each id it carries
+        streamed.insert(streamed.end(), w.begin(), w.end());
+      }
+    EXPECT_TRUE(done);
+    expect_bits(streamed, "streamed /v1/completions");
+  }
+  // Not asked for: none; asked for without routes: refused by name.
+  const json plain = post("/generate", {{"input_ids", {3, 4, 5}},
+                                        {"sampling_params", {{"max_new_tokens", 2}}},
+                                        {"return_routed_experts", true}});
+  EXPECT_FALSE(plain["meta_info"].contains("routed_expert_weights"));
+  for (const char* path : {"/generate", "/v1/completions"}) {
+    const json body = std::string(path) == "/generate"
+                          ? json{{"input_ids", {3, 4, 5}}, {"return_routed_expert_weights", true}}
+                          : json{{"prompt", {3, 4, 5}}, {"return_routed_expert_weights", true}};
+    const json err = post(path, body, 400);
+    EXPECT_EQ(err["error"]["param"], "return_routed_expert_weights") << path << " " << err.dump();
   }
 }
 

@@ -25,8 +25,11 @@ Wire formats (`decode_routes` / `encode_routes`): "sglang" (base64 of little-end
 (base64 of an .npy array over the MoE layers), "r3" (DESIGN.md's transport object, a dict or its
 JSON text) and "nrlre1" (NeMo-RL's envelope string). `moe_layers_only` and `all_layers` convert
 between the two layer axes. `alignment_metrics` scores train/inference mismatch from arrays.
-Arrays come back as int32.
+Arrays come back as int32. `decode_route_weights` reads the gate weights a reply carries beside
+its routes when asked (`return_routed_expert_weights`) as float32 in the same shape.
 """
+import base64
+import io
 import json
 import warnings
 
@@ -42,7 +45,7 @@ VERSION_POLICIES = ("keep", "drop_call", "fail")
 FORMATS = ("sglang", "vllm", "r3", "nrlre1")
 
 __all__ = ["FILLERS", "FORMATS", "POLICIES", "VERSION_POLICIES", "StagedCall", "alignment_metrics", "all_layers", "assemble_rollout",
-           "decode_routes", "encode_routes", "moe_layers_only", "stage_call", "validate_routes"]
+           "decode_route_weights", "decode_routes", "encode_routes", "moe_layers_only", "stage_call", "validate_routes"]
 
 
 def stage_call(routes, prev_len, total_len, num_experts, *, start=0, filler="minus_one", policy="strict",
@@ -132,6 +135,29 @@ def decode_routes(payload, fmt, *, num_hidden_layers=None, top_k=None, moe_layer
         return rows
     if fmt == "nrlre1":
         return _native.decode_nrlre1(payload)
+    raise Error(f"unknown route format {fmt!r} (one of {', '.join(FORMATS)})")
+
+
+def decode_route_weights(payload, fmt, *, num_hidden_layers=None, top_k=None, moe_layers=None):
+    """The gate weights a reply carries beside its routes (``routed_expert_weights``, asked for with
+    ``return_routed_expert_weights``) -> float32 [rows, L, K], the ids' rows and order.
+
+    r3 and nrlre1: r3's transport object with dtype float32 (a dict or JSON text); sglang: base64
+    of little-endian float32 [rows, num_hidden_layers, K] (needs num_hidden_layers and top_k;
+    with moe_layers only those columns are kept); vllm: base64 of a float32 .npy."""
+    if fmt in ("r3", "nrlre1"):
+        obj = json.loads(payload) if isinstance(payload, str) else payload
+        if obj.get("dtype") != "float32":
+            raise Error(f"route weights: dtype must be float32, got {obj.get('dtype')!r}")
+        return np.frombuffer(base64.b64decode(obj["data"]), dtype="<f4").reshape(obj["shape"])
+    if fmt == "sglang":
+        if num_hidden_layers is None or top_k is None:
+            raise Error("decode_route_weights(..., 'sglang') needs num_hidden_layers and top_k")
+        a = np.frombuffer(base64.b64decode(payload), dtype="<f4")
+        a = a.reshape(-1, int(num_hidden_layers), int(top_k))
+        return a[:, list(moe_layers), :] if moe_layers is not None else a
+    if fmt == "vllm":
+        return np.load(io.BytesIO(base64.b64decode(payload)), allow_pickle=False)
     raise Error(f"unknown route format {fmt!r} (one of {', '.join(FORMATS)})")
 
 

@@ -340,7 +340,8 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uin
     if (r->params.top_logprobs > 0) r->prompt_top.assign(r->prompt.size(), TopLogprobs{});
   }
   r->block_hashes.reserve(size_t(blocks));
-  if (r->params.return_routed_experts) routes_->open(r->id, int(total));
+  if (r->params.return_routed_experts)
+    routes_->open(r->id, int(total), r->params.return_routed_expert_weights);
   if (tokenizer_)
     r->detok = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, r->prompt,
                                                               r->params.skip_special_tokens);

@@ -77,7 +77,8 @@ void ModelRunner::moe(const LayerWeights& L, int moe_layer, int T, float* out, C
       if (nan)
         std::fill_n(route_w_.data() + size_t(t) * K, K, std::numeric_limits<float>::quiet_NaN());
       if (slot)
-        slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K);  // before any remap
+        slot->capture(moe_layer, int(t), route_ids_.data() + size_t(t) * K,  // before any remap
+                      route_w_.data() + size_t(t) * K);
     }
   });
   // Logical -> physical, counting sort by physical expert.

@@ -79,6 +79,8 @@ void read_sampling_params(const json& j, SamplingParams& p) {
   if (j.contains("logprobs") && j["logprobs"].is_boolean()) p.logprobs = j["logprobs"].get<bool>();
   p.return_routed_experts = get_bool(j, "return_routed_experts", p.return_routed_experts);
   p.routed_experts_start = get_int(j, "routed_experts_start", p.routed_experts_start);
+  p.return_routed_expert_weights =
+      get_bool(j, "return_routed_expert_weights", p.return_routed_expert_weights);
 }
 
 ParsedRequest parse_request_json(const json& j) {
@@ -109,6 +111,8 @@ json output_to_json(const RequestOutput& o, int64_t index) {
   if (!o.stop_str.empty()) j["stop_reason"] = o.stop_str;
   j["weight_versions"] = o.weight_versions;
   if (o.routed_experts) j["routed_experts"] = routes_to_json(*o.routed_experts);
+  if (o.routed_experts && o.routed_experts->has_weights())
+    j["routed_expert_weights"] = route_weights_to_json(*o.routed_experts);
   if (!o.routes_error.empty()) j["routes_error"] = o.routes_error;
   if (!o.error.empty()) j["error"] = o.error;
   j["num_cached_tokens"] = o.num_cached_tokens;  // prompt tokens served from the prefix cache

@@ -1,7 +1,8 @@
 // JSON for requests and outputs, shared by `r3 generate` (JSONL), the HTTP server and tests.
 // Request fields follow vLLM/SGLang names: prompt_token_ids (or prompt text), max_tokens,
 // temperature, top_p, top_k, seed, stop_token_ids, stop, include_stop_str_in_output,
-// skip_special_tokens, ignore_eos, logprobs, return_routed_experts, routed_experts_start.
+// skip_special_tokens, ignore_eos, logprobs, return_routed_experts, routed_experts_start,
+// return_routed_expert_weights (the output's routed_expert_weights: route_weights_to_json).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <vector>

@@ -29,6 +29,8 @@ void SamplingParams::validate(int vocab_size) const {
       throw Error("stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) +
                   " bytes long");
   if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
+  if (return_routed_expert_weights && !return_routed_experts)
+    throw Error("return_routed_expert_weights needs return_routed_experts");
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
     throw Error("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
   if (prompt_logprobs_start < -1) throw Error("prompt_logprobs_start must be -1 (none) or >= 0");

@@ -30,6 +30,9 @@ struct SamplingParams {
   bool logprobs = true;
   bool return_routed_experts = false;
   int routed_experts_start = 0;  // delta: return rows [start, S-1)
+  // With return_routed_experts: each row also carries the gate weight of each chosen expert
+  // (RouteArray::weights, float32, the ids' order), the weights the MoE block combined with.
+  bool return_routed_expert_weights = false;
   // Streaming, with return_routed_experts: each unfinished output also carries the route rows
   // computed since the previous output (RequestOutput::routed_experts, its .start their first
   // row), so a stream can send a chunk's rows with its tokens; the finished output carries all

@@ -397,6 +397,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
   r.logits.assign(size_t(S) * V, 0.f);
   r.routes.assign(size_t(S) * Lm * K, -1);
   r.router_probs.assign(size_t(S) * Lm * E, 0.f);
+  r.gate_weights.assign(size_t(S) * Lm * K, 0.f);
 
   // The residual stream of every position, and per-layer activations of the whole sequence.
   std::vector<float> x(size_t(S) * H);
@@ -535,6 +536,7 @@ ReferenceResult reference_forward(const ModelWeights& w, const std::vector<int>&
         if (renorm)
           for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] /= sigmoid_router ? sum + 1e-20f : sum;
         for (int kk = 0; kk < K; ++kk) gate[size_t(kk)] *= c.router.routed_scaling_factor;
+        std::copy(gate.begin(), gate.end(), &r.gate_weights[(size_t(p) * Lm + col) * K]);
         // Weighted sum of the experts, accumulated in router (or replayed) order.
         for (int i = 0; i < H; ++i) delta[size_t(i)] = 0.f;
         for (int kk = 0; kk < K; ++kk) {

@@ -13,6 +13,7 @@ struct ReferenceResult {
   int seq_len = 0, vocab = 0, num_moe_layers = 0, top_k = 0, num_experts = 0;
   std::vector<float> logits;    // [S, V]
   std::vector<int16_t> routes;  // [S, L_moe, K], router order (descending score, ties to lower id)
+  std::vector<float> gate_weights;  // [S, L_moe, K]: the weight each expert of `routes` got
   std::vector<float> router_probs;  // [S, L_moe, E], softmax over all experts (fp32; of the
                                     // biased logits where the router has a logit bias), or
                                     // each expert's sigmoid for sigmoid routers (unbiased)

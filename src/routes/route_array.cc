@@ -174,7 +174,106 @@ void check_shape(const RouteArray& r, const std::string& what) {
                 std::to_string(r.k) + "] needs " + std::to_string(n));
 }
 
+// The weights' count against the ids' (a RouteArray with weights holds one per id).
+void check_weights(const RouteArray& r, const std::string& what) {
+  check_shape(r, what);
+  if (r.weights.size() != r.data.size())
+    throw Error(what + ": " + std::to_string(r.weights.size()) + " weights for " +
+                std::to_string(r.data.size()) + " ids");
+}
+
+// An .npy file's first bytes for an array of r's shape in the numpy type `descr`: magic (6) +
+// version (2) + header length (2) + dict + spaces + '\n', a multiple of 64.
+std::string npy_header(const RouteArray& r, const char* descr) {
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                     std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " +
+                     std::to_string(r.k) + "), }";
+  const size_t total = 10 + dict.size() + 1;
+  const size_t padded = (total + 63) / 64 * 64;
+  const std::string header = dict + std::string(padded - total, ' ') + "\n";
+  std::string out;
+  out.append("\x93NUMPY", 6);
+  out.push_back('\x01');
+  out.push_back('\x00');
+  out.push_back(char(header.size() & 0xff));
+  out.push_back(char(header.size() >> 8));
+  return out + header;
+}
+
 }  // namespace
+
+void RouteArray::append(const RouteArray& more) {
+  const bool both_weighted = has_weights() && more.has_weights();
+  data.insert(data.end(), more.data.begin(), more.data.end());
+  if (both_weighted)
+    weights.insert(weights.end(), more.weights.begin(), more.weights.end());
+  else
+    weights.clear();
+  rows += more.rows;
+}
+
+std::string float32_bytes(const std::vector<float>& w) {
+  std::string out(w.size() * 4, '\0');
+  for (size_t i = 0; i < w.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &w[i], 4);
+    for (int b = 0; b < 4; ++b) out[4 * i + size_t(b)] = char(u >> (8 * b) & 0xff);
+  }
+  return out;
+}
+
+std::vector<float> floats_of_bytes(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() % 4)
+    throw Error("float32 data of " + std::to_string(bytes.size()) + " bytes (not a multiple of 4)");
+  std::vector<float> out(bytes.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint8_t* d = bytes.data() + 4 * i;
+    const uint32_t u =
+        uint32_t(d[0]) | uint32_t(d[1]) << 8 | uint32_t(d[2]) << 16 | uint32_t(d[3]) << 24;
+    std::memcpy(&out[i], &u, 4);
+  }
+  return out;
+}
+
+json route_weights_to_json(const RouteArray& r) {
+  check_weights(r, "route_weights_to_json");
+  const std::string bytes = float32_bytes(r.weights);
+  json j;
+  j["shape"] = {r.rows, r.layers, r.k};
+  j["dtype"] = "float32";
+  j["start"] = r.start;
+  j["moe_layers"] = r.moe_layers;
+  j["data"] = base64_encode(bytes.data(), bytes.size());
+  return j;
+}
+
+std::vector<float> route_weights_from_json(const json& j) {
+  const std::string where = "route weights JSON";
+  if (!j.is_object() || !j.contains("shape") || !j.contains("data"))
+    throw Error(where + ": expected an object with shape, dtype and data");
+  if (j.value("dtype", json()).dump() != "\"float32\"")
+    throw Error(where + ": field \"dtype\" must be \"float32\", got " +
+                j.value("dtype", json()).dump());
+  const json& shape = j.at("shape");
+  int dims[3] = {0, 0, 0};
+  if (!shape.is_array() || shape.size() != 3 || !as_nonneg_int(shape[0], dims[0]) ||
+      !as_nonneg_int(shape[1], dims[1]) || !as_nonneg_int(shape[2], dims[2]))
+    throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
+                shape.dump());
+  if (!j.at("data").is_string()) throw Error(where + ": field \"data\" must be a base64 string");
+  const size_t need =
+      route_bytes(uint64_t(dims[0]), uint64_t(dims[1]), uint64_t(dims[2]), where) * 2;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = base64_decode(j.at("data").get_ref<const std::string&>());
+  } catch (const Error& e) {
+    throw Error(where + ": field \"data\": " + e.what());
+  }
+  if (bytes.size() != need)
+    throw Error(where + ": field \"data\" decodes to " + std::to_string(bytes.size()) +
+                " bytes, the shape needs " + std::to_string(need));
+  return floats_of_bytes(bytes);
+}
 
 json routes_to_json(const RouteArray& r) {
   check_shape(r, "routes_to_json");
@@ -341,23 +440,16 @@ struct NpyHeaderParser {
 std::string npy_bytes(const RouteArray& r, const std::string& path) {
   check_shape(r, path + ": cannot write .npy");
   const RouteIdType t = route_id_type(r);
-  const char* descr = t == RouteIdType::Int8 ? "|i1" : t == RouteIdType::Uint8 ? "|u1" : "<i2";
-  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
-                     std::to_string(r.rows) + ", " + std::to_string(r.layers) + ", " +
-                     std::to_string(r.k) + "), }";
-  // magic (6) + version (2) + header length (2) + dict + spaces + '\n' = multiple of 64.
-  size_t total = 10 + dict.size() + 1;
-  size_t padded = (total + 63) / 64 * 64;
-  std::string header = dict + std::string(padded - total, ' ') + "\n";
-  std::string out;
-  out.append(kNpyMagic, 6);
-  out.push_back('\x01');
-  out.push_back('\x00');
-  out.push_back(char(header.size() & 0xff));
-  out.push_back(char(header.size() >> 8));
-  out += header;
+  std::string out = npy_header(r, t == RouteIdType::Int8    ? "|i1"
+                                  : t == RouteIdType::Uint8 ? "|u1"
+                                                            : "<i2");
   append_ids(r, t, out);
   return out;
+}
+
+std::string npy_weight_bytes(const RouteArray& r) {
+  check_weights(r, "npy_weight_bytes");
+  return npy_header(r, "<f4") + float32_bytes(r.weights);
 }
 
 void write_npy(const std::string& path, const RouteArray& r) {

@@ -15,6 +15,10 @@ struct RouteArray {
   std::vector<int> moe_layers;  // decoder-layer index of each column (may be empty)
   int num_experts = 0;          // the model's expert count, when known (sizes the wire id type)
   std::vector<int16_t> data;    // rows * layers * k
+  // The gate weight of each chosen expert, in the ids' layout (rows * layers * k), as the MoE
+  // block combined the experts with (router.h): empty unless the request asked for them
+  // (return_routed_expert_weights).
+  std::vector<float> weights;
 
   RouteArray() = default;
   RouteArray(int r, int l, int kk, int16_t fill = -1)
@@ -27,6 +31,9 @@ struct RouteArray {
   int16_t at(int r, int l, int j) const {
     return data[(size_t(r) * size_t(layers) + size_t(l)) * size_t(k) + size_t(j)];
   }
+  bool has_weights() const { return !weights.empty(); }
+  // Rows of `more` (the next rows, same layout) after these; weights only when both have them.
+  void append(const RouteArray& more);
 };
 
 // Base64 (RFC 4648, with padding). decode throws r3::Error on malformed input.
@@ -47,11 +54,22 @@ const char* route_id_type_name(RouteIdType t);  // "int8" | "uint8" | "int16"
 nlohmann::json routes_to_json(const RouteArray& r);
 RouteArray routes_from_json(const nlohmann::json& j);  // throws r3::Error naming the bad field
 
+// The weights as their own transport object: {"shape":[R,L,K],"dtype":"float32","start":N,
+// "moe_layers":[...],"data":"<base64 of the little-endian float32 weights>"}.
+nlohmann::json route_weights_to_json(const RouteArray& r);
+// The inverse: the weights of such an object (throws r3::Error naming the bad field).
+std::vector<float> route_weights_from_json(const nlohmann::json& j);
+// Little-endian float32 bytes of a weights array, and back (throws on a length not 4n).
+std::string float32_bytes(const std::vector<float>& w);
+std::vector<float> floats_of_bytes(const std::vector<uint8_t>& bytes);
+
 // .npy (format 1.0, C order; '|i1', '|u1' or '<i2' by route_id_type). `path` names the source
 // in errors.
 std::string npy_bytes(const RouteArray& r, const std::string& path = "<npy>");
 void write_npy(const std::string& path, const RouteArray& r);
 RouteArray read_npy(const std::string& path);  // accepts i1, u1, <i2, <i4 of rank 3
 RouteArray parse_npy(const std::string& bytes, const std::string& path = "<npy>");
+// The weights of r as a float32 ('<f4') .npy of r's shape.
+std::string npy_weight_bytes(const RouteArray& r);
 
 }  // namespace r3

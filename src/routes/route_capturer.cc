@@ -9,6 +9,7 @@ RouteCapturer::RouteCapturer(int ring_size, int max_tokens, int layers, int k)
     s.layers = layers;
     s.k = k;
     s.data.assign(size_t(max_tokens) * size_t(layers) * size_t(k), -1);
+    s.weights.assign(s.data.size(), 0.f);
     free_.push_back(&s);
   }
 }

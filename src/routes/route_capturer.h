@@ -15,14 +15,19 @@ namespace r3 {
 struct CaptureSlot {
   uint64_t iter = 0;
   int max_tokens = 0, layers = 0, k = 0;
-  std::vector<int16_t> data;  // [max_tokens, layers, k]
+  std::vector<int16_t> data;   // [max_tokens, layers, k]
+  std::vector<float> weights;  // [max_tokens, layers, k]: each chosen expert's gate weight
 
-  void capture(int moe_layer, int token, const int16_t* ids) {
-    std::memcpy(data.data() + (size_t(token) * size_t(layers) + size_t(moe_layer)) * size_t(k), ids,
-                size_t(k) * sizeof(int16_t));
+  void capture(int moe_layer, int token, const int16_t* ids, const float* gate_weights) {
+    const size_t at = (size_t(token) * size_t(layers) + size_t(moe_layer)) * size_t(k);
+    std::memcpy(data.data() + at, ids, size_t(k) * sizeof(int16_t));
+    std::memcpy(weights.data() + at, gate_weights, size_t(k) * sizeof(float));
   }
   const int16_t* row(int token) const {
     return data.data() + size_t(token) * size_t(layers) * size_t(k);
+  }
+  const float* weight_row(int token) const {
+    return weights.data() + size_t(token) * size_t(layers) * size_t(k);
   }
 };
 

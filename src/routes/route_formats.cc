@@ -29,7 +29,11 @@ const char* route_format_name(RouteFormat f) {
   return "?";
 }
 
-std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers) {
+namespace {
+// base64 of little-endian 32-bit words [rows, num_hidden_layers, K]: word_of(i) for the element
+// i of r's MoE columns, 0 for a dense layer's.
+template <class WordOf>
+std::string encode_sglang_layout(const RouteArray& r, int num_hidden_layers, WordOf word_of) {
   if (int(r.moe_layers.size()) != r.layers)
     throw Error("encode_sglang_routes: the routes do not name their decoder layers");
   std::vector<uint8_t> out(size_t(r.rows) * size_t(num_hidden_layers) * size_t(r.k) * 4, 0);
@@ -39,7 +43,8 @@ std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers) {
       if (layer < 0 || layer >= num_hidden_layers)
         throw Error("encode_sglang_routes: layer id out of range");
       for (int j = 0; j < r.k; ++j) {
-        const uint32_t v = uint32_t(int32_t(r.at(row, l, j)));
+        const uint32_t v =
+            word_of((size_t(row) * size_t(r.layers) + size_t(l)) * size_t(r.k) + size_t(j));
         uint8_t* d =
             out.data() +
             ((size_t(row) * size_t(num_hidden_layers) + size_t(layer)) * size_t(r.k) + size_t(j)) *
@@ -48,6 +53,22 @@ std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers) {
       }
     }
   return base64_encode(out.data(), out.size());
+}
+}  // namespace
+
+std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers) {
+  return encode_sglang_layout(r, num_hidden_layers,
+                              [&](size_t i) { return uint32_t(int32_t(r.data[i])); });
+}
+
+std::string encode_sglang_route_weights(const RouteArray& r, int num_hidden_layers) {
+  if (r.weights.size() != r.data.size())
+    throw Error("encode_sglang_route_weights: the routes carry no weights");
+  return encode_sglang_layout(r, num_hidden_layers, [&](size_t i) {
+    uint32_t u;
+    std::memcpy(&u, &r.weights[i], 4);
+    return u;
+  });
 }
 
 RouteArray decode_sglang_routes(const std::string& b64, int num_hidden_layers, int k,
@@ -82,11 +103,21 @@ RouteArray route_rows(const RouteArray& r, int begin, int end) {
   out.num_experts = r.num_experts;
   if (out.rows)
     std::memcpy(out.data.data(), r.row(begin - r.start), out.data.size() * sizeof(int16_t));
+  if (r.has_weights()) {
+    const size_t at = size_t(begin - r.start) * size_t(r.layers) * size_t(r.k);
+    out.weights.assign(r.weights.begin() + ptrdiff_t(at),
+                       r.weights.begin() + ptrdiff_t(at + out.data.size()));
+  }
   return out;
 }
 
 std::string npy_base64(const RouteArray& r) {
   const std::string bytes = npy_bytes(r);
+  return base64_encode(bytes.data(), bytes.size());
+}
+
+std::string npy_weights_base64(const RouteArray& r) {
+  const std::string bytes = npy_weight_bytes(r);
   return base64_encode(bytes.data(), bytes.size());
 }
 

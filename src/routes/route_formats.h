@@ -22,6 +22,9 @@ RouteFormat parse_route_format(const std::string& name);
 const char* route_format_name(RouteFormat f);
 
 std::string encode_sglang_routes(const RouteArray& r, int num_hidden_layers);
+// The gate weights (RouteArray::weights) in the same layout, as little-endian float32; a dense
+// layer's entries are 0.
+std::string encode_sglang_route_weights(const RouteArray& r, int num_hidden_layers);
 // The inverse, for clients and tests: [rows, num_hidden_layers, K] int32 back to the MoE columns
 // `moe_layers` (throws r3::Error on a length that does not divide).
 RouteArray decode_sglang_routes(const std::string& b64, int num_hidden_layers, int k,
@@ -31,5 +34,7 @@ RouteArray decode_sglang_routes(const std::string& b64, int num_hidden_layers, i
 RouteArray route_rows(const RouteArray& r, int begin, int end);
 // base64 of the .npy bytes (what vLLM sends for numpy arrays).
 std::string npy_base64(const RouteArray& r);
+// base64 of the weights' float32 .npy.
+std::string npy_weights_base64(const RouteArray& r);
 
 }  // namespace r3

@@ -10,12 +10,14 @@ namespace r3 {
 RouteManager::RouteManager(int num_moe_layers, int top_k, int num_blocks, int block_size)
     : layers_(num_moe_layers), k_(top_k), num_blocks_(num_blocks), block_size_(block_size) {
   cache_.assign(size_t(num_blocks) * size_t(block_size) * size_t(row_size()), -1);
+  cache_weights_.assign(cache_.size(), 0.f);
   stamps_.assign(size_t(num_blocks) * size_t(block_size), 0);
 }
 
-void RouteManager::open(uint64_t id, int max_positions) {
+void RouteManager::open(uint64_t id, int max_positions, bool with_weights) {
   Store& s = stores_[id];
   s.rows.assign(size_t(max_positions) * size_t(row_size()), -1);
+  s.weights.assign(with_weights ? s.rows.size() : 0, 0.f);
   s.written.assign(size_t(max_positions), 0);
 }
 
@@ -47,6 +49,9 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
       if (stamps_[c] != 0 && stamps_[c] == plan.hit_generation(s, bi)) {
         std::memcpy(st->rows.data() + size_t(pos) * rs, cache_.data() + c * rs,
                     rs * sizeof(int16_t));
+        if (!st->weights.empty())
+          std::memcpy(st->weights.data() + size_t(pos) * rs, cache_weights_.data() + c * rs,
+                      rs * sizeof(float));
         st->written[size_t(pos)] = 1;
         ++stats_.prefix_rows_copied;
       } else {
@@ -59,10 +64,14 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
     if (tok.seq < 0) continue;  // padding is never attributed
     const int16_t* row = slot.row(int(t));
     const size_t c = size_t(tok.block) * size_t(block_size_) + size_t(tok.slot);
+    const float* weights = slot.weight_row(int(t));
     std::memcpy(cache_.data() + c * rs, row, rs * sizeof(int16_t));
+    std::memcpy(cache_weights_.data() + c * rs, weights, rs * sizeof(float));
     stamps_[c] = tok.block_generation;
     if (Store* st = seq_store[size_t(tok.seq)]; st && size_t(tok.position) < st->written.size()) {
       std::memcpy(st->rows.data() + size_t(tok.position) * rs, row, rs * sizeof(int16_t));
+      if (!st->weights.empty())
+        std::memcpy(st->weights.data() + size_t(tok.position) * rs, weights, rs * sizeof(float));
       st->written[size_t(tok.position)] = 1;
       ++stats_.rows_committed;
     }
@@ -77,17 +86,23 @@ RouteArray RouteManager::assemble(uint64_t id, int seq_len, int start, uint64_t*
   RouteArray out(rows, layers_, k_);
   out.start = start;
   const size_t rs = size_t(row_size());
+  if (!st.weights.empty()) out.weights.assign(out.data.size(), 0.f);
   uint64_t missing = 0;
   for (int r = 0; r < rows; ++r) {
     const size_t pos = size_t(start + r);
-    if (pos < st.written.size() && st.written[pos])
+    if (pos < st.written.size() && st.written[pos]) {
       std::memcpy(out.row(r), st.rows.data() + pos * rs, rs * sizeof(int16_t));
-    else
+      if (!st.weights.empty())
+        std::memcpy(out.weights.data() + size_t(r) * rs, st.weights.data() + pos * rs,
+                    rs * sizeof(float));
+    } else {
       ++missing;
+    }
   }
   stats_.gaps += missing;
   if (gaps) *gaps = missing;
-  stats_.route_bytes_returned += out.data.size() * sizeof(int16_t);
+  stats_.route_bytes_returned +=
+      out.data.size() * sizeof(int16_t) + out.weights.size() * sizeof(float);
   return out;
 }
 
@@ -103,7 +118,12 @@ RouteArray RouteManager::assemble_computed(uint64_t id, int seq_len, int start, 
   if (rows)
     std::memcpy(out.data.data(), st.rows.data() + size_t(start) * size_t(row_size()),
                 out.data.size() * sizeof(int16_t));
-  stats_.route_bytes_returned += out.data.size() * sizeof(int16_t);
+  if (rows && !st.weights.empty()) {
+    const auto first = st.weights.begin() + ptrdiff_t(size_t(start) * size_t(row_size()));
+    out.weights.assign(first, first + ptrdiff_t(out.data.size()));
+  }
+  stats_.route_bytes_returned +=
+      out.data.size() * sizeof(int16_t) + out.weights.size() * sizeof(float);
   return out;
 }
 

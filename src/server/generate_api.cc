@@ -55,8 +55,8 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
       b, "",
       {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
        "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "return_routed_experts",
-       "routed_experts_start", "routed_experts_start_len", "routed_experts_format", "sampling_seed",
-       "log_metrics"});
+       "return_routed_expert_weights", "routed_experts_start", "routed_experts_start_len",
+       "routed_experts_format", "sampling_seed", "log_metrics"});
   GenerateRequest r;
   r.tok = tok;
   r.return_text_in_logprobs =
@@ -159,6 +159,8 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   }
   p.return_routed_experts =
       opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  p.return_routed_expert_weights =
+      opt_bool(b, "return_routed_expert_weights", "return_routed_expert_weights").value_or(false);
   // SGLang's name is routed_experts_start_len; r3's routed_experts_start means the same.
   const char* start_key =
       b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()

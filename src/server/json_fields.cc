@@ -189,7 +189,7 @@ std::string param_of_engine_error(const std::string& m, const std::string& promp
   if (starts("prompt")) return prompt_field;
   if (starts("max_tokens")) return max_tokens_field;
   for (const char* f : {"temperature", "top_p", "top_k", "stop_token_ids", "routed_experts_start",
-                        "return_routed_experts"})
+                        "return_routed_experts", "return_routed_expert_weights"})
     if (starts(f)) return f;
   return "";
 }

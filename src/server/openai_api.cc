@@ -145,6 +145,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
                          "return_token_ids",
                          "request_id",
                          "return_routed_experts",
+                         "return_routed_expert_weights",
                          "routed_experts_start",
                          "routed_experts_prompt_start",
                          "routed_experts_format",
@@ -211,6 +212,8 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   r.routes_format = opt_route_format(b);
   base.return_routed_experts =
       opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
+  base.return_routed_expert_weights =
+      opt_bool(b, "return_routed_expert_weights", "return_routed_expert_weights").value_or(false);
   base.routed_experts_start =
       int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
   // vLLM's name (vllm #51906): the same cut, within the prompt ([0, P]; P returns no prompt rows).

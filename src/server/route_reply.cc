@@ -24,21 +24,29 @@ void put_routes(json& obj, const RequestOutput& o, const RouteReply& how, bool c
   if (!o.routed_experts) return;
   const RouteArray& r = *o.routed_experts;
   obj["routed_experts_format"] = route_format_name(how.format);
+  const bool weights = r.has_weights();
   switch (how.format) {
     case RouteFormat::R3:
-      obj["routed_experts"] = routes_to_json(r);
+    case RouteFormat::Nrlre1:  // NeMo-RL's envelope holds integer ids only
+      obj["routed_experts"] =
+          how.format == RouteFormat::R3 ? routes_to_json(r) : json(encode_envelope(r));
+      if (weights) obj["routed_expert_weights"] = route_weights_to_json(r);
       break;
     case RouteFormat::Sglang:
       obj["routed_experts"] = encode_sglang_routes(r, how.num_hidden_layers);
-      break;
-    case RouteFormat::Nrlre1:
-      obj["routed_experts"] = encode_envelope(r);
+      if (weights)
+        obj["routed_expert_weights"] = encode_sglang_route_weights(r, how.num_hidden_layers);
       break;
     case RouteFormat::Vllm: {
       const int P = int(o.prompt_token_ids.size());
-      if (!chunk || r.start < P)
-        obj["prompt_routed_experts"] = npy_base64(route_rows(r, r.start, P));
-      obj["routed_experts"] = npy_base64(route_rows(r, P, r.start + r.rows));
+      const RouteArray prompt = route_rows(r, r.start, P),
+                       generated = route_rows(r, P, r.start + r.rows);
+      if (!chunk || r.start < P) {
+        obj["prompt_routed_experts"] = npy_base64(prompt);
+        if (weights) obj["prompt_routed_expert_weights"] = npy_weights_base64(prompt);
+      }
+      obj["routed_experts"] = npy_base64(generated);
+      if (weights) obj["routed_expert_weights"] = npy_weights_base64(generated);
       break;
     }
   }

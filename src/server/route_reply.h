@@ -1,6 +1,10 @@
 // Routes in a reply, in the wire format the request (or the server default) chose
 // (routes/route_formats.h): "routed_experts" holds them, and for the vllm format the prompt part
-// goes to "prompt_routed_experts" as vLLM splits them.
+// goes to "prompt_routed_experts" as vLLM splits them. With return_routed_expert_weights the gate
+// weights go beside them in the same shape as float32: "routed_expert_weights" (and
+// "prompt_routed_expert_weights"): r3's transport object (dtype float32) for r3 and nrlre1 (the
+// envelope holds integers only), base64 float32 [rows, num_hidden_layers, K] for sglang, float32
+// .npy for vllm.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>

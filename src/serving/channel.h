@@ -33,9 +33,7 @@ class Channel {
     // carries every row itself).
     if (!o.finished && o.routed_experts && latest_[choice] && latest_[choice]->routed_experts) {
       RouteArray& earlier = *latest_[choice]->routed_experts;
-      earlier.data.insert(earlier.data.end(), o.routed_experts->data.begin(),
-                          o.routed_experts->data.end());
-      earlier.rows += o.routed_experts->rows;
+      earlier.append(*o.routed_experts);
       o.routed_experts = std::move(earlier);
     }
     latest_[choice] = std::move(o);

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import r3
+import r3.staging
 from helpers import prompt, read_safetensors
 
 ENGINE = dict(num_kv_blocks=128, threads=1, max_num_batched_tokens=64, max_num_seqs=8)
@@ -65,6 +66,33 @@ def test_batched_equals_solo_runs(llm, solo):
         assert np.array_equal(b.outputs[0].routed_experts, s.outputs[0].routed_experts)
 
 
+def test_gate_weights_come_with_the_routes_when_asked(llm, solo, model):
+    """SamplingParams(return_routed_expert_weights=True): float32 weights of the routes' shape,
+    rows and order, bitwise the solo run's (batched, with prefix hits), split as the routes are in
+    the vllm layout; None unless asked; asking without routes is an error naming it."""
+    prompts = [{"prompt_token_ids": prompt(40, 7)[:20 + 5 * i]} for i in range(4)]  # shared prefixes
+    sp = r3.SamplingParams(max_tokens=7, temperature=0.9, seed=11, return_routed_expert_weights=True)
+    assert sp.return_routed_expert_weights
+    batched = llm.generate(prompts, sp)
+    for p, b in zip(prompts, batched):
+        c = b.outputs[0]
+        s = solo.generate([p], sp)[0].outputs[0]
+        assert c.routed_expert_weights.dtype == np.float32
+        assert c.routed_expert_weights.shape == c.routed_experts.shape
+        assert c.routed_expert_weights.tobytes() == s.routed_expert_weights.tobytes()
+        assert np.all(c.routed_expert_weights > 0)
+        P = len(p["prompt_token_ids"])
+        assert np.array_equal(b.prompt_routed_expert_weights, c.routed_expert_weights[:P])
+    assert llm.generate(prompts[:1], r3.SamplingParams(max_tokens=3))[0].outputs[0].routed_expert_weights is None
+    vllm = r3.LLM(model=model, enable_return_routed_experts=True, routed_experts_format="vllm", **ENGINE)
+    v = vllm.generate(prompts[:1], sp)[0]
+    P = len(prompts[0]["prompt_token_ids"])
+    assert np.array_equal(v.prompt_routed_expert_weights, batched[0].outputs[0].routed_expert_weights[:P])
+    assert np.array_equal(v.outputs[0].routed_expert_weights, batched[0].outputs[0].routed_expert_weights[P:])
+    with pytest.raises(r3.Error, match="return_routed_expert_weights needs return_routed_experts"):
+        llm.generate(prompts[:1], r3.SamplingParams(return_routed_experts=False, return_routed_expert_weights=True))
+
+
 def test_delta_start_and_routes_off(llm):
     p = prompt(30, 3)
     full = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=6, seed=1))[0].outputs[0]
@@ -106,6 +134,13 @@ def test_routes_equal_the_http_path(llm, model, r3_bin):
         req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         reply = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        # The gate weights in every format, read back by r3.staging.decode_route_weights.
+        weights = {}
+        for fmt in ("sglang", "vllm", "r3", "nrlre1"):
+            body = {**body, "return_routed_expert_weights": True, "routed_experts_format": fmt}
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            weights[fmt] = json.loads(urllib.request.urlopen(req, timeout=60).read())["meta_info"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -121,6 +156,18 @@ def test_routes_equal_the_http_path(llm, model, r3_bin):
     assert reply["output_ids"] == c.token_ids
     assert [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]] == c.logprobs
     assert np.array_equal(http_routes, c.routed_experts)
+    want = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=10, temperature=1.0, seed=77,
+                                                                     return_routed_expert_weights=True))[0]
+    want = want.outputs[0].routed_expert_weights
+    for fmt, meta in weights.items():
+        if fmt == "vllm":
+            got = np.concatenate([r3.staging.decode_route_weights(meta["prompt_routed_expert_weights"], fmt),
+                                  r3.staging.decode_route_weights(meta["routed_expert_weights"], fmt)])
+        else:
+            got = r3.staging.decode_route_weights(meta["routed_expert_weights"], fmt,
+                                                  num_hidden_layers=cfg["num_layers"], top_k=cfg["top_k"],
+                                                  moe_layers=cfg["moe_layers"])
+        assert got.dtype == np.float32 and got.tobytes() == want.tobytes(), fmt
 
 
 def test_update_weights(model, make_model):

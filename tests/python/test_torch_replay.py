@@ -45,7 +45,8 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
     llm = r3.LLM(path, enable_return_routed_experts=True, threads=1, num_kv_blocks=64)
     prompt = [3 + (i * 37) % 400 for i in range(12)]
     (out,) = llm.generate([{"prompt_token_ids": prompt}], r3.SamplingParams(max_tokens=12, temperature=1.0, seed=5,
-                                                                            ignore_eos=True))
+                                                                            ignore_eos=True,
+                                                                            return_routed_expert_weights=True))
     o = out.outputs[0]
     ids = torch.tensor(prompt + o.token_ids)
     engine_routes = np.concatenate([o.routed_experts, np.full((1,) + o.routed_experts.shape[1:], -1)])
@@ -53,6 +54,7 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
         logits, own = model(ids)
         model.set_replay(engine_routes)
         logits_r, forced = model(ids)
+        trainer_weights = torch.stack([b.last_gate_weights for b in model.moe_blocks()], 1).float().numpy()
         model.clear_replay()
     P = len(prompt)
     lp = torch.log_softmax(logits, -1)[P - 1:-1].gather(1, torch.tensor(o.token_ids)[:, None]).squeeze(1)
@@ -61,6 +63,13 @@ def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch
     agree = (np.sort(own.numpy()[:rows], -1) == np.sort(o.routed_experts, -1)).all(-1).mean()
     assert agree > 0.9, agree
     assert (forced.numpy()[:rows] == o.routed_experts).all(), "replayed routes are the engine's, exactly"
+    # The gate weights the engine returns (return_routed_expert_weights) are those the trainer
+    # recomputes for the replayed experts, up to the engine's bf16 activations.
+    w = o.routed_expert_weights
+    assert w.dtype == np.float32 and w.shape == o.routed_experts.shape
+    hybrid = arch.startswith("qwen3_next") or arch.startswith("qwen3_5")
+    wbound = (0.08 if hybrid else 0.03) * model.config.router.get("scaling", 1.0)  # as EngineVsReference
+    assert np.abs(w - trainer_weights[:rows]).max() < wbound, np.abs(w - trainer_weights[:rows]).max()
     # The engine rounds a DeltaNet block's input and output to bf16, which moves logprobs more than
     # attention's rounding does (docs/ARCHITECTURE.md, "Gated DeltaNet hybrids": 0.08 there too).
     bound = 0.08 if arch.startswith("qwen3_next") or arch.startswith("qwen3_5") else 0.05

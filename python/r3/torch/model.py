@@ -415,6 +415,7 @@ class SparseMoE(nn.Module):
         ids = self.replay.select(live_topk(logits, router))
         w = gate_weights(logits, ids, router)
         self.last_router = (logits, ids)  # [B*T, E], [B*T, K]: for a load-balancing loss
+        self.last_gate_weights = w  # [B*T, K]: what the experts were combined with
         if self.c.arch == "gpt_oss":
             return self.experts(h, ids, w).view_as(x), ids
         if self.c.fused_experts:
