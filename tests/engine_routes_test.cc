@@ -347,8 +347,12 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
   Engine solo(solo_config(model));
   std::mt19937 rng(45);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int mid_prefill = 0, mid_decode = 0, across_refit = 0;
-  for (int trial = 0; trial < 16; ++trial) {
+  int mid_prefill = 0, mid_decode = 0, across_refit = 0, by_bucket_refit = 0;
+  // The model's own tensors, sent back in two buckets: a refit from memory that changes no value.
+  std::vector<TensorToWrite> own = read_safetensors(model + "/model.safetensors");
+  const std::vector<TensorToWrite> bucket1(own.begin(), own.begin() + ptrdiff_t(own.size() / 2)),
+      bucket2(own.begin() + ptrdiff_t(own.size() / 2), own.end());
+  for (int trial = 0; trial < 18; ++trial) {
     EngineConfig c = routes_config(model);
     c.max_num_batched_tokens =
         16;  // a long prompt takes several steps: aborts can land mid-prefill
@@ -370,10 +374,23 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     e.add_request({7, 8, 9, 10, 11}, greedy(uni(1, 30)));  // company in the batch
     std::optional<RequestOutput> cut;
     const int abort_at = uni(0, 12);
+    // Every third trial a refit from disk lands before the abort; every third after it, the abort
+    // is a refit from memory beginning (its first bucket ends the running requests).
     const int refit_at = trial % 3 == 2 ? uni(0, abort_at) : -1;
+    const bool bucket_abort = trial % 3 == 1;
+    bool refitted_in_buckets = false;
     for (int step = 0; e.has_unfinished(); ++step) {
       if (step == refit_at) e.update_weights(model, false);
-      if (step == abort_at) e.abort(id);
+      if (step == abort_at && bucket_abort) {
+        e.stage_weights(bucket1);
+        for (RequestOutput& o : e.apply_aborts())
+          if (o.request_id == id && o.finished) cut = std::move(o);
+        e.stage_weights(bucket2);
+        e.commit_staged_weights(false);
+        refitted_in_buckets = true;
+      } else if (step == abort_at) {
+        e.abort(id);
+      }
       for (RequestOutput& o : e.step())
         if (o.request_id == id && o.finished) cut = std::move(o);
     }
@@ -385,6 +402,7 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     const int m = int(cut->token_ids.size());
     const RouteArray& first = *cut->routed_experts;
     (m == 0 ? mid_prefill : mid_decode)++;
+    by_bucket_refit += refitted_in_buckets;
     for (int i = 0; i < m; ++i) {
       ASSERT_EQ(cut->token_ids[size_t(i)], full.token_ids[size_t(i)]) << what << " token " << i;
       ASSERT_EQ(cut->logprobs[size_t(i)], full.logprobs[size_t(i)]) << what << " token " << i;
@@ -409,13 +427,14 @@ TEST(EngineRoutes, AnAbortedRequestResumesExactlyAsTheUninterruptedRun) {
     std::vector<uint64_t> versions = cut->weight_versions;
     versions.insert(versions.end(), rest.weight_versions.begin(), rest.weight_versions.end());
     EXPECT_TRUE(std::is_sorted(versions.begin(), versions.end())) << what;
-    EXPECT_EQ(versions.back(), refit_at >= 0 ? 1u : 0u) << what;
+    EXPECT_EQ(versions.back(), refit_at >= 0 || refitted_in_buckets ? 1u : 0u) << what;
     if (refit_at >= 0 && versions.front() == 0) ++across_refit;
   }
   EXPECT_GT(mid_prefill,
             0);  // the sampling reached both kinds of abort, and a rollout across a refit
   EXPECT_GT(mid_decode, 2);
   EXPECT_GT(across_refit, 0);
+  EXPECT_GT(by_bucket_refit, 1);
 }
 
 // EPLB: routes and outputs identical on and off, logical ids only; replicas really ran.
