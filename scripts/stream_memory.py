@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """What route-returning streams cost the server in memory: N concurrent streamed
-/v1/completions (routes on, then off, then on again) against `r3 serve`, the server's resident
-memory (VmRSS) sampled every 10 ms; prints the peak above the idle server for each round and the
-bytes of route rows the requests own (their stores: one row per position, L_moe x K int16, plus
-the float32 gate weights with --weights).
+/v1/completions against `r3 serve`, the server's resident memory (VmRSS) sampled every 10 ms. A
+warm-up round first touches the whole KV pool (sized to the streams: the pool is committed as it
+is written, which would otherwise hide everything else), then rounds alternate routes on and off;
+prints each round's peak above the idle server, and the bytes of route rows the requests own
+(their stores: one row per position, L_moe x K int16, plus float32 gate weights with --weights).
 
 usage: scripts/stream_memory.py MODEL_DIR [--build build] [--streams 64] [--prompt 32] [--tokens 128]
 """
@@ -43,8 +44,10 @@ def rss_mb(pid):
 
 
 port = free_port()
+blocks = args.streams * -(-(args.prompt + args.tokens) // 16)
 server = subprocess.Popen([os.path.join(args.build, "r3"), "serve", "--model", args.model, "--port", str(port),
-                           "--enable-return-routed-experts", "--max-num-seqs", str(args.streams)],
+                           "--enable-return-routed-experts", "--max-num-seqs", str(args.streams),
+                           "--num-kv-blocks", str(blocks), "--no-enable-prefix-caching"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 try:
     for _ in range(600):
@@ -96,9 +99,12 @@ try:
     positions = args.prompt + args.tokens
     per_row = moe_layers * k * (2 + (4 if args.weights else 0))
     owned = args.streams * positions * per_row / 2**20
+    cache = blocks * 16 * (moe_layers * k * 6 + 8) / 2**20  # ids, weights and stamps per KV slot
     print(f"{args.streams} streams x ({args.prompt} prompt + {args.tokens} tokens); route rows owned by the "
-          f"requests at most {owned:.2f} MB ({positions} rows x {per_row} B each)")
-    for routes in (True, False, True):
+          f"requests at most {owned:.2f} MB ({positions} rows x {per_row} B each); the engine's shared route "
+          f"cache (fixed by the KV pool of {blocks} blocks, first touched as written) {cache:.2f} MB")
+    round_(False)  # warm-up: touches the KV pool
+    for routes in (True, False, True, False):
         idle, peak, seconds = round_(routes)
         print(f"routes {'on ' if routes else 'off'}: server RSS idle {idle:.1f} MB, peak {peak:.1f} MB "
               f"(+{peak - idle:.1f} MB), {args.streams * args.tokens / seconds:.0f} tok/s")
