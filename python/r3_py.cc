@@ -697,6 +697,30 @@ void bind_staging(py::module_& m);  // python/staging_py.cc
 PYBIND11_MODULE(_r3, m) {
   m.doc() = "r3: MoE inference with Rollout Routing Replay (routes of every token, per MoE layer)";
   py::register_exception<r3::Error>(m, "Error", PyExc_ValueError);
+  // r3's own parse of a config.json (text), for r3.torch: the values the engine computes with,
+  // defaults included, so the trainer's forward never falls back to defaults of its own.
+  m.def(
+      "_parse_model_config",
+      [](const std::string& json_text) {
+        const r3::ModelConfig c = r3::parse_config(json_text, "config.json");
+        py::dict d;
+        d["vocab_size"] = c.vocab_size;
+        d["hidden_size"] = c.hidden_size;
+        d["num_layers"] = c.num_layers;
+        d["num_heads"] = c.num_heads;
+        d["num_kv_heads"] = c.num_kv_heads;
+        d["head_dim"] = c.head_dim;
+        d["num_experts"] = c.num_experts;
+        d["top_k"] = c.top_k;
+        d["moe_layers"] = c.moe_layers();
+        d["rope_theta"] = c.rope_theta;
+        d["rms_norm_eps"] = c.rms_norm_eps;
+        d["renormalize"] = c.router.renormalize;
+        d["routed_scaling_factor"] = c.router.routed_scaling_factor;
+        d["tie_word_embeddings"] = c.tie_word_embeddings;
+        return d;
+      },
+      py::arg("json_text"));
   py::module_ staging =
       m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");
   bind_staging(staging);

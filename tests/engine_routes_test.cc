@@ -94,27 +94,36 @@ TEST(EngineRoutes, AskingWithoutEngineOptionIsAnError) {
 
 TEST(EngineRoutes, BadRequestsAreClearErrors) {
   Engine e(routes_config(test_model("mixtral")));
-  auto expect_error = [&](std::vector<int> prompt, SamplingParams p, const char* needle) {
+  // Each refusal says what was wrong and names the field it concerns (FieldError::field).
+  auto expect_error = [&](std::vector<int> prompt, SamplingParams p, const char* needle,
+                          const char* field) {
     try {
       e.add_request(prompt, p);
       ADD_FAILURE() << "expected an error mentioning " << needle;
-    } catch (const Error& err) {
+    } catch (const FieldError& err) {
       EXPECT_NE(std::string(err.what()).find(needle), std::string::npos) << err.what();
+      EXPECT_EQ(err.field(), field) << err.what();
     }
   };
-  expect_error({1, 512}, greedy(2), "outside the vocabulary");
-  expect_error({-1}, greedy(2), "outside the vocabulary");
-  expect_error({}, greedy(2), "empty");
-  expect_error(std::vector<int>(4000, 1), greedy(200), "positions");
-  expect_error(std::vector<int>(2000, 1), greedy(2), "KV blocks");
+  expect_error({1, 512}, greedy(2), "outside the vocabulary", "prompt");
+  expect_error({-1}, greedy(2), "outside the vocabulary", "prompt");
+  expect_error({}, greedy(2), "empty", "prompt");
+  expect_error(std::vector<int>(4000, 1), greedy(200), "positions", "prompt");
+  expect_error(std::vector<int>(2000, 1), greedy(2), "KV blocks", "prompt");
   SamplingParams bad = greedy(0);
-  expect_error({1}, bad, "max_tokens");
+  expect_error({1}, bad, "max_tokens", "max_tokens");
   bad = greedy(2);
   bad.top_p = 0.f;
-  expect_error({1}, bad, "top_p");
+  expect_error({1}, bad, "top_p", "top_p");
   bad = greedy(2);
   bad.routed_experts_start = 50;
-  expect_error({1}, bad, "routed_experts_start");
+  expect_error({1}, bad, "routed_experts_start", "routed_experts_start");
+  bad = greedy(2);
+  bad.prompt_logprobs_start = 3;
+  expect_error({1, 2}, bad, "past the prompt", "prompt_logprobs_start");
+  bad = greedy(2);
+  bad.stop = {"x"};
+  expect_error({1}, bad, "need a tokenizer", "stop");
   // Nothing was lost: the engine still serves.
   EXPECT_EQ(e.generate({{1, 2}}, {greedy(2)})[0].token_ids.size(), 2u);
 }

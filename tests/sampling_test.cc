@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -14,6 +18,40 @@ std::vector<float> logits_of(std::vector<double> probs) {
   std::vector<float> l;
   for (double p : probs) l.push_back(float(std::log(p)));
   return l;
+}
+
+// Every refusal of SamplingParams::validate names the field it concerns (FieldError), so a
+// front end reports it under its own name without reading the message.
+TEST(Sampling, EveryRefusalNamesItsField) {
+  const std::vector<std::pair<std::string, std::function<void(SamplingParams&)>>> cases = {
+      {"max_tokens", [](SamplingParams& p) { p.max_tokens = -1; }},
+      {"temperature", [](SamplingParams& p) { p.temperature = -0.5f; }},
+      {"temperature", [](SamplingParams& p) { p.temperature = NAN; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = 0.f; }},
+      {"top_k", [](SamplingParams& p) { p.top_k = -2; }},
+      {"stop_token_ids",
+       [](SamplingParams& p) {
+         p.stop_token_ids = {1, 100};
+       }},
+      {"stop", [](SamplingParams& p) { p.stop = {""}; }},
+      {"stop", [](SamplingParams& p) { p.stop.assign(kMaxStopStrings + 1, "x"); }},
+      {"routed_experts_start", [](SamplingParams& p) { p.routed_experts_start = -1; }},
+      {"return_routed_expert_weights",
+       [](SamplingParams& p) { p.return_routed_expert_weights = true; }},
+      {"top_logprobs", [](SamplingParams& p) { p.top_logprobs = kMaxTopLogprobs + 1; }},
+      {"prompt_logprobs_start", [](SamplingParams& p) { p.prompt_logprobs_start = -2; }},
+  };
+  for (const auto& [field, spoil] : cases) {
+    SamplingParams p;
+    p.validate(100);  // the defaults pass
+    spoil(p);
+    try {
+      p.validate(100);
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const FieldError& e) {
+      EXPECT_EQ(e.field(), field) << e.what();
+    }
+  }
 }
 
 TEST(Sampling, GreedyIsArgmaxWithTiesToLowerId) {

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -435,6 +436,30 @@ std::vector<float> chunk_weights(const json& obj) {
     return out;
   }
   return route_weights_from_json(obj["routed_expert_weights"]);  // r3, nrlre1
+}
+
+// An engine refusal names the field under the endpoint's own name (FieldError's field mapped by
+// param_of_field), not guessed from its message: SGLang's sampling fields sit under
+// sampling_params., its prompt-score cut is logprob_start_len.
+TEST_F(ServerTest, EngineRefusalsNameTheFieldInTheEndpointsVocabulary) {
+  const std::vector<std::tuple<std::string, json, std::string>> cases = {
+      {"/v1/completions", {{"prompt", {3, 4, 5}}, {"top_p", 0}}, "top_p"},
+      {"/generate",
+       {{"input_ids", {3, 4, 5}}, {"sampling_params", {{"top_p", 0}}}},
+       "sampling_params.top_p"},
+      {"/generate",
+       {{"input_ids", {3, 4, 5}}, {"sampling_params", {{"temperature", -1}}}},
+       "sampling_params.temperature"},
+      {"/generate", {{"input_ids", {3, 4, 5}}, {"logprob_start_len", 9}}, "logprob_start_len"},
+      {"/v1/completions", {{"prompt", {3, 4, 5}}, {"max_tokens", 1 << 20}}, "prompt"},
+      {"/generate",
+       {{"input_ids", {3, 4, 5}}, {"sampling_params", {{"max_new_tokens", 1 << 20}}}},
+       "input_ids"},
+  };
+  for (const auto& [path, body, param] : cases) {
+    const json err = post(path, body, 400);
+    EXPECT_EQ(err["error"]["param"], param) << path << " " << body.dump() << " -> " << err.dump();
+  }
 }
 
 // return_routed_expert_weights: every route row comes with the gate weight of each chosen expert

@@ -291,38 +291,45 @@ uint64_t Engine::add_request(std::vector<int> prompt, SamplingParams params, uin
   const ModelConfig& mc = model_config();
   refuse_mixed_weights();
   runner_->refuse_if_released();  // before queueing: a refused request leaves nothing behind
-  if (prompt.empty()) throw Error("prompt_token_ids is empty");
+  if (prompt.empty()) throw FieldError("prompt", "prompt_token_ids is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= mc.vocab_size)
-      throw Error("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
-                  ", outside the vocabulary [0, " + std::to_string(mc.vocab_size) + ")");
+      throw FieldError("prompt", "prompt token " + std::to_string(i) + " is " +
+                                     std::to_string(prompt[i]) + ", outside the vocabulary [0, " +
+                                     std::to_string(mc.vocab_size) + ")");
   params.validate(mc.vocab_size);
   const int64_t total = int64_t(prompt.size()) + params.max_tokens;
   if (total > mc.max_position_embeddings)
-    throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
-                std::to_string(params.max_tokens) + ") exceeds the model's " +
-                std::to_string(mc.max_position_embeddings) + " positions");
+    throw FieldError("prompt", "prompt (" + std::to_string(prompt.size()) +
+                                   " tokens) + max_tokens (" + std::to_string(params.max_tokens) +
+                                   ") exceeds the model's " +
+                                   std::to_string(mc.max_position_embeddings) + " positions");
   const int64_t blocks = (total + cfg_.block_size - 1) / cfg_.block_size;
   if (blocks > kv_->num_blocks())
-    throw Error("prompt + max_tokens needs " + std::to_string(blocks) +
-                " KV blocks but the pool has " + std::to_string(kv_->num_blocks()));
+    throw FieldError("prompt", "prompt + max_tokens needs " + std::to_string(blocks) +
+                                   " KV blocks but the pool has " +
+                                   std::to_string(kv_->num_blocks()));
   if (!params.stop.empty() && !tokenizer_)
-    throw Error(
+    throw FieldError(
+        "stop",
         "stop strings need a tokenizer (the checkpoint has no tokenizer.json; pass one with "
         "--tokenizer "
         "DIR, or use stop_token_ids)");
   if (params.return_routed_experts && !cfg_.enable_return_routed_experts)
-    throw Error(
-        "return_routed_experts was requested but the engine was not started with "
-        "enable_return_routed_experts");
+    throw FieldError("return_routed_experts",
+                     "return_routed_experts was requested but the engine was not started with "
+                     "enable_return_routed_experts");
   if (params.prompt_logprobs_start > int64_t(prompt.size()))
-    throw Error("prompt_logprobs_start " + std::to_string(params.prompt_logprobs_start) +
-                " is past the prompt (" + std::to_string(prompt.size()) + " tokens)");
+    throw FieldError("prompt_logprobs_start",
+                     "prompt_logprobs_start " + std::to_string(params.prompt_logprobs_start) +
+                         " is past the prompt (" + std::to_string(prompt.size()) + " tokens)");
   if (params.max_tokens == 0 && prompt.size() < 2 && params.return_routed_experts)
-    throw Error("max_tokens 0 with a one-token prompt has no route row to return");
+    throw FieldError("max_tokens",
+                     "max_tokens 0 with a one-token prompt has no route row to return");
   if (params.routed_experts_start > total - 1)
-    throw Error("routed_experts_start " + std::to_string(params.routed_experts_start) +
-                " is past the last route row (" + std::to_string(total - 2) + ")");
+    throw FieldError("routed_experts_start",
+                     "routed_experts_start " + std::to_string(params.routed_experts_start) +
+                         " is past the last route row (" + std::to_string(total - 2) + ")");
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->group = group == kOwnGroup ? (uint64_t(1) << 63) | r->id : group;

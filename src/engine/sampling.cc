@@ -13,27 +13,33 @@
 namespace r3 {
 
 void SamplingParams::validate(int vocab_size) const {
-  if (max_tokens < 0) throw Error("max_tokens must be >= 0");
-  if (!(temperature >= 0.f) || !std::isfinite(temperature)) throw Error("temperature must be >= 0");
-  if (!(top_p > 0.f && top_p <= 1.f)) throw Error("top_p must be in (0, 1]");
-  if (top_k < -1) throw Error("top_k must be -1, 0 (off) or positive");
+  if (max_tokens < 0) throw FieldError("max_tokens", "max_tokens must be >= 0");
+  if (!(temperature >= 0.f) || !std::isfinite(temperature))
+    throw FieldError("temperature", "temperature must be >= 0");
+  if (!(top_p > 0.f && top_p <= 1.f)) throw FieldError("top_p", "top_p must be in (0, 1]");
+  if (top_k < -1) throw FieldError("top_k", "top_k must be -1, 0 (off) or positive");
   for (int t : stop_token_ids)
     if (t < 0 || t >= vocab_size)
-      throw Error("stop_token_ids holds " + std::to_string(t) + ", outside the vocabulary [0, " +
-                  std::to_string(vocab_size) + ")");
+      throw FieldError("stop_token_ids", "stop_token_ids holds " + std::to_string(t) +
+                                             ", outside the vocabulary [0, " +
+                                             std::to_string(vocab_size) + ")");
   if (stop.size() > kMaxStopStrings)
-    throw Error("stop holds " + std::to_string(stop.size()) + " strings; at most " +
-                std::to_string(kMaxStopStrings));
+    throw FieldError("stop", "stop holds " + std::to_string(stop.size()) + " strings; at most " +
+                                 std::to_string(kMaxStopStrings));
   for (const std::string& s : stop)
     if (s.empty() || s.size() > kMaxStopStringBytes)
-      throw Error("stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) +
-                  " bytes long");
-  if (routed_experts_start < 0) throw Error("routed_experts_start must be >= 0");
+      throw FieldError("stop", "stop strings must be 1 to " + std::to_string(kMaxStopStringBytes) +
+                                   " bytes long");
+  if (routed_experts_start < 0)
+    throw FieldError("routed_experts_start", "routed_experts_start must be >= 0");
   if (return_routed_expert_weights && !return_routed_experts)
-    throw Error("return_routed_expert_weights needs return_routed_experts");
+    throw FieldError("return_routed_expert_weights",
+                     "return_routed_expert_weights needs return_routed_experts");
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
-    throw Error("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
-  if (prompt_logprobs_start < -1) throw Error("prompt_logprobs_start must be -1 (none) or >= 0");
+    throw FieldError("top_logprobs",
+                     "top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+  if (prompt_logprobs_start < -1)
+    throw FieldError("prompt_logprobs_start", "prompt_logprobs_start must be -1 (none) or >= 0");
 }
 
 LogitStats logit_stats(const float* logits, int V, std::vector<float>& scratch) {

@@ -183,15 +183,18 @@ std::vector<std::string> stop_strings(const json& v, const std::string& param) {
   return out;
 }
 
-std::string param_of_engine_error(const std::string& m, const std::string& prompt_field,
-                                  const std::string& max_tokens_field) {
-  auto starts = [&](const char* p) { return m.rfind(p, 0) == 0; };
-  if (starts("prompt")) return prompt_field;
-  if (starts("max_tokens")) return max_tokens_field;
-  for (const char* f : {"temperature", "top_p", "top_k", "stop_token_ids", "routed_experts_start",
-                        "return_routed_experts", "return_routed_expert_weights"})
-    if (starts(f)) return f;
-  return "";
+std::string param_of_field(const std::string& field, FieldNames api) {
+  const bool sglang = api == FieldNames::Sglang;
+  if (field == "prompt")
+    return sglang ? "input_ids" : api == FieldNames::Chat ? "messages" : "prompt";
+  if (field == "max_tokens") return sglang ? "sampling_params.max_new_tokens" : "max_tokens";
+  if (field == "prompt_logprobs_start") return sglang ? "logprob_start_len" : "prompt_logprobs";
+  if (field == "top_logprobs")
+    return sglang ? "top_logprobs_num" : api == FieldNames::Chat ? "top_logprobs" : "logprobs";
+  if (field == "routed_experts_start" && sglang) return "routed_experts_start_len";
+  for (const char* f : {"temperature", "top_p", "top_k", "stop", "stop_token_ids"})
+    if (field == f && sglang) return std::string("sampling_params.") + f;
+  return field;
 }
 
 }  // namespace r3::server

@@ -45,9 +45,12 @@ std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& par
 // Stop strings: a string or a list of strings (empty list: none).
 std::vector<std::string> stop_strings(const json& v, const std::string& param);
 
-// The request field an engine error message is about ("" when it names none), under the
-// endpoint's own field names.
-std::string param_of_engine_error(const std::string& message, const std::string& prompt_field,
-                                  const std::string& max_tokens_field);
+// The front ends whose field names differ from r3's (SamplingParams' members).
+enum class FieldNames { OpenAI, Chat, Sglang };
+// An engine refusal's field (FieldError::field, r3's name; "" for none) under the endpoint's
+// own name: "prompt" is prompt / messages / input_ids, "max_tokens" SGLang's
+// sampling_params.max_new_tokens, a sampling field sits under SGLang's sampling_params., and the
+// scoring and route-cut fields take each API's name.
+std::string param_of_field(const std::string& field, FieldNames api);
 
 }  // namespace r3::server

@@ -440,16 +440,16 @@ struct Server::Impl {
 
   // Submits jobs; an engine refusal becomes a 400 naming the request field.
   std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch,
-                               const std::string& rid, const std::string& prompt_field,
-                               const std::string& max_tokens_field, size_t per_prompt) {
+                               const std::string& rid, FieldNames api, size_t per_prompt) {
     const size_t n = jobs.size();
     try {
       return loop->submit(std::move(jobs), std::move(ch), rid);
     } catch (const SubmitError& e) {
       std::string msg = e.what();
       if (n > per_prompt)
-        msg = prompt_field + " " + std::to_string(e.index / per_prompt) + ": " + msg;
-      throw bad_request(msg, param_of_engine_error(e.what(), prompt_field, max_tokens_field));
+        msg =
+            param_of_field("prompt", api) + " " + std::to_string(e.index / per_prompt) + ": " + msg;
+      throw bad_request(msg, param_of_field(e.field, api));
     }
   }
 
@@ -515,8 +515,8 @@ struct Server::Impl {
       for (Job& j : st->req.jobs) j.params.stream_routes = true;
     const std::vector<int> prompt_ids =
         chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
-    st->ids = submit(std::move(st->req.jobs), st->ch, st->id, chat ? "messages" : "prompt",
-                     "max_tokens", st->req.n);
+    st->ids = submit(std::move(st->req.jobs), st->ch, st->id,
+                     chat ? FieldNames::Chat : FieldNames::OpenAI, st->req.n);
     if (!st->req.stream) {
       std::vector<RequestOutput> outs = wait_all(*st->ch);
       json cs = json::array();
@@ -561,14 +561,13 @@ struct Server::Impl {
       st->incremental = opts.incremental_streaming_output;
       if (st->incremental)  // each chunk carries its tokens' route rows (when it asked for routes)
         for (Job& j : g.jobs) j.params.stream_routes = true;
-      st->ids =
-          submit(std::move(g.jobs), st->ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
+      st->ids = submit(std::move(g.jobs), st->ch, rid, FieldNames::Sglang, 1);
       st->req = std::move(g);
       serve_stream(res, st, rid);
       return;
     }
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
-    submit(std::move(g.jobs), ch, rid, "input_ids", "sampling_params.max_new_tokens", 1);
+    submit(std::move(g.jobs), ch, rid, FieldNames::Sglang, 1);
     std::vector<RequestOutput> outs = wait_all(*ch);
     const std::string v = loop->weight_label();
     if (!g.batch) {

@@ -62,7 +62,8 @@ std::vector<uint64_t> EngineLoop::submit(std::vector<Job> jobs, std::shared_ptr<
         ids.push_back(engine_->add_request(std::move(jobs[i].prompt), jobs[i].params, group));
       } catch (const Error& e) {
         for (uint64_t id : ids) engine_->abort(id);  // their outputs go nowhere: no target
-        throw SubmitError(i, e.what());
+        const auto* named = dynamic_cast<const FieldError*>(&e);
+        throw SubmitError(i, e.what(), named ? named->field() : "");
       }
     }
     for (size_t i = 0; i < ids.size(); ++i) targets_[ids[i]] = Target{ch, i, rid};

@@ -30,10 +30,13 @@ struct Job {
   SamplingParams params;
 };
 
-// add_request refused job `index` of a submission (none of the submission stays queued).
+// add_request refused job `index` of a submission (none of the submission stays queued); `field`
+// is the request field it concerns (FieldError's, r3's name), or "".
 struct SubmitError : std::runtime_error {
-  SubmitError(size_t i, const std::string& m) : std::runtime_error(m), index(i) {}
+  SubmitError(size_t i, const std::string& m, std::string f = "")
+      : std::runtime_error(m), index(i), field(std::move(f)) {}
   size_t index;
+  std::string field;
 };
 
 // Step latency histogram (seconds), Prometheus style: cumulative counts per upper bound.
@@ -167,7 +170,7 @@ class EngineLoop {
     try {
       return fut.get();
     } catch (const SubmitError& e) {
-      throw SubmitError(e.index, std::string(e.what()));
+      throw SubmitError(e.index, std::string(e.what()), std::string(e.field));
     } catch (const ServingError& e) {
       throw ServingError(e.kind(), std::string(e.what()), std::string(e.field()));
     } catch (const Error& e) {

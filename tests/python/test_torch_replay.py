@@ -15,7 +15,7 @@ from r3.torch.checkpoint import load_state_dict  # noqa: E402
 from r3.torch.replay import live_topk  # noqa: E402
 
 ARCHS = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v3_yarn", "gpt_oss",
-         "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"]
+         "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "mixtral_defaults", "glm4_moe_defaults"]
 
 
 def with_yarn(path, out):
@@ -30,9 +30,27 @@ def with_yarn(path, out):
     return out
 
 
+def without_defaulted_keys(path, out):
+    """A copy of a checkpoint whose config leaves rope_theta and rms_norm_eps to the family's
+    defaults (Mixtral: 1e6 and 1e-5, GLM-4.5: 1e-5), which r3.torch takes from r3's parse."""
+    import json
+    import shutil
+    shutil.copytree(path, out)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg.pop("rope_theta", None)
+    cfg.pop("rms_norm_eps", None)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    return out
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_loads_writes_back_and_agrees_with_the_engine(make_model, tmp_path, arch):
-    path = make_model(arch) if arch != "deepseek_v3_yarn" else with_yarn(make_model("deepseek_v3"), str(tmp_path / "yarn"))
+    if arch == "deepseek_v3_yarn":
+        path = with_yarn(make_model("deepseek_v3"), str(tmp_path / "yarn"))
+    elif arch.endswith("_defaults"):
+        path = without_defaulted_keys(make_model(arch[:-len("_defaults")]), str(tmp_path / "defaults"))
+    else:
+        path = make_model(arch)
     model = MoEForCausalLM.from_pretrained(path)
     # Written back: the same tensors by the same names (bf16 in, bf16 out: the same bits).
     model.save_pretrained(str(tmp_path / "out"))

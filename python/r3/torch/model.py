@@ -136,6 +136,20 @@ class MoEConfig:
             self.windows = [raw.get("sliding_window", 128) if t == "sliding_attention" else 0 for t in types]
             self.swiglu_limit = raw.get("swiglu_limit", 7.0)
             self.router = {"kind": "topk_softmax", "top_k": self.top_k}
+        self._take_r3s_parse()
+
+    def _take_r3s_parse(self):
+        """The values r3's engine computes with, from its own C++ parse of the same config: the
+        keys a config may leave out take the engine's defaults (Mixtral's rope_theta 1e6, Mixtral's
+        and GLM-4.5's rms_norm_eps 1e-5), and the layout this parse derived must be the engine's."""
+        from .._r3 import _parse_model_config
+        engine = _parse_model_config(json.dumps(self.raw))
+        self.rope_theta = engine["rope_theta"]
+        self.rms_norm_eps = engine["rms_norm_eps"]
+        for key, mine in (("num_layers", self.num_layers), ("num_experts", self.num_experts),
+                          ("top_k", self.top_k), ("moe_layers", self.moe_layers)):
+            if engine[key] != mine:
+                raise ValueError(f"r3.torch: config.json gives {key} {mine!r} here but {engine[key]!r} to r3's engine")
 
     def _hybrid(self, raw):
         """Qwen3NextConfig / Qwen3_5MoeTextConfig: zero-centred norms, gated full attention with
