@@ -164,6 +164,8 @@ class Checkpoint {
   // pool: threads to rebuild the derived copies on (the engine's, idle between steps); none: this
   // one.
   Update apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool = nullptr);
+  // The same, leaving the sent bytes with the caller (refit_from reuses them for the next unit).
+  Update apply_update_of(std::vector<TensorToWrite>& tensors, ThreadPool* pool = nullptr);
 
  private:
   // A float tensor of this shape (F16 widened to F32); U8 with `bytes`. Its bytes are read now
@@ -239,7 +241,9 @@ class Checkpoint {
   // Stored tensors load_weights' reader thread has read for the unit being built, and where in
   // staging_ they are: materialize takes them from here.
   std::map<std::string, uint8_t*> read_ahead_;
-  ThreadPool* pool_ = nullptr;         // during a load: open's or apply_update's pool
+  ThreadPool* pool_ = nullptr;  // during a load: open's or apply_update's pool
+  // During apply_update: the sent tensors, whose bytes a kept tensor adopts instead of copying.
+  std::vector<TensorToWrite>* sent_ = nullptr;
   std::vector<TensorToWrite> memory_;  // from_memory: the tensors' bytes (dropped once packed)
   std::vector<TensorView> memory_views_;
   std::set<const void*>
