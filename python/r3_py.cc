@@ -108,6 +108,28 @@ struct PyRequestOutput {
   }
 };
 
+// The model description as LLM.model_config and r3.torch (_parse_model_config) read it.
+py::dict config_dict(const r3::ModelConfig& c) {
+  py::dict d;
+  d["vocab_size"] = c.vocab_size;
+  d["hidden_size"] = c.hidden_size;
+  d["num_layers"] = c.num_layers;
+  d["num_heads"] = c.num_heads;
+  d["num_kv_heads"] = c.num_kv_heads;
+  d["head_dim"] = c.head_dim;
+  d["num_experts"] = c.num_experts;
+  d["top_k"] = c.top_k;
+  d["moe_layers"] = c.moe_layers();
+  d["max_position_embeddings"] = c.max_position_embeddings;
+  d["eos_token_id"] = c.eos_token_id;
+  d["rope_theta"] = c.rope_theta;
+  d["rms_norm_eps"] = c.rms_norm_eps;
+  d["renormalize"] = c.router.renormalize;
+  d["routed_scaling_factor"] = c.router.routed_scaling_factor;
+  d["tie_word_embeddings"] = c.tie_word_embeddings;
+  return d;
+}
+
 py::object routes_to_numpy(const r3::RouteArray& r) {
   py::array_t<int16_t> a({py::ssize_t(r.rows), py::ssize_t(r.layers), py::ssize_t(r.k)});
   if (!r.data.empty())
@@ -529,18 +551,7 @@ class LLM {
     return d;
   }
 
-  py::dict model_config() {
-    const r3::ModelConfig& m = engine_->model_config();
-    py::dict d;
-    d["vocab_size"] = m.vocab_size;
-    d["num_layers"] = m.num_layers;
-    d["num_experts"] = m.num_experts;
-    d["top_k"] = m.top_k;
-    d["max_position_embeddings"] = m.max_position_embeddings;
-    d["moe_layers"] = m.moe_layers();
-    d["eos_token_id"] = m.eos_token_id;
-    return d;
-  }
+  py::dict model_config() { return config_dict(engine_->model_config()); }
 
  private:
   bool vllm_split_ = false;
@@ -702,23 +713,7 @@ PYBIND11_MODULE(_r3, m) {
   m.def(
       "_parse_model_config",
       [](const std::string& json_text) {
-        const r3::ModelConfig c = r3::parse_config(json_text, "config.json");
-        py::dict d;
-        d["vocab_size"] = c.vocab_size;
-        d["hidden_size"] = c.hidden_size;
-        d["num_layers"] = c.num_layers;
-        d["num_heads"] = c.num_heads;
-        d["num_kv_heads"] = c.num_kv_heads;
-        d["head_dim"] = c.head_dim;
-        d["num_experts"] = c.num_experts;
-        d["top_k"] = c.top_k;
-        d["moe_layers"] = c.moe_layers();
-        d["rope_theta"] = c.rope_theta;
-        d["rms_norm_eps"] = c.rms_norm_eps;
-        d["renormalize"] = c.router.renormalize;
-        d["routed_scaling_factor"] = c.router.routed_scaling_factor;
-        d["tie_word_embeddings"] = c.tie_word_embeddings;
-        return d;
+        return config_dict(r3::parse_config(json_text, "config.json"));
       },
       py::arg("json_text"));
   py::module_ staging =
