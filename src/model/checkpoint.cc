@@ -1258,7 +1258,8 @@ void Checkpoint::release_panels() {
 Checkpoint::Update Checkpoint::apply_update(std::vector<TensorToWrite> tensors, ThreadPool* pool) {
   Update out = apply_update_of(tensors, pool);
   for (TensorToWrite& t : tensors)  // packed: the caller frees them where the time does not count
-    out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
+    if (!t.bytes.empty())           // (a kept tensor took its bytes)
+      out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(t.bytes)));
   return out;
 }
 
@@ -1448,11 +1449,10 @@ void Checkpoint::refit_from(Checkpoint& next, ThreadPool* pool) {
   std::vector<std::vector<std::string>> units;
   std::set<std::string> placed;
   for (const std::string& name : by_unit[0]) {
-    if (placed.count(name)) continue;
+    if (!placed.insert(name).second) continue;  // in an earlier tensor's group
     units.push_back({name});
     for (const std::string& other : sent_together(name))
-      if (placed.insert(other).second && other != name) units.back().push_back(other);
-    placed.insert(name);
+      if (placed.insert(other).second) units.back().push_back(other);
   }
   units.insert(units.end(), by_unit.begin() + 1, by_unit.end());
   // The unit's bytes go into buffers kept from unit to unit (a layer's tensors have the sizes of

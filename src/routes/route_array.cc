@@ -174,6 +174,43 @@ void check_shape(const RouteArray& r, const std::string& what) {
                 std::to_string(r.k) + "] needs " + std::to_string(n));
 }
 
+// A transport object's "shape": [R, L, K], 3 non-negative integers (throws naming the field).
+void read_shape(const json& j, const std::string& where, int dims[3]) {
+  if (!j.contains("shape")) throw Error(where + ": missing field \"shape\"");
+  const json& shape = j.at("shape");
+  if (!shape.is_array() || shape.size() != 3)
+    throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
+                shape.dump());
+  for (size_t i = 0; i < 3; ++i)
+    if (!as_nonneg_int(shape[i], dims[i]))
+      throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
+                  shape.dump());
+}
+
+// A transport object's "data": base64 of exactly the shape's count of `dtype` values of
+// `value_bytes` each.
+std::vector<uint8_t> read_data(const json& j, const std::string& where, const int dims[3],
+                               const std::string& dtype, size_t value_bytes) {
+  if (!j.contains("data")) throw Error(where + ": missing field \"data\"");
+  const json& d = j.at("data");
+  if (!d.is_string()) throw Error(where + ": field \"data\" must be a base64 string");
+  // route_bytes counts 2-byte values (and refuses a shape too large before anything is decoded).
+  const size_t need =
+      route_bytes(uint64_t(dims[0]), uint64_t(dims[1]), uint64_t(dims[2]), where) / 2 * value_bytes;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = base64_decode(d.get_ref<const std::string&>());
+  } catch (const Error& e) {
+    throw Error(where + ": field \"data\": " + e.what());
+  }
+  if (bytes.size() != need)
+    throw Error(where + ": field \"data\" decodes to " + std::to_string(bytes.size()) +
+                " bytes, shape [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) +
+                ", " + std::to_string(dims[2]) + "] of " + dtype + " needs " +
+                std::to_string(need));
+  return bytes;
+}
+
 // The weights' count against the ids' (a RouteArray with weights holds one per id).
 void check_weights(const RouteArray& r, const std::string& what) {
   check_shape(r, what);
@@ -181,6 +218,8 @@ void check_weights(const RouteArray& r, const std::string& what) {
     throw Error(what + ": " + std::to_string(r.weights.size()) + " weights for " +
                 std::to_string(r.data.size()) + " ids");
 }
+
+constexpr char kNpyMagic[] = "\x93NUMPY";
 
 // An .npy file's first bytes for an array of r's shape in the numpy type `descr`: magic (6) +
 // version (2) + header length (2) + dict + spaces + '\n', a multiple of 64.
@@ -192,7 +231,7 @@ std::string npy_header(const RouteArray& r, const char* descr) {
   const size_t padded = (total + 63) / 64 * 64;
   const std::string header = dict + std::string(padded - total, ' ') + "\n";
   std::string out;
-  out.append("\x93NUMPY", 6);
+  out.append(kNpyMagic, 6);
   out.push_back('\x01');
   out.push_back('\x00');
   out.push_back(char(header.size() & 0xff));
@@ -249,30 +288,13 @@ json route_weights_to_json(const RouteArray& r) {
 
 std::vector<float> route_weights_from_json(const json& j) {
   const std::string where = "route weights JSON";
-  if (!j.is_object() || !j.contains("shape") || !j.contains("data"))
-    throw Error(where + ": expected an object with shape, dtype and data");
+  if (!j.is_object()) throw Error(where + ": expected an object with shape, dtype and data");
+  int dims[3] = {0, 0, 0};
+  read_shape(j, where, dims);
   if (j.value("dtype", json()).dump() != "\"float32\"")
     throw Error(where + ": field \"dtype\" must be \"float32\", got " +
                 j.value("dtype", json()).dump());
-  const json& shape = j.at("shape");
-  int dims[3] = {0, 0, 0};
-  if (!shape.is_array() || shape.size() != 3 || !as_nonneg_int(shape[0], dims[0]) ||
-      !as_nonneg_int(shape[1], dims[1]) || !as_nonneg_int(shape[2], dims[2]))
-    throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
-                shape.dump());
-  if (!j.at("data").is_string()) throw Error(where + ": field \"data\" must be a base64 string");
-  const size_t need =
-      route_bytes(uint64_t(dims[0]), uint64_t(dims[1]), uint64_t(dims[2]), where) * 2;
-  std::vector<uint8_t> bytes;
-  try {
-    bytes = base64_decode(j.at("data").get_ref<const std::string&>());
-  } catch (const Error& e) {
-    throw Error(where + ": field \"data\": " + e.what());
-  }
-  if (bytes.size() != need)
-    throw Error(where + ": field \"data\" decodes to " + std::to_string(bytes.size()) +
-                " bytes, the shape needs " + std::to_string(need));
-  return floats_of_bytes(bytes);
+  return floats_of_bytes(read_data(j, where, dims, "float32", 4));
 }
 
 json routes_to_json(const RouteArray& r) {
@@ -293,16 +315,8 @@ RouteArray routes_from_json(const json& j) {
   const std::string where = "routes JSON";
   if (!j.is_object()) throw Error(where + ": expected an object with shape, dtype and data");
 
-  if (!j.contains("shape")) throw Error(where + ": missing field \"shape\"");
-  const json& shape = j.at("shape");
   int dims[3] = {0, 0, 0};
-  if (!shape.is_array() || shape.size() != 3)
-    throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
-                shape.dump());
-  for (size_t i = 0; i < 3; ++i)
-    if (!as_nonneg_int(shape[i], dims[i]))
-      throw Error(where + ": field \"shape\" must be [R, L, K] (3 non-negative integers), got " +
-                  shape.dump());
+  read_shape(j, where, dims);
 
   if (!j.contains("dtype")) throw Error(where + ": missing field \"dtype\"");
   const json& dt = j.at("dtype");
@@ -340,22 +354,8 @@ RouteArray routes_from_json(const json& j) {
                   " layers but shape has L = " + std::to_string(r.layers));
   }
 
-  if (!j.contains("data")) throw Error(where + ": missing field \"data\"");
-  const json& d = j.at("data");
-  if (!d.is_string()) throw Error(where + ": field \"data\" must be a base64 string");
-  const size_t need =
-      route_bytes(uint64_t(r.rows), uint64_t(r.layers), uint64_t(r.k), where) / 2 * id_bytes(type);
-  std::vector<uint8_t> bytes;
-  try {
-    bytes = base64_decode(d.get_ref<const std::string&>());
-  } catch (const Error& e) {
-    throw Error(where + ": field \"data\": " + e.what());
-  }
-  if (bytes.size() != need)
-    throw Error(where + ": field \"data\" decodes to " + std::to_string(bytes.size()) +
-                " bytes, shape [" + std::to_string(r.rows) + ", " + std::to_string(r.layers) +
-                ", " + std::to_string(r.k) + "] of " + dtype + " needs " + std::to_string(need));
-  read_ids(bytes.data(), need / id_bytes(type), type, r.data);
+  const std::vector<uint8_t> bytes = read_data(j, where, dims, dtype, id_bytes(type));
+  read_ids(bytes.data(), bytes.size() / id_bytes(type), type, r.data);
   return r;
 }
 
@@ -363,8 +363,6 @@ RouteArray routes_from_json(const json& j) {
 // .npy
 
 namespace {
-
-constexpr char kNpyMagic[] = "\x93NUMPY";
 
 // A tiny parser for the Python-literal dict of an .npy header.
 struct NpyHeaderParser {
