@@ -393,6 +393,16 @@ class LLM {
         c.expert_parallel = v.cast<int>();
       else if (key == "tokenizer")
         c.tokenizer = v.cast<std::string>();
+      else if (key == "speculative_algorithm")
+        c.speculative_algorithm = v.is_none() ? "" : v.cast<std::string>();
+      else if (key == "speculative_num_draft_tokens")
+        c.speculative_num_draft_tokens = v.cast<int>();
+      else if (key == "speculative_ngram_min_match_window_size")
+        c.speculative_ngram_min_match_window_size = v.cast<int>();
+      else if (key == "speculative_ngram_max_match_window_size")
+        c.speculative_ngram_max_match_window_size = v.cast<int>();
+      else if (key == "speculative_disable_by_batch_size")
+        c.speculative_disable_by_batch_size = v.cast<int>();
       else if (key == "routed_experts_format")
         continue;  // the Python side's (vllm_split_from)
       else
@@ -523,6 +533,11 @@ class LLM {
     d["computed_tokens"] = s.computed_tokens;
     d["preemptions"] = s.preemptions;
     d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+    d["spec_draft_tokens"] = s.spec_draft_tokens;
+    d["spec_accepted_tokens"] = s.spec_accepted_tokens;
+    d["spec_acceptance_rate"] =
+        s.spec_draft_tokens ? double(s.spec_accepted_tokens) / double(s.spec_draft_tokens) : 0.0;
+    d["spec_steps_off"] = s.spec_steps_off;
     d["prefix_queried_tokens"] = s.prefix_queried_tokens;
     d["route_bytes_returned"] = s.route_bytes_returned;
     d["capture_waits"] = s.capture_waits;

@@ -888,7 +888,10 @@ TEST_F(ServerTest, Metrics) {
         "r3_cache_config_info{block_size=\"16\",cache_dtype=\"bf16\"} 1\n",
         // Hybrids' recurrent state: none on this model.
         "r3_recurrent_state_bytes_per_request 0\n", "r3_state_snapshots_total 0\n",
-        "r3_state_snapshot_bytes 0\n", "r3_state_snapshot_restores_total 0\n"})
+        "r3_state_snapshot_bytes 0\n", "r3_state_snapshot_restores_total 0\n",
+        // Speculative decoding: off on this server.
+        "r3_spec_decode_num_draft_tokens_total 0\n", "r3_spec_decode_num_accepted_tokens_total 0\n",
+        "r3_spec_decode_acceptance_rate 0\n", "r3_spec_decode_steps_off_total 0\n"})
     EXPECT_NE(res->body.find(name), std::string::npos) << name;
   EXPECT_EQ(res->body.find("r3_route_bytes_returned_total 0\n"), std::string::npos);
 }

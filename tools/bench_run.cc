@@ -74,11 +74,12 @@ TimedRun::TimedRun(Engine& e, const Entry& en, bool ask_routes, uint64_t run)
   std::vector<std::vector<int>> prompts;
   for (int r = 0; r < en.requests; ++r) {
     std::vector<int> p = en.shared_prefix ? bases[size_t(r) % bases.size()] : std::vector<int>{};
-    while (int(p.size()) < en.prompt_len) p.push_back(token(1000 + uint64_t(r), p.size()));
+    while (int(p.size()) < en.prompt_len)
+      p.push_back(token(1000 + uint64_t(r), en.copyable ? p.size() % 32 : p.size()));
     prompts.push_back(p);
   }
   SamplingParams sp;
-  sp.temperature = 1.f;
+  sp.temperature = en.copyable ? 0.f : 1.f;
   sp.ignore_eos = true;
   sp.return_routed_experts = ask_routes;
   // Untimed, one token each: what the timed run should find in the prefix cache.

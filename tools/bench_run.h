@@ -17,6 +17,9 @@ struct Entry {
   std::string name;
   int requests, prompt_len, shared_prefix, max_tokens;
   enum Measure { Decode, Prefill, Total } measure;
+  // A workload whose drafts can be right (speculative decoding's entries): each prompt is one
+  // 32-token stretch repeated, sampled greedily, so the output can copy what came before.
+  bool copyable = false;
 };
 
 // A shared-prefix entry draws each prompt's first `shared_prefix` tokens from this many bases

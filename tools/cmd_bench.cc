@@ -19,6 +19,7 @@
 
 #include "args.h"
 #include "bench_run.h"
+#include "bench_speculative.h"
 #include "bench_startup.h"
 #include "commands.h"
 #include "core/error.h"
@@ -192,6 +193,8 @@ int cmd_bench(int argc, char** argv) {
       "Runs the benchmark suite (decode_b1, decode_b8, decode_b32, prefill_2k, mixed_rollout; "
       "decode_b32_ctx8k and\n"
       "rollout_long on request) with routes off\n"
+      "(decode_b1_spec, decode_b8_spec, decode_b32_spec, on request: speculative decoding against\n"
+      "none on prompts the output can copy, with the drafts' acceptance)\n"
       "and on, side by side, and prints tokens/s, achieved weight bandwidth against the measured\n"
       "streaming-read bandwidth, achieved FLOP/s against the measured bf16 peak, and the routes\n"
       "on/off ratio; weight_sync times a refit from disk and from tensors in memory against one\n"
@@ -208,7 +211,7 @@ int cmd_bench(int argc, char** argv) {
         "fresh engine\n"
         "against reading the files once and first-touching its peak resident bytes, and that peak "
         "against the\n"
-        "checkpoint + KV pool)")
+        "checkpoint + KV pool; decode_b1_spec, decode_b8_spec, decode_b32_spec)")
       .opt("reps", "3",
            "repetitions per mode, alternating between two builds of the engine pair unless "
            "--sequential-engines or --paired-steps (median and spread reported)")
@@ -260,6 +263,11 @@ int cmd_bench(int argc, char** argv) {
       // RL-shaped, long: not in the default suite (minutes per repetition on the bench preset).
       {"decode_b32_ctx8k", 32, 8192, 0, dec, Entry::Decode},
       {"rollout_long", 64, 1024, 896, 2048, Entry::Total},
+      // Speculative decoding against none, on a workload whose drafts can be right
+      // (Entry::copyable).
+      {"decode_b1_spec", 1, 128, 0, 2 * dec, Entry::Decode, true},
+      {"decode_b8_spec", 8, 128, 0, 2 * dec, Entry::Decode, true},
+      {"decode_b32_spec", 32, 128, 0, 2 * dec, Entry::Decode, true},
   };
   std::vector<Entry> suite;
   std::stringstream ss(a.str("suite"));
@@ -343,6 +351,7 @@ int cmd_bench(int argc, char** argv) {
   };
   std::vector<Row> rows;
   std::vector<ExpertParallelRow> ep_rows;
+  json speculative = json::array();  // the _spec entries' results
   uint64_t ep_run = 0;
   for (Entry en : suite) {
     // ... nor past what the KV pool holds for all of the entry's requests at once (no preemption
@@ -380,6 +389,10 @@ int cmd_bench(int argc, char** argv) {
     cfg.enable_return_routed_experts = true;
     if (base.expert_parallel > 1) {
       ep_rows.push_back(compare_expert_parallel(cfg, en, reps, ep_run));
+      continue;
+    }
+    if (en.copyable) {
+      speculative.push_back(bench_speculative(cfg, en, reps, ep_run));
       continue;
     }
     std::vector<double> off, unused, on, gb, gflops, kv, attention_kv, route_work, deltanet,
@@ -612,6 +625,7 @@ int cmd_bench(int argc, char** argv) {
   std::fflush(stdout);
   kernels::MachineLimits m = m0;
   m.read_gb_per_s = read.median;
+  for (const json& j : speculative) results.push_back(j);
   if (weight_sync) results.push_back(bench_weight_sync(base, m, reps));
   if (startup) results.push_back(startup_result);
   if (!a.str("json").empty()) {

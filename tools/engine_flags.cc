@@ -33,7 +33,19 @@ void add_engine_flags(Args& a) {
            "process")
       .opt("expert-timeout-s", "30",
            "expert parallelism: a rank silent this long fails the engine (requests end with "
-           "errors)");
+           "errors)")
+      .opt("speculative-algorithm", "",
+           "speculative decoding: NGRAM drafts from each request's own prompt and output, "
+           "verified in one forward; outputs and routes stay bit-identical to decoding without "
+           "it (docs/SPECULATIVE.md). Not with --overlap-scheduler or hybrids")
+      .opt("speculative-num-draft-tokens", "4", "drafted tokens verified with each decoding token")
+      .opt("speculative-ngram-min-match-window-size", "1",
+           "NGRAM: the shortest tail of a request matched against its earlier tokens")
+      .opt("speculative-ngram-max-match-window-size", "12",
+           "NGRAM: the longest tail tried first (the most recent match of the longest wins)")
+      .opt("speculative-disable-by-batch-size", "4",
+           "steps with more requests decoding than this draft nothing (verifying costs more "
+           "than it saves there)");
 }
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
@@ -75,6 +87,13 @@ EngineConfig engine_config_from(const Args& a) {
   c.eplb_redundant_experts = int(a.integer("eplb-redundant-experts"));
   c.expert_parallel = int(a.integer("expert-parallel"));
   c.expert_timeout_s = a.number("expert-timeout-s");
+  c.speculative_algorithm = a.str("speculative-algorithm");
+  c.speculative_num_draft_tokens = int(a.integer("speculative-num-draft-tokens"));
+  c.speculative_ngram_min_match_window_size =
+      int(a.integer("speculative-ngram-min-match-window-size"));
+  c.speculative_ngram_max_match_window_size =
+      int(a.integer("speculative-ngram-max-match-window-size"));
+  c.speculative_disable_by_batch_size = int(a.integer("speculative-disable-by-batch-size"));
   return c;
 }
 

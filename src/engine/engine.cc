@@ -169,6 +169,13 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
   sc.decode_buckets = cfg_.decode_buckets;
   sc.sliding_window = window;
   sc.state_slots = mc.hybrid();
+  if (!cfg_.speculative_algorithm.empty()) {
+    refuse_speculation_conflicts(mc);
+    sc.num_draft_tokens = cfg_.speculative_num_draft_tokens;
+    sc.speculative_max_batch = cfg_.speculative_disable_by_batch_size;
+    sc.ngram.min_window = cfg_.speculative_ngram_min_match_window_size;
+    sc.ngram.max_window = cfg_.speculative_ngram_max_match_window_size;
+  }
   scheduler_ =
       std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
                                   runner_->window_scratch_block(), snapshots_.get());
@@ -187,6 +194,39 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
   startup_.checkpoint_bytes = ckpt_->stored_bytes();
   startup_.kv_bytes = uint64_t(kv_mb * double(1 << 20));
   startup_.resident_mb = resident_mb();
+}
+
+void Engine::refuse_speculation_conflicts(const ModelConfig& mc) const {
+  const std::string& a = cfg_.speculative_algorithm;
+  if (a == "NEXTN" || a == "EAGLE" || a == "EAGLE3" || a == "MTP")
+    throw Error("speculative_algorithm " + a +
+                ": drafting with the checkpoint's MTP layers is not built yet (its layers are "
+                "skipped when loading); use NGRAM");
+  if (a != "NGRAM")
+    throw Error("speculative_algorithm must be NGRAM (or empty: off), got \"" + a + "\"");
+  if (cfg_.speculative_num_draft_tokens < 1 || cfg_.speculative_num_draft_tokens > 64)
+    throw Error("speculative_num_draft_tokens must be in [1, 64], got " +
+                std::to_string(cfg_.speculative_num_draft_tokens));
+  const int lo = cfg_.speculative_ngram_min_match_window_size,
+            hi = cfg_.speculative_ngram_max_match_window_size;
+  if (lo < 1 || hi < lo || hi > 1024)
+    throw Error(
+        "speculative_ngram_min_match_window_size and _max_ must satisfy 1 <= min <= max <= "
+        "1024, got " +
+        std::to_string(lo) + " and " + std::to_string(hi));
+  if (cfg_.speculative_disable_by_batch_size < 1)
+    throw Error("speculative_disable_by_batch_size must be at least 1");
+  // A draft follows the request's newest token, which an overlapped step has not sampled yet
+  // when the next one is planned; a Gated DeltaNet layer's recurrent state cannot be rolled back
+  // past a rejected draft (it has no per-position history, unlike KV).
+  if (cfg_.overlap_scheduler)
+    throw Error(
+        "speculative decoding with the overlap scheduler is not supported: a draft needs the "
+        "token the step in flight is sampling; turn one of them off");
+  if (mc.hybrid())
+    throw Error(
+        "speculative decoding on a Gated DeltaNet hybrid is not supported yet: the recurrent "
+        "state would need rolling back past rejected drafts");
 }
 
 uint64_t Engine::recurrent_state_bytes_per_request() const {
@@ -533,9 +573,22 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     Request* r = it->second.get();
     if (r->epoch != s.epoch || r->status != RequestStatus::Running) continue;  // preempted since
     computed_tokens_ += uint64_t(s.num_tokens);
+    const SeqResult& sr = res.seqs[i];
+    // Positions whose KV stands. Speculative decoding: rejected drafts leave no trace: their KV
+    // is rolled back and their route rows dropped, before anything below can read them.
+    int valid = s.start_pos + s.num_tokens;
+    if (s.num_drafts > 0) {
+      valid -= s.num_drafts - sr.accepted;
+      scheduler_->reject_drafts(r, s, sr.accepted);
+      if (routes_) routes_->discard(plan, i, valid);
+      draft_tokens_ += uint64_t(s.num_drafts);
+      accepted_draft_tokens_ += uint64_t(sr.accepted);
+    }
     // Publish blocks this step filled, so later requests can hit them (their routes are
-    // committed above, before any hit can be planned).
-    publish_full_blocks(r, s.start_pos + s.num_tokens);
+    // committed above, before any hit can be planned); an accepted draft's block once its token
+    // is part of the output.
+    auto publish = [&] { publish_full_blocks(r, std::min(valid, r->num_tokens())); };
+    publish();
     // Its recurrent-state snapshot, under the hash of the block that ends where it was taken
     // (published just now, unless its KV was computed under older weights).
     if (s.snapshot_write >= 0) {
@@ -561,30 +614,44 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
       finish(r, "length", out);  // prompt only: scored and routed, nothing sampled
       continue;
     }
-    const SeqResult& sr = res.seqs[i];
     if (!sr.sampled) continue;
-    if (sr.sample.nonfinite) {
-      const int pos = s.start_pos + s.num_tokens - 1;
-      finish(r, "error", out);
-      out.back().error =
-          "non-finite logits at position " + std::to_string(pos) +
-          " (NaN or infinite values in the weights or activations); nothing was sampled";
-      continue;
-    }
     --r->pending;
-    r->output.push_back(sr.sample.token);
-    r->logprobs.push_back(sr.sample.logprob);
-    if (r->params.top_logprobs > 0) r->top.push_back(sr.sample.top);
-    r->versions.push_back(plan.weight_version);
-    ++generated_tokens_;
-    const int tok = sr.sample.token;
-    const auto& stops = r->params.stop_token_ids;
-    if ((!r->params.ignore_eos && tok == eos) ||
-        std::find(stops.begin(), stops.end(), tok) != stops.end() || extend_text(r, tok))
-      finish(r, "stop", out);
-    else if (int(r->output.size()) >= r->params.max_tokens)
-      finish(r, "length", out);
-    else {
+    // The sampled token, then one per accepted draft (speculative decoding), each checked for
+    // the end of the request as if it had been sampled alone.
+    bool ended = false;
+    for (size_t e = 0; e <= sr.more.size() && !ended; ++e) {
+      const Sample& sample = e == 0 ? sr.sample : sr.more[e - 1];
+      if (sample.nonfinite) {
+        const int pos = r->num_tokens() - 1;
+        publish();
+        finish(r, "error", out);
+        out.back().error =
+            "non-finite logits at position " + std::to_string(pos) +
+            " (NaN or infinite values in the weights or activations); nothing was sampled";
+        ended = true;
+        break;
+      }
+      r->output.push_back(sample.token);
+      r->logprobs.push_back(sample.logprob);
+      if (r->params.top_logprobs > 0) r->top.push_back(sample.top);
+      r->versions.push_back(plan.weight_version);
+      ++generated_tokens_;
+      const int tok = sample.token;
+      const auto& stops = r->params.stop_token_ids;
+      const char* reason = nullptr;
+      if ((!r->params.ignore_eos && tok == eos) ||
+          std::find(stops.begin(), stops.end(), tok) != stops.end() || extend_text(r, tok))
+        reason = "stop";
+      else if (int(r->output.size()) >= r->params.max_tokens)
+        reason = "length";
+      if (reason) {
+        publish();
+        finish(r, reason, out);
+        ended = true;
+      }
+    }
+    if (!ended) {
+      publish();
       out.push_back(make_output(*r));
       if (r->params.stream_routes && r->params.return_routed_experts) {
         // The rows computed since its previous output (the prompt's with the first token), up to
@@ -913,6 +980,9 @@ EngineStats Engine::stats() const {
   s.requests_aborted = aborted_count_;
   s.weight_version = weight_version_;
   s.weight_bytes_read = runner_->weight_bytes_read();
+  s.spec_draft_tokens = draft_tokens_;
+  s.spec_accepted_tokens = accepted_draft_tokens_;
+  s.spec_steps_off = ss.speculative_steps_off;
   s.running = scheduler_->num_running();
   s.waiting = scheduler_->num_waiting();
   s.free_blocks = kv_->num_free();

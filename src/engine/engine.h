@@ -59,6 +59,15 @@ struct EngineConfig {
   // A rank that does not answer within this many seconds fails the engine (every request in
   // flight ends with an error) instead of hanging it.
   double expert_timeout_s = 30;
+  // Speculative decoding (docs/SPECULATIVE.md), SGLang's names: "" (off) or "NGRAM" (drafts
+  // from the request's own prompt and output); "NEXTN" (the checkpoint's MTP layers) is refused,
+  // not built yet. Outputs, logprobs and routes are bit-identical to decoding without it.
+  std::string speculative_algorithm;
+  int speculative_num_draft_tokens = 4;  // drafted tokens verified with each decoding token
+  int speculative_ngram_min_match_window_size = 1;
+  int speculative_ngram_max_match_window_size = 12;
+  // Steps with more requests decoding than this draft nothing (vLLM's disable_by_batch_size).
+  int speculative_disable_by_batch_size = 4;
 };
 
 struct RequestOutput {
@@ -97,6 +106,9 @@ struct EngineStats {
   uint64_t capture_waits = 0, routed_experts_gaps = 0, route_rows_committed = 0,
            prefix_route_rows_copied = 0, stale_prefix_rows = 0, route_bytes_returned = 0;
   uint64_t requests_finished = 0, requests_aborted = 0, weight_version = 0;
+  // Speculative decoding: drafted tokens verified, how many of them were accepted, and steps
+  // that drafted nothing because more than speculative_disable_by_batch_size requests decoded.
+  uint64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_steps_off = 0;
   uint64_t weight_bytes_read = 0;  // by this process (expert parallelism: rank 0's experts only)
   // Wall time the step thread spent committing captured routes and assembling finished
   // requests' routes (the bookkeeping routes add beyond capture in the forward).
@@ -244,6 +256,8 @@ class Engine {
  private:
   Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
          std::shared_ptr<Checkpoint> shared);
+  // Speculative decoding's settings and what it cannot be combined with: r3::Error naming it.
+  void refuse_speculation_conflicts(const ModelConfig& mc) const;
   // A refit that writes the checkpoint in place: refused (r3::Error) while another owner holds it.
   void refuse_on_shared_checkpoint(const char* what) const;
   // A refit's checkpoint describes the served model (config keys, tensor dtypes), else r3::Error.
@@ -310,6 +324,7 @@ class Engine {
   uint64_t next_id_ = 0, next_iter_ = 0, weight_version_ = 0, arrival_ = 0;
   std::string failed_refit_;  // set when a refit failed after the weights began to change
   uint64_t route_ns_ = 0;     // EngineStats::route_seconds
+  uint64_t draft_tokens_ = 0, accepted_draft_tokens_ = 0;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, computed_tokens_ = 0, finished_ = 0,
            aborted_count_ = 0;
   // Forward worker (overlap scheduling).

@@ -64,6 +64,20 @@ int Scheduler::retract_all() {
   return int(running.size());
 }
 
+int Scheduler::draft(const Request& r, int max_drafts) {
+  // The tail the drafter may look at, contiguous (prompt and output are two vectors).
+  const int n = r.num_tokens(),
+            from = std::max(0, n - cfg_.ngram.max_lookback - cfg_.ngram.max_window);
+  draft_context_.resize(size_t(n - from));
+  for (int i = from; i < n; ++i) draft_context_[size_t(i - from)] = r.token(i);
+  ngram_draft(draft_context_.data(), n - from, cfg_.ngram, max_drafts, draft_);
+  return int(draft_.size());
+}
+
+void Scheduler::reject_drafts(Request* r, const PlannedSeq& s, int accepted) {
+  r->num_computed = s.start_pos + s.num_tokens - s.num_drafts + accepted;
+}
+
 void Scheduler::preempt(Request* r) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   release_blocks(r);
@@ -158,7 +172,7 @@ void Scheduler::admit_prefix(Request* r) {
   stats_.prefix_hit_tokens += uint64_t(r->num_computed);
 }
 
-void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
+void Scheduler::plan_seq(StepPlan& plan, Request* r, int n, int drafts) {
   PlannedSeq s;
   s.request_id = r->id;
   s.epoch = r->epoch;
@@ -195,7 +209,9 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
     PlannedToken t;
     t.seq = int(plan.seqs.size());
     t.position = s.start_pos + i;
-    t.token = t.position < known ? r->token(t.position) : -1;
+    t.token = t.position < known ? r->token(t.position)
+              : i >= n - drafts  ? draft_[size_t(i - (n - drafts))]
+                                 : -1;
     t.block = r->blocks[size_t(t.position / bs)];
     t.block_generation = pool_->generation(t.block);
     t.slot = t.position % bs;
@@ -215,7 +231,14 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n) {
   }
   if (snapshots_) plan_snapshot(s, r);
   r->num_computed += n;
-  if (r->num_computed == known + r->pending && r->params.max_tokens > 0) {
+  if (drafts > 0) {
+    // Verification: the KV of every draft is written now and rolled back past the last one
+    // accepted once the step is computed (reject_drafts).
+    s.num_drafts = drafts;
+    s.sample = true;
+    ++r->pending;
+    stats_.draft_tokens += uint64_t(drafts);
+  } else if (r->num_computed == known + r->pending && r->params.max_tokens > 0) {
     s.sample = true;
     ++r->pending;
   } else if (r->num_computed < known + r->pending) {
@@ -264,6 +287,15 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     if (a->is_decode() != b->is_decode()) return a->is_decode();
     return a->arrival < b->arrival;
   });
+  // Speculative decoding drafts only while few requests decode: beyond that a step reads the
+  // weights for enough tokens already, and verifying drafts costs more than it saves.
+  bool speculate = cfg_.num_draft_tokens > 0;
+  if (speculate) {
+    int decoding = 0;
+    for (Request* r : order) decoding += r->is_decode() && !done_scheduling(*r);
+    speculate = decoding <= cfg_.speculative_max_batch;
+    stats_.speculative_steps_off += !speculate && decoding > 0;
+  }
   for (Request* r : order) {
     if (r->status != RequestStatus::Running) continue;  // preempted in this loop
     if (budget <= 0) break;
@@ -271,6 +303,17 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     const int total = r->num_tokens() + r->pending;
     int n = std::min(total - r->num_computed, budget);
     if (n <= 0) continue;
+    // A decode of a known token may take drafts along: at most one per token still to sample
+    // after it (so no draft passes max_tokens or the positions add_request checked).
+    if (speculate && n == 1 && r->pending == 0 && r->num_computed == r->num_tokens() - 1) {
+      const int room = std::min(
+          {cfg_.num_draft_tokens, budget - 1, r->params.max_tokens - int(r->output.size()) - 1});
+      if (const int d = draft(*r, room); d > 0 && grow_blocks(r, r->num_computed + 1 + d)) {
+        plan_seq(plan, r, 1 + d, d);
+        budget -= 1 + d;
+        continue;
+      }
+    }
     while (!grow_blocks(r, r->num_computed + n)) {
       // Out of blocks: preempt the latest arrival (possibly r itself).
       Request* victim =

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/kv_pool.h"
+#include "engine/ngram_drafter.h"
 #include "engine/request.h"
 #include "engine/state_snapshots.h"
 #include "engine/waiting_queue.h"
@@ -37,14 +38,21 @@ struct SchedulerConfig {
   // last one it reaches is snapshotted (in its prompt: every chunk's; past it: only the latest
   // is kept), and a hit is cut back to the longest prefix whose end has one.
   bool state_slots = false;
+  // Speculative decoding (NGRAM): up to this many drafted tokens ride along with a decoding
+  // request's token (0: off), while at most speculative_max_batch requests decode in the step.
+  int num_draft_tokens = 0;
+  int speculative_max_batch = 0;
+  NgramDraftConfig ngram;
 };
 
 struct SchedulerStats {
   uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0, chunked_prefills = 0,
            padded_tokens = 0, steps = 0;
-  uint64_t window_blocks_freed = 0;  // sliding-window blocks released while their request ran
-  uint64_t snapshot_restores = 0;    // prefix hits that restored a recurrent-state snapshot
-  uint64_t snapshot_cut_tokens = 0;  // hit tokens given up because no snapshot ended there
+  uint64_t window_blocks_freed = 0;    // sliding-window blocks released while their request ran
+  uint64_t snapshot_restores = 0;      // prefix hits that restored a recurrent-state snapshot
+  uint64_t snapshot_cut_tokens = 0;    // hit tokens given up because no snapshot ended there
+  uint64_t draft_tokens = 0;           // speculative decoding: drafted tokens planned
+  uint64_t speculative_steps_off = 0;  // steps that drafted nothing: too many decoding at once
 };
 
 class Scheduler {
@@ -71,6 +79,9 @@ class Scheduler {
   int num_waiting() const { return int(waiting_.size()); }
   // Tokens still to be produced would exceed max_tokens: nothing more to schedule.
   static bool done_scheduling(const Request& r);
+  // Speculative decoding: of the drafts `s` planned for r, `accepted` stood; the KV past them
+  // is stale (the next step's tokens overwrite it before any query reads it).
+  void reject_drafts(Request* r, const PlannedSeq& s, int accepted);
 
  private:
   // Allocate blocks to hold upto_tokens, after releasing the sliding-window blocks no query from
@@ -79,7 +90,10 @@ class Scheduler {
   void preempt(Request* r);
   void release_blocks(Request* r);
   void admit_prefix(Request* r);
-  void plan_seq(StepPlan& plan, Request* r, int n);
+  // n tokens of r, the last `drafts` of them draft_ (speculative decoding).
+  void plan_seq(StepPlan& plan, Request* r, int n, int drafts = 0);
+  // Drafts r's next tokens into draft_ (at most max_drafts); returns how many.
+  int draft(const Request& r, int max_drafts);
   // The snapshots `plan` (its previous contents) restored from or wrote: unpinned (that plan's
   // step is done; its writes were published when it was processed).
   void unpin_snapshots(const StepPlan& plan);
@@ -97,6 +111,7 @@ class Scheduler {
   SchedulerStats stats_;
   std::vector<int> free_slots_;  // state slots no running request holds (cfg_.state_slots)
   StateSnapshots* snapshots_;
+  std::vector<int> draft_, draft_context_;  // scratch of draft()
 };
 
 }  // namespace r3

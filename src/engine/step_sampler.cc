@@ -32,6 +32,8 @@ void StepSampler::finish(const StepPlan& plan, ModelRunner& runner, ThreadPool* 
   const int V = runner.config().vocab_size, max_rows = runner.max_logit_rows();
   result.iter = plan.iter;
   result.seqs.resize(plan.seqs.size());
+  // Every sampled row: a sequence's last token, or with drafts its last num_drafts + 1 tokens
+  // (the row of its i-th token from there predicts position start + i + 1).
   rows_.clear();
   seqs_.clear();
   for (size_t s = 0; s < plan.seqs.size(); ++s) {
@@ -40,30 +42,48 @@ void StepSampler::finish(const StepPlan& plan, ModelRunner& runner, ThreadPool* 
     r.request_id = ps.request_id;
     r.epoch = ps.epoch;
     r.sampled = false;
+    r.accepted = 0;
+    r.more.clear();
     if (!ps.sample) continue;
-    rows_.push_back(ps.first_token + ps.num_tokens - 1);  // the sequence's last token predicts
-    seqs_.push_back(int(s));
+    for (int d = ps.num_drafts; d >= 0; --d) {
+      rows_.push_back(ps.first_token + ps.num_tokens - 1 - d);
+      seqs_.push_back(int(s));
+    }
   }
-  const int S = int(rows_.size());
-  if (S > max_rows) throw Error("step samples more sequences than max_num_seqs");
-  if (S > 0) {
-    const float* logits = runner.logits(rows_.data(), S);
-    // Rows are sampled independently (each from its own seed and position), so all cores share
-    // them.
-    pool->parallel_for_each(S, [&](int64_t i) {
+  samples_.resize(rows_.size());
+  // Rows are sampled independently (each from its own seed and position), so all cores share
+  // them, as many at a time as the runner's logits buffer holds.
+  for (size_t b = 0; b < rows_.size(); b += size_t(max_rows)) {
+    const int R = int(std::min(rows_.size() - b, size_t(max_rows)));
+    const float* logits = runner.logits(rows_.data() + b, R);
+    pool->parallel_for_each(R, [&](int64_t i) {
       thread_local std::vector<float> scratch;
       thread_local std::vector<int> order;
-      const PlannedSeq& ps = plan.seqs[size_t(seqs_[size_t(i)])];
-      SeqResult& r = result.seqs[size_t(seqs_[size_t(i)])];
-      r.sample = sample_token(logits + size_t(i) * size_t(V), V, ps.sampler,
-                              ps.start_pos + ps.num_tokens, scratch, order);
-      r.sampled = true;
+      const size_t row = b + size_t(i);
+      const PlannedSeq& ps = plan.seqs[size_t(seqs_[row])];
+      const int position = plan.tokens[size_t(rows_[row])].position + 1;
+      samples_[row] =
+          sample_token(logits + size_t(i) * size_t(V), V, ps.sampler, position, scratch, order);
     });
   }
+  // Acceptance: a draft stands while it equals the token sampled at its position; the sample
+  // at the first mismatch (or after the last draft) ends the sequence's tokens.
   last_.clear();
-  for (int i = 0; i < S; ++i) {
-    const SeqResult& r = result.seqs[size_t(seqs_[size_t(i)])];
-    last_.push_back({r.request_id, r.epoch, r.sample.token});
+  for (size_t row = 0; row < rows_.size();) {
+    const PlannedSeq& ps = plan.seqs[size_t(seqs_[row])];
+    SeqResult& r = result.seqs[size_t(seqs_[row])];
+    r.sampled = true;
+    r.sample = samples_[row];
+    int accepted = 0;
+    while (accepted < ps.num_drafts && !samples_[row + size_t(accepted)].nonfinite &&
+           samples_[row + size_t(accepted)].token ==
+               plan.tokens[size_t(rows_[row + size_t(accepted)] + 1)].token) {
+      ++accepted;
+      r.more.push_back(samples_[row + size_t(accepted)]);
+    }
+    r.accepted = accepted;
+    last_.push_back({r.request_id, r.epoch, r.more.empty() ? r.sample.token : r.more.back().token});
+    row += size_t(ps.num_drafts) + 1;
   }
   // Prompt scoring: each scored row's log-softmax at its target and its top tokens, as many rows
   // at a time as the runner's logits buffer holds.

@@ -1,6 +1,7 @@
 // What turns a computed step into its results, outside the forward: the token ids of an
 // overlapped step's placeholders (the previous step's samples), one token sampled per sampling
-// sequence (keyed by its seed and position: sampling.h), and the prompt tokens the plan scores.
+// sequence (keyed by its seed and position: sampling.h; with drafts, one per draft and the
+// acceptance of each), and the prompt tokens the plan scores.
 // The forward (ModelRunner) only computes hidden states and, on request, logits.
 #pragma once
 #include <cstdint>
@@ -28,6 +29,7 @@ class StepSampler {
   };
   std::vector<LastSample> last_;  // the previous step's samples: at most max_num_seqs
   std::vector<int> rows_, seqs_;  // scratch: token indices and their sequences
+  std::vector<Sample> samples_;   // scratch: one per sampled row
 };
 
 }  // namespace r3

@@ -78,6 +78,18 @@ void RouteManager::commit(const StepPlan& plan, const CaptureSlot& slot) {
   }
 }
 
+void RouteManager::discard(const StepPlan& plan, size_t seq, int from) {
+  const PlannedSeq& s = plan.seqs[seq];
+  auto it = stores_.find(s.request_id);
+  for (int t = s.first_token; t < s.first_token + s.num_tokens; ++t) {
+    const PlannedToken& tok = plan.tokens[size_t(t)];
+    if (tok.position < from) continue;
+    stamps_[size_t(tok.block) * size_t(block_size_) + size_t(tok.slot)] = 0;
+    if (it != stores_.end() && size_t(tok.position) < it->second.written.size())
+      it->second.written[size_t(tok.position)] = 0;
+  }
+}
+
 RouteArray RouteManager::assemble(uint64_t id, int seq_len, int start, uint64_t* gaps) {
   auto it = stores_.find(id);
   if (it == stores_.end()) throw Error("no route store for request " + std::to_string(id));

@@ -36,6 +36,10 @@ class RouteManager {
   // Throws r3::Error if plans arrive out of iter order.
   void commit(const StepPlan& plan, const CaptureSlot& slot);
 
+  // Speculative decoding: the rows of plan.seqs[seq]'s tokens from position `from` on were
+  // computed for drafts that were rejected: they are forgotten (the request's store marks them
+  // unwritten, the shared cache's stamps are cleared) as if never computed.
+  void discard(const StepPlan& plan, size_t seq, int from);
   // Rows [start, seq_len - 1). Missing rows stay -1 and are counted in gaps (returned in *gaps).
   RouteArray assemble(uint64_t request_id, int seq_len, int start, uint64_t* gaps);
   // Rows [start, n) where n is the first position from scan_from on never written (aborted

@@ -81,6 +81,17 @@ std::string prometheus_text(const LoopStats& s, const HttpCounters& http,
   w.one("r3_prefix_cache_hit_rate", "gauge", "hit tokens / queried tokens since start",
         e.prefix_queried_tokens ? double(e.prefix_hit_tokens) / double(e.prefix_queried_tokens)
                                 : 0.0);
+  // Speculative decoding (vLLM's spec_decode_* names, as r3 counters).
+  w.one("r3_spec_decode_num_draft_tokens_total", "counter", "drafted tokens verified",
+        double(e.spec_draft_tokens));
+  w.one("r3_spec_decode_num_accepted_tokens_total", "counter",
+        "drafted tokens accepted (equal to the token sampled at their position)",
+        double(e.spec_accepted_tokens));
+  w.one("r3_spec_decode_acceptance_rate", "gauge", "accepted / drafted tokens since start",
+        e.spec_draft_tokens ? double(e.spec_accepted_tokens) / double(e.spec_draft_tokens) : 0.0);
+  w.one("r3_spec_decode_steps_off_total", "counter",
+        "steps that drafted nothing: more requests decoding than speculative_disable_by_batch_size",
+        double(e.spec_steps_off));
   w.metric("r3_cache_config_info", "gauge", "the KV cache configuration (value 1)");
   w.sample("r3_cache_config_info", 1,
            "block_size=\"" + std::to_string(e.block_size) + "\",cache_dtype=\"" +

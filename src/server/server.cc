@@ -750,6 +750,9 @@ struct Server::Impl {
                  {"enable_return_routed_experts", c.enable_return_routed_experts},
                  {"enable_overlap_schedule", c.overlap_scheduler},
                  {"ep_num_redundant_experts", c.eplb_redundant_experts},
+                 {"speculative_algorithm",
+                  c.speculative_algorithm.empty() ? json(nullptr) : json(c.speculative_algorithm)},
+                 {"speculative_num_draft_tokens", c.speculative_num_draft_tokens},
                  {"context_length", m.max_position_embeddings},
                  {"weight_version", loop->weight_label()}};
     json out = args;

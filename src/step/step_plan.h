@@ -31,7 +31,11 @@ struct PlannedSeq {
   // loaded from snapshot `snapshot_restore` (a prefix hit's end), and after `snapshot_tokens` of
   // its tokens the state is copied into snapshot `snapshot_write` (a block boundary); -1: none.
   int snapshot_restore = -1, snapshot_write = -1, snapshot_tokens = 0;
-  bool sample = false;    // the last token's logits are sampled (position start_pos + num_tokens)
+  bool sample = false;  // the last token's logits are sampled (position start_pos + num_tokens)
+  // Speculative decoding: the last num_drafts tokens are drafts (engine/ngram_drafter.h). The
+  // logits of the sequence's last num_drafts + 1 tokens are then sampled, each at its own
+  // position, and the drafts are accepted while each equals the token sampled before it.
+  int num_drafts = 0;
   SamplerParams sampler;  // copied: sampling must not read live request state
   bool first_token_pending =
       false;  // overlap: token 0 is the one being sampled by the previous step
@@ -99,6 +103,12 @@ struct SeqResult {
   uint64_t epoch = 0;
   bool sampled = false;
   Sample sample;
+  // Speculative decoding: how many of the sequence's drafts were accepted, and the tokens sampled
+  // after `sample`, one per accepted draft (the last of them, or `sample` when none was
+  // accepted, is the token the first rejected draft's place gets, or the one after the last
+  // draft). `sample` then `more` are what decoding without speculation emits, bit for bit.
+  int accepted = 0;
+  std::vector<Sample> more;
 };
 
 struct ScoreResult {

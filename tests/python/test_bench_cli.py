@@ -41,3 +41,23 @@ def test_batch_sizes_name_the_decode_entries(make_model, r3_bin, tmp_path):
     assert [r["requests"] for r in rows[:3]] == [1, 8, 3]
     bad = subprocess.run([r3_bin, "bench", "--model", model, "--batch-sizes", "8,x"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--batch-sizes takes batch sizes" in bad.stderr
+
+
+def test_speculative_entries_set_speculation_against_none(make_model, r3_bin, tmp_path):
+    """decode_b1_spec and decode_b8_spec run one workload (prompts the output can copy) without
+    and with NGRAM speculation in one run, and report both rates, the speed-up and the drafts'
+    acceptance; above --speculative-disable-by-batch-size requests decoding, no step drafts."""
+    model = make_model("olmoe")
+    out = tmp_path / "bench.json"
+    run = subprocess.run([r3_bin, "bench", "--model", model, "--suite", "decode_b1_spec,decode_b8_spec", "--reps", "1",
+                          "--decode-tokens", "32", "--speculative-disable-by-batch-size", "4", "--json", str(out)],
+                         capture_output=True, text=True, check=True)
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    b1, b8 = rows["decode_b1_spec"], rows["decode_b8_spec"]
+    for r in (b1, b8):
+        assert r["tokens_per_s_speculation_off"] > 0 and r["tokens_per_s_speculation_on"] > 0
+        assert r["speedup"] == r["tokens_per_s_speculation_on"] / r["tokens_per_s_speculation_off"]
+        assert 0 <= r["acceptance_rate"] <= 1
+    assert b1["draft_tokens"] > 0 and b1["steps_drafting_off"] == 0
+    assert b8["draft_tokens"] == 0 and b8["steps_drafting_off"] > 0  # 8 decoding > 4
+    assert "decode_b1_spec   speculation off" in run.stdout

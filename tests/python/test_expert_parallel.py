@@ -84,6 +84,37 @@ def test_two_ranks_equal_one_process_bit_for_bit(make_model, r3_bin, tmp_path, a
     assert preempted > 0 and cached > 0, (preempted, cached)  # the schedules did exercise both
 
 
+def test_speculative_decoding_on_two_ranks_equals_one_process_without_it(make_model, r3_bin, tmp_path):
+    """NGRAM drafts are plan tokens the ranks compute like any other: two ranks with speculation
+    give one process's tokens, logprobs, top logprobs and routes without it, bit for bit."""
+    model = make_model("olmoe")
+    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    rng = random.Random("speculative")
+    requests = tmp_path / "in.jsonl"
+    with open(requests, "w") as f:
+        for i in range(8):
+            stretch = [rng.randrange(vocab) for _ in range(rng.randrange(4, 20))]
+            f.write(json.dumps({"prompt_token_ids": stretch * rng.choice([1, 2, 3]), "max_tokens": rng.randrange(4, 30),
+                                "temperature": rng.choice([0.0, 0.0, 1.0]), "seed": rng.randrange(1 << 30),
+                                "ignore_eos": True, "top_logprobs": rng.choice([0, 2]),
+                                "return_routed_experts": True}) + "\n")
+    engine = ["--model", model, "--input", str(requests), "--no-progress", "--max-num-batched-tokens", "32",
+              "--num-kv-blocks", "40", "--max-num-seqs", "4"]
+    solo, spread = tmp_path / "solo.jsonl", tmp_path / "ep.jsonl"
+    subprocess.run([r3_bin, "generate", *engine, "--output", str(solo)], check=True, capture_output=True)
+    run = subprocess.run(mpirun(2, [r3_bin, "generate", *engine, "--output", str(spread), "--expert-parallel", "2",
+                                    "--threads", "1", "--speculative-algorithm", "NGRAM",
+                                    "--speculative-num-draft-tokens", "3"]),
+                         env=MPI_ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    keys = ["token_ids", "logprobs", "top_logprobs", "routed_experts", "finish_reason", "weight_versions"]
+    a, b = solo.read_text().splitlines(), spread.read_text().splitlines()
+    assert len(a) == len(b) == 8
+    for x, y in zip(a, b):
+        x, y = json.loads(x), json.loads(y)
+        assert {k: x.get(k) for k in keys} == {k: y.get(k) for k in keys}
+
+
 def test_expert_parallel_refuses_what_it_cannot_do(make_model, r3_bin, tmp_path):
     model = make_model("olmoe")
     requests = tmp_path / "in.jsonl"

@@ -428,3 +428,31 @@ def test_update_weights_from_tensors_of_an_fp8_model(r3_bin, tmp_path):
     fresh = r3.LLM(model=str(tmp_path / "1"), enable_return_routed_experts=True, **ENGINE).generate(p, sp)[0].outputs[0]
     assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
     assert np.array_equal(got.routed_experts, fresh.routed_experts)
+
+
+def test_speculative_decoding_changes_nothing_but_speed(model, solo):
+    """LLM(speculative_algorithm="NGRAM"): tokens, logprobs, top logprobs and routes (with gate
+    weights) bitwise the solo run's without speculation, greedy and sampled, on prompts whose
+    drafts can be right; stats() counts drafted and accepted tokens; bad settings are errors."""
+    spec = r3.LLM(model=model, enable_return_routed_experts=True, speculative_algorithm="NGRAM",
+                  speculative_num_draft_tokens=3, **ENGINE)
+    prompts = [{"prompt_token_ids": prompt(12, 40 + i) * 3} for i in range(4)]
+    params = [r3.SamplingParams(max_tokens=24, temperature=t, seed=9 + i, ignore_eos=True, logprobs=2,
+                                return_routed_expert_weights=True)
+              for i, t in enumerate([0.0, 0.0, 0.8, 1.0])]
+    got = spec.generate(prompts, params)
+    for p, sp, g in zip(prompts, params, got):
+        s = solo.generate([p], sp)[0].outputs[0]
+        c = g.outputs[0]
+        assert c.token_ids == s.token_ids
+        assert c.logprobs == s.logprobs
+        assert c.top_logprobs == s.top_logprobs
+        assert np.array_equal(c.routed_experts, s.routed_experts)
+        assert c.routed_expert_weights.tobytes() == s.routed_expert_weights.tobytes()
+    st = spec.stats()
+    assert st["spec_draft_tokens"] > 0 and 0 < st["spec_accepted_tokens"] <= st["spec_draft_tokens"]
+    assert st["spec_acceptance_rate"] == st["spec_accepted_tokens"] / st["spec_draft_tokens"]
+    with pytest.raises(r3.Error, match="speculative_algorithm must be NGRAM"):
+        r3.LLM(model=model, speculative_algorithm="LOOKAHEAD", **ENGINE)
+    with pytest.raises(r3.Error, match="overlap scheduler"):
+        r3.LLM(model=model, speculative_algorithm="NGRAM", overlap_scheduler=True, **ENGINE)
