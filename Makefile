@@ -39,7 +39,7 @@ unit: build
 # kernel, tile and engine-bitwise tests (batch invariance, schedules, routes) run again with each
 # other set active (R3_KERNELS); the rest of the suite computes nothing a set changes. First, no
 # set's code may leak into symbols baseline code links to (scripts/check_kernel_isolation.py).
-VARIANT_TESTS ?= KernelSet.*:Matmul*:Attention*:LatentAttention*:SlidingWindow*:Ops*:Router*:Mxfp4*:Fp8*:DType*:Sampling*:Scoring*:*EngineSchedule*:*EngineFuzz*:EngineRoutes*:*SteadyState*:EngineKvCache*:EngineRefit*:Reference/ReferenceVsNaive*
+VARIANT_TESTS ?= KernelSet.*:*EngineSpeculative*:Matmul*:Attention*:LatentAttention*:SlidingWindow*:Ops*:Router*:Mxfp4*:Fp8*:DType*:Sampling*:Scoring*:*EngineSchedule*:*EngineFuzz*:EngineRoutes*:*SteadyState*:EngineKvCache*:EngineRefit*:Reference/ReferenceVsNaive*
 VARIANT_RUN = $(BUILD)/r3_tests --gtest_brief=1 --gtest_filter='$(VARIANT_TESTS)'
 variants: build
 	/usr/bin/python3 scripts/check_kernel_isolation.py $(BUILD)

@@ -263,6 +263,46 @@ TEST(EngineSpeculativeRoutes, LimitsHoldWhenDraftsRunPastThem) {
   }
 }
 
+// A refit between steps: the tokens after it come from the new weights, exactly as decoding
+// without speculation refitted after the same number of tokens (versions, logprobs and routes).
+TEST(EngineSpeculativeRoutes, RefitBetweenStepsMatchesDecodingWithoutSpeculation) {
+  const std::string a = test_model("olmoe", "tiny", 0), b = test_model("olmoe", "tiny", 1);
+  std::vector<int> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(3 + (i % 6) * 11);
+  const SamplingParams sp = greedy(24);
+  // Runs to the end, refitting to b once the output holds at least `at` tokens; returns the
+  // output and how many tokens it held at the refit.
+  auto run = [&](bool speculate, int at) {
+    EngineConfig cfg = speculative_config(a, 4);
+    if (!speculate) cfg.speculative_algorithm.clear();
+    Engine e(cfg);
+    const uint64_t id = e.add_request(prompt, sp);
+    int held = -1;
+    RequestOutput done;
+    while (!done.finished) {
+      for (RequestOutput& o : e.step()) {
+        if (o.request_id != id) continue;
+        if (held < 0 && int(o.token_ids.size()) >= at) {
+          held = int(o.token_ids.size());
+          e.update_weights(b, false);
+        }
+        if (o.finished) done = std::move(o);
+      }
+    }
+    if (speculate) {
+      EXPECT_GT(e.stats().spec_accepted_tokens, 0u);
+    }
+    return std::make_pair(done, held);
+  };
+  const auto [spec, held] = run(true, 6);
+  ASSERT_GE(held, 6);
+  const auto [want, same] = run(false, held);
+  ASSERT_EQ(same, held);
+  expect_matches_solo(spec, want, false, sp, "refit after " + std::to_string(held) + " tokens");
+  EXPECT_EQ(spec.weight_versions, want.weight_versions);
+  EXPECT_EQ(spec.weight_versions.back(), 1u);
+}
+
 TEST(EngineSpeculativeConfig, RefusedCombinationsNameThemselves) {
   auto refused = [](EngineConfig cfg, const std::string& needle) {
     try {

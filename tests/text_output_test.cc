@@ -47,17 +47,27 @@ TEST(TextOutput, MakeModelSizesTheVocabularyToTheTokenizerAndCopiesIt) {
 TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
   const std::string dir = model_with_tokenizer();
   std::mt19937_64 rng(11);
-  for (bool overlap : {false, true}) {
+  Engine plain(testing::small_config(dir));
+  // Plain, overlapped, and speculative (a step may add several tokens; each is checked for a
+  // stop string as if sampled alone).
+  for (int mode : {0, 1, 2}) {
     EngineConfig c = testing::small_config(dir);
-    c.overlap_scheduler = overlap;
+    c.overlap_scheduler = mode == 1;
+    if (mode == 2) c.speculative_algorithm = "NGRAM", c.speculative_num_draft_tokens = 4;
     Engine e(c);
     const auto tok = e.tokenizer();
     int stopped = 0;
     for (int trial = 0; trial < 24; ++trial) {
-      SCOPED_TRACE("overlap " + std::to_string(overlap) + " trial " + std::to_string(trial));
+      SCOPED_TRACE("mode " + std::to_string(mode) + " trial " + std::to_string(trial));
       const std::vector<int> prompt = tok->encode("the cat and the " + std::to_string(trial));
       const uint64_t seed = rng();
       const RequestOutput full = e.generate({prompt}, {sampled(24, seed)})[0];
+      if (mode == 2) {
+        const RequestOutput want = plain.generate({prompt}, {sampled(24, seed)})[0];
+        EXPECT_EQ(full.token_ids, want.token_ids);
+        EXPECT_EQ(full.logprobs, want.logprobs);
+        EXPECT_EQ(full.text, want.text);
+      }
       EXPECT_EQ(full.text, tok->decode(full.token_ids, true, false));
       // A stop string taken from the text, starting anywhere (often inside a token's bytes).
       const std::vector<std::string_view> chars = text::utf8_chars(full.text);
@@ -116,6 +126,9 @@ TEST(TextOutput, TextIsTheDecodedTokensAndStopStringsCutItWhereTheyFirstMatch) {
       }
     }
     EXPECT_GT(stopped, 20);
+    if (mode == 2) {
+      EXPECT_GT(e.stats().spec_accepted_tokens, 0u);
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/machine_cache.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -56,7 +58,12 @@ void write_machine_cache(const std::string& file, const std::string& key,
   j[key] = value;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
-  std::ofstream(file) << j.dump(2) << "\n";
+  // Written beside and renamed over: processes starting at once (expert-parallel ranks, test
+  // shards) never read a half-written file.
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+  std::ofstream(tmp) << j.dump(2) << "\n";
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
 }
 
 MachineChoice choose_on_machine(const std::string& cache_file, const char* env, const char* forced,
