@@ -111,9 +111,8 @@ struct RunResult {
   EngineStats stats;
 };
 
-// Runs the workload with staggered arrivals and aborts on the given engine configuration.
-inline RunResult run_workload(const EngineConfig& cfg, const Workload& w) {
-  Engine e(cfg);
+// Runs the workload with staggered arrivals and aborts on an engine.
+inline RunResult run_workload_on(Engine& e, const Workload& w) {
   RunResult r;
   r.outputs.resize(w.prompts.size());
   r.aborted.assign(w.prompts.size(), false);
@@ -138,6 +137,12 @@ inline RunResult run_workload(const EngineConfig& cfg, const Workload& w) {
   }
   r.stats = e.stats();
   return r;
+}
+
+// The same on a fresh engine of the given configuration.
+inline RunResult run_workload(const EngineConfig& cfg, const Workload& w) {
+  Engine e(cfg);
+  return run_workload_on(e, w);
 }
 
 // Gate weights: present exactly when asked for, one per id, and bitwise the solo run's from the

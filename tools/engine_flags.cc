@@ -37,7 +37,7 @@ void add_engine_flags(Args& a) {
       .opt("speculative-algorithm", "",
            "speculative decoding: NGRAM drafts from each request's own prompt and output, "
            "verified in one forward; outputs and routes stay bit-identical to decoding without "
-           "it (docs/SPECULATIVE.md). Not with --overlap-scheduler or hybrids")
+           "it (docs/ARCHITECTURE.md, Speculative decoding). Not with --overlap-scheduler")
       .opt("speculative-num-draft-tokens", "4", "drafted tokens verified with each decoding token")
       .opt("speculative-ngram-min-match-window-size", "1",
            "NGRAM: the shortest tail of a request matched against its earlier tokens")

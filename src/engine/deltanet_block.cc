@@ -101,6 +101,14 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
           snap[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
         }
       }
+      // Speculative decoding: the window after each of the first num_drafts tokens, likewise.
+      for (int j = 0; s.draft_slot >= 0 && j < s.num_drafts; ++j) {
+        float* keep = deltanet_draft(s.draft_slot, j, l) + state_k + int64_t(ch) * W;
+        for (int m = 0; m < W; ++m) {
+          const int u = j + 1 + m;
+          keep[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
+        }
+      }
       // window' = (window ++ this step's inputs)[n .. n + W): ascending, each read at or after
       // the position it overwrites.
       for (int m = 0; m < W; ++m) {
@@ -157,6 +165,9 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
       const float inv = 1.f / std::sqrt(ss / float(dv) + eps);
       const float* z = &dn_z_[size_t(t) * vd + size_t(hv) * dv];
       for (int j = 0; j < dv; ++j) o[j] = o[j] * inv * nw[j] * silu(z[j]);
+      if (const int j = t - s.first_token; s.draft_slot >= 0 && j < s.num_drafts)
+        std::copy_n(st, int64_t(dk) * dv,
+                    deltanet_draft(s.draft_slot, j, l) + int64_t(hv) * dk * dv);
       if (t + 1 - s.first_token == s.snapshot_tokens &&
           s.snapshot_write >= 0)  // the state at the boundary
         std::copy_n(st, int64_t(dk) * dv,

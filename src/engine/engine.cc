@@ -175,6 +175,12 @@ Engine::Engine(EngineConfig cfg, std::unique_ptr<ExpertExchange> exchange,
     sc.speculative_max_batch = cfg_.speculative_disable_by_batch_size;
     sc.ngram.min_window = cfg_.speculative_ngram_min_match_window_size;
     sc.ngram.max_window = cfg_.speculative_ngram_max_match_window_size;
+    // Hybrids: the recurrent state after each draft of each drafting request, so a rejected
+    // draft's state can be undone (it has no per-position history, unlike KV).
+    if (mc.hybrid())
+      runner_->reserve_draft_states(
+          std::min(cfg_.speculative_disable_by_batch_size, cfg_.max_num_seqs),
+          cfg_.speculative_num_draft_tokens);
   }
   scheduler_ =
       std::make_unique<Scheduler>(sc, kv_.get(), runner_->scratch_block(), window_kv_.get(),
@@ -217,16 +223,28 @@ void Engine::refuse_speculation_conflicts(const ModelConfig& mc) const {
   if (cfg_.speculative_disable_by_batch_size < 1)
     throw Error("speculative_disable_by_batch_size must be at least 1");
   // A draft follows the request's newest token, which an overlapped step has not sampled yet
-  // when the next one is planned; a Gated DeltaNet layer's recurrent state cannot be rolled back
-  // past a rejected draft (it has no per-position history, unlike KV).
+  // when the next one is planned.
   if (cfg_.overlap_scheduler)
     throw Error(
         "speculative decoding with the overlap scheduler is not supported: a draft needs the "
         "token the step in flight is sampling; turn one of them off");
-  if (mc.hybrid())
-    throw Error(
-        "speculative decoding on a Gated DeltaNet hybrid is not supported yet: the recurrent "
-        "state would need rolling back past rejected drafts");
+}
+
+void Engine::set_drafter(Drafter d) {
+  if (cfg_.speculative_algorithm.empty())
+    throw Error("set_drafter: the engine was started without speculative decoding");
+  if (!requests_.empty()) throw Error("set_drafter: requests are in flight");
+  const int vocab = model_config().vocab_size;
+  scheduler_->set_drafter(
+      [d = std::move(d), vocab](const Request& r, int max_drafts, std::vector<int>& out) {
+        out.clear();
+        d(r, max_drafts, out);
+        for (size_t i = 0; i < out.size(); ++i)
+          if (out[i] < 0 || out[i] >= vocab) {
+            out.resize(i);
+            break;
+          }
+      });
 }
 
 uint64_t Engine::recurrent_state_bytes_per_request() const {
@@ -580,6 +598,9 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     if (s.num_drafts > 0) {
       valid -= s.num_drafts - sr.accepted;
       scheduler_->reject_drafts(r, s, sr.accepted);
+      // A hybrid's recurrent state ran through every draft: back to the last accepted one.
+      if (s.draft_slot >= 0 && sr.accepted < s.num_drafts)
+        runner_->restore_draft_state(s.state_slot, s.draft_slot, sr.accepted);
       if (routes_) routes_->discard(plan, i, valid);
       draft_tokens_ += uint64_t(s.num_drafts);
       accepted_draft_tokens_ += uint64_t(sr.accepted);
@@ -587,14 +608,19 @@ void Engine::process(int buffer, CaptureSlot* slot, std::vector<RequestOutput>& 
     // Publish blocks this step filled, so later requests can hit them (their routes are
     // committed above, before any hit can be planned); an accepted draft's block once its token
     // is part of the output.
-    auto publish = [&] { publish_full_blocks(r, std::min(valid, r->num_tokens())); };
-    publish();
-    // Its recurrent-state snapshot, under the hash of the block that ends where it was taken
-    // (published just now, unless its KV was computed under older weights).
-    if (s.snapshot_write >= 0) {
+    // Its recurrent-state snapshot goes under the hash of the block that ends where it was
+    // taken, once that block is published (never, if its KV was computed under older weights or
+    // the boundary lies in a rejected draft).
+    bool snapshot_published = s.snapshot_write < 0;
+    auto publish = [&] {
+      publish_full_blocks(r, std::min(valid, r->num_tokens()));
       const size_t b = size_t((s.start_pos + s.snapshot_tokens) / cfg_.block_size - 1);
-      if (b < r->block_hashes.size()) snapshots_->publish(s.snapshot_write, r->block_hashes[b]);
-    }
+      if (!snapshot_published && b < r->block_hashes.size()) {
+        snapshots_->publish(s.snapshot_write, r->block_hashes[b]);
+        snapshot_published = true;
+      }
+    };
+    publish();
     bool failed = false;
     for (int j = 0; j < s.score_count && !failed; ++j) {
       const ScoreTarget& t = plan.scores[size_t(s.score_offset + j)];
@@ -983,6 +1009,7 @@ EngineStats Engine::stats() const {
   s.spec_draft_tokens = draft_tokens_;
   s.spec_accepted_tokens = accepted_draft_tokens_;
   s.spec_steps_off = ss.speculative_steps_off;
+  s.spec_draft_state_bytes = runner_->draft_state_bytes();
   s.running = scheduler_->num_running();
   s.waiting = scheduler_->num_waiting();
   s.free_blocks = kv_->num_free();

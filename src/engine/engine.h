@@ -59,7 +59,7 @@ struct EngineConfig {
   // A rank that does not answer within this many seconds fails the engine (every request in
   // flight ends with an error) instead of hanging it.
   double expert_timeout_s = 30;
-  // Speculative decoding (docs/SPECULATIVE.md), SGLang's names: "" (off) or "NGRAM" (drafts
+  // Speculative decoding (docs/ARCHITECTURE.md), SGLang's names: "" (off) or "NGRAM" (drafts
   // from the request's own prompt and output); "NEXTN" (the checkpoint's MTP layers) is refused,
   // not built yet. Outputs, logprobs and routes are bit-identical to decoding without it.
   std::string speculative_algorithm;
@@ -109,6 +109,9 @@ struct EngineStats {
   // Speculative decoding: drafted tokens verified, how many of them were accepted, and steps
   // that drafted nothing because more than speculative_disable_by_batch_size requests decoded.
   uint64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_steps_off = 0;
+  // Hybrids: the recurrent states kept after each draft so a rejected one can be undone
+  // (min(speculative_disable_by_batch_size, max_num_seqs) x K x recurrent_state_bytes_per_request).
+  uint64_t spec_draft_state_bytes = 0;
   uint64_t weight_bytes_read = 0;  // by this process (expert parallelism: rank 0's experts only)
   // Wall time the step thread spent committing captured routes and assembling finished
   // requests' routes (the bookkeeping routes add beyond capture in the forward).
@@ -240,6 +243,10 @@ class Engine {
   void resume_memory(bool kv_cache, bool weights);
   bool memory_released() const { return runner_->memory_released(); }
 
+  // Speculative decoding: drafts from `d` instead of the n-gram drafter (a model-based drafter,
+  // or a test's). The engine must have speculation on and no request yet; a draft is cut at its
+  // first token outside the vocabulary. Outputs stay those without speculation whatever it drafts.
+  void set_drafter(Drafter d);
   EngineStats stats() const;
   // Resident memory in MB of every rank of the engine (one entry without expert parallelism).
   std::vector<double> resident_mb_by_rank() const;

@@ -154,6 +154,19 @@ void ModelRunner::set_weights(std::shared_ptr<Checkpoint> ckpt) {
   pack_weights();
 }
 
+void ModelRunner::reserve_draft_states(int seqs, int drafts) {
+  dn_max_drafts_ = drafts;
+  dn_draft_.assign(size_t(seqs) * size_t(drafts) * dn_layers_.size() * dn_state_floats_, 0.f);
+}
+
+void ModelRunner::restore_draft_state(int state_slot, int draft_slot, int accepted) {
+  // After `accepted` drafts the request's last computed token is the step's token `accepted`:
+  // the state kept after it (token 0 is the one that was known before the step).
+  for (int l : dn_layers_)
+    std::copy_n(deltanet_draft(draft_slot, accepted, l), dn_state_floats_,
+                deltanet_state(state_slot, l));
+}
+
 void ModelRunner::release_kv_cache() {
   std::visit([](auto& cache) { cache.release(); }, kv_);
   std::visit([](auto& cache) { cache.release(); }, window_kv_);

@@ -83,6 +83,12 @@ class ModelRunner {
     return dn_layers_.size() * dn_state_floats_ * sizeof(float);
   }
   uint64_t recurrent_state_bytes() const { return dn_state_.size() * sizeof(float); }
+  // Speculative decoding on a hybrid: room for `seqs` drafting requests' states after each of up
+  // to `drafts` tokens (PlannedSeq::draft_slot), and putting a request's state back to where
+  // `accepted` drafts leave it (after the step that computed them, before the next one).
+  void reserve_draft_states(int seqs, int drafts);
+  void restore_draft_state(int state_slot, int draft_slot, int accepted);
+  uint64_t draft_state_bytes() const { return dn_draft_.size() * sizeof(float); }
 
  private:
   template <typename KvT>
@@ -121,6 +127,12 @@ class ModelRunner {
                         int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
     return dn_state_.data() +
            (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+  }
+  float* deltanet_draft(int draft_slot, int token, int layer) {  // laid out as deltanet_state
+    return dn_draft_.data() +
+           ((size_t(draft_slot) * size_t(dn_max_drafts_) + size_t(token)) * dn_layers_.size() +
+            size_t(dn_index_[size_t(layer)])) *
+               dn_state_floats_;
   }
   float* deltanet_snapshot(int snapshot, int layer) {  // laid out as deltanet_state
     return dn_snapshots_->get() +
@@ -161,6 +173,9 @@ class ModelRunner {
   // every state slot's recurrent and conv state for each of them, fp32, zeroed as a request starts.
   std::vector<int> dn_layers_, dn_index_;
   size_t dn_state_floats_ = 0;
+  // [draft slot][token][DeltaNet layer][state]: the states after a drafting request's tokens.
+  std::vector<float> dn_draft_;
+  int dn_max_drafts_ = 0;
   std::vector<float> dn_state_;  // [max_num_seqs slots][DeltaNet layers][state_floats]
   std::unique_ptr<BigArray<float>> dn_snapshots_;  // [snapshots][DeltaNet layers][state_floats]
   std::vector<float> dn_mixed_, dn_conv_, dn_z_, dn_b_,

@@ -65,6 +65,11 @@ int Scheduler::retract_all() {
 }
 
 int Scheduler::draft(const Request& r, int max_drafts) {
+  if (drafter_) {
+    drafter_(r, max_drafts, draft_);
+    if (int(draft_.size()) > max_drafts) draft_.resize(size_t(max_drafts));
+    return int(draft_.size());
+  }
   // The tail the drafter may look at, contiguous (prompt and output are two vectors).
   const int n = r.num_tokens(),
             from = std::max(0, n - cfg_.ngram.max_lookback - cfg_.ngram.max_window);
@@ -296,6 +301,7 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     speculate = decoding <= cfg_.speculative_max_batch;
     stats_.speculative_steps_off += !speculate && decoding > 0;
   }
+  int drafting = 0;
   for (Request* r : order) {
     if (r->status != RequestStatus::Running) continue;  // preempted in this loop
     if (budget <= 0) break;
@@ -310,6 +316,9 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
           {cfg_.num_draft_tokens, budget - 1, r->params.max_tokens - int(r->output.size()) - 1});
       if (const int d = draft(*r, room); d > 0 && grow_blocks(r, r->num_computed + 1 + d)) {
         plan_seq(plan, r, 1 + d, d);
+        // A recurrent state is kept after each draft (ModelRunner::draft_states), one slot per
+        // drafting request of the step: at most speculative_max_batch of them.
+        if (cfg_.state_slots) plan.seqs.back().draft_slot = drafting++;
         budget -= 1 + d;
         continue;
       }

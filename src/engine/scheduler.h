@@ -11,6 +11,7 @@
 // A prefix hit then needs, besides the full layers' blocks, the sliding layers' blocks of the
 // window before its end; it is shortened until they are cached.
 #pragma once
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -44,6 +45,10 @@ struct SchedulerConfig {
   int speculative_max_batch = 0;
   NgramDraftConfig ngram;
 };
+
+// A speculative drafter: up to max_drafts tokens proposed to follow r's tokens, into `out`
+// (cleared first). Drafts change speed only: verification keeps the output without them.
+using Drafter = std::function<void(const Request& r, int max_drafts, std::vector<int>& out)>;
 
 struct SchedulerStats {
   uint64_t preemptions = 0, prefix_hit_tokens = 0, prefix_queried_tokens = 0, chunked_prefills = 0,
@@ -79,6 +84,8 @@ class Scheduler {
   int num_waiting() const { return int(waiting_.size()); }
   // Tokens still to be produced would exceed max_tokens: nothing more to schedule.
   static bool done_scheduling(const Request& r);
+  // Replaces the n-gram drafter (Engine::set_drafter).
+  void set_drafter(Drafter d) { drafter_ = std::move(d); }
   // Speculative decoding: of the drafts `s` planned for r, `accepted` stood; the KV past them
   // is stale (the next step's tokens overwrite it before any query reads it).
   void reject_drafts(Request* r, const PlannedSeq& s, int accepted);
@@ -112,6 +119,7 @@ class Scheduler {
   std::vector<int> free_slots_;  // state slots no running request holds (cfg_.state_slots)
   StateSnapshots* snapshots_;
   std::vector<int> draft_, draft_context_;  // scratch of draft()
+  Drafter drafter_;                         // set_drafter's, else the n-gram drafter
 };
 
 }  // namespace r3

@@ -36,6 +36,10 @@ struct PlannedSeq {
   // logits of the sequence's last num_drafts + 1 tokens are then sampled, each at its own
   // position, and the drafts are accepted while each equals the token sampled before it.
   int num_drafts = 0;
+  // Hybrids (Gated DeltaNet): where the step keeps the recurrent state after each of the first
+  // num_drafts tokens (ModelRunner::draft_states), so the state can go back to the last accepted
+  // draft; -1 otherwise.
+  int draft_slot = -1;
   SamplerParams sampler;  // copied: sampling must not read live request state
   bool first_token_pending =
       false;  // overlap: token 0 is the one being sampled by the previous step
