@@ -141,3 +141,26 @@ def test_an_aborted_request_resumes_exactly_as_the_uninterrupted_run(make_model)
         assert np.array_equal(np.concatenate([cut.routed_experts, rest.routed_experts]), whole.routed_experts)
 
     asyncio.run(main())
+
+
+def test_async_llm_with_speculation_streams_what_it_would_without(make_model):
+    """AsyncLLM(speculative_algorithm="NGRAM"): streamed outputs (a step may add several tokens)
+    end with the tokens, logprobs and routes of the engine without speculation."""
+    model = make_model("olmoe")
+    sync = r3.LLM(model=model, enable_return_routed_experts=True, **ENGINE)
+    sp = r3.SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    prompts = [prompt(8, 20 + i) * 3 for i in range(3)]
+
+    async def main():
+        engine = r3.AsyncLLM(model, enable_return_routed_experts=True, speculative_algorithm="NGRAM",
+                             speculative_num_draft_tokens=4, **ENGINE)
+        runs = await asyncio.gather(*[collect(engine, p, sp, f"s-{i}") for i, p in enumerate(prompts)])
+        for p, outs in zip(prompts, runs):
+            for a, b in zip(outs, outs[1:]):
+                assert b.outputs[0].token_ids[:len(a.outputs[0].token_ids)] == a.outputs[0].token_ids
+            want = sync.generate([{"prompt_token_ids": p}], sp)[0].outputs[0]
+            got = outs[-1].outputs[0]
+            assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+            assert np.array_equal(got.routed_experts, want.routed_experts)
+
+    asyncio.run(main())

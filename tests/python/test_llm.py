@@ -115,10 +115,10 @@ def test_delta_start_and_routes_off(llm):
         r3.SamplingParams(routed_experts_start=3, routed_experts_prompt_start=3)
 
 
-def start_server(r3_bin, model, routes=True):
+def start_server(r3_bin, model, routes=True, extra=()):
     flags = ["--enable-return-routed-experts"] if routes else []
     proc = subprocess.Popen([r3_bin, "serve", "--model", model, "--port", "0", "--threads", "1",
-                             "--num-kv-blocks", "128"] + flags, stderr=subprocess.PIPE, text=True)
+                             "--num-kv-blocks", "128"] + flags + list(extra), stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert m, line
@@ -456,3 +456,34 @@ def test_speculative_decoding_changes_nothing_but_speed(model, solo):
         r3.LLM(model=model, speculative_algorithm="LOOKAHEAD", **ENGINE)
     with pytest.raises(r3.Error, match="overlap scheduler"):
         r3.LLM(model=model, speculative_algorithm="NGRAM", overlap_scheduler=True, **ENGINE)
+
+
+def test_served_with_speculation_as_without(llm, model, r3_bin):
+    """r3 serve --speculative-algorithm NGRAM: /generate gives the tokens, logprobs and routes of
+    the engine without speculation; /metrics counts the drafts and /get_server_info names it."""
+    proc, port = start_server(r3_bin, model, extra=["--speculative-algorithm", "NGRAM",
+                                                    "--speculative-num-draft-tokens", "3"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        p = prompt(9, 5) * 3
+        body = {"input_ids": p, "sampling_params": {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True},
+                "return_routed_experts": True}
+        req = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        reply = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        info = json.loads(urllib.request.urlopen(f"{url}/get_server_info", timeout=10).read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    want = llm.generate([{"prompt_token_ids": p}], r3.SamplingParams(max_tokens=24, temperature=0.0,
+                                                                     ignore_eos=True))[0].outputs[0]
+    assert reply["output_ids"] == want.token_ids
+    assert [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]] == want.logprobs
+    cfg = llm.model_config
+    routes = np.frombuffer(base64.b64decode(reply["meta_info"]["routed_experts"]), dtype=np.int32)
+    assert np.array_equal(routes.reshape(-1, cfg["num_layers"], cfg["top_k"]), want.routed_experts)
+    drafted = float(re.search(r"^r3_spec_decode_num_draft_tokens_total (\S+)$", metrics, re.M).group(1))
+    accepted = float(re.search(r"^r3_spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.M).group(1))
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 3
