@@ -133,16 +133,7 @@ TEST_P(EngineSpeculative, BitIdenticalToSoloRunsWithoutSpeculation) {
   const Case c = GetParam();
   const std::string model = test_model(c.arch);
   const Workload w = speculative_workload(31 + uint64_t(c.k), 40);
-  std::vector<RequestOutput> solo;
-  {
-    // Solo, without speculation; top logprobs as each request asked.
-    Engine e(solo_config(model));
-    for (size_t i = 0; i < w.prompts.size(); ++i) {
-      SamplingParams p = w.params[i];
-      p.return_routed_experts = p.return_routed_expert_weights = true;
-      solo.push_back(e.generate({w.prompts[i]}, {p})[0]);
-    }
-  }
+  const std::vector<RequestOutput> solo = solo_runs(model, w);  // without speculation
   EngineConfig cfg = speculative_config(model, c.k);
   if (c.eplb) cfg.eplb_redundant_experts = 3;
   const RunResult r = run_workload(cfg, w);
@@ -200,17 +191,10 @@ TEST_P(EngineSpeculativeOracle, PartlyRightDraftsChangeNothing) {
   const std::string arch = GetParam();
   const std::string model = test_model(arch);
   const Workload w = speculative_workload(77, 40);
+  const std::vector<RequestOutput> solo = solo_runs(model, w);
   std::map<std::pair<std::vector<int>, uint64_t>, std::vector<int>> solo_tokens;
-  std::vector<RequestOutput> solo;
-  {
-    Engine e(solo_config(model));
-    for (size_t i = 0; i < w.prompts.size(); ++i) {
-      SamplingParams p = w.params[i];
-      p.return_routed_experts = p.return_routed_expert_weights = true;
-      solo.push_back(e.generate({w.prompts[i]}, {p})[0]);
-      solo_tokens[{w.prompts[i], p.seed}] = solo.back().token_ids;
-    }
-  }
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    solo_tokens[{w.prompts[i], w.params[i].seed}] = solo[i].token_ids;
   EngineConfig cfg = speculative_config(model, 4);
   cfg.speculative_disable_by_batch_size = 6;  // every step drafts (max_num_seqs 6)
   cfg.num_kv_blocks = 12;                     // preemption
