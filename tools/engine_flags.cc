@@ -43,7 +43,7 @@ void add_engine_flags(Args& a) {
            "NGRAM: the shortest tail of a request matched against its earlier tokens")
       .opt("speculative-ngram-max-match-window-size", "12",
            "NGRAM: the longest tail tried first (the most recent match of the longest wins)")
-      .opt("speculative-disable-by-batch-size", "4",
+      .opt("speculative-disable-by-batch-size", "8",
            "steps with more requests decoding than this draft nothing (verifying costs more "
            "than it saves there)");
 }

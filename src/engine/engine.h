@@ -67,7 +67,7 @@ struct EngineConfig {
   int speculative_ngram_min_match_window_size = 1;
   int speculative_ngram_max_match_window_size = 12;
   // Steps with more requests decoding than this draft nothing (vLLM's disable_by_batch_size).
-  int speculative_disable_by_batch_size = 4;
+  int speculative_disable_by_batch_size = 8;
 };
 
 struct RequestOutput {

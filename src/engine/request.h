@@ -57,6 +57,10 @@ struct Request {
   uint64_t epoch = 0;       // bumped by preemption: in-flight results are stale
   uint64_t kv_version = 0;  // weight version its KV was started under
   int num_preemptions = 0;
+  // Speculative decoding: drafts its next step may take (Scheduler): one more than its last step
+  // accepted, so a request in a stretch the drafter predicts drafts the most and one it does
+  // not, a single token (a draft costs a token of verification whether or not it stands).
+  int draft_budget = 1;
   int prefix_hit_tokens = 0;     // of the current admission (routes to copy)
   bool first_step_done = false;  // the current admission's first step was planned
   std::vector<uint64_t> hit_generations;

@@ -81,6 +81,7 @@ int Scheduler::draft(const Request& r, int max_drafts) {
 
 void Scheduler::reject_drafts(Request* r, const PlannedSeq& s, int accepted) {
   r->num_computed = s.start_pos + s.num_tokens - s.num_drafts + accepted;
+  r->draft_budget = accepted + 1;
 }
 
 void Scheduler::preempt(Request* r) {
@@ -312,8 +313,8 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
     // A decode of a known token may take drafts along: at most one per token still to sample
     // after it (so no draft passes max_tokens or the positions add_request checked).
     if (speculate && n == 1 && r->pending == 0 && r->num_computed == r->num_tokens() - 1) {
-      const int room = std::min(
-          {cfg_.num_draft_tokens, budget - 1, r->params.max_tokens - int(r->output.size()) - 1});
+      const int room = std::min({cfg_.num_draft_tokens, r->draft_budget, budget - 1,
+                                 r->params.max_tokens - int(r->output.size()) - 1});
       if (const int d = draft(*r, room); d > 0 && grow_blocks(r, r->num_computed + 1 + d)) {
         plan_seq(plan, r, 1 + d, d);
         // A recurrent state is kept after each draft (ModelRunner::draft_states), one slot per

@@ -87,7 +87,8 @@ class Scheduler {
   // Replaces the n-gram drafter (Engine::set_drafter).
   void set_drafter(Drafter d) { drafter_ = std::move(d); }
   // Speculative decoding: of the drafts `s` planned for r, `accepted` stood; the KV past them
-  // is stale (the next step's tokens overwrite it before any query reads it).
+  // is stale (the next step's tokens overwrite it before any query reads it). r's next draft
+  // takes at most accepted + 1 tokens (Request::draft_budget).
   void reject_drafts(Request* r, const PlannedSeq& s, int accepted);
 
  private:
