@@ -234,6 +234,30 @@ INSTANTIATE_TEST_SUITE_P(Tiny, EngineSpeculativeOracle,
                          ::testing::Values("qwen3_next", "qwen3_5_moe", "deepseek_v3", "gpt_oss",
                                            "qwen3_moe"));
 
+// A request drafts one token more than its last step accepted, up to K: drafts that are always
+// right grow 1, 2, 3, 4, 4, ...; drafts that are always wrong stay at one token.
+TEST(EngineSpeculativeConfig, DraftsGrowWithWhatTheLastStepAccepted) {
+  const std::string model = test_model("olmoe");
+  const std::vector<int> prompt = {3, 4, 5, 6, 7};
+  const SamplingParams sp = greedy(20);
+  const std::vector<int> want = Engine(solo_config(model)).generate({prompt}, {sp})[0].token_ids;
+  for (bool right : {true, false}) {
+    Engine e(speculative_config(model, 4));
+    std::vector<int> asked;
+    e.set_drafter([&](const Request& r, int max_drafts, std::vector<int>& out) {
+      asked.push_back(max_drafts);
+      for (size_t i = r.output.size(); i < want.size() && int(out.size()) < max_drafts; ++i)
+        out.push_back(right ? want[i] : (want[i] + 1) % 64);
+    });
+    EXPECT_EQ(e.generate({prompt}, {sp})[0].token_ids, want);
+    ASSERT_GE(asked.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(asked[i], right ? int(i) + 1 : 1) << i;
+    if (right) {
+      EXPECT_EQ(asked[3], 4);
+    }
+  }
+}
+
 TEST(EngineSpeculativeConfig, SetDrafterNeedsSpeculationAndCutsBadTokens) {
   const std::string model = test_model("olmoe");
   Engine plain(solo_config(model));
