@@ -92,29 +92,23 @@ void ModelRunner::deltanet(const StepPlan& plan, int l, const LayerWeights& L, i
         }
         dn_conv_[size_t(s.first_token + t) * C + ch] = silu(acc);
       }
-      // The window after the snapshot's tokens: (window ++ inputs)[e .. e + W), before the
-      // window moves on.
-      if (s.snapshot_write >= 0) {
-        float* snap = deltanet_snapshot(s.snapshot_write, l) + state_k + int64_t(ch) * W;
+      // The window after the step's first `tokens` tokens: (window ++ inputs)[tokens, + W),
+      // written to `to` ascending, each element read at or after the one written (so `to` may be
+      // the window itself).
+      auto window_after = [&](int tokens, float* to) {
         for (int m = 0; m < W; ++m) {
-          const int u = s.snapshot_tokens + m;
-          snap[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
+          const int u = tokens + m;
+          to[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
         }
-      }
-      // Speculative decoding: the window after each of the first num_drafts tokens, likewise.
-      for (int j = 0; s.draft_slot >= 0 && j < s.num_drafts; ++j) {
-        float* keep = deltanet_draft(s.draft_slot, j, l) + state_k + int64_t(ch) * W;
-        for (int m = 0; m < W; ++m) {
-          const int u = j + 1 + m;
-          keep[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
-        }
-      }
-      // window' = (window ++ this step's inputs)[n .. n + W): ascending, each read at or after
-      // the position it overwrites.
-      for (int m = 0; m < W; ++m) {
-        const int u = n + m;
-        window[m] = u < W ? window[u] : dn_mixed_[size_t(s.first_token + u - W) * C + ch];
-      }
+      };
+      // Before the window moves on: the snapshot's, and with drafts (speculative decoding) the
+      // one after each of the first num_drafts tokens.
+      if (s.snapshot_write >= 0)
+        window_after(s.snapshot_tokens,
+                     deltanet_snapshot(s.snapshot_write, l) + state_k + int64_t(ch) * W);
+      for (int j = 0; s.draft_slot >= 0 && j < s.num_drafts; ++j)
+        window_after(j + 1, deltanet_draft(s.draft_slot, j, l) + state_k + int64_t(ch) * W);
+      window_after(n, window);  // window' = (window ++ this step's inputs)[n, n + W)
     }
   });
   // The delta rule and the gated norm, per (request, value head), tokens in order. Two passes

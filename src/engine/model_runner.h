@@ -123,21 +123,20 @@ class ModelRunner {
   // Gated DeltaNet (deltanet_block.cc): attn_ gets [T, value_dim], each request's tokens run in
   // order against its state slot (PlannedSeq::state_slot), reset where it starts at position 0.
   void deltanet(const StepPlan& plan, int layer, const LayerWeights& L, int T);
-  float* deltanet_state(int slot,
-                        int layer) {  // [v_heads][k_head_dim][v_head_dim] then the conv window
-    return dn_state_.data() +
-           (size_t(slot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
+  // A DeltaNet layer's state (the S matrices [v_heads][k_head_dim][v_head_dim], then the conv
+  // window) in one of the buffers laid out [index][DeltaNet layer][state_floats].
+  float* deltanet_state_in(float* base, size_t index, int layer) {
+    return base + (index * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) * dn_state_floats_;
   }
-  float* deltanet_draft(int draft_slot, int token, int layer) {  // laid out as deltanet_state
-    return dn_draft_.data() +
-           ((size_t(draft_slot) * size_t(dn_max_drafts_) + size_t(token)) * dn_layers_.size() +
-            size_t(dn_index_[size_t(layer)])) *
-               dn_state_floats_;
+  float* deltanet_state(int slot, int layer) {  // a running request's
+    return deltanet_state_in(dn_state_.data(), size_t(slot), layer);
   }
-  float* deltanet_snapshot(int snapshot, int layer) {  // laid out as deltanet_state
-    return dn_snapshots_->get() +
-           (size_t(snapshot) * dn_layers_.size() + size_t(dn_index_[size_t(layer)])) *
-               dn_state_floats_;
+  float* deltanet_draft(int draft_slot, int token, int layer) {  // after a draft step's token
+    return deltanet_state_in(dn_draft_.data(),
+                             size_t(draft_slot) * size_t(dn_max_drafts_) + size_t(token), layer);
+  }
+  float* deltanet_snapshot(int snapshot, int layer) {  // a prefix-caching snapshot
+    return deltanet_state_in(dn_snapshots_->get(), size_t(snapshot), layer);
   }
 
   std::shared_ptr<Checkpoint> ckpt_;

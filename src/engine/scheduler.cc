@@ -243,7 +243,6 @@ void Scheduler::plan_seq(StepPlan& plan, Request* r, int n, int drafts) {
     s.num_drafts = drafts;
     s.sample = true;
     ++r->pending;
-    stats_.draft_tokens += uint64_t(drafts);
   } else if (r->num_computed == known + r->pending && r->params.max_tokens > 0) {
     s.sample = true;
     ++r->pending;
@@ -317,8 +316,8 @@ void Scheduler::schedule(StepPlan& plan, uint64_t iter, uint64_t weight_version)
                                  r->params.max_tokens - int(r->output.size()) - 1});
       if (const int d = draft(*r, room); d > 0 && grow_blocks(r, r->num_computed + 1 + d)) {
         plan_seq(plan, r, 1 + d, d);
-        // A recurrent state is kept after each draft (ModelRunner::draft_states), one slot per
-        // drafting request of the step: at most speculative_max_batch of them.
+        // A recurrent state is kept after each draft (ModelRunner::reserve_draft_states), one slot
+        // per drafting request of the step: at most speculative_max_batch of them.
         if (cfg_.state_slots) plan.seqs.back().draft_slot = drafting++;
         budget -= 1 + d;
         continue;

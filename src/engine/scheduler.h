@@ -56,7 +56,6 @@ struct SchedulerStats {
   uint64_t window_blocks_freed = 0;    // sliding-window blocks released while their request ran
   uint64_t snapshot_restores = 0;      // prefix hits that restored a recurrent-state snapshot
   uint64_t snapshot_cut_tokens = 0;    // hit tokens given up because no snapshot ended there
-  uint64_t draft_tokens = 0;           // speculative decoding: drafted tokens planned
   uint64_t speculative_steps_off = 0;  // steps that drafted nothing: too many decoding at once
 };
 

@@ -37,8 +37,8 @@ struct PlannedSeq {
   // position, and the drafts are accepted while each equals the token sampled before it.
   int num_drafts = 0;
   // Hybrids (Gated DeltaNet): where the step keeps the recurrent state after each of the first
-  // num_drafts tokens (ModelRunner::draft_states), so the state can go back to the last accepted
-  // draft; -1 otherwise.
+  // num_drafts tokens (ModelRunner::reserve_draft_states), so the state can go back to the last
+  // accepted draft; -1 otherwise.
   int draft_slot = -1;
   SamplerParams sampler;  // copied: sampling must not read live request state
   bool first_token_pending =
