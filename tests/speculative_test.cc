@@ -348,9 +348,21 @@ TEST(EngineSpeculativeRoutes, LimitsHoldWhenDraftsRunPastThem) {
     const RequestOutput want = solo.generate({prompt}, {sp})[0];
     EngineConfig cfg = speculative_config(model, 16);
     Engine e(cfg);
+    // Drafts that are always right and would go on past the end: the engine asks for no more
+    // than one per token still to sample after the newest.
+    e.set_drafter([&](const Request& r, int max_drafts, std::vector<int>& out) {
+      EXPECT_LE(max_drafts, max_tokens - int(r.output.size()) - 1);
+      for (int i = 0; i < max_drafts; ++i) {
+        const size_t at = r.output.size() + size_t(i);
+        out.push_back(at < want.token_ids.size() ? want.token_ids[at] : 7);
+      }
+    });
     const RequestOutput got = e.generate({prompt}, {sp})[0];
     expect_matches_solo(got, want, false, sp, "max_tokens " + std::to_string(max_tokens));
     EXPECT_EQ(int(got.token_ids.size()), max_tokens);
+    if (max_tokens == 7) {
+      EXPECT_GT(e.stats().spec_accepted_tokens, 0u);
+    }
     // Stop at the first token the solo run emitted at position 1 (if it stops earlier, fine).
     if (want.token_ids.size() >= 2) {
       SamplingParams stop = sp;
