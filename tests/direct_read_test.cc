@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/file_read.h"
+#include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "model/checkpoint.h"
@@ -106,6 +107,37 @@ TEST(DirectRead, CachedRangesAreToldApart) {
   std::vector<uint8_t> buf(64 * 4096);
   f.read_at(0, buf.data(), buf.size(), std::chrono::steady_clock::now() + std::chrono::seconds(60));
   EXPECT_TRUE(f.mostly_cached(0, 64 * 4096)) << "cachestat(2) missing? (Linux 6.5)";
+  fs::remove(path);
+}
+
+// A whole tensor of several 64 MiB pieces, read on a pool's threads at once (a large
+// embedding's read is mostly the first touch of its pages), is the file's bytes; a file cut
+// short after it was opened is an r3::Error naming it on the calling thread (a throw left on a
+// worker would end the process).
+TEST(PooledRead, ALargeTensorIsTheFilesBytesAndAShortFileIsAnError) {
+  const std::string path =
+      (fs::temp_directory_path() / ("r3_pooled_" + std::to_string(getpid()) + ".safetensors"))
+          .string();
+  const int64_t n = (int64_t(130) << 20) + 777;  // three pieces, the last one short
+  std::vector<uint8_t> bytes(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) bytes[size_t(i)] = uint8_t((i * 2654435761u) >> 13);
+  write_safetensors(path, {{"big", DType::U8, {n}, bytes}});
+  ThreadPool pool(2);
+  {
+    const SafetensorsFile f(path);
+    std::vector<uint8_t> got(static_cast<size_t>(n));
+    f.read_tensor("big", got.data(), &pool);
+    EXPECT_TRUE(got == bytes);
+  }
+  const SafetensorsFile f(path);
+  fs::resize_file(path, fs::file_size(path) - (uint64_t(80) << 20));  // the last two pieces gone
+  std::vector<uint8_t> got(static_cast<size_t>(n));
+  try {
+    f.read_tensor("big", got.data(), &pool);
+    ADD_FAILURE() << "a file cut short was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
   fs::remove(path);
 }
 

@@ -223,6 +223,44 @@ TEST(SingleCopy, ARefitInBucketsHoldsAboutOneBucket) {
   EXPECT_LE(grew, 2 * bucket + 4e6) << "the buckets were kept rather than packed as they came";
 }
 
+// A kept tensor read into a staging chunk of its own (a large vocabulary's embedding: gpt-oss-20b's
+// is 1.16 GB) stays in that chunk instead of being copied out; small staging chunks make a small
+// model's embedding (and its larger small tensors) such tensors. It serves what a load with the
+// copies serves, and so after a refit from disk and one from tensors (where the adopted chunks
+// are handed back as replaced storage).
+TEST(SingleCopy, AnEmbeddingReadAloneStaysWhereItWasRead) {
+  const std::string model = test_model("olmoe", "small"), other = test_model("olmoe", "small", 7);
+  auto run = [](Engine& e) { return e.generate({{3, 4, 5, 6, 7}}, {greedy(5)})[0]; };
+  auto same = [](const RequestOutput& got, const RequestOutput& want) {
+    EXPECT_EQ(got.token_ids, want.token_ids);
+    EXPECT_EQ(got.logprobs, want.logprobs);
+  };
+  Engine copied(testing::small_config(model));
+  const uint64_t kept = copied.checkpoint().kept_bytes();
+  EXPECT_EQ(copied.checkpoint().load_figures().adopted_bytes, 0u);
+  const RequestOutput want = run(copied);
+  copied.update_weights(other, true);
+  const RequestOutput want_other = run(copied);
+  Checkpoint::set_staging_chunk_bytes(4096);
+  struct Back {
+    ~Back() { Checkpoint::set_staging_chunk_bytes(0); }
+  } back;
+  Engine adopted(testing::small_config(model));
+  const Checkpoint::LoadFigures figures = adopted.checkpoint().load_figures();
+  const uint64_t embedding = uint64_t(adopted.model_config().vocab_size) *
+                             uint64_t(adopted.model_config().hidden_size) * 2;
+  EXPECT_GE(figures.adopted_bytes, embedding);
+  EXPECT_EQ(adopted.checkpoint().kept_bytes(), kept);
+  same(run(adopted), want);
+  adopted.update_weights(other, true);  // from disk
+  same(run(adopted), want_other);
+  const std::vector<TensorToWrite> all = all_tensors(model);
+  for (int unit = 0; unit <= adopted.model_config().num_layers; ++unit)
+    adopted.stage_weights(unit_bucket(all, unit));
+  adopted.commit_staged_weights(true);  // from tensors, back to the first weights
+  same(run(adopted), want);
+}
+
 std::string copy_model(const std::string& src, const std::string& name) {
   return testing::copy_test_model(src, "r3_single_copy", name);
 }

@@ -295,6 +295,31 @@ const TensorView& Checkpoint::require(const std::string& name, std::vector<int64
 
 uint8_t* Checkpoint::staging(size_t bytes) { return Staging::take(staging_, bytes); }
 
+namespace {
+constexpr size_t kStagingChunkBytes = size_t(256) << 20;
+std::atomic<size_t> staging_chunk_bytes{kStagingChunkBytes};
+}  // namespace
+
+void Checkpoint::set_staging_chunk_bytes(size_t bytes) {
+  staging_chunk_bytes = bytes ? bytes : kStagingChunkBytes;
+}
+
+std::unique_ptr<BigArray<uint8_t>> Checkpoint::Staging::adopt(Staging& s, const uint8_t* b,
+                                                              size_t bytes) {
+  for (size_t i = 0; i < s.chunks.size(); ++i)
+    if (s.chunks[i]->get() == b && s.sizes[i] <= (bytes + 63) / 64 * 64) {
+      std::unique_ptr<BigArray<uint8_t>> chunk = std::move(s.chunks[i]);
+      s.chunks.erase(s.chunks.begin() + ptrdiff_t(i));
+      s.sizes.erase(s.sizes.begin() + ptrdiff_t(i));
+      if (i < s.chunk)
+        --s.chunk;
+      else if (i == s.chunk)
+        s.used = 0;  // the next take starts the chunk after it
+      return chunk;
+    }
+  return nullptr;
+}
+
 uint8_t* Checkpoint::Staging::take(Staging& s, size_t bytes, size_t align) {
   bytes = (bytes + 63) / 64 * 64;
   s.used = (s.used + align - 1) / align * align;
@@ -305,7 +330,7 @@ uint8_t* Checkpoint::Staging::take(Staging& s, size_t bytes, size_t align) {
   if (s.chunk == s.chunks.size()) {
     // Chunks of 256 MiB (or one tensor), kept for every later unit: their pages are cleared by
     // the kernel once, not once per layer.
-    const size_t size = std::max<size_t>(bytes, size_t(256) << 20);
+    const size_t size = std::max<size_t>(bytes, staging_chunk_bytes);
     s.chunks.push_back(std::make_unique<BigArray<uint8_t>>(size));
     s.sizes.push_back(size);
     s.used = 0;
@@ -333,7 +358,7 @@ void Checkpoint::materialize(TensorView& t) {
   }
   uint8_t* p = staging(t.nbytes());
   const auto started = std::chrono::steady_clock::now();
-  f->second->read_tensor(t.name, p);
+  f->second->read_tensor(t.name, p, pool_);
   load_figures_.read_seconds += seconds_since(started);
   t.data = p;
   read_.push_back(&t);
@@ -782,10 +807,15 @@ void Checkpoint::settle(int unit, const UnitViews& now, const UnitViews* old) {
         for (TensorToWrite& s : *sent_)
           if (s.bytes.data() == b && s.bytes.size() == n) whole = &s;
       if (whole) {
-        kept_.push_back(std::move(whole->bytes));
+        kept_.push_back({std::move(whole->bytes)});
         transient_.erase(b);
+      } else if (auto chunk = Staging::adopt(staging_, b, n)) {
+        // Read alone into a staging chunk of its own (an embedding of a large vocabulary): the
+        // chunk is kept as it is, no copy (and no second first touch of as many fresh bytes).
+        kept_.push_back({{}, std::move(chunk), n});
+        load_figures_.adopted_bytes += n;
       } else {
-        kept_.emplace_back(b, b + n);
+        kept_.push_back({std::vector<uint8_t>(b, b + n)});
         relocate(b, n, kept_.back().data());
         t->data = kept_.back().data();
       }
@@ -1375,13 +1405,13 @@ Checkpoint::Update Checkpoint::apply_update_of(std::vector<TensorToWrite>& tenso
           if (p) pointed.push_back(static_cast<const uint8_t*>(p));
   }
   std::sort(pointed.begin(), pointed.end());
-  auto in_use = [&](const std::vector<uint8_t>& b) {
+  auto in_use = [&](const KeptBytes& b) {
     auto it = std::lower_bound(pointed.begin(), pointed.end(), b.data());
     return it != pointed.end() && *it < b.data() + b.size();
   };
-  for (std::vector<uint8_t>& k : kept_)
-    if (!in_use(k)) out.replaced.push_back(std::make_shared<std::vector<uint8_t>>(std::move(k)));
-  std::erase_if(kept_, [](const std::vector<uint8_t>& k) { return k.empty(); });
+  for (KeptBytes& k : kept_)
+    if (!in_use(k)) out.replaced.push_back(std::make_shared<KeptBytes>(std::move(k)));
+  std::erase_if(kept_, [](const KeptBytes& k) { return k.empty(); });
   for (auto& unit : derived_)
     std::erase_if(unit, [](const std::vector<uint8_t>& d) { return d.empty(); });
   for (TensorToWrite& t : codes)

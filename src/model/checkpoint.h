@@ -140,12 +140,16 @@ class Checkpoint {
   struct LoadFigures {
     double read_seconds = 0, pack_seconds = 0;
     uint64_t direct_bytes = 0;
+    uint64_t adopted_bytes = 0;  // kept in the staging chunk they were read into (no copy)
   };
   const LoadFigures& load_figures() const { return load_figures_; }
   // Tests: load every checkpoint as one whose files exceed half the memory, as a full-size one is
   // (cached pages given back), its layers read past the page cache even where it holds them (a
   // small file is all cached once its first tensor is read: the kernel reads ahead).
   static void treat_files_as_large(bool on);
+  // The staging area's chunk size (256 MiB; 0 restores it). Tests: small chunks, so a small
+  // model's embedding is read into a chunk of its own and kept there, as a large vocabulary's is.
+  static void set_staging_chunk_bytes(size_t bytes);
   // The stored tensors an update would rather receive together with `name` (an FP8 weight and
   // its scales, MXFP4 blocks and scales, a tied checkpoint's embedding and stored lm_head): a
   // refit in buckets applies a tensor once these have arrived too (apply_update decides which
@@ -228,7 +232,18 @@ class Checkpoint {
   int unit_ = 0;  // the unit being built
   LoadFigures load_figures_;
   std::vector<std::vector<std::vector<uint8_t>>> derived_;  // [unit]: split and decoded copies
-  std::vector<std::vector<uint8_t>> kept_;  // small stored tensors, moved out of the staging area
+  // A kept tensor's bytes: copied out of the staging area (small tensors), sent whole by an
+  // update, or the staging chunk a large tensor was read into alone (adopted, not copied).
+  struct KeptBytes {
+    std::vector<uint8_t> vec;
+    std::unique_ptr<BigArray<uint8_t>> chunk;
+    size_t chunk_bytes = 0;
+    uint8_t* data() { return chunk ? chunk->get() : vec.data(); }
+    const uint8_t* data() const { return chunk ? chunk->get() : vec.data(); }
+    size_t size() const { return chunk ? chunk_bytes : vec.size(); }
+    bool empty() const { return !chunk && vec.empty(); }
+  };
+  std::vector<KeptBytes> kept_;
   std::vector<std::unique_ptr<BigArray<uint16_t>>> panels_;  // [unit]
   std::vector<size_t> panel_elements_;                       // [unit]
   struct Staging {  // reused for every unit: its pages are touched once
@@ -237,6 +252,9 @@ class Checkpoint {
     size_t chunk = 0, used = 0;
     // The next `bytes` of s (align: a power of two up to 2 MiB), grown when full.
     static uint8_t* take(Staging& s, size_t bytes, size_t align = 64);
+    // The chunk that begins at b and holds `bytes` and nothing else, taken out of s (for a
+    // tensor kept as read); null when there is none.
+    static std::unique_ptr<BigArray<uint8_t>> adopt(Staging& s, const uint8_t* b, size_t bytes);
   } staging_;
   // Stored tensors load_weights' reader thread has read for the unit being built, and where in
   // staging_ they are: materialize takes them from here.

@@ -5,7 +5,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -127,7 +129,7 @@ const uint8_t* SafetensorsFile::read_tensor_direct(const std::string& name, uint
                             std::chrono::steady_clock::now() + kCheckpointReadLimit);
 }
 
-void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
+void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst, ThreadPool* pool) const {
   if (!file_) throw Error(path_ + ": tensor \"" + name + "\" read after the file was closed");
   const TensorView& t = tensors_.at(name);
   const uint64_t begin = data_start_ + offsets_.at(name), bytes = t.nbytes();
@@ -138,8 +140,27 @@ void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst) const {
   if (!skip) {
     // 64 MiB at a time, so one large tensor's read keeps checking its deadline.
     constexpr uint64_t kPiece = uint64_t(64) << 20;
-    for (uint64_t at = 0; at < bytes; at += kPiece)
+    auto piece = [&](int64_t i) {
+      const uint64_t at = uint64_t(i) * kPiece;
       file_->read_at(begin + at, dst + at, size_t(std::min(kPiece, bytes - at)), deadline);
+    };
+    const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
+    if (!pool || pieces < 2) {
+      for (int64_t i = 0; i < pieces; ++i) piece(i);
+      return;
+    }
+    // The pool's threads must not throw: the first piece's error is rethrown here.
+    std::mutex mu;
+    std::exception_ptr failed;
+    pool->parallel_for_each(pieces, [&](int64_t i) {
+      try {
+        piece(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failed) failed = std::current_exception();
+      }
+    });
+    if (failed) std::rethrow_exception(failed);
     return;
   }
   // Row by row of the first dimension, runs of read rows at once.

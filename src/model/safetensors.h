@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/file_read.h"
 #include "core/tensor_view.h"
+#include "core/thread_pool.h"
 
 namespace r3 {
 
@@ -58,8 +59,10 @@ class SafetensorsFile {
                                     bool even_if_cached = false) const;
   size_t direct_bytes(const std::string& name) const;
   // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
-  // untouched). Throws r3::Error naming the file when it ends early or the read fails.
-  void read_tensor(const std::string& name, uint8_t* dst) const;
+  // untouched). Throws r3::Error naming the file when it ends early or the read fails. With a
+  // pool, a whole tensor's 64 MiB pieces are read on its threads at once: a large embedding's
+  // read is mostly the kernel clearing its fresh destination pages, which one core does slowly.
+  void read_tensor(const std::string& name, uint8_t* dst, ThreadPool* pool = nullptr) const;
   // The reverse: `name`'s bytes may leave the page cache (RegularFile::dont_need).
   void drop_cached(const std::string& name) const;
   // Whether UnreadParts skips all of `name` (its data stays null).
