@@ -14,11 +14,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -110,23 +113,44 @@ struct PyRequestOutput {
 
 // The model description as LLM.model_config and r3.torch (_parse_model_config) read it.
 py::dict config_dict(const r3::ModelConfig& c) {
+  // Every field (r3::visit_fields), nested as its dotted name says: "router.n_group" is
+  // d["router"]["n_group"], "layers.3.moe" d["layers"][3]["moe"]; an absent part is None.
   py::dict d;
-  d["vocab_size"] = c.vocab_size;
-  d["hidden_size"] = c.hidden_size;
-  d["num_layers"] = c.num_layers;
-  d["num_heads"] = c.num_heads;
-  d["num_kv_heads"] = c.num_kv_heads;
-  d["head_dim"] = c.head_dim;
-  d["num_experts"] = c.num_experts;
-  d["top_k"] = c.top_k;
+  r3::visit_fields(c, [&](const std::string& name, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    py::object leaf;
+    if constexpr (std::is_same_v<T, std::nullopt_t>)
+      leaf = py::none();
+    else if constexpr (std::is_enum_v<T>)
+      leaf = py::int_(int(value));
+    else
+      leaf = py::cast(value);
+    std::vector<std::string> parts;
+    for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
+      dot = std::min(name.find('.', at), name.size());
+      parts.push_back(name.substr(at, dot - at));
+    }
+    py::object node = d;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const bool last = i + 1 == parts.size();
+      const bool index_next = !last && std::isdigit(static_cast<unsigned char>(parts[i + 1][0]));
+      py::object child = last ? leaf : index_next ? py::object(py::list()) : py::object(py::dict());
+      if (py::isinstance<py::list>(node)) {  // layers, visited in order
+        py::list list = node.cast<py::list>();
+        const size_t index = std::stoul(parts[i]);
+        if (index == list.size()) list.append(child);
+        node = list[index];
+      } else {
+        py::dict dict = node.cast<py::dict>();
+        if (last || !dict.contains(parts[i])) dict[py::str(parts[i])] = child;
+        node = dict[py::str(parts[i])];
+      }
+    }
+  });
+  // Derived and earlier flat names, kept for callers that read them.
   d["moe_layers"] = c.moe_layers();
-  d["max_position_embeddings"] = c.max_position_embeddings;
-  d["eos_token_id"] = c.eos_token_id;
-  d["rope_theta"] = c.rope_theta;
-  d["rms_norm_eps"] = c.rms_norm_eps;
   d["renormalize"] = c.router.renormalize;
   d["routed_scaling_factor"] = c.router.routed_scaling_factor;
-  d["tie_word_embeddings"] = c.tie_word_embeddings;
   return d;
 }
 

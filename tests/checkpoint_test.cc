@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -522,6 +523,53 @@ TEST(CheckpointConfig, Fp8QuantizationConfig) {
   ModelConfig a = parse_config(preset_config_json("qwen3_moe", "tiny"), "q"), b = a;
   b.fp8_block_rows = b.fp8_block_cols = 128;
   EXPECT_FALSE(config_differences(a, b).empty());
+}
+
+// One walk over the description (visit_fields) drives the refit comparison: on every family's
+// description, any one field changed alone is exactly one difference, naming that field (but the
+// MTP layer counts: weights r3 never runs, which a trainer's checkpoint may leave out); a
+// different layer count is one line per field, cut after 16.
+TEST(ModelDescription, EachFieldChangedAloneIsOneDifferenceNamingIt) {
+  for (const std::string& arch : r3::testing::kAllArchs) {
+    const ModelConfig a = parse_config(preset_config_json(arch, "tiny"), arch);
+    size_t fields = 0, changed_fields = 0;
+    visit_fields(a, [&](const std::string&, const auto&) { ++fields; });
+    for (size_t k = 0; k < fields; ++k) {
+      ModelConfig b = a;
+      std::string changed;
+      size_t i = 0;
+      visit_fields(b, [&](const std::string& name, auto&& value) {
+        using T = std::decay_t<decltype(value)>;
+        if (i++ != k) return;
+        if constexpr (!std::is_same_v<T, std::nullopt_t>) {  // an absent part: nothing to change
+          changed = name;
+          if constexpr (std::is_same_v<T, bool>)
+            value = !value;
+          else if constexpr (std::is_same_v<T, std::string>)
+            value += "x";
+          else if constexpr (std::is_enum_v<T>)
+            value = T(int(value) + 1);
+          else
+            value = value + 1;
+        }
+      });
+      if (changed.empty()) continue;
+      ++changed_fields;
+      const std::vector<std::string> diff = config_differences(a, b);
+      if (changed == "num_mtp_layers" || changed == "num_nextn_predict_layers") {
+        EXPECT_TRUE(diff.empty()) << arch << " " << diff[0];
+        continue;
+      }
+      ASSERT_EQ(diff.size(), 1u) << arch << " " << changed;
+      EXPECT_EQ(diff[0].rfind(changed + ": ", 0), 0u) << diff[0];
+    }
+    EXPECT_GT(changed_fields, 40u) << arch;
+    ModelConfig deeper = a;
+    deeper.layers.push_back(a.layers.back());
+    const std::vector<std::string> diff = config_differences(a, deeper);
+    ASSERT_EQ(diff.size(), 17u) << arch;
+    EXPECT_EQ(diff.back().rfind("... and ", 0), 0u) << diff.back();
+  }
 }
 
 // The bf16 checkpoint is the f32 one of the same seed, rounded to nearest even: an independent

@@ -89,8 +89,10 @@ TEST(HybridConfig, LayerTypesRopeAndTheVisionLanguageWrapper) {
   // The text class reads the same decoder description.
   const ModelConfig text = parse_config(preset_config_json("qwen3_5_moe_text", "tiny"), "text");
   std::vector<std::string> diff = config_differences(vl, text);
-  ASSERT_EQ(diff.size(), 2u);  // the class name and where the tensors live
-  EXPECT_NE(diff[0].find("architectures"), std::string::npos);
+  ASSERT_EQ(diff.size(), 3u);  // the class name, where the tensors live, the vision tower
+  EXPECT_NE(diff[0].find("architecture"), std::string::npos);
+  EXPECT_NE(diff[1].find("tensor_prefix"), std::string::npos);
+  EXPECT_NE(diff[2].find("vision_tower"), std::string::npos);
   // What r3 does not implement is refused by name.
   json j = json::parse(preset_config_json("qwen3_next", "tiny"));
   j["layer_types"] = {"linear_attention", "mamba", "linear_attention", "full_attention"};

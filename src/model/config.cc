@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/file_read.h"
@@ -762,116 +764,60 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   return c;
 }
 
-std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
-  std::vector<std::string> out;
-  auto cmp = [&](const char* key, const auto& x, const auto& y, auto show) {
-    if (!(x == y)) out.push_back(std::string(key) + ": " + show(x) + " -> " + show(y));
-  };
-  auto num = [](auto v) {
-    std::ostringstream o;
-    o.precision(17);  // every digit: a refit must not pass because two values print alike
-    o << v;
-    return o.str();
-  };
-  auto layers = [](const ModelConfig& m) {
-    std::string s;
-    for (const LayerConfig& l : m.layers) s += l.moe ? 'M' : 'D';
-    return s;
-  };
-  cmp("architectures", a.architecture, b.architecture, [](const std::string& v) { return v; });
-  cmp("vocab_size", a.vocab_size, b.vocab_size, num);
-  cmp("hidden_size", a.hidden_size, b.hidden_size, num);
-  cmp("num_hidden_layers", a.num_layers, b.num_layers, num);
-  cmp("num_attention_heads", a.num_heads, b.num_heads, num);
-  cmp("num_key_value_heads", a.num_kv_heads, b.num_kv_heads, num);
-  cmp("head_dim", a.head_dim, b.head_dim, num);
-  cmp("num_experts", a.num_experts, b.num_experts, num);
-  cmp("num_experts_per_tok", a.top_k, b.top_k, num);
-  cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size, num);
-  cmp("intermediate_size", a.intermediate_size, b.intermediate_size, num);
-  cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob, num);
-  auto attention_of = [](const ModelConfig& m) {
-    std::ostringstream o;
-    o.precision(17);
-    for (const LayerConfig& l : m.layers) {
-      const AttentionSpec& a = l.attention;
-      o << (a.kind == AttentionKind::Mla             ? "mla"
-            : a.kind == AttentionKind::GatedDeltaNet ? "deltanet"
-                                                     : "gqa")
-        << (a.output_gate ? "/output gate" : "") << "/norm " << int(a.qk_norm) << "/bias "
-        << a.qkv_bias << "/clip " << (a.clip_qkv ? *a.clip_qkv : 0.f) << "/rotary " << a.rotary_dim
-        << (a.rope_interleaved ? " interleaved" : "") << (a.o_bias ? "/o bias" : "")
-        << (a.sinks ? "/sinks" : "") << "/window " << a.sliding_window << "; ";
+namespace {
+// Every field of c as name -> its value printed with every digit (a refit must not pass because
+// two values print alike).
+std::vector<std::pair<std::string, std::string>> printed_fields(const ModelConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  visit_fields(c, [&](const std::string& name, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::nullopt_t>) {
+      out.emplace_back(name, "none");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      out.emplace_back(name, value);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      out.emplace_back(name, value ? "true" : "false");
+    } else if constexpr (std::is_enum_v<T>) {
+      out.emplace_back(name, std::to_string(int(value)));
+    } else {
+      std::ostringstream o;
+      o.precision(17);
+      o << value;
+      out.emplace_back(name, o.str());
     }
-    return o.str();
+  });
+  return out;
+}
+
+// Fields of weights r3 never runs: a trainer's checkpoint may leave them out (NeMo-RL strips the
+// MTP layers), and a refit then changes nothing r3 computes.
+bool never_run(const std::string& name) {
+  return name == "num_mtp_layers" || name == "num_nextn_predict_layers";
+}
+
+}  // namespace
+
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
+  constexpr size_t kShown = 16;
+  auto fa = printed_fields(a), fb = printed_fields(b);
+  for (auto* f : {&fa, &fb})
+    std::erase_if(*f,
+                  [](const std::pair<std::string, std::string>& p) { return never_run(p.first); });
+  std::map<std::string, std::string> in_b(fb.begin(), fb.end());
+  std::vector<std::string> out;
+  size_t differ = 0;
+  auto note = [&](const std::string& line) {
+    if (++differ <= kShown) out.push_back(line);
   };
-  cmp("attention per layer (q/k norm, q/k/v bias, clip_qkv, rotary dims, o bias, sinks, sliding "
-      "window)",
-      attention_of(a), attention_of(b), [](const std::string& v) { return v; });
-  auto yarn_of = [](const ModelConfig& m) {
-    const RopeScaling& y = m.rope_scaling;
-    if (!y.yarn) return std::string("none");
-    std::ostringstream o;
-    o.precision(17);
-    o << "yarn factor " << y.factor << " original " << y.original_max_position_embeddings
-      << " beta " << y.beta_fast << "/" << y.beta_slow << " truncate " << y.truncate
-      << " attention_factor " << y.attention_factor << " softmax_mscale " << y.softmax_mscale;
-    return o.str();
-  };
-  cmp("rope_scaling", yarn_of(a), yarn_of(b), [](const std::string& v) { return v; });
-  auto mla_of = [](const ModelConfig& m) {
-    if (!m.mla) return std::string("none");
-    return std::to_string(m.mla->q_lora_rank) + "/" + std::to_string(m.mla->kv_lora_rank) + "/" +
-           std::to_string(m.mla->qk_nope_head_dim) + "/" + std::to_string(m.mla->qk_rope_head_dim) +
-           "/" + std::to_string(m.mla->v_head_dim);
-  };
-  cmp("MLA (q_lora_rank/kv_lora_rank/qk_nope/qk_rope/v_head_dim)", mla_of(a), mla_of(b),
-      [](const std::string& v) { return v; });
-  auto deltanet_of = [](const ModelConfig& m) {
-    if (!m.deltanet) return std::string("none");
-    const DeltaNetSpec& d = *m.deltanet;
-    return std::to_string(d.k_heads) + "/" + std::to_string(d.v_heads) + "/" +
-           std::to_string(d.k_head_dim) + "/" + std::to_string(d.v_head_dim) + "/" +
-           std::to_string(d.conv_kernel) + (d.combined_projections ? " combined" : "");
-  };
-  cmp("Gated DeltaNet (key heads/value heads/key dim/value dim/conv kernel)", deltanet_of(a),
-      deltanet_of(b), [](const std::string& v) { return v; });
-  cmp("zero-centred norms", a.zero_centred_norms, b.zero_centred_norms, num);
-  cmp("tensor prefix", a.tensor_prefix, b.tensor_prefix, [](const std::string& v) { return v; });
-  cmp("router scoring (0 softmax, 1 sigmoid, 2 top-k then softmax)", int(a.router.scoring),
-      int(b.router.scoring), num);
-  cmp("n_group", a.router.n_group, b.router.n_group, num);
-  cmp("topk_group", a.router.topk_group, b.router.topk_group, num);
-  cmp("routed_scaling_factor", a.router.routed_scaling_factor, b.router.routed_scaling_factor, num);
-  auto shared_of = [](const ModelConfig& m) {
-    std::string s;
-    for (const LayerConfig& l : m.layers)
-      s += std::to_string(l.shared_intermediate) + (l.shared_gate ? "g " : " ");
-    return s;
-  };
-  cmp("shared experts per layer", shared_of(a), shared_of(b),
-      [](const std::string& v) { return v; });
-  auto experts_of = [](const ModelConfig& m) {
-    std::ostringstream o;
-    o.precision(17);
-    for (const LayerConfig& l : m.layers)
-      o << (l.expert_bias ? "bias " : "") << (l.activation.clamped ? "clamped " : "")
-        << l.activation.alpha << "/" << l.activation.limit << "; ";
-    return o.str();
-  };
-  cmp("expert biases and activation per layer", experts_of(a), experts_of(b),
-      [](const std::string& v) { return v; });
-  cmp("router logit bias", a.router.logit_bias, b.router.logit_bias, num);
-  cmp("experts in MXFP4 (quantization_config)", a.experts_mxfp4, b.experts_mxfp4, num);
-  cmp("FP8 weight_block_size rows (quantization_config)", a.fp8_block_rows, b.fp8_block_rows, num);
-  cmp("FP8 weight_block_size cols (quantization_config)", a.fp8_block_cols, b.fp8_block_cols, num);
-  cmp("rope_theta", a.rope_theta, b.rope_theta, num);
-  cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps, num);
-  cmp("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings, num);
-  cmp("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings, num);
-  cmp("eos_token_id", a.eos_token_id, b.eos_token_id, num);
-  cmp("bos_token_id", a.bos_token_id, b.bos_token_id, num);
-  cmp("layers (M = MoE, D = dense)", layers(a), layers(b), [](const std::string& v) { return v; });
+  for (const auto& [name, value] : fa) {
+    auto it = in_b.find(name);
+    const std::string other = it == in_b.end() ? "absent" : it->second;
+    if (other != value) note(name + ": " + value + " -> " + other);
+    if (it != in_b.end()) in_b.erase(it);
+  }
+  for (const auto& [name, value] : fb)  // in b only (more layers, an optional part present)
+    if (in_b.count(name)) note(name + ": absent -> " + value);
+  if (differ > kShown) out.push_back("... and " + std::to_string(differ - kShown) + " more");
   return out;
 }
 

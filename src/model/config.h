@@ -5,6 +5,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace r3 {
@@ -173,6 +174,105 @@ struct ModelConfig {
   bool hybrid() const { return deltanet.has_value(); }  // has DeltaNet layers with recurrent state
 };
 
+// The one walk over the description (as gemma.cpp's configs visit theirs): v(name, value) for
+// every field, in a fixed order, nested parts named with dots ("router.n_group",
+// "layers.3.attention.sliding_window"): v gets a reference to the field (int, bool, float,
+// double, std::string or an enum; mutable when c is), or std::nullopt for an absent optional
+// part. config_differences and the Python model_config read the description through it, so a
+// new field is one line here.
+template <class Config, class V>
+void visit_fields(Config& c, V&& v) {
+  static_assert(std::is_same_v<std::remove_const_t<Config>, ModelConfig>);
+  v("arch", c.arch);
+  v("architecture", c.architecture);
+  v("vocab_size", c.vocab_size);
+  v("hidden_size", c.hidden_size);
+  v("num_layers", c.num_layers);
+  v("num_heads", c.num_heads);
+  v("num_kv_heads", c.num_kv_heads);
+  v("head_dim", c.head_dim);
+  v("num_experts", c.num_experts);
+  v("top_k", c.top_k);
+  v("moe_intermediate_size", c.moe_intermediate_size);
+  v("intermediate_size", c.intermediate_size);
+  v("norm_topk_prob", c.norm_topk_prob);
+  auto& y = c.rope_scaling;
+  v("rope_scaling.yarn", y.yarn);
+  v("rope_scaling.factor", y.factor);
+  v("rope_scaling.original_max_position_embeddings", y.original_max_position_embeddings);
+  v("rope_scaling.beta_fast", y.beta_fast);
+  v("rope_scaling.beta_slow", y.beta_slow);
+  v("rope_scaling.truncate", y.truncate);
+  v("rope_scaling.attention_factor", y.attention_factor);
+  v("rope_scaling.softmax_mscale", y.softmax_mscale);
+  if (!c.mla) {
+    v("mla", std::nullopt);
+  } else {
+    v("mla.q_lora_rank", c.mla->q_lora_rank);
+    v("mla.kv_lora_rank", c.mla->kv_lora_rank);
+    v("mla.qk_nope_head_dim", c.mla->qk_nope_head_dim);
+    v("mla.qk_rope_head_dim", c.mla->qk_rope_head_dim);
+    v("mla.v_head_dim", c.mla->v_head_dim);
+  }
+  if (!c.deltanet) {
+    v("deltanet", std::nullopt);
+  } else {
+    v("deltanet.k_heads", c.deltanet->k_heads);
+    v("deltanet.v_heads", c.deltanet->v_heads);
+    v("deltanet.k_head_dim", c.deltanet->k_head_dim);
+    v("deltanet.v_head_dim", c.deltanet->v_head_dim);
+    v("deltanet.conv_kernel", c.deltanet->conv_kernel);
+    v("deltanet.combined_projections", c.deltanet->combined_projections);
+  }
+  v("zero_centred_norms", c.zero_centred_norms);
+  v("tensor_prefix", c.tensor_prefix);
+  v("vision_tower", c.vision_tower);
+  v("num_mtp_layers", c.num_mtp_layers);
+  v("num_nextn_predict_layers", c.num_nextn_predict_layers);
+  v("router.scoring", c.router.scoring);
+  v("router.logit_bias", c.router.logit_bias);
+  v("router.selection_bias", c.router.selection_bias);
+  v("router.n_group", c.router.n_group);
+  v("router.topk_group", c.router.topk_group);
+  v("router.renormalize", c.router.renormalize);
+  v("router.routed_scaling_factor", c.router.routed_scaling_factor);
+  v("experts_mxfp4", c.experts_mxfp4);
+  v("fp8_block_rows", c.fp8_block_rows);
+  v("fp8_block_cols", c.fp8_block_cols);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const std::string l = "layers." + std::to_string(i) + ".";
+    auto& L = c.layers[i];
+    auto& a = L.attention;
+    v(l + "attention.kind", a.kind);
+    v(l + "attention.qk_norm", a.qk_norm);
+    v(l + "attention.qkv_bias", a.qkv_bias);
+    if (a.clip_qkv)
+      v(l + "attention.clip_qkv", *a.clip_qkv);
+    else
+      v(l + "attention.clip_qkv", std::nullopt);
+    v(l + "attention.rotary_dim", a.rotary_dim);
+    v(l + "attention.rope_interleaved", a.rope_interleaved);
+    v(l + "attention.o_bias", a.o_bias);
+    v(l + "attention.sinks", a.sinks);
+    v(l + "attention.sliding_window", a.sliding_window);
+    v(l + "attention.output_gate", a.output_gate);
+    v(l + "moe", L.moe);
+    v(l + "intermediate", L.intermediate);
+    v(l + "shared_intermediate", L.shared_intermediate);
+    v(l + "shared_gate", L.shared_gate);
+    v(l + "expert_bias", L.expert_bias);
+    v(l + "activation.clamped", L.activation.clamped);
+    v(l + "activation.alpha", L.activation.alpha);
+    v(l + "activation.limit", L.activation.limit);
+  }
+  v("rope_theta", c.rope_theta);
+  v("rms_norm_eps", c.rms_norm_eps);
+  v("tie_word_embeddings", c.tie_word_embeddings);
+  v("max_position_embeddings", c.max_position_embeddings);
+  v("eos_token_id", c.eos_token_id);
+  v("bos_token_id", c.bos_token_id);
+}
+
 // Throws r3::Error naming `path` and the key for malformed JSON, unknown architectures, missing
 // or out-of-range keys, and keys whose feature r3 does not implement (biases, sliding windows,
 // rope scaling types, quantization, other activations).
@@ -182,8 +282,9 @@ ModelConfig load_config(const std::string& path);
 // as they compute).
 std::vector<double> rope_inv_freq(const ModelConfig& c, int rotary_dim);
 std::string arch_short_name(Arch a);  // "mixtral", "qwen3_moe", ..., "qwen3_next", "qwen3_5_moe"
-// The config keys whose values differ between a and b ("rope_theta: 10000 -> 20000"), empty when
-// the two describe the same model. A refit is refused unless this is empty.
+// The fields (visit_fields) whose values differ between a and b ("rope_theta: 10000 -> 20000",
+// every digit), empty when the two describe the same model; past 16 lines, one more says how
+// many were left out. A refit is refused unless this is empty.
 std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace r3

@@ -487,3 +487,15 @@ def test_served_with_speculation_as_without(llm, model, r3_bin):
     accepted = float(re.search(r"^r3_spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.M).group(1))
     assert drafted > 0 and 0 <= accepted <= drafted
     assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 3
+
+
+def test_model_config_is_the_whole_description(llm):
+    """LLM.model_config is every field of r3's description (visit_fields), nested by its dotted
+    name, beside the flat names callers already read."""
+    cfg = llm.model_config
+    assert len(cfg["layers"]) == cfg["num_layers"]
+    assert cfg["moe_layers"] == [i for i, layer in enumerate(cfg["layers"]) if layer["moe"]]
+    assert cfg["router"]["renormalize"] == cfg["renormalize"]
+    assert cfg["router"]["routed_scaling_factor"] == cfg["routed_scaling_factor"]
+    assert set(cfg["layers"][0]["attention"]) >= {"kind", "rotary_dim", "sliding_window", "clip_qkv"}
+    assert set(cfg["rope_scaling"]) >= {"yarn", "factor"}
