@@ -14,18 +14,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "model/config_json.h"
 #include "routes/route_formats.h"
 #include "serving/channel.h"
 #include "serving/engine_loop.h"
@@ -113,40 +111,8 @@ struct PyRequestOutput {
 
 // The model description as LLM.model_config and r3.torch (_parse_model_config) read it.
 py::dict config_dict(const r3::ModelConfig& c) {
-  // Every field (r3::visit_fields), nested as its dotted name says: "router.n_group" is
-  // d["router"]["n_group"], "layers.3.moe" d["layers"][3]["moe"]; an absent part is None.
-  py::dict d;
-  r3::visit_fields(c, [&](const std::string& name, const auto& value) {
-    using T = std::decay_t<decltype(value)>;
-    py::object leaf;
-    if constexpr (std::is_same_v<T, std::nullopt_t>)
-      leaf = py::none();
-    else if constexpr (std::is_enum_v<T>)
-      leaf = py::int_(int(value));
-    else
-      leaf = py::cast(value);
-    std::vector<std::string> parts;
-    for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
-      dot = std::min(name.find('.', at), name.size());
-      parts.push_back(name.substr(at, dot - at));
-    }
-    py::object node = d;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const bool last = i + 1 == parts.size();
-      const bool index_next = !last && std::isdigit(static_cast<unsigned char>(parts[i + 1][0]));
-      py::object child = last ? leaf : index_next ? py::object(py::list()) : py::object(py::dict());
-      if (py::isinstance<py::list>(node)) {  // layers, visited in order
-        py::list list = node.cast<py::list>();
-        const size_t index = std::stoul(parts[i]);
-        if (index == list.size()) list.append(child);
-        node = list[index];
-      } else {
-        py::dict dict = node.cast<py::dict>();
-        if (last || !dict.contains(parts[i])) dict[py::str(parts[i])] = child;
-        node = dict[py::str(parts[i])];
-      }
-    }
-  });
+  // Every field (r3::model_config_json: nested by dotted name, an absent part None).
+  py::dict d = py::module_::import("json").attr("loads")(r3::model_config_json(c).dump());
   // Derived and earlier flat names, kept for callers that read them.
   d["moe_layers"] = c.moe_layers();
   d["renormalize"] = c.router.renormalize;

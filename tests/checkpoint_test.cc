@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "core/rng.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/config_json.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "model/tensor_names.h"
@@ -569,6 +571,32 @@ TEST(ModelDescription, EachFieldChangedAloneIsOneDifferenceNamingIt) {
     const std::vector<std::string> diff = config_differences(a, deeper);
     ASSERT_EQ(diff.size(), 17u) << arch;
     EXPECT_EQ(diff.back().rfind("... and ", 0), 0u) << diff.back();
+  }
+}
+
+// The JSON description (/get_model_info's r3_model_config, Python's LLM.model_config) holds every
+// visited field at the path its dotted name gives, with its value.
+TEST(ModelDescription, TheJsonHoldsEveryFieldAtItsPath) {
+  for (const std::string& arch : r3::testing::kAllArchs) {
+    const ModelConfig c = parse_config(preset_config_json(arch, "tiny"), arch);
+    const json j = model_config_json(c);
+    size_t seen = 0;
+    visit_fields(c, [&](const std::string& name, const auto& value) {
+      using T = std::decay_t<decltype(value)>;
+      std::string pointer = "/" + name;
+      std::replace(pointer.begin(), pointer.end(), '.', '/');
+      const json::json_pointer at(pointer);
+      ASSERT_TRUE(j.contains(at)) << arch << " " << name;
+      if constexpr (std::is_same_v<T, std::nullopt_t>)
+        EXPECT_TRUE(j.at(at).is_null()) << name;
+      else if constexpr (std::is_enum_v<T>)
+        EXPECT_EQ(j.at(at).get<int>(), int(value)) << name;
+      else
+        EXPECT_EQ(j.at(at).get<T>(), value) << name;
+      ++seen;
+    });
+    EXPECT_EQ(j["layers"].size(), c.layers.size());
+    EXPECT_GT(seen, 40u);
   }
 }
 

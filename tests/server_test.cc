@@ -1422,6 +1422,11 @@ TEST(ServerControl, SlimeWeightSyncSequence) {
   json mi = json::parse(cli.Get("/get_model_info")->body);
   EXPECT_EQ(mi["model_path"], m0);
   EXPECT_EQ(mi["is_generation"], true);
+  // r3's whole description (model_config_json), the same object Python's LLM.model_config holds.
+  const json& desc = mi["r3_model_config"];
+  EXPECT_EQ(desc["num_layers"].get<size_t>(), desc["layers"].size());
+  EXPECT_TRUE(desc["router"].contains("n_group"));
+  EXPECT_TRUE(desc["layers"][0]["attention"].contains("sliding_window"));
   EXPECT_EQ(json::parse(cli.Get("/get_weight_version")->body)["weight_version"], "0");
 
   for (const char* mode : {"abort", "in_place", "retract"}) {

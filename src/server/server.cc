@@ -16,6 +16,7 @@
 
 #include "core/cancellation.h"
 #include "core/error.h"
+#include "model/config_json.h"
 #include "server/api_error.h"
 #include "server/chat_api.h"
 #include "server/gated_http_server.h"
@@ -782,7 +783,8 @@ struct Server::Impl {
             {"has_image_understanding", false},
             {"has_audio_understanding", false},
             {"model_type", arch_short_name(m.arch)},
-            {"architectures", json::array({m.architecture})}};
+            {"architectures", json::array({m.architecture})},
+            {"r3_model_config", model_config_json(m)}};
   }
 
   // SGLang's /v1/loads: one data-parallel rank.

@@ -499,3 +499,4 @@ def test_model_config_is_the_whole_description(llm):
     assert cfg["router"]["routed_scaling_factor"] == cfg["routed_scaling_factor"]
     assert set(cfg["layers"][0]["attention"]) >= {"kind", "rotary_dim", "sliding_window", "clip_qkv"}
     assert set(cfg["rope_scaling"]) >= {"yarn", "factor"}
+
