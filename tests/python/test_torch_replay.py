@@ -285,3 +285,25 @@ def test_load_balancing_loss_is_one_when_balanced_larger_when_collapsed_and_reac
     model(torch.tensor([[1, 5, 9, 4, 7, 3]]))
     model.load_balancing_loss().backward()
     assert all(b.gate.weight.grad is not None and b.gate.weight.grad.abs().sum() > 0 for b in blocks)
+
+
+@pytest.mark.parametrize("arch", ["olmoe", "gpt_oss", "deepseek_v3", "qwen3_next"])
+def test_a_layer_the_engine_reads_differently_is_refused_by_name(make_model, arch):
+    """r3.torch checks every value it derives against r3's own description (_parse_model_config,
+    the engine's visit_fields): one field of one layer read differently is refused naming it."""
+    import copy
+    import json
+    from r3._r3 import _parse_model_config
+    from r3.torch.model import MoEConfig
+    cfg = MoEConfig.from_dir(make_model(arch))
+    engine = _parse_model_config(json.dumps(cfg.raw))
+    cfg._check_against(engine)  # as read: the same
+    last = max(i for i, layer in enumerate(engine["layers"]) if layer["moe"])
+    changed = copy.deepcopy(engine)
+    changed["layers"][last]["intermediate"] += 1
+    with pytest.raises(ValueError, match=f"layers.{last}.intermediate"):
+        cfg._check_against(changed)
+    changed = copy.deepcopy(engine)
+    changed["router"]["n_group"] += 1
+    with pytest.raises(ValueError, match="router.n_group"):
+        cfg._check_against(changed)

@@ -150,6 +150,57 @@ class MoEConfig:
                           ("top_k", self.top_k), ("moe_layers", self.moe_layers)):
             if engine[key] != mine:
                 raise ValueError(f"r3.torch: config.json gives {key} {mine!r} here but {engine[key]!r} to r3's engine")
+        self._check_against(engine)
+
+    def _check_against(self, engine):
+        """Every value this parse derived that r3's description (_parse_model_config: the engine's
+        visit_fields, nested) also holds must be the engine's, so the trainer never computes a
+        layer the engine computes differently; a mismatch is refused naming the field."""
+        def same(name, mine, theirs):
+            if mine != theirs:
+                raise ValueError(f"r3.torch: config.json gives {name} {mine!r} here but {theirs!r} to r3's engine")
+        for key, mine in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size),
+                          ("num_heads", self.num_heads), ("num_kv_heads", self.num_kv_heads),
+                          ("tie_word_embeddings", self.tie_word_embeddings)):
+            same(key, mine, engine[key])
+        if not self.mla:  # MLA's head sizes are its own (below)
+            same("head_dim", self.head_dim, engine["head_dim"])
+        router = engine["router"]
+        if "renormalize" in self.router:  # GPT-OSS's top-k softmax has no renormalisation
+            same("router.renormalize", bool(self.router["renormalize"]), router["renormalize"])
+        same("router.routed_scaling_factor", float(self.router.get("scaling", 1.0)),
+             router["routed_scaling_factor"])
+        same("router.n_group", self.router.get("n_group", 1), router["n_group"])
+        same("router.topk_group", self.router.get("topk_group", 1), router["topk_group"])
+        same("zero_centred_norms", self.norm_offset == 1.0, engine["zero_centred_norms"])
+        if self.mla:
+            m = engine["mla"] or {}
+            for mine, key in (("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+                              ("nope", "qk_nope_head_dim"), ("rope", "qk_rope_head_dim"), ("v", "v_head_dim")):
+                same(f"mla.{key}", self.mla[mine], m.get(key))
+        if self.deltanet:
+            d = engine["deltanet"] or {}
+            for key in ("k_heads", "v_heads", "k_head_dim", "v_head_dim", "conv_kernel"):
+                same(f"deltanet.{key}", self.deltanet[key], d.get(key))
+            same("deltanet.combined_projections", self.deltanet["combined"], d.get("combined_projections"))
+        qk_norm = {None: 0, "per_head": 1, "whole": 2}
+        for i, layer in enumerate(engine["layers"]):
+            a = layer["attention"]
+            same(f"layers.{i}.attention.kind (Gated DeltaNet)", self.linear_layers[i], a["kind"] == 2)
+            if self.linear_layers[i]:
+                continue
+            same(f"layers.{i}.attention.sliding_window", self.windows[i], a["sliding_window"])
+            if not self.mla:
+                same(f"layers.{i}.attention.rotary_dim", self.rotary_dim, a["rotary_dim"])
+                same(f"layers.{i}.attention.qk_norm", qk_norm[self.qk_norm], a["qk_norm"])
+                same(f"layers.{i}.attention.qkv_bias", bool(self.qkv_bias), a["qkv_bias"])
+                same(f"layers.{i}.attention.o_bias", bool(self.o_bias), a["o_bias"])
+                same(f"layers.{i}.attention.sinks", bool(self.sinks), a["sinks"])
+                same(f"layers.{i}.attention.output_gate", bool(self.output_gate), a["output_gate"])
+                same(f"layers.{i}.attention.clip_qkv", self.clip_qkv, a["clip_qkv"])
+            if layer["moe"]:
+                same(f"layers.{i}.intermediate", self.moe_intermediate, layer["intermediate"])
+                same(f"layers.{i}.shared_intermediate", self.shared_size, layer["shared_intermediate"])
 
     def _hybrid(self, raw):
         """Qwen3NextConfig / Qwen3_5MoeTextConfig: zero-centred norms, gated full attention with
