@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/config_json.h"
+#include "model/families.h"
 #include "routes/route_formats.h"
 #include "serving/channel.h"
 #include "serving/engine_loop.h"
@@ -721,6 +722,14 @@ PYBIND11_MODULE(_r3, m) {
         return config_dict(r3::parse_config(json_text, "config.json"));
       },
       py::arg("json_text"));
+  // The family registry (model/families.h): {HF model class: r3's family name}, every class r3
+  // reads, so r3.torch serves exactly the engine's families.
+  m.def("_families", [] {
+    py::dict d;
+    for (const r3::Family& f : r3::families())
+      for (const char* c : f.hf_classes) d[py::str(c)] = f.name;
+    return d;
+  });
   py::module_ staging =
       m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");
   bind_staging(staging);

@@ -26,6 +26,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/config_json.h"
+#include "model/families.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "model/tensor_names.h"
@@ -572,6 +573,23 @@ TEST(ModelDescription, EachFieldChangedAloneIsOneDifferenceNamingIt) {
     ASSERT_EQ(diff.size(), 17u) << arch;
     EXPECT_EQ(diff.back().rfind("... and ", 0), 0u) << diff.back();
   }
+}
+
+// The family registry (model/families.h) is what the parser reads: each row's make-model preset
+// parses to its Arch, and each of its HF classes is recognised; an unknown class is refused
+// naming every class the registry lists.
+TEST(ModelDescription, TheFamilyRegistryIsWhatTheParserReads) {
+  for (const Family& f : families()) {
+    const ModelConfig c = parse_config(preset_config_json(f.name, "tiny"), f.name);
+    EXPECT_EQ(c.arch, f.arch) << f.name;
+    EXPECT_EQ(arch_short_name(f.arch), f.name);
+    for (const char* hf : f.hf_classes) EXPECT_EQ(family_of_hf_class(hf), &f) << hf;
+  }
+  json j = json::parse(preset_config_json("olmoe", "tiny"));
+  j["architectures"] = {"JambaForCausalLM"};
+  const std::string e = error_of([&] { parse_config(j.dump(), "cfg"); });
+  for (const Family& f : families())
+    for (const char* hf : f.hf_classes) EXPECT_NE(e.find(hf), std::string::npos) << e;
 }
 
 // The JSON description (/get_model_info's r3_model_config, Python's LLM.model_config) holds every

@@ -7,14 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "model/families.h"
 #include "model/make_model.h"
 
 namespace r3::testing {
 
-// Every architecture r3 implements, for tests that run on each.
-inline const std::vector<std::string> kAllArchs = {"mixtral",   "qwen3_moe",  "olmoe",
-                                                   "qwen2_moe", "glm4_moe",   "deepseek_v3",
-                                                   "gpt_oss",   "qwen3_next", "qwen3_5_moe"};
+// Every architecture r3 implements (the family registry, model/families.h), for tests that run
+// on each: a new family's row puts it under every such test.
+inline const std::vector<std::string> kAllArchs = [] {
+  std::vector<std::string> names;
+  for (const Family& f : families()) names.push_back(f.name);
+  return names;
+}();
 
 // Hybrids (Gated DeltaNet layers with a recurrent state): the engine runs them without prefix
 // caching (no state snapshots yet), so tests of prefix hits expect none there.

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_limits.h"
+#include "model/families.h"
 
 namespace r3 {
 
@@ -72,27 +73,9 @@ int ModelConfig::num_moe_layers() const {
 }
 
 std::string arch_short_name(Arch a) {
-  switch (a) {
-    case Arch::Mixtral:
-      return "mixtral";
-    case Arch::Qwen3Moe:
-      return "qwen3_moe";
-    case Arch::Olmoe:
-      return "olmoe";
-    case Arch::Qwen2Moe:
-      return "qwen2_moe";
-    case Arch::Glm4Moe:
-      return "glm4_moe";
-    case Arch::DeepseekV3:
-      return "deepseek_v3";
-    case Arch::GptOss:
-      return "gpt_oss";
-    case Arch::Qwen3Next:
-      return "qwen3_next";
-    case Arch::Qwen3_5Moe:
-      return "qwen3_5_moe";
-  }
-  return "?";
+  for (const Family& f : families())
+    if (f.arch == a) return f.name;
+  return "unknown";
 }
 
 namespace {
@@ -343,30 +326,11 @@ ModelConfig parse_config(const std::string& text, const std::string& path) {
   else
     throw Error(path + ": \"architectures\" must be a list naming one model class");
   c.architecture = arch;
-  if (arch == "MixtralForCausalLM")
-    c.arch = Arch::Mixtral;
-  else if (arch == "Qwen3MoeForCausalLM")
-    c.arch = Arch::Qwen3Moe;
-  else if (arch == "OlmoeForCausalLM")
-    c.arch = Arch::Olmoe;
-  else if (arch == "Qwen2MoeForCausalLM")
-    c.arch = Arch::Qwen2Moe;
-  else if (arch == "Glm4MoeForCausalLM")
-    c.arch = Arch::Glm4Moe;
-  else if (arch == "DeepseekV3ForCausalLM")
-    c.arch = Arch::DeepseekV3;
-  else if (arch == "GptOssForCausalLM")
-    c.arch = Arch::GptOss;
-  else if (arch == "Qwen3NextForCausalLM")
-    c.arch = Arch::Qwen3Next;
-  else if (arch == "Qwen3_5MoeForCausalLM" || arch == "Qwen3_5MoeForConditionalGeneration")
-    c.arch = Arch::Qwen3_5Moe;
-  else
-    throw Error(
-        path + ": unknown architecture \"" + arch +
-        "\" (r3 supports MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-        "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, "
-        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)");
+  const Family* family = family_of_hf_class(arch);
+  if (!family)
+    throw Error(path + ": unknown architecture \"" + arch + "\" (r3 supports " +
+                supported_hf_classes() + ")");
+  c.arch = family->arch;
   if (arch == "Qwen3_5MoeForConditionalGeneration") {
     // The vision-language release: the decoder's config is text_config and its tensors live under
     // model.language_model.; the vision tower (vision_config, model.visual.*) is not read, and

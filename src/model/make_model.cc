@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/checkpoint.h"
+#include "model/families.h"
 #include "model/safetensors.h"
 #include "model/tensor_names.h"
 #include "text/tokenizer.h"
@@ -293,10 +294,9 @@ std::string preset_config_json(const std::string& arch, const std::string& prese
         {"eos_token_id", 2}};
     return vl.dump(2) + "\n";
   } else {
-    throw Error("unknown arch \"" + arch +
-                "\" (mixtral, qwen3_moe, olmoe, qwen2_moe, glm4_moe, deepseek_v3, gpt_oss, "
-                "qwen3_next, qwen3_5_moe, "
-                "qwen3_5_moe_text)");
+    std::string known;
+    for (const Family& f : families()) known += std::string(f.name) + ", ";
+    throw Error("unknown arch \"" + arch + "\" (" + known + "qwen3_5_moe_text)");
   }
   if (arch != "qwen3_moe" && arch != "qwen2_moe" && arch != "deepseek_v3")
     j["head_dim"] = p.head_dim;

@@ -307,3 +307,12 @@ def test_a_layer_the_engine_reads_differently_is_refused_by_name(make_model, arc
     changed["router"]["n_group"] += 1
     with pytest.raises(ValueError, match="router.n_group"):
         cfg._check_against(changed)
+
+
+def test_torch_serves_the_engines_families():
+    """r3.torch's model classes are the engine's family registry (_r3._families), each with a
+    torch forward."""
+    from r3._r3 import _families
+    from r3.torch import model
+    assert model._ARCHS == _families()
+    assert set(_families().values()) == set(model._TORCH_FAMILIES)

@@ -16,13 +16,14 @@ from torch import nn
 
 from .checkpoint import load_state_dict, save_state_dict
 from .deltanet import GatedDeltaNet
+from .._r3 import _families
 from .replay import RouterReplay, gate_weights, live_topk
 
-_ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
-          "Qwen2MoeForCausalLM": "qwen2_moe", "Glm4MoeForCausalLM": "glm4_moe",
-          "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss",
-          "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
-          "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
+# {HF model class: family}: r3's family registry (model/families.h), so r3.torch builds exactly
+# the families the engine serves; a family without a torch branch below is refused by name.
+_ARCHS = _families()
+_TORCH_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss",
+                   "qwen3_next", "qwen3_5_moe")
 _HYBRIDS = ("qwen3_next", "qwen3_5_moe")
 
 
@@ -35,6 +36,8 @@ class MoEConfig:
             raise ValueError(f"r3.torch: architecture {archs[:1]} is not supported (supported: {', '.join(_ARCHS)})")
         self.raw = raw
         self.arch = _ARCHS[archs[0]]
+        if self.arch not in _TORCH_FAMILIES:
+            raise ValueError(f"r3.torch: the {self.arch} family ({archs[0]}) has no torch forward yet")
         self.prefix = "model."  # of the decoder's tensors
         if archs[0] == "Qwen3_5MoeForConditionalGeneration":
             # The vision-language release: the decoder's config is text_config, its tensors live
