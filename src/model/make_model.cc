@@ -1,5 +1,6 @@
 #include "model/make_model.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <tuple>
 
 #include "core/error.h"
@@ -319,21 +321,40 @@ uint64_t tensor_key(const std::string& name, uint64_t seed) {
 }
 
 // One tensor's deterministic contents.
+// fn(begin, end) over [0, n) in one contiguous range per hardware thread (when the n items of
+// work_per_item values each are worth a thread). Every
+// value make-model writes depends on its index alone (counter-based: normal(key, i)), so the
+// bytes are the same however the ranges fall.
+template <typename Fn>
+void on_every_core(int64_t n, int64_t work_per_item, Fn fn) {
+  const int64_t threads = n * work_per_item < (int64_t(1) << 16)
+                              ? 1
+                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> others;
+  const int64_t per = (n + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t)
+    others.emplace_back([&, t] { fn(std::min(n, t * per), std::min(n, (t + 1) * per)); });
+  fn(0, std::min(n, per));
+  for (std::thread& t : others) t.join();
+}
+
 TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape, DType dt,
                             uint64_t seed, float stddev, float mean = 0.f) {
   const uint64_t key = tensor_key(name, seed);
   int64_t n = 1;
   for (auto d : shape) n *= d;
   TensorToWrite t{name, dt, shape, std::vector<uint8_t>(size_t(n) * dtype_size(dt))};
-  for (int64_t i = 0; i < n; ++i) {
-    float v = mean + stddev * normal(key, uint64_t(i));
-    if (dt == DType::F32) {
-      std::memcpy(t.bytes.data() + 4 * i, &v, 4);
-    } else {
-      uint16_t h = f32_to_bf16(v);
-      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+  on_every_core(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = mean + stddev * normal(key, uint64_t(i));
+      if (dt == DType::F32) {
+        std::memcpy(t.bytes.data() + 4 * i, &v, 4);
+      } else {
+        uint16_t h = f32_to_bf16(v);
+        std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+      }
     }
-  }
+  });
   return t;
 }
 
@@ -393,16 +414,19 @@ Fp8Matrix quantize_fp8(const TensorToWrite& w, int br, int bc) {
                 cb = (cols + bc - 1) / bc;
   const auto* f = reinterpret_cast<const float*>(w.bytes.data());
   Fp8Matrix m{std::vector<uint8_t>(size_t(rows * cols)), std::vector<float>(size_t(rb * cb), 0.f)};
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < cols; ++k) {
-      float& amax = m.scale_inv[size_t(r / br * cb + k / bc)];
-      amax = std::max(amax, std::fabs(f[r * cols + k]));
+  // A block row at a time (each owns its scales), on every core.
+  on_every_core(rb, cols * br, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      float* scales = m.scale_inv.data() + b * cb;
+      for (int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r)
+        for (int64_t k = 0; k < cols; ++k)
+          scales[k / bc] = std::max(scales[k / bc], std::fabs(f[r * cols + k]));
+      for (int64_t j = 0; j < cb; ++j) scales[j] = scales[j] > 0.f ? scales[j] / 448.f : 1.f;
+      for (int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r)
+        for (int64_t k = 0; k < cols; ++k)
+          m.values[size_t(r * cols + k)] = f32_to_e4m3(f[r * cols + k] / scales[k / bc]);
     }
-  for (float& s : m.scale_inv) s = s > 0.f ? s / 448.f : 1.f;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < cols; ++k)
-      m.values[size_t(r * cols + k)] =
-          f32_to_e4m3(f[r * cols + k] / m.scale_inv[size_t(r / br * cb + k / bc)]);
+  });
   return m;
 }
 
