@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +35,30 @@ TEST(ThreadPool, ParallelForEachRunsEveryItemOnce) {
     pool.parallel_for_each(n, [&](int64_t i) { runs[size_t(i)].fetch_add(1); });
     for (auto& r : runs) EXPECT_EQ(r.load(), 1);
   }
+}
+
+// A throw from any thread's chunk reaches the caller, after every other chunk has run (fn lives
+// on the caller's stack); the pool keeps working afterwards. Without this a worker's throw ended
+// the process (std::terminate), and a caller's left the workers running a destroyed fn.
+TEST(ThreadPool, AThrowOnAnyThreadIsRethrownToTheCallerOnceAllAreDone) {
+  ThreadPool pool(3);
+  for (int64_t thrower = 0; thrower < 3; ++thrower) {  // chunk 0 is the caller's
+    std::vector<std::atomic<int>> runs(3);
+    try {
+      pool.parallel_for(3, [&](int64_t b, int64_t) {
+        if (b == thrower) throw std::runtime_error("chunk " + std::to_string(b));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        runs[size_t(b)].fetch_add(1);
+      });
+      ADD_FAILURE() << "no throw reached the caller";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "chunk " + std::to_string(thrower));
+    }
+    for (int64_t b = 0; b < 3; ++b) EXPECT_EQ(runs[size_t(b)].load(), b == thrower ? 0 : 1) << b;
+  }
+  std::atomic<int> items{0};
+  pool.parallel_for_each(100, [&](int64_t) { items.fetch_add(1); });
+  EXPECT_EQ(items.load(), 100);
 }
 
 TEST(ThreadPool, LookAheadComesBeforeItsItemOnTheSameThread) {

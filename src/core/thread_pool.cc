@@ -1,5 +1,8 @@
 #include "core/thread_pool.h"
 
+#include <exception>
+#include <utility>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -53,7 +56,13 @@ void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn)
     wake = sleepers_ > 0;
   }
   if (wake) start_cv_.notify_all();
-  run_chunk(fn, n, 0, size());
+  // The caller's throw waits for the workers too: fn lives on its stack.
+  std::exception_ptr mine;
+  try {
+    run_chunk(fn, n, 0, size());
+  } catch (...) {
+    mine = std::current_exception();
+  }
   // Spin, then yield: when the machine is oversubscribed a descheduled worker needs the core.
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
     if (spins < kSpins)
@@ -61,6 +70,14 @@ void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn)
     else
       std::this_thread::yield();
   }
+  std::exception_ptr theirs;
+  if (worker_failed_.load(std::memory_order_acquire)) {  // no lock on the usual path
+    std::lock_guard<std::mutex> lock(mu_);
+    theirs = std::exchange(worker_error_, nullptr);
+    worker_failed_.store(false, std::memory_order_relaxed);
+  }
+  if (mine) std::rethrow_exception(mine);
+  if (theirs) std::rethrow_exception(theirs);
 }
 
 void ThreadPool::parallel_for_each(int64_t n, FunctionRef<void(int64_t)> fn) {
@@ -109,7 +126,13 @@ void ThreadPool::worker_loop(int index) {
       job = job_;
       n = job_n_;
     }
-    run_chunk(*job, n, index, size());
+    try {
+      run_chunk(*job, n, index, size());
+    } catch (...) {  // a throw left here would end the process: the caller rethrows it
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_error_) worker_error_ = std::current_exception();
+      worker_failed_.store(true, std::memory_order_release);
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -42,6 +43,8 @@ class ThreadPool {
 
   int size() const { return int(workers_.size()) + 1; }
   // Calls fn(begin, end) on contiguous chunks covering [0, n); the caller thread takes part.
+  // A throw from fn on any thread is rethrown here once every thread is done (the caller's
+  // first, else a worker's); the other chunks still run.
   void parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn);
   // Calls fn(i) for every i in [0, n), items handed out one at a time to whichever thread is
   // free (uneven items, e.g. experts with different token counts, stay balanced). Each item
@@ -65,6 +68,8 @@ class ThreadPool {
   std::atomic<int> pending_{0};
   int sleepers_ = 0;
   bool stop_ = false;
+  std::exception_ptr worker_error_;  // a worker's throw in the job under way (guarded by mu_)
+  std::atomic<bool> worker_failed_{false};  // worker_error_ is set
 };
 
 }  // namespace r3

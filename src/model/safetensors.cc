@@ -5,9 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -145,22 +143,10 @@ void SafetensorsFile::read_tensor(const std::string& name, uint8_t* dst, ThreadP
       file_->read_at(begin + at, dst + at, size_t(std::min(kPiece, bytes - at)), deadline);
     };
     const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
-    if (!pool || pieces < 2) {
+    if (pool)
+      pool->parallel_for_each(pieces, piece);  // a piece's error is rethrown here
+    else
       for (int64_t i = 0; i < pieces; ++i) piece(i);
-      return;
-    }
-    // The pool's threads must not throw: the first piece's error is rethrown here.
-    std::mutex mu;
-    std::exception_ptr failed;
-    pool->parallel_for_each(pieces, [&](int64_t i) {
-      try {
-        piece(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!failed) failed = std::current_exception();
-      }
-    });
-    if (failed) std::rethrow_exception(failed);
     return;
   }
   // Row by row of the first dimension, runs of read rows at once.
