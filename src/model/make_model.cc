@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/families.h"
 #include "model/safetensors.h"
@@ -321,21 +322,15 @@ uint64_t tensor_key(const std::string& name, uint64_t seed) {
 }
 
 // One tensor's deterministic contents.
-// fn(begin, end) over [0, n) in one contiguous range per hardware thread (when the n items of
-// work_per_item values each are worth a thread). Every
+// fn(begin, end) over contiguous ranges of [0, n), on every core when the n items of
+// work_per_item values each are worth the threads (ThreadPool::parallel_for splits them). Every
 // value make-model writes depends on its index alone (counter-based: normal(key, i)), so the
 // bytes are the same however the ranges fall.
 template <typename Fn>
 void on_every_core(int64_t n, int64_t work_per_item, Fn fn) {
-  const int64_t threads = n * work_per_item < (int64_t(1) << 16)
-                              ? 1
-                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  std::vector<std::thread> others;
-  const int64_t per = (n + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; ++t)
-    others.emplace_back([&, t] { fn(std::min(n, t * per), std::min(n, (t + 1) * per)); });
-  fn(0, std::min(n, per));
-  for (std::thread& t : others) t.join();
+  if (n * work_per_item < (int64_t(1) << 16)) return fn(0, n);
+  ThreadPool pool(std::max(1, int(std::thread::hardware_concurrency())));
+  pool.parallel_for(n, fn);
 }
 
 TensorToWrite random_tensor(const std::string& name, std::vector<int64_t> shape, DType dt,
