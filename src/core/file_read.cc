@@ -71,7 +71,7 @@ const uint8_t* RegularFile::read_direct(uint64_t offset, size_t n, uint8_t* dst,
   return dst + (offset - begin);
 }
 
-bool RegularFile::mostly_cached(uint64_t offset, uint64_t n) const {
+std::optional<bool> RegularFile::mostly_cached(uint64_t offset, uint64_t n) const {
   // cachestat is number 451 on every architecture (Linux 6.5); older kernels answer ENOSYS.
   constexpr long kCachestat = 451;
   struct {
@@ -80,8 +80,8 @@ bool RegularFile::mostly_cached(uint64_t offset, uint64_t n) const {
   struct {
     uint64_t cache, dirty, writeback, evicted, recently_evicted;
   } stat{};
-  return ::syscall(kCachestat, fd_, &range, &stat, 0) == 0 &&
-         stat.cache * uint64_t(sysconf(_SC_PAGESIZE)) * 2 >= n;
+  if (::syscall(kCachestat, fd_, &range, &stat, 0) != 0) return std::nullopt;
+  return stat.cache * uint64_t(sysconf(_SC_PAGESIZE)) * 2 >= n;
 }
 
 void RegularFile::dont_need(uint64_t offset, uint64_t n) const {

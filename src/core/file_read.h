@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace r3 {
@@ -35,9 +36,9 @@ class RegularFile {
   }
   const uint8_t* read_direct(uint64_t offset, size_t n, uint8_t* dst,
                              std::chrono::steady_clock::time_point deadline) const;
-  // Whether at least half of [offset, offset + n) is in the page cache (cachestat(2); false
-  // where the kernel lacks it).
-  bool mostly_cached(uint64_t offset, uint64_t n) const;
+  // Whether at least half of [offset, offset + n) is in the page cache (cachestat(2)); nullopt
+  // where the kernel cannot say (before Linux 6.5).
+  std::optional<bool> mostly_cached(uint64_t offset, uint64_t n) const;
   // Tells the kernel [offset, offset + n) will not be read again, so its page cache may go
   // (posix_fadvise DONTNEED; advice only).
   void dont_need(uint64_t offset, uint64_t n) const;

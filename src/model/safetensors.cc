@@ -118,11 +118,14 @@ size_t SafetensorsFile::direct_bytes(const std::string& name) const {
 }
 
 const uint8_t* SafetensorsFile::read_tensor_direct(const std::string& name, uint8_t* area,
-                                                   bool even_if_cached) const {
+                                                   PastTheCache when) const {
   if (!file_ || unread_copy_.count(name)) return nullptr;
   const uint64_t begin = data_start_ + offsets_.at(name), bytes = tensors_.at(name).nbytes();
   if (begin % 8) return nullptr;  // its elements would land unaligned (a header not padded to 8)
-  if (!even_if_cached && file_->mostly_cached(begin, bytes)) return nullptr;
+  if (when != PastTheCache::Always) {
+    const std::optional<bool> cached = file_->mostly_cached(begin, bytes);
+    if (cached ? *cached : when == PastTheCache::IfUncached) return nullptr;
+  }
   return file_->read_direct(begin, size_t(bytes), area,
                             std::chrono::steady_clock::now() + kCheckpointReadLimit);
 }

@@ -50,13 +50,17 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Whether `name`'s bytes are read on demand (a file) rather than held (bytes in memory).
   bool lazy() const { return file_ != nullptr; }
+  // Which tensors read_tensor_direct reads past the page cache: those the page cache does not
+  // mostly hold (copying from it is faster); where the kernel cannot say (before Linux 6.5), none
+  // (IfUncached) or all (IfUncachedOrUnknown: files that cannot stay cached anyway); Always: even
+  // cached ones (tests).
+  enum class PastTheCache { IfUncached, IfUncachedOrUnknown, Always };
   // Reads tensor `name` whole past the page cache into area (4 KiB-aligned, direct_bytes(name)
-  // long; RegularFile::read_direct) and returns where its bytes begin there; null when most of
-  // it is in the page cache (copying from there is faster), rows of it are left unread, it
-  // starts off an 8-byte boundary, or the file system refuses direct reads: read_tensor then.
-  // even_if_cached: read past the page cache all the same (tests).
+  // long; RegularFile::read_direct) and returns where its bytes begin there; null when `when`
+  // says to read it through the page cache, rows of it are left unread, it starts off an 8-byte
+  // boundary, or the file system refuses direct reads: read_tensor then.
   const uint8_t* read_tensor_direct(const std::string& name, uint8_t* area,
-                                    bool even_if_cached = false) const;
+                                    PastTheCache when) const;
   size_t direct_bytes(const std::string& name) const;
   // Reads tensor `name`'s bytes into dst (nbytes of them; rows UnreadParts skips stay
   // untouched). Throws r3::Error naming the file when it ends early or the read fails. With a
