@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/request_fields.h"
 #include "model/config_json.h"
 #include "model/families.h"
 #include "routes/route_formats.h"
@@ -729,6 +730,18 @@ PYBIND11_MODULE(_r3, m) {
     for (const r3::Family& f : r3::families())
       for (const char* c : f.hf_classes) d[py::str(c)] = f.name;
     return d;
+  });
+  // The request vocabulary (engine/request_fields.h): per option, its name in each front end
+  // ("" where it takes none; "a|b": either), so the Python keyword names are checked against it.
+  m.def("_request_fields", [] {
+    static const char* kFrontEnds[] = {"completions", "chat", "generate", "jsonl", "python"};
+    py::list out;
+    for (const r3::RequestField& row : r3::request_fields()) {
+      py::dict names;
+      for (int f = 0; f < r3::kFrontEnds; ++f) names[kFrontEnds[f]] = row.names[size_t(f)];
+      out.append(py::dict(py::arg("option") = row.option, py::arg("names") = names));
+    }
+    return out;
   });
   py::module_ staging =
       m.def_submodule("_staging", "r3.staging's native half (python/staging_py.cc)");

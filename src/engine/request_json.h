@@ -1,5 +1,6 @@
 // JSON for requests and outputs, shared by `r3 generate` (JSONL), the HTTP server and tests.
-// Request fields follow vLLM/SGLang names: prompt_token_ids (or prompt text), max_tokens,
+// Request fields follow vLLM/SGLang names, read by the request vocabulary's JSONL column
+// (engine/request_fields.h): prompt_token_ids (or prompt text), max_tokens (or max_new_tokens),
 // temperature, top_p, top_k, seed, stop_token_ids, stop, include_stop_str_in_output,
 // skip_special_tokens, ignore_eos, logprobs, return_routed_experts, routed_experts_start,
 // return_routed_expert_weights (the output's routed_expert_weights: route_weights_to_json).

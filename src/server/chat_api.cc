@@ -45,28 +45,19 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw,
                                      const std::function<uint64_t()>& seeds,
                                      std::shared_ptr<const text::Tokenizer> tok, int max_context,
                                      const ChatTemplatePolicy& policy) {
-  refuse_unknown_fields(b, "",
+  // The chat fields r3 reads or checks (the request vocabulary's and these); any other is refused
+  // by name.
+  refuse_unknown_fields(b, "", FrontEnd::Chat,
                         {"model",
-                         "messages",
-                         "max_tokens",
-                         "max_completion_tokens",
-                         "temperature",
-                         "top_p",
-                         "top_k",
                          "n",
                          "stream",
                          "stream_options",
                          "logprobs",
-                         "top_logprobs",
-                         "stop",
-                         "stop_token_ids",
-                         "seed",
                          "presence_penalty",
                          "frequency_penalty",
                          "repetition_penalty",
                          "logit_bias",
                          "user",
-                         "ignore_eos",
                          "tools",
                          "tool_choice",
                          "parallel_tool_calls",
@@ -74,17 +65,10 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw,
                          "chat_template_kwargs",
                          "add_generation_prompt",
                          "continue_final_message",
-                         "include_stop_str_in_output",
-                         "skip_special_tokens",
                          "spaces_between_special_tokens",
                          "return_token_ids",
                          "request_id",
-                         "return_routed_experts",
-                         "return_routed_expert_weights",
-                         "routed_experts_start",
-                         "routed_experts_prompt_start",
                          "routed_experts_format",
-                         "prompt_logprobs",
                          "echo",
                          "response_format",
                          "add_special_tokens"});
@@ -173,52 +157,12 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw,
   } catch (const Error& e) {
     throw bad_request(std::string("chat template: ") + e.what(), "messages");
   }
-  // The rest is a completion of the rendered prompt.
-  json cb = json::object();
-  for (const char* k : {"model",
-                        "temperature",
-                        "top_p",
-                        "top_k",
-                        "n",
-                        "stream",
-                        "stream_options",
-                        "stop",
-                        "stop_token_ids",
-                        "seed",
-                        "presence_penalty",
-                        "frequency_penalty",
-                        "repetition_penalty",
-                        "logit_bias",
-                        "user",
-                        "ignore_eos",
-                        "include_stop_str_in_output",
-                        "skip_special_tokens",
-                        "spaces_between_special_tokens",
-                        "return_token_ids",
-                        "request_id",
-                        "return_routed_experts",
-                        "return_routed_expert_weights",
-                        "routed_experts_start",
-                        "routed_experts_prompt_start",
-                        "routed_experts_format",
-                        "prompt_logprobs"})
-    if (b.contains(k)) cb[k] = b[k];
-  if (b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null())
-    cb["max_tokens"] = b["max_completion_tokens"];
-  else if (b.contains("max_tokens"))
-    cb["max_tokens"] = b["max_tokens"];
-  // vLLM's chat default: as many tokens as the context leaves.
-  if (!cb.contains("max_tokens") || cb["max_tokens"].is_null())
-    cb["max_tokens"] = std::max<int64_t>(1, int64_t(max_context) - int64_t(ids.size()));
-  const bool logprobs = opt_bool(b, "logprobs", "logprobs").value_or(false);
-  const auto top = opt_int(b, "top_logprobs", "top_logprobs", 0, kMaxTopLogprobs);
-  if (top && *top > 0 && !logprobs)
-    throw bad_request("\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
-  if (logprobs) cb["logprobs"] = top.value_or(0);
-  cb["prompt"] = ids;
-  CompletionRequest r = parse_completion_request(cb, seeds, tok.get());
-  r.chat = true;
-  return r;
+  // The rest is a completion of the rendered prompt; vLLM's chat default for max_tokens is as
+  // many tokens as the context leaves.
+  SamplingParams defaults;
+  defaults.max_tokens = int(std::max<int64_t>(1, int64_t(max_context) - int64_t(ids.size())));
+  return completion_request(b, FrontEnd::Chat, {std::vector<int>(ids.begin(), ids.end())}, defaults,
+                            seeds, tok.get());
 }
 
 json chat_choice(const RequestOutput& o, size_t index, const CompletionRequest& req) {

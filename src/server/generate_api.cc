@@ -49,14 +49,11 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t stop_i
 
 GenerateRequest parse_generate_request(const json& b, const std::function<uint64_t()>& seeds,
                                        const text::Tokenizer* tok) {
-  // SGLang's GenerateReqInput fields r3 reads or checks; any other (image_data, lora_path,
-  // return_hidden_states, ...) is refused by name.
-  refuse_unknown_fields(
-      b, "",
-      {"input_ids", "text", "sampling_params", "rid", "stream", "return_logprob",
-       "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "return_routed_experts",
-       "return_routed_expert_weights", "routed_experts_start", "routed_experts_start_len",
-       "routed_experts_format", "sampling_seed", "log_metrics"});
+  // SGLang's GenerateReqInput fields r3 reads or checks (the request vocabulary's and these);
+  // any other (image_data, lora_path, return_hidden_states, ...) is refused by name.
+  refuse_unknown_fields(b, "", FrontEnd::Generate,
+                        {"text", "rid", "stream", "return_logprob", "return_text_in_logprobs",
+                         "routed_experts_format", "log_metrics"});
   GenerateRequest r;
   r.tok = tok;
   r.return_text_in_logprobs =
@@ -99,56 +96,25 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   if (!sp.is_object())
     throw bad_request("\"sampling_params\" must be an object", "sampling_params");
   reject_unsupported(sp);
-  refuse_unknown_fields(sp, "sampling_params.",
-                        {"max_new_tokens",
-                         "min_new_tokens",
-                         "temperature",
-                         "top_p",
-                         "top_k",
-                         "min_p",
-                         "ignore_eos",
-                         "stop",
-                         "stop_token_ids",
-                         "seed",
-                         "sampling_seed",
-                         "n",
-                         "frequency_penalty",
-                         "presence_penalty",
-                         "repetition_penalty",
-                         "regex",
-                         "json_schema",
-                         "ebnf",
-                         "structural_tag",
-                         "skip_special_tokens",
-                         "spaces_between_special_tokens",
-                         "no_stop_trim",
-                         "stream_interval"});
+  refuse_unknown_fields(sp, "sampling_params.", FrontEnd::Generate,
+                        {"min_new_tokens", "min_p", "n", "frequency_penalty", "presence_penalty",
+                         "repetition_penalty", "regex", "json_schema", "ebnf", "structural_tag",
+                         "spaces_between_special_tokens", "stream_interval"});
   if (auto v = opt_number(sp, "min_p", "sampling_params.min_p"); v && *v != 0.0)
     throw bad_request("\"sampling_params.min_p\" is not supported by r3", "sampling_params.min_p");
-  SamplingParams p;
-  const std::string pre = "sampling_params.";
-  // 0: prefill only (scoring: input_token_logprobs and routes, nothing generated).
-  p.max_tokens =
-      int(opt_int(sp, "max_new_tokens", pre + "max_new_tokens", 0, INT32_MAX).value_or(128));
-  p.temperature = float(opt_number(sp, "temperature", pre + "temperature").value_or(1.0));
-  p.top_p = float(opt_number(sp, "top_p", pre + "top_p").value_or(1.0));
-  p.top_k = int(opt_int(sp, "top_k", pre + "top_k", -1, INT32_MAX).value_or(-1));
-  p.ignore_eos = opt_bool(sp, "ignore_eos", pre + "ignore_eos").value_or(false);
-  if (sp.contains("stop_token_ids") && !sp["stop_token_ids"].is_null())
-    p.stop_token_ids = token_id_list(sp["stop_token_ids"], pre + "stop_token_ids");
-  if (sp.contains("stop")) p.stop = stop_strings(sp["stop"], pre + "stop");
+  SamplingParams p;    // SGLang's defaults; the request vocabulary reads the rest
+  p.max_tokens = 128;  // 0: prefill only (scoring: input_token_logprobs and routes)
+  p.top_k = -1;
+  p.logprobs = true;
+  const std::map<std::string, std::string> given = read_request_options(b, FrontEnd::Generate, p);
   if (!p.stop.empty() && !tok)
     throw bad_request(
         "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
-        pre + "stop");
-  // SGLang's no_stop_trim keeps the matched stop string in the text.
-  p.include_stop_str_in_output = opt_bool(sp, "no_stop_trim", pre + "no_stop_trim").value_or(false);
-  p.skip_special_tokens =
-      opt_bool(sp, "skip_special_tokens", pre + "skip_special_tokens").value_or(true);
+        "sampling_params.stop");
   // Accepted for compatibility: it only changes SentencePiece "slow" tokenizers, and r3 reads
   // tokenizer.json (vLLM and SGLang ignore it for those too).
-  (void)opt_bool(sp, "spaces_between_special_tokens", pre + "spaces_between_special_tokens");
-  p.logprobs = true;
+  (void)opt_bool(sp, "spaces_between_special_tokens",
+                 "sampling_params.spaces_between_special_tokens");
   // SGLang's scoring fields: logprob_start_len -1 (default) = output tokens only, N = input
   // tokens from position N as well; top_logprobs_num = alternatives per position.
   if (r.return_logprob) {
@@ -157,30 +123,15 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     p.top_logprobs =
         int(opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, kMaxTopLogprobs).value_or(0));
   }
-  p.return_routed_experts =
-      opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
-  p.return_routed_expert_weights =
-      opt_bool(b, "return_routed_expert_weights", "return_routed_expert_weights").value_or(false);
-  // SGLang's name is routed_experts_start_len; r3's routed_experts_start means the same.
-  const char* start_key =
-      b.contains("routed_experts_start_len") && !b["routed_experts_start_len"].is_null()
-          ? "routed_experts_start_len"
-          : "routed_experts_start";
-  if (std::string(start_key) == "routed_experts_start_len" && b.contains("routed_experts_start") &&
-      !b["routed_experts_start"].is_null())
-    throw bad_request("give one of \"routed_experts_start_len\" and \"routed_experts_start\"",
-                      "routed_experts_start");
-  p.routed_experts_start = int(opt_int(b, start_key, start_key, 0, INT32_MAX).value_or(0));
-  if (!p.return_routed_experts && p.routed_experts_start)
-    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true",
-                      start_key);
-  std::optional<uint64_t> seed = opt_seed(sp, "seed", pre + "seed");
-  if (!seed) seed = opt_seed(sp, "sampling_seed", pre + "sampling_seed");
-  if (!seed) seed = opt_seed(b, "sampling_seed", "sampling_seed");
+  if (auto start = given.find("routed_experts_start");
+      start != given.end() && !p.return_routed_experts && p.routed_experts_start)
+    throw bad_request("\"" + start->second + "\" needs \"return_routed_experts\": true",
+                      start->second);
+  const bool seeded = given.count("seed") > 0;
   check_expansion(prompts, p.stop_token_ids.size());
   for (auto& prompt : prompts) {
     Job j{std::move(prompt), p};
-    j.params.seed = seed ? *seed : seeds();
+    if (!seeded) j.params.seed = seeds();
     r.jobs.push_back(std::move(j));
   }
   return r;

@@ -28,11 +28,11 @@ static bool given(const json& j, const std::string& key) {
 }
 
 void refuse_unknown_fields(const json& obj, const std::string& prefix,
-                           std::initializer_list<const char*> known) {
+                           const std::vector<std::string>& known) {
   for (auto& [k, v] : obj.items()) {
     if (v.is_null()) continue;
     bool ok = false;
-    for (const char* n : known) ok = ok || k == n;
+    for (const std::string& n : known) ok = ok || k == n;
     if (!ok)
       throw bad_request("unknown field \"" + prefix + k + "\" (r3 does not implement it)",
                         prefix + k);
@@ -93,23 +93,12 @@ bool is_token_id_list(const json& v) {
 }
 
 std::vector<int> token_id_list(const json& v, const std::string& param) {
-  if (!v.is_array()) throw bad_request("\"" + param + "\" must be a list of token ids", param);
-  std::vector<int> out;
-  out.reserve(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& x = v[i];
-    if (!x.is_number_integer())
-      throw bad_request("\"" + param + "\" must hold integer token ids (element " +
-                            std::to_string(i) + " is not)",
-                        param);
-    if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
-                               : (x.get<int64_t>() < std::numeric_limits<int>::min() ||
-                                  x.get<int64_t>() > std::numeric_limits<int>::max()))
-      throw bad_request(
-          "\"" + param + "\" element " + std::to_string(i) + " is not a valid token id", param);
-    out.push_back(int(x.get<int64_t>()));
+  try {
+    check_field(request_field("prompt"), param, v);
+  } catch (const RequestFieldError& e) {
+    throw bad_request(e.what(), param);
   }
-  return out;
+  return v.get<std::vector<int>>();
 }
 
 static bool is_text(const json& v) {
@@ -183,18 +172,25 @@ std::vector<std::string> stop_strings(const json& v, const std::string& param) {
   return out;
 }
 
-std::string param_of_field(const std::string& field, FieldNames api) {
-  const bool sglang = api == FieldNames::Sglang;
-  if (field == "prompt")
-    return sglang ? "input_ids" : api == FieldNames::Chat ? "messages" : "prompt";
-  if (field == "max_tokens") return sglang ? "sampling_params.max_new_tokens" : "max_tokens";
-  if (field == "prompt_logprobs_start") return sglang ? "logprob_start_len" : "prompt_logprobs";
-  if (field == "top_logprobs")
-    return sglang ? "top_logprobs_num" : api == FieldNames::Chat ? "top_logprobs" : "logprobs";
-  if (field == "routed_experts_start" && sglang) return "routed_experts_start_len";
-  for (const char* f : {"temperature", "top_p", "top_k", "stop", "stop_token_ids"})
-    if (field == f && sglang) return std::string("sampling_params.") + f;
-  return field;
+void refuse_unknown_fields(const json& obj, const std::string& prefix, FrontEnd fe,
+                           std::initializer_list<const char*> also) {
+  std::vector<std::string> known =
+      names_in(fe, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
+  known.insert(known.end(), also.begin(), also.end());
+  refuse_unknown_fields(obj, prefix, known);
+}
+
+std::map<std::string, std::string> read_request_options(const json& body, FrontEnd fe,
+                                                        SamplingParams& p) {
+  try {
+    return read_request_fields(body, fe, p);
+  } catch (const RequestFieldError& e) {
+    throw bad_request(e.what(), e.name());
+  }
+}
+
+std::string param_of_field(const std::string& field, FrontEnd api) {
+  return field.empty() ? field : name_in(field, api);
 }
 
 }  // namespace r3::server

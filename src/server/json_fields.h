@@ -3,11 +3,14 @@
 // learns exactly what to fix. Absent and null fields are "not given".
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/request_fields.h"
 
 namespace r3::text {
 class Tokenizer;
@@ -30,7 +33,14 @@ std::optional<std::string> opt_string(const json& j, const std::string& key,
 // A field outside `known` with a non-null value is a 400 naming it (prefix + key): an option a
 // client relies on must never be silently ignored. null counts as absent.
 void refuse_unknown_fields(const json& obj, const std::string& prefix,
-                           std::initializer_list<const char*> known);
+                           const std::vector<std::string>& known);
+// The same, knowing the names the request vocabulary gives `fe` there (engine/request_fields.h)
+// and `also` (the endpoint's own fields: n, stream, model, ...).
+void refuse_unknown_fields(const json& obj, const std::string& prefix, FrontEnd fe,
+                           std::initializer_list<const char*> also);
+// read_request_fields with its refusals as 400s naming the field as the client sent it.
+std::map<std::string, std::string> read_request_options(const json& body, FrontEnd fe,
+                                                        SamplingParams& p);
 
 // A list of token ids (int32 range; the engine checks them against the vocabulary).
 std::vector<int> token_id_list(const json& v, const std::string& param);
@@ -45,12 +55,9 @@ std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& par
 // Stop strings: a string or a list of strings (empty list: none).
 std::vector<std::string> stop_strings(const json& v, const std::string& param);
 
-// The front ends whose field names differ from r3's (SamplingParams' members).
-enum class FieldNames { OpenAI, Chat, Sglang };
 // An engine refusal's field (FieldError::field, r3's name; "" for none) under the endpoint's
-// own name: "prompt" is prompt / messages / input_ids, "max_tokens" SGLang's
-// sampling_params.max_new_tokens, a sampling field sits under SGLang's sampling_params., and the
-// scoring and route-cut fields take each API's name.
-std::string param_of_field(const std::string& field, FieldNames api);
+// own name, from the request vocabulary (name_in): "prompt" is prompt / messages / input_ids,
+// SGLang's sampling fields sit under sampling_params., and so on.
+std::string param_of_field(const std::string& field, FrontEnd api);
 
 }  // namespace r3::server

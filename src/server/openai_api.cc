@@ -118,56 +118,45 @@ json prompt_logprobs_json(const RequestOutput& o, const text::Tokenizer* tok) {
 
 CompletionRequest parse_completion_request(const json& b, const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok) {
-  // OpenAI's and vLLM's completion fields r3 reads or checks; any other is refused by name.
-  refuse_unknown_fields(b, "",
-                        {"model",
-                         "prompt",
-                         "max_tokens",
-                         "temperature",
-                         "top_p",
-                         "top_k",
-                         "n",
-                         "best_of",
-                         "stream",
-                         "stream_options",
-                         "logprobs",
-                         "echo",
-                         "suffix",
-                         "stop",
-                         "stop_token_ids",
-                         "seed",
-                         "presence_penalty",
-                         "frequency_penalty",
-                         "repetition_penalty",
-                         "logit_bias",
-                         "user",
-                         "ignore_eos",
-                         "return_token_ids",
-                         "request_id",
-                         "return_routed_experts",
-                         "return_routed_expert_weights",
-                         "routed_experts_start",
-                         "routed_experts_prompt_start",
-                         "routed_experts_format",
-                         "prompt_logprobs",
-                         "include_stop_str_in_output",
-                         "skip_special_tokens",
-                         "spaces_between_special_tokens",
-                         "add_special_tokens"});
-  reject_unsupported(b);
+  // OpenAI's and vLLM's completion fields r3 reads or checks (the request vocabulary's and
+  // these); any other is refused by name.
+  refuse_unknown_fields(
+      b, "", FrontEnd::Completions,
+      {"model", "n", "best_of", "stream", "stream_options", "echo", "suffix", "presence_penalty",
+       "frequency_penalty", "repetition_penalty", "logit_bias", "user", "return_token_ids",
+       "request_id", "routed_experts_format", "spaces_between_special_tokens",
+       "add_special_tokens"});
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
-  CompletionRequest r;
-  r.tok = tok;
   // vLLM's add_special_tokens (default true): the tokenizer template's BOS and the like.
   const bool add_special = opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(true);
-  std::vector<std::vector<int>> prompts = prompt_batch(b["prompt"], "prompt", tok, add_special);
+  SamplingParams defaults;  // OpenAI's: 16 tokens, top_k off
+  defaults.max_tokens = 16;
+  return completion_request(b, FrontEnd::Completions,
+                            prompt_batch(b["prompt"], "prompt", tok, add_special), defaults, seeds,
+                            tok);
+}
+
+CompletionRequest completion_request(const json& b, FrontEnd fe,
+                                     std::vector<std::vector<int>> prompts, SamplingParams base,
+                                     const std::function<uint64_t()>& seeds,
+                                     const text::Tokenizer* tok) {
+  reject_unsupported(b);
+  CompletionRequest r;
+  r.tok = tok;
+  r.chat = fe == FrontEnd::Chat;
   r.num_prompts = prompts.size();
   r.n = size_t(opt_int(b, "n", "n", 1, 256).value_or(1));
   if (auto bo = opt_int(b, "best_of", "best_of", 1, 256); bo && size_t(*bo) != r.n)
     throw bad_request("\"best_of\" other than n is not supported by r3", "best_of");
   r.stream = opt_bool(b, "stream", "stream").value_or(false);
-  // OpenAI's logprobs is an int (top alternatives); r3 returns the sampled token's logprob only.
-  if (b.contains("logprobs") && !b["logprobs"].is_null()) {
+  if (r.chat) {
+    // Chat's logprobs is true or false; top_logprobs the alternatives, with logprobs only.
+    r.logprobs = opt_bool(b, "logprobs", "logprobs").value_or(false);
+    const auto top = opt_int(b, "top_logprobs", "top_logprobs", 0, kMaxTopLogprobs);
+    if (top && *top > 0 && !r.logprobs)
+      throw bad_request("\"top_logprobs\" needs \"logprobs\": true", "top_logprobs");
+    if (r.logprobs) r.top_logprobs = int(top.value_or(0));
+  } else if (b.contains("logprobs") && !b["logprobs"].is_null()) {
     const json& lp = b["logprobs"];
     if (lp.is_boolean()) {
       r.logprobs = lp.get<bool>();
@@ -182,23 +171,11 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
   if (r.request_id && r.request_id->empty())
     throw bad_request("\"request_id\" must not be empty", "request_id");
 
-  SamplingParams base;
-  base.max_tokens = int(opt_int(b, "max_tokens", "max_tokens", 0, INT32_MAX).value_or(16));
-  base.temperature = float(opt_number(b, "temperature", "temperature").value_or(1.0));
-  base.top_p = float(opt_number(b, "top_p", "top_p").value_or(1.0));
-  base.top_k = int(opt_int(b, "top_k", "top_k", -1, INT32_MAX).value_or(0));
-  base.ignore_eos = opt_bool(b, "ignore_eos", "ignore_eos").value_or(false);
-  if (b.contains("stop_token_ids") && !b["stop_token_ids"].is_null())
-    base.stop_token_ids = token_id_list(b["stop_token_ids"], "stop_token_ids");
-  if (b.contains("stop")) base.stop = stop_strings(b["stop"], "stop");
+  const std::map<std::string, std::string> given = read_request_options(b, fe, base);
   if (!base.stop.empty() && !tok)
     throw bad_request(
         "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
         "stop");
-  base.include_stop_str_in_output =
-      opt_bool(b, "include_stop_str_in_output", "include_stop_str_in_output").value_or(false);
-  base.skip_special_tokens =
-      opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
   // Accepted for compatibility: vLLM applies it to SentencePiece "slow" tokenizers only; r3 reads
   // tokenizer.json.
   (void)opt_bool(b, "spaces_between_special_tokens", "spaces_between_special_tokens");
@@ -210,38 +187,25 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
     r.prompt_logprobs = true;
   }
   r.routes_format = opt_route_format(b);
-  base.return_routed_experts =
-      opt_bool(b, "return_routed_experts", "return_routed_experts").value_or(false);
-  base.return_routed_expert_weights =
-      opt_bool(b, "return_routed_expert_weights", "return_routed_expert_weights").value_or(false);
-  base.routed_experts_start =
-      int(opt_int(b, "routed_experts_start", "routed_experts_start", 0, INT32_MAX).value_or(0));
-  // vLLM's name (vllm #51906): the same cut, within the prompt ([0, P]; P returns no prompt rows).
-  const std::optional<int64_t> prompt_start =
-      opt_int(b, "routed_experts_prompt_start", "routed_experts_prompt_start", 0, INT32_MAX);
-  const char* start_key = prompt_start ? "routed_experts_prompt_start" : "routed_experts_start";
-  if (prompt_start) {
-    if (b.contains("routed_experts_start") && !b["routed_experts_start"].is_null())
-      throw bad_request("give one of \"routed_experts_start\" and \"routed_experts_prompt_start\"",
-                        "routed_experts_prompt_start");
-    base.routed_experts_start = int(*prompt_start);
-  }
-  if (!base.return_routed_experts && base.routed_experts_start)
-    throw bad_request(std::string("\"") + start_key + "\" needs \"return_routed_experts\": true",
-                      start_key);
-  const std::optional<uint64_t> seed = opt_seed(b, "seed", "seed");
+  const auto start = given.find("routed_experts_start");
+  if (start != given.end() && !base.return_routed_experts && base.routed_experts_start)
+    throw bad_request("\"" + start->second + "\" needs \"return_routed_experts\": true",
+                      start->second);
+  // vLLM's routed_experts_prompt_start (vllm #51906) cuts within the prompt: [0, P].
+  const bool prompt_start = start != given.end() && start->second == "routed_experts_prompt_start";
+  const bool seeded = given.count("seed") > 0;
   check_expansion(prompts, r.n, base.stop_token_ids.size());
 
   for (auto& p : prompts) {
-    if (prompt_start && size_t(*prompt_start) > p.size())
-      throw bad_request("\"routed_experts_prompt_start\" " + std::to_string(*prompt_start) +
-                            " is past the prompt's " + std::to_string(p.size()) +
-                            " tokens (it cuts the prompt's routes only)",
+    if (prompt_start && size_t(base.routed_experts_start) > p.size())
+      throw bad_request("\"routed_experts_prompt_start\" " +
+                            std::to_string(base.routed_experts_start) + " is past the prompt's " +
+                            std::to_string(p.size()) + " tokens (it cuts the prompt's routes only)",
                         "routed_experts_prompt_start");
     r.prompt_lens.push_back(p.size());
     for (size_t j = 0; j < r.n; ++j) {
       Job job{p, base};
-      job.params.seed = seed ? *seed + j : seeds();
+      job.params.seed = seeded ? base.seed + j : seeds();
       r.jobs.push_back(std::move(job));
     }
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/request_fields.h"
 #include "server/route_reply.h"
 #include "server/serving_names.h"
 
@@ -39,6 +40,13 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(const nlohmann::json& body,
                                            const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok = nullptr);
+// The part completions and chat share, once the prompts are token ids: n, stream, logprobs in
+// the front end's shape, the request vocabulary's options over `base` (the front end's
+// defaults), seeds, routes' cut. Chat builds its request here directly (chat_api.cc).
+CompletionRequest completion_request(const nlohmann::json& body, FrontEnd fe,
+                                     std::vector<std::vector<int>> prompts, SamplingParams base,
+                                     const std::function<uint64_t()>& seeds,
+                                     const text::Tokenizer* tok);
 
 // A token as vLLM names it in logprobs: its text, or "token_id:N" without a tokenizer.
 std::string token_text(const text::Tokenizer* tok, int id);

@@ -441,7 +441,7 @@ struct Server::Impl {
 
   // Submits jobs; an engine refusal becomes a 400 naming the request field.
   std::vector<uint64_t> submit(std::vector<Job> jobs, std::shared_ptr<Channel> ch,
-                               const std::string& rid, FieldNames api, size_t per_prompt) {
+                               const std::string& rid, FrontEnd api, size_t per_prompt) {
     const size_t n = jobs.size();
     try {
       return loop->submit(std::move(jobs), std::move(ch), rid);
@@ -517,7 +517,7 @@ struct Server::Impl {
     const std::vector<int> prompt_ids =
         chat && !st->req.jobs.empty() ? st->req.jobs[0].prompt : std::vector<int>{};
     st->ids = submit(std::move(st->req.jobs), st->ch, st->id,
-                     chat ? FieldNames::Chat : FieldNames::OpenAI, st->req.n);
+                     chat ? FrontEnd::Chat : FrontEnd::Completions, st->req.n);
     if (!st->req.stream) {
       std::vector<RequestOutput> outs = wait_all(*st->ch);
       json cs = json::array();
@@ -562,13 +562,13 @@ struct Server::Impl {
       st->incremental = opts.incremental_streaming_output;
       if (st->incremental)  // each chunk carries its tokens' route rows (when it asked for routes)
         for (Job& j : g.jobs) j.params.stream_routes = true;
-      st->ids = submit(std::move(g.jobs), st->ch, rid, FieldNames::Sglang, 1);
+      st->ids = submit(std::move(g.jobs), st->ch, rid, FrontEnd::Generate, 1);
       st->req = std::move(g);
       serve_stream(res, st, rid);
       return;
     }
     auto ch = std::make_shared<Channel>(g.jobs.size(), false);
-    submit(std::move(g.jobs), ch, rid, FieldNames::Sglang, 1);
+    submit(std::move(g.jobs), ch, rid, FrontEnd::Generate, 1);
     std::vector<RequestOutput> outs = wait_all(*ch);
     const std::string v = loop->weight_label();
     if (!g.batch) {
