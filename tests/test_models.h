@@ -66,7 +66,7 @@ inline std::string copy_test_model(const std::string& src, const std::string& su
                                    const std::string& name) {
   namespace fs = std::filesystem;
   const fs::path dst =
-      fs::temp_directory_path() / (suite + "_" + std::to_string(::getpid())) / name;
+      fs::temp_directory_path() / ("r3_" + suite + "_" + std::to_string(::getpid())) / name;
   fs::remove_all(dst);
   fs::create_directories(dst.parent_path());
   fs::copy(src, dst, fs::copy_options::recursive);
