@@ -9,9 +9,7 @@ peak resident memory above the loaded engine against the bound 1.10 x checkpoint
 The sender's copy of a bucket lives in this process too (numpy arrays read from the files, then
 the engine's copy of them), so the peak counts about two buckets beyond the weights.
 """
-import json
 import os
-import struct
 import sys
 import time
 
@@ -20,6 +18,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, os.environ.get("R3_BUILD", "build"), "python"))
 import r3  # noqa: E402
+from safetensors_index import tensors_of  # noqa: E402 (beside this script)
 
 NUMPY = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "U8": np.uint8,
          "F8_E4M3": np.uint8, "I8": np.uint8}
@@ -31,24 +30,6 @@ def status_kb(key):
             if line.startswith(key):
                 return int(line.split()[1])
     return 0
-
-
-def tensors_of(directory):
-    """(name, file, dtype, shape, offset, nbytes) of every tensor of the checkpoint's files."""
-    out = []
-    for fname in sorted(os.listdir(directory)):
-        if not fname.endswith(".safetensors"):
-            continue
-        path = os.path.join(directory, fname)
-        with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
-        for name, e in header.items():
-            if name == "__metadata__":
-                continue
-            begin, end = e["data_offsets"]
-            out.append((name, path, e["dtype"], e["shape"], 8 + n + begin, end - begin))
-    return out
 
 
 def read(path, dtype, shape, offset, nbytes):

@@ -14,10 +14,11 @@ layers). gguf (the gguf-py package) comes from the llama.cpp or ik_llama.cpp che
 """
 import json
 import os
-import struct
 import sys
 
 import numpy as np
+
+from safetensors_index import tensors_of  # beside this script
 
 try:
     import gguf
@@ -25,26 +26,8 @@ except ImportError:
     sys.exit("gguf not found: set PYTHONPATH to the gguf-py folder of a llama.cpp or ik_llama.cpp checkout")
 
 
-def tensors_of(directory):
-    """{name: (path, dtype, shape, offset, nbytes)} of every tensor of the checkpoint's files."""
-    out = {}
-    for fname in sorted(os.listdir(directory)):
-        if not fname.endswith(".safetensors"):
-            continue
-        path = os.path.join(directory, fname)
-        with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
-        for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            begin, end = t["data_offsets"]
-            out[name] = (path, t["dtype"], t["shape"], 8 + n + begin, end - begin)
-    return out
-
-
 def read(entry):
-    path, dtype, shape, offset, nbytes = entry
+    path, dtype, shape, offset, nbytes = entry[1:]
     if dtype != "BF16":
         sys.exit(f"{path}: {dtype} tensors are not converted (bf16 checkpoints only)")
     with open(path, "rb") as f:
@@ -105,7 +88,7 @@ def main():
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_add_bos_token(False)
 
-    t = tensors_of(src)
+    t = {entry[0]: entry for entry in tensors_of(src)}
     bf16 = gguf.GGMLQuantizationType.BF16
 
     def put(name, array):
