@@ -1020,6 +1020,12 @@ TEST_F(ServerTest, BadRequestsAre4xxAndServingGoesOn) {
       {"/v1/completions", R"({"prompt": [1, 2], "stop_token_ids": [9999]})", 400, "stop_token_ids"},
       {"/v1/completions", R"({"prompt": [1, 2], "logprobs": 21})", 400, "logprobs"},
       {"/v1/completions", R"({"prompt": [1, 2], "echo": true})", 400, "echo"},
+      // Unsupported options are refused before the prompt is read (a text prompt here has no
+      // tokenizer to encode it).
+      {"/v1/completions", R"({"prompt": "hi", "presence_penalty": 1})", 400, "presence_penalty"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1})", 400,
+       "presence_penalty"},
       {"/v1/completions", R"({"prompt": [1, 2], "return_routed_experts": 1})", 400,
        "return_routed_experts"},
       {"/v1/completions", R"({"prompt": [1, 2], "routed_experts_start": 3})", 400,

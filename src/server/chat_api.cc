@@ -72,6 +72,7 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw,
                          "echo",
                          "response_format",
                          "add_special_tokens"});
+  reject_unsupported_openai_options(b);
   if (!tok)
     throw bad_request(
         "the model has no tokenizer (no tokenizer.json; start r3 serve with --tokenizer DIR)",
@@ -88,8 +89,6 @@ CompletionRequest parse_chat_request(const json& b, const std::string& raw,
         "Chat template is passed with request, but --trust-request-chat-template is not set. "
         "Refused request with untrusted chat template.",
         "chat_template");
-  if (auto e = opt_bool(b, "echo", "echo"); e && *e)
-    throw bad_request("\"echo\" is not supported by r3", "echo");
   if (b.contains("response_format") && !b["response_format"].is_null()) {
     const json& rf = b["response_format"];
     if (!rf.is_object() || rf.value("type", "") != "text")

@@ -9,25 +9,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// Options r3 does not implement: a non-default value is a 400, never silently ignored.
-void reject_unsupported(const json& b) {
-  auto nonzero = [&](const char* k) {
-    auto v = opt_number(b, k, k);
-    if (v && *v != 0.0) throw bad_request(std::string("\"") + k + "\" is not supported by r3", k);
-  };
-  nonzero("presence_penalty");
-  nonzero("frequency_penalty");
-  if (auto v = opt_number(b, "repetition_penalty", "repetition_penalty"); v && *v != 1.0)
-    throw bad_request("\"repetition_penalty\" is not supported by r3", "repetition_penalty");
-  if (auto e = opt_bool(b, "echo", "echo"); e && *e)
-    throw bad_request("\"echo\" is not supported by r3 (the prompt ids are known to the caller)",
-                      "echo");
-  if (auto s = opt_string(b, "suffix", "suffix"); s && !s->empty())
-    throw bad_request("\"suffix\" is not supported by r3", "suffix");
-  if (b.contains("logit_bias") && !b["logit_bias"].is_null() && !b["logit_bias"].empty())
-    throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
-}
-
 json logprobs_json(const RequestOutput& o, size_t from, const text::Tokenizer* tok) {
   json tokens = json::array(), lps = json::array(), offs = json::array(), tops = json::array();
   size_t offset = 0;  // text_offset: where each token's text starts in the choice's text
@@ -70,6 +51,24 @@ void check_expansion(const std::vector<std::vector<int>>& prompts, size_t n, siz
 }
 
 }  // namespace
+
+void reject_unsupported_openai_options(const json& b) {
+  auto nonzero = [&](const char* k) {
+    auto v = opt_number(b, k, k);
+    if (v && *v != 0.0) throw bad_request(std::string("\"") + k + "\" is not supported by r3", k);
+  };
+  nonzero("presence_penalty");
+  nonzero("frequency_penalty");
+  if (auto v = opt_number(b, "repetition_penalty", "repetition_penalty"); v && *v != 1.0)
+    throw bad_request("\"repetition_penalty\" is not supported by r3", "repetition_penalty");
+  if (auto e = opt_bool(b, "echo", "echo"); e && *e)
+    throw bad_request("\"echo\" is not supported by r3 (the prompt ids are known to the caller)",
+                      "echo");
+  if (auto s = opt_string(b, "suffix", "suffix"); s && !s->empty())
+    throw bad_request("\"suffix\" is not supported by r3", "suffix");
+  if (b.contains("logit_bias") && !b["logit_bias"].is_null() && !b["logit_bias"].empty())
+    throw bad_request("\"logit_bias\" is not supported by r3", "logit_bias");
+}
 
 // "token_id:N" is vLLM's return_tokens_as_token_ids form, for a model without a tokenizer.
 std::string token_text(const text::Tokenizer* tok, int id) {
@@ -126,6 +125,7 @@ CompletionRequest parse_completion_request(const json& b, const std::function<ui
        "frequency_penalty", "repetition_penalty", "logit_bias", "user", "return_token_ids",
        "request_id", "routed_experts_format", "spaces_between_special_tokens",
        "add_special_tokens"});
+  reject_unsupported_openai_options(b);
   if (!b.contains("prompt")) throw bad_request("missing \"prompt\"", "prompt");
   // vLLM's add_special_tokens (default true): the tokenizer template's BOS and the like.
   const bool add_special = opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(true);
@@ -140,7 +140,6 @@ CompletionRequest completion_request(const json& b, FrontEnd fe,
                                      std::vector<std::vector<int>> prompts, SamplingParams base,
                                      const std::function<uint64_t()>& seeds,
                                      const text::Tokenizer* tok) {
-  reject_unsupported(b);
   CompletionRequest r;
   r.tok = tok;
   r.chat = fe == FrontEnd::Chat;

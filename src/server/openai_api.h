@@ -40,6 +40,9 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(const nlohmann::json& body,
                                            const std::function<uint64_t()>& seeds,
                                            const text::Tokenizer* tok = nullptr);
+// Options r3 does not implement (penalties, echo, suffix, logit_bias): a non-default value is a
+// 400 naming it, never silently ignored. Completions and chat check it before anything else.
+void reject_unsupported_openai_options(const nlohmann::json& body);
 // The part completions and chat share, once the prompts are token ids: n, stream, logprobs in
 // the front end's shape, the request vocabulary's options over `base` (the front end's
 // defaults), seeds, routes' cut. Chat builds its request here directly (chat_api.cc).
