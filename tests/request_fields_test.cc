@@ -151,5 +151,16 @@ TEST(RequestFields, SeveralNamesOfOneOptionAndTheNamesEachFrontEndAccepts) {
   EXPECT_NE(std::find(under.begin(), under.end(), "max_new_tokens"), under.end());
 }
 
+// An integer row takes exactly [lo, hi], whether JSON holds the value signed or unsigned (it reads
+// every non-negative integer as unsigned): the server's own fields (n in [1, 256]) use the same
+// check.
+TEST(RequestFields, AnIntegerTakesExactlyItsRange) {
+  const RequestField n{"n", FieldKind::Int, 1, 256, {}};
+  for (const char* text : {"1", "256", "7"})
+    EXPECT_NO_THROW(check_field(n, "n", json::parse(text)));
+  for (const char* text : {"0", "-1", "257", "9223372036854775808", "1.5"})
+    EXPECT_THROW(check_field(n, "n", json::parse(text)), RequestFieldError) << text;
+}
+
 }  // namespace
 }  // namespace r3

@@ -42,9 +42,9 @@ const json* lookup(const json& body, const std::string& name) {
 }
 
 bool fits(const json& v, int64_t lo, int64_t hi) {
-  if (v.is_number_unsigned())
-    return v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()) &&
-           int64_t(v.get<uint64_t>()) <= hi;
+  // nlohmann reads every non-negative integer as unsigned: past INT64_MAX it is out of any range.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    return false;
   const int64_t x = v.get<int64_t>();
   return x >= lo && x <= hi;
 }
