@@ -106,11 +106,8 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
   p.max_tokens = 128;  // 0: prefill only (scoring: input_token_logprobs and routes)
   p.top_k = -1;
   p.logprobs = true;
-  const std::map<std::string, std::string> given = read_request_options(b, FrontEnd::Generate, p);
-  if (!p.stop.empty() && !tok)
-    throw bad_request(
-        "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
-        "sampling_params.stop");
+  const std::map<std::string, std::string> given =
+      read_request_options(b, FrontEnd::Generate, p, tok != nullptr);
   // Accepted for compatibility: it only changes SentencePiece "slow" tokenizers, and r3 reads
   // tokenizer.json (vLLM and SGLang ignore it for those too).
   (void)opt_bool(sp, "spaces_between_special_tokens",
@@ -123,10 +120,6 @@ GenerateRequest parse_generate_request(const json& b, const std::function<uint64
     p.top_logprobs =
         int(opt_int(b, "top_logprobs_num", "top_logprobs_num", 0, kMaxTopLogprobs).value_or(0));
   }
-  if (auto start = given.find("routed_experts_start");
-      start != given.end() && !p.return_routed_experts && p.routed_experts_start)
-    throw bad_request("\"" + start->second + "\" needs \"return_routed_experts\": true",
-                      start->second);
   const bool seeded = given.count("seed") > 0;
   check_expansion(prompts, p.stop_token_ids.size());
   for (auto& prompt : prompts) {

@@ -1,7 +1,5 @@
 #include "server/json_fields.h"
 
-#include <limits>
-
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "server/api_error.h"
@@ -39,43 +37,35 @@ void refuse_unknown_fields(const json& obj, const std::string& prefix,
   }
 }
 
+namespace {
+// j[key] checked by the request vocabulary's rule for its kind (one wording for every check), a
+// 400 naming param; null when absent or null.
+const json* checked(const json& j, const std::string& key, const std::string& param, FieldKind kind,
+                    int64_t lo = 0, int64_t hi = 0) {
+  if (!given(j, key)) return nullptr;
+  try {
+    check_field({key.c_str(), kind, lo, hi, {}}, param, j[key]);
+  } catch (const RequestFieldError& e) {
+    throw bad_request(e.what(), param);
+  }
+  return &j[key];
+}
+}  // namespace
+
 std::optional<int64_t> opt_int(const json& j, const std::string& key, const std::string& param,
                                int64_t lo, int64_t hi) {
-  if (!given(j, key)) return std::nullopt;
-  const json& v = j[key];
-  if (!v.is_number_integer()) throw bad_request("\"" + param + "\" must be an integer", param);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "]",
-                      param);
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi)
-    throw bad_request("\"" + param + "\" is out of range [" + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "]",
-                      param);
-  return x;
+  if (const json* v = checked(j, key, param, FieldKind::Int, lo, hi)) return v->get<int64_t>();
+  return std::nullopt;
 }
 
 std::optional<double> opt_number(const json& j, const std::string& key, const std::string& param) {
-  if (!given(j, key)) return std::nullopt;
-  if (!j[key].is_number()) throw bad_request("\"" + param + "\" must be a number", param);
-  return j[key].get<double>();
+  if (const json* v = checked(j, key, param, FieldKind::Number)) return v->get<double>();
+  return std::nullopt;
 }
 
 std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param) {
-  if (!given(j, key)) return std::nullopt;
-  if (!j[key].is_boolean()) throw bad_request("\"" + param + "\" must be true or false", param);
-  return j[key].get<bool>();
-}
-
-std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param) {
-  if (!given(j, key)) return std::nullopt;
-  const json& v = j[key];
-  if (!v.is_number_integer()) throw bad_request("\"" + param + "\" must be an integer", param);
-  if (v.is_number_unsigned()) return v.get<uint64_t>();
-  const int64_t x = v.get<int64_t>();
-  if (x < 0) throw bad_request("\"" + param + "\" must be >= 0", param);
-  return uint64_t(x);
+  if (const json* v = checked(j, key, param, FieldKind::Bool)) return v->get<bool>();
+  return std::nullopt;
 }
 
 std::optional<std::string> opt_string(const json& j, const std::string& key,
@@ -83,13 +73,6 @@ std::optional<std::string> opt_string(const json& j, const std::string& key,
   if (!given(j, key)) return std::nullopt;
   if (!j[key].is_string()) throw bad_request("\"" + param + "\" must be a string", param);
   return j[key].get<std::string>();
-}
-
-bool is_token_id_list(const json& v) {
-  if (!v.is_array()) return false;
-  for (const auto& x : v)
-    if (!x.is_number_integer()) return false;
-  return true;
 }
 
 std::vector<int> token_id_list(const json& v, const std::string& param) {
@@ -154,24 +137,6 @@ std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& par
   return out;
 }
 
-std::vector<std::string> stop_strings(const json& v, const std::string& param) {
-  std::vector<std::string> out;
-  if (v.is_null()) return out;
-  if (v.is_string())
-    out.push_back(v.get<std::string>());
-  else if (v.is_array()) {
-    for (const auto& s : v) {
-      if (!s.is_string())
-        throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
-      out.push_back(s.get<std::string>());
-    }
-  } else
-    throw bad_request("\"" + param + "\" must be a string or a list of strings", param);
-  for (const std::string& s : out)
-    if (s.empty()) throw bad_request("\"" + param + "\" holds an empty string", param);
-  return out;
-}
-
 void refuse_unknown_fields(const json& obj, const std::string& prefix, FrontEnd fe,
                            std::initializer_list<const char*> also) {
   std::vector<std::string> known =
@@ -181,12 +146,22 @@ void refuse_unknown_fields(const json& obj, const std::string& prefix, FrontEnd 
 }
 
 std::map<std::string, std::string> read_request_options(const json& body, FrontEnd fe,
-                                                        SamplingParams& p) {
+                                                        SamplingParams& p, bool has_tokenizer) {
+  std::map<std::string, std::string> given;
   try {
-    return read_request_fields(body, fe, p);
+    given = read_request_fields(body, fe, p);
   } catch (const RequestFieldError& e) {
     throw bad_request(e.what(), e.name());
   }
+  if (auto stop = given.find("stop"); stop != given.end() && !p.stop.empty() && !has_tokenizer)
+    throw bad_request(
+        "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
+        stop->second);
+  if (auto start = given.find("routed_experts_start");
+      start != given.end() && !p.return_routed_experts && p.routed_experts_start)
+    throw bad_request("\"" + start->second + "\" needs \"return_routed_experts\": true",
+                      start->second);
+  return given;
 }
 
 std::string param_of_field(const std::string& field, FrontEnd api) {

@@ -27,7 +27,6 @@ std::optional<int64_t> opt_int(const json& j, const std::string& key, const std:
                                int64_t lo, int64_t hi);
 std::optional<double> opt_number(const json& j, const std::string& key, const std::string& param);
 std::optional<bool> opt_bool(const json& j, const std::string& key, const std::string& param);
-std::optional<uint64_t> opt_seed(const json& j, const std::string& key, const std::string& param);
 std::optional<std::string> opt_string(const json& j, const std::string& key,
                                       const std::string& param);
 // A field outside `known` with a non-null value is a 400 naming it (prefix + key): an option a
@@ -38,13 +37,14 @@ void refuse_unknown_fields(const json& obj, const std::string& prefix,
 // and `also` (the endpoint's own fields: n, stream, model, ...).
 void refuse_unknown_fields(const json& obj, const std::string& prefix, FrontEnd fe,
                            std::initializer_list<const char*> also);
-// read_request_fields with its refusals as 400s naming the field as the client sent it.
+// read_request_fields with its refusals as 400s naming the field as the client sent it, and the
+// checks between options every HTTP front end makes: stop strings need a tokenizer, a route cut
+// needs return_routed_experts.
 std::map<std::string, std::string> read_request_options(const json& body, FrontEnd fe,
-                                                        SamplingParams& p);
+                                                        SamplingParams& p, bool has_tokenizer);
 
 // A list of token ids (int32 range; the engine checks them against the vocabulary).
 std::vector<int> token_id_list(const json& v, const std::string& param);
-bool is_token_id_list(const json& v);  // an array whose elements are all integers (may be empty)
 
 // One prompt or a batch: a list of ids, a list of lists of ids, a string or a list of strings
 // (encoded with `tok`, its template's special tokens added as Hugging Face's tokenizer(text)
@@ -52,8 +52,6 @@ bool is_token_id_list(const json& v);  // an array whose elements are all intege
 std::vector<std::vector<int>> prompt_batch(const json& v, const std::string& param,
                                            const text::Tokenizer* tok = nullptr,
                                            bool add_special_tokens = true);
-// Stop strings: a string or a list of strings (empty list: none).
-std::vector<std::string> stop_strings(const json& v, const std::string& param);
 
 // An engine refusal's field (FieldError::field, r3's name; "" for none) under the endpoint's
 // own name, from the request vocabulary (name_in): "prompt" is prompt / messages / input_ids,

@@ -170,11 +170,8 @@ CompletionRequest completion_request(const json& b, FrontEnd fe,
   if (r.request_id && r.request_id->empty())
     throw bad_request("\"request_id\" must not be empty", "request_id");
 
-  const std::map<std::string, std::string> given = read_request_options(b, fe, base);
-  if (!base.stop.empty() && !tok)
-    throw bad_request(
-        "the model has no tokenizer; stop strings cannot be matched (use \"stop_token_ids\")",
-        "stop");
+  const std::map<std::string, std::string> given =
+      read_request_options(b, fe, base, tok != nullptr);
   // Accepted for compatibility: vLLM applies it to SentencePiece "slow" tokenizers only; r3 reads
   // tokenizer.json.
   (void)opt_bool(b, "spaces_between_special_tokens", "spaces_between_special_tokens");
@@ -187,9 +184,6 @@ CompletionRequest completion_request(const json& b, FrontEnd fe,
   }
   r.routes_format = opt_route_format(b);
   const auto start = given.find("routed_experts_start");
-  if (start != given.end() && !base.return_routed_experts && base.routed_experts_start)
-    throw bad_request("\"" + start->second + "\" needs \"return_routed_experts\": true",
-                      start->second);
   // vLLM's routed_experts_prompt_start (vllm #51906) cuts within the prompt: [0, P].
   const bool prompt_start = start != given.end() && start->second == "routed_experts_prompt_start";
   const bool seeded = given.count("seed") > 0;
